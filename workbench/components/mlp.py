@@ -1,0 +1,69 @@
+"""Dense MLPs: GELU/ReLU/SiLU MLP and the gated (SwiGLU / GeGLU) MLP.
+
+Legend: B batch, P position, D d_model, M d_mlp.
+
+Layouts are `torch.nn.Linear`'s: ``W_in`` and ``W_gate`` [M, D], ``W_out`` [D, M].
+Hooks follow TransformerLens: ``hook_pre`` is the pre-activation (the gate's, for a gated MLP),
+``hook_pre_linear`` the gated MLP's linear branch, ``hook_post`` the input to ``W_out``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from workbench.config import ModelConfig
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's tanh approximation
+    "silu": F.silu,
+    "relu": F.relu,
+}
+
+
+class MLP(nn.Module):
+    """out = W_out act(W_in x + b_in) + b_out."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.act = ACTIVATIONS[cfg.act_fn]
+        self.W_in = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=cfg.dtype))
+        self.W_out = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=cfg.dtype))
+        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp, dtype=cfg.dtype)) if cfg.mlp_bias else None
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model, dtype=cfg.dtype)) if cfg.mlp_bias else None
+        self.hook_pre = HookPoint()  # [B, P, M]
+        self.hook_post = HookPoint()  # [B, P, M]
+
+    def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        pre_BPM = self.hook_pre(F.linear(x_BPD, self.W_in, self.b_in))
+        post_BPM = self.hook_post(self.act(pre_BPM))
+        return F.linear(post_BPM, self.W_out, self.b_out)
+
+
+class GatedMLP(nn.Module):
+    """out = W_out (act(W_gate x) * (W_in x)): SwiGLU with silu, GeGLU with gelu."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.act = ACTIVATIONS[cfg.act_fn]
+        self.W_gate = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=cfg.dtype))
+        self.W_in = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=cfg.dtype))
+        self.W_out = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=cfg.dtype))
+        self.b_gate = nn.Parameter(torch.zeros(cfg.d_mlp, dtype=cfg.dtype)) if cfg.mlp_bias else None
+        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp, dtype=cfg.dtype)) if cfg.mlp_bias else None
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model, dtype=cfg.dtype)) if cfg.mlp_bias else None
+        self.hook_pre = HookPoint()  # [B, P, M] gate pre-activation
+        self.hook_pre_linear = HookPoint()  # [B, P, M]
+        self.hook_post = HookPoint()  # [B, P, M]
+
+    def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        pre_BPM = self.hook_pre(F.linear(x_BPD, self.W_gate, self.b_gate))
+        pre_linear_BPM = self.hook_pre_linear(F.linear(x_BPD, self.W_in, self.b_in))
+        post_BPM = self.hook_post(self.act(pre_BPM) * pre_linear_BPM)
+        return F.linear(post_BPM, self.W_out, self.b_out)

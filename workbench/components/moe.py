@@ -1,0 +1,70 @@
+"""Top-k mixture of experts (Mixtral-style) with router hooks.
+
+Legend: B batch, P position, N = B*P tokens, D d_model, M d_mlp, E num_experts,
+k experts_per_token.
+
+The router is a linear map ``W_router`` [E, D]; its softmax is taken over all experts, the top
+k kept and (with ``cfg.router_renormalize``) rescaled to sum to one. Experts are gated or plain
+MLPs whose weights are stacked: ``W_gate``/``W_in`` [E, M, D], ``W_out`` [E, D, M]. Tokens are
+grouped by expert and each expert runs once on its tokens: the Python loop is over the E
+experts, never over tokens.
+
+Hooks: ``hook_router_logits`` [B, P, E]; ``hook_expert_weights`` [B, P, k] (editing them,
+e.g. zeroing one expert's weight, ablates that expert); ``hook_expert_indices`` [B, P, k].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from workbench.components.mlp import ACTIVATIONS
+from workbench.config import ModelConfig
+
+
+class MixtureOfExperts(nn.Module):
+    """out[t] = sum over chosen experts e of weight[t, e] * expert_e(x[t])."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        E, M, D = cfg.num_experts, cfg.d_mlp, cfg.d_model
+        self.act = ACTIVATIONS[cfg.act_fn]
+        self.W_router = nn.Parameter(torch.empty(E, D, dtype=cfg.dtype))
+        self.W_gate = nn.Parameter(torch.empty(E, M, D, dtype=cfg.dtype)) if cfg.gated_mlp else None
+        self.W_in = nn.Parameter(torch.empty(E, M, D, dtype=cfg.dtype))
+        self.W_out = nn.Parameter(torch.empty(E, D, M, dtype=cfg.dtype))
+        self.hook_router_logits = HookPoint()  # [B, P, E]
+        self.hook_expert_weights = HookPoint()  # [B, P, k]
+        self.hook_expert_indices = HookPoint()  # [B, P, k]
+
+    def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        B, P, D = x_BPD.shape
+        logits_BPE = self.hook_router_logits(F.linear(x_BPD, self.W_router))
+        probs_BPE = torch.softmax(logits_BPE.float(), dim=-1)
+        weights_BPk, indices_BPk = torch.topk(probs_BPE, self.cfg.experts_per_token, dim=-1)
+        if self.cfg.router_renormalize:
+            weights_BPk = weights_BPk / weights_BPk.sum(dim=-1, keepdim=True)
+        weights_BPk = self.hook_expert_weights(weights_BPk.to(x_BPD.dtype))
+        indices_BPk = self.hook_expert_indices(indices_BPk)
+
+        x_ND = x_BPD.reshape(B * P, D)
+        weights_Nk, indices_Nk = weights_BPk.reshape(B * P, -1), indices_BPk.reshape(B * P, -1)
+        out_ND = torch.zeros_like(x_ND)
+        for expert in indices_Nk.unique().tolist():
+            token_idx, slot_idx = torch.where(indices_Nk == expert)
+            y = self.expert_forward(expert, x_ND[token_idx])
+            out_ND.index_add_(0, token_idx, y * weights_Nk[token_idx, slot_idx, None])
+        return out_ND.view(B, P, D)
+
+    def expert_forward(self, expert: int, x_TD: Float[Tensor, "tokens d_model"]) -> Float[Tensor, "tokens d_model"]:
+        """One expert's MLP on the tokens routed to it."""
+        hidden_TM = F.linear(x_TD, self.W_in[expert])
+        if self.W_gate is not None:
+            hidden_TM = self.act(F.linear(x_TD, self.W_gate[expert])) * hidden_TM
+        else:
+            hidden_TM = self.act(hidden_TM)
+        return F.linear(hidden_TM, self.W_out[expert])

@@ -1,0 +1,60 @@
+"""LayerNorm and RMSNorm with TransformerLens's hook points.
+
+Legend: B batch, P position, D d_model.
+
+``hook_scale`` sees the per-position divisor [B, P, 1]; ``hook_normalized`` sees the output
+after the learned gain (and bias), [B, P, D], as in TransformerLens. Low-precision inputs are
+normalised in float32 and cast back, as `transformers` does, so bf16/fp16 match it.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from workbench.config import ModelConfig
+
+
+class LayerNorm(nn.Module):
+    """(x - mean) / sqrt(var + eps) * w + b."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.eps = cfg.norm_eps
+        self.w = nn.Parameter(torch.ones(cfg.d_model, dtype=cfg.dtype))
+        self.b = nn.Parameter(torch.zeros(cfg.d_model, dtype=cfg.dtype))
+        self.hook_scale = HookPoint()  # [B, P, 1]
+        self.hook_normalized = HookPoint()  # [B, P, D]
+
+    def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        x = x_BPD.float()
+        x = x - x.mean(-1, keepdim=True)
+        scale_BP1 = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        out = (x / scale_BP1).to(x_BPD.dtype) * self.w + self.b
+        return self.hook_normalized(out)
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * w (no centring, no bias)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.eps = cfg.norm_eps
+        self.w = nn.Parameter(torch.ones(cfg.d_model, dtype=cfg.dtype))
+        self.hook_scale = HookPoint()  # [B, P, 1]
+        self.hook_normalized = HookPoint()  # [B, P, D]
+
+    def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        x = x_BPD.float()
+        scale_BP1 = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
+        return self.hook_normalized(self.w * (x / scale_BP1).to(x_BPD.dtype))
+
+
+NORMS: dict[str, type[nn.Module]] = {"LN": LayerNorm, "RMS": RMSNorm}
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The normalisation layer ``cfg.normalization`` names."""
+    return NORMS[cfg.normalization](cfg)

@@ -1,0 +1,115 @@
+"""Text generation with a per-layer KV cache: greedy, temperature, top-k and top-p sampling.
+
+Legend: B batch, P position, V d_vocab, N new tokens.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional, Union
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from workbench.components.attention import LayerKVCache
+from workbench.errors import InputError
+
+if TYPE_CHECKING:
+    from workbench.model import Decoder
+
+
+class KVCache:
+    """One ``LayerKVCache`` per layer; ``length`` is the number of positions already seen."""
+
+    def __init__(self, n_layers: int):
+        self.layers = [LayerKVCache() for _ in range(n_layers)]
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+
+def generate_tokens(
+    model: "Decoder",
+    tokens_BP: Int[Tensor, "batch pos"],
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    seed: Optional[int] = None,
+    use_kv_cache: bool = True,
+    stop_at_eos: bool = True,
+    verbose: bool = False,
+) -> tuple[Int[Tensor, "batch pos_plus_new"], Float[Tensor, "batch new d_vocab"]]:
+    """Appends up to ``max_new_tokens`` to each row; returns the tokens and each step's logits.
+
+    ``temperature=0`` is greedy. With ``use_kv_cache`` each step feeds only the newest token.
+
+    Example:
+        >>> tokens, step_logits = generate_tokens(model, model.to_tokens("Hi"), 5)   # doctest: +SKIP
+    """
+    if max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    tokens_BP = model._as_tokens(tokens_BP, None)
+    if tokens_BP.shape[1] + max_new_tokens > model.cfg.n_ctx:
+        raise InputError(f"prompt ({tokens_BP.shape[1]} tokens) plus max_new_tokens={max_new_tokens} "
+                         f"exceeds the model's context (n_ctx={model.cfg.n_ctx})")
+    generator = torch.Generator(device=tokens_BP.device).manual_seed(seed) if seed is not None else None
+    eos = model.tokenizer.eos_token_id if (stop_at_eos and model.tokenizer is not None) else None
+    cache = KVCache(model.cfg.n_layers) if use_kv_cache else None
+    finished_B = torch.zeros(tokens_BP.shape[0], dtype=torch.bool, device=tokens_BP.device)
+    step_logits = []
+    next_input = tokens_BP
+    with torch.no_grad():
+        for _ in tqdm(range(max_new_tokens), disable=not verbose, desc="generating"):
+            logits_BV = model(next_input, kv_cache=cache)[:, -1].float()
+            step_logits.append(logits_BV)
+            new_B = sample_next(logits_BV, temperature, top_k, top_p, generator)
+            if eos is not None:
+                new_B = new_B.masked_fill(finished_B, eos)
+                finished_B |= new_B == eos
+            tokens_BP = torch.cat([tokens_BP, new_B[:, None]], dim=1)
+            next_input = new_B[:, None] if use_kv_cache else tokens_BP
+            if eos is not None and bool(finished_B.all()):
+                break
+    return tokens_BP, torch.stack(step_logits, dim=1)
+
+
+def sample_next(
+    logits_BV: Float[Tensor, "batch d_vocab"],
+    temperature: float = 0.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    generator: Optional[torch.Generator] = None,
+) -> Int[Tensor, "batch"]:
+    """Greedy argmax at temperature 0; otherwise a sample after top-k / nucleus filtering."""
+    if temperature == 0.0:
+        return logits_BV.argmax(dim=-1)
+    if temperature < 0:
+        raise InputError(f"temperature must be >= 0, got {temperature}")
+    logits_BV = logits_BV / temperature
+    if top_k is not None:
+        kth = torch.topk(logits_BV, min(top_k, logits_BV.shape[-1]), dim=-1).values[:, -1:]
+        logits_BV = logits_BV.masked_fill(logits_BV < kth, float("-inf"))
+    if top_p is not None:
+        sorted_logits, order = torch.sort(logits_BV, descending=True, dim=-1)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        drop_sorted = cumulative - torch.softmax(sorted_logits, dim=-1) > top_p  # keep the token crossing p
+        logits_BV = logits_BV.masked_fill(drop_sorted.scatter(1, order, drop_sorted), float("-inf"))
+    probs = torch.softmax(logits_BV, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def generate(
+    model: "Decoder", input: Union[str, list[str], Tensor], max_new_tokens: int = 20, **kwargs
+) -> Union[str, list[str], Tensor]:
+    """Text in -> text out (prompt plus continuation); token ids in -> token ids out."""
+    as_text = isinstance(input, (str, list))
+    tokens_BP = model.to_tokens(input) if as_text else input
+    out_BP, _ = generate_tokens(model, tokens_BP, max_new_tokens, **kwargs)
+    if not as_text:
+        return out_BP
+    texts = model.to_string(out_BP)
+    return texts[0] if isinstance(input, str) else texts

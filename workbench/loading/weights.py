@@ -1,0 +1,40 @@
+"""Putting a dict of named tensors into a ``Decoder``, checking every name and shape first.
+
+Every loader ends here, so a missing tensor, an unexpected one or a wrong shape is reported
+the same way, naming the file and the tensor, before the model is touched.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+from torch import Tensor
+
+from workbench.errors import CheckpointError
+
+
+def assign_weights(model: torch.nn.Module, tensors: Mapping[str, Tensor], source: str) -> None:
+    """Copies ``tensors`` into ``model``'s parameters (cast to their dtype), or raises.
+
+    Raises ``CheckpointError`` naming ``source`` and the tensor when a parameter is missing, a
+    tensor is not a parameter of this model, or a shape differs. Tied parameters (the same
+    Parameter under two names) need only one of their names.
+    """
+    expected = model.state_dict(keep_vars=True)
+    by_identity: dict[int, list[str]] = {}
+    for name, param in expected.items():
+        by_identity.setdefault(id(param), []).append(name)
+    missing = [names[0] for names in by_identity.values() if not any(n in tensors for n in names)]
+    if missing:
+        raise CheckpointError(f"{source}: missing tensor(s) {missing}")
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"{source}: unexpected tensor(s) {unexpected} (not parameters of this model)")
+    for name, tensor in tensors.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise CheckpointError(
+                f"{source}: tensor '{name}' has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            expected[name].copy_(tensor.to(expected[name].dtype))

@@ -1,0 +1,293 @@
+"""``Decoder``: a hookable decoder-only transformer built from one ``ModelConfig``.
+
+Legend: B batch, P position, D d_model, V d_vocab.
+
+It is a `transformer_lens.HookedRootModule`, so ``run_with_hooks``, ``hooks()``, ``add_hook``
+and ``reset_hooks`` are TransformerLens's own; ``run_with_cache`` returns a
+`transformer_lens.ActivationCache`. Parameter layout: see the component modules.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+from transformer_lens import ActivationCache
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.HookedRootModule import HookedRootModule
+
+from workbench.components import Embed, TransformerBlock, Unembed
+from workbench.components.embedding import make_pos_embed
+from workbench.components.norm import make_norm
+from workbench.config import ModelConfig
+from workbench.errors import InputError
+from workbench.tokenizer import Tokenizer
+
+TextOrTokens = Union[str, list[str], Int[Tensor, "batch pos"], Int[Tensor, "pos"]]
+ReturnType = Optional[Literal["logits", "loss", "both"]]
+
+
+class Decoder(HookedRootModule):
+    """A decoder-only transformer whose every activation sits on a named ``HookPoint``.
+
+    Example:
+        >>> import workbench as wb
+        >>> cfg = wb.ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=50, n_ctx=16)
+        >>> model = wb.Decoder(cfg)
+        >>> tokens = torch.randint(0, 50, (1, 8))
+        >>> logits, cache = model.run_with_cache(tokens)
+        >>> logits.shape, cache["blocks.1.attn.hook_pattern"].shape
+        (torch.Size([1, 8, 50]), torch.Size([1, 4, 8, 8]))
+    """
+
+    def __init__(self, cfg: ModelConfig, tokenizer: Optional[Tokenizer] = None, init_weights: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.embed = Embed(cfg)
+        self.hook_embed = HookPoint()  # [B, P, D]
+        self.pos_embed = make_pos_embed(cfg)
+        if self.pos_embed is not None:
+            self.hook_pos_embed = HookPoint()  # [B, P, D]
+        self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
+        # Post-norm blocks already end in a norm; only pre-norm models have a final one.
+        self.ln_final = make_norm(cfg) if cfg.norm_placement == "pre" else None
+        self.unembed = Unembed(cfg)
+        if cfg.tie_embeddings:
+            self.unembed.W_U = self.embed.W_E  # one Parameter under two names
+        if init_weights:
+            self.init_weights()
+        self.setup()
+
+    # ---- construction --------------------------------------------------------------------------
+    @torch.no_grad()
+    def init_weights(self, std: float = 0.02) -> None:
+        """GPT-2 initialisation: N(0, std) matrices, output projections scaled by 1/sqrt(2 n_layers),
+        norm gains one, biases zero."""
+        for name, param in self.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf == "w":
+                param.fill_(1.0)
+            elif leaf == "b" or leaf.startswith("b_"):
+                param.zero_()
+            elif leaf in ("W_O", "W_out"):
+                param.normal_(0.0, std / (2 * self.cfg.n_layers) ** 0.5)
+            else:
+                param.normal_(0.0, std)
+
+    def _apply(self, fn: Callable, recurse: bool = True) -> "Decoder":
+        # .to()/.half()/.cuda() all come through here: keep cfg.device/dtype true for TL utilities.
+        super()._apply(fn, recurse)
+        weight = self.embed.W_E
+        object.__setattr__(self, "cfg", self.cfg.replace(device=str(weight.device), dtype=weight.dtype))
+        return self
+
+    # ---- forward --------------------------------------------------------------------------------
+    def forward(
+        self,
+        input: Union[TextOrTokens, Float[Tensor, "batch pos d_model"]],
+        return_type: ReturnType = "logits",
+        *,
+        loss_per_token: bool = False,
+        prepend_bos: Optional[bool] = None,
+        tokens: Optional[Int[Tensor, "batch pos"]] = None,
+        start_at_layer: Optional[int] = None,
+        stop_at_layer: Optional[int] = None,
+        kv_cache: Optional["KVCache"] = None,
+    ) -> Any:
+        """Runs the model.
+
+        Args:
+            input: text, a list of texts, token ids [batch, pos] (or [pos]), or, with
+                ``start_at_layer``, the residual stream [batch, pos, d_model] entering that layer.
+            return_type: "logits" [batch, pos, d_vocab], "loss" (mean next-token cross-entropy),
+                "both" (logits, loss) or None.
+            loss_per_token: return the loss per position [batch, pos - 1] instead of the mean.
+            tokens: the token ids, needed for the loss when ``input`` is a residual stream.
+            start_at_layer / stop_at_layer: run blocks [start, stop) only; with ``stop_at_layer``
+                the residual stream entering that layer is returned.
+            kv_cache: a ``workbench.generation.KVCache``, extended in place (for generation).
+
+        Example:
+            >>> loss = model(tokens, return_type="loss")   # doctest: +SKIP
+        """
+        offset = kv_cache.length if kv_cache is not None else 0
+        if start_at_layer is None:
+            tokens = self._as_tokens(input, prepend_bos, offset)
+            B, P = tokens.shape
+            positions_P = torch.arange(offset, offset + P, device=tokens.device)
+            resid_BPD = self.hook_embed(self.embed(tokens))
+            if self.pos_embed is not None:
+                resid_BPD = resid_BPD + self.hook_pos_embed(self.pos_embed(positions_P).expand(B, P, -1))
+        else:
+            resid_BPD = input
+            positions_P = torch.arange(resid_BPD.shape[1], device=resid_BPD.device)
+
+        layers = range(start_at_layer or 0, self.cfg.n_layers if stop_at_layer is None else stop_at_layer)
+        for layer in layers:
+            layer_cache = kv_cache.layers[layer] if kv_cache is not None else None
+            resid_BPD = self.blocks[layer](resid_BPD, positions_P, layer_cache)
+        if stop_at_layer is not None:
+            return resid_BPD
+
+        if self.ln_final is not None:
+            resid_BPD = self.ln_final(resid_BPD)
+        logits_BPV = self.unembed(resid_BPD)
+        if return_type == "logits":
+            return logits_BPV
+        if return_type is None:
+            return None
+        if tokens is None:
+            raise InputError("the loss needs token ids: pass tokens= when starting from a residual stream")
+        loss = next_token_loss(logits_BPV, tokens, per_token=loss_per_token)
+        if return_type == "loss":
+            return loss
+        if return_type == "both":
+            return logits_BPV, loss
+        raise InputError(f"return_type must be 'logits', 'loss', 'both' or None, got {return_type!r}")
+
+    def _as_tokens(self, input: TextOrTokens, prepend_bos: Optional[bool], offset: int = 0) -> Tensor:
+        """Tokenises text and checks token ids: integer dtype, non-empty, in range, within n_ctx."""
+        if isinstance(input, (str, list)):
+            tokens = self.to_tokens(input, prepend_bos=prepend_bos)
+        elif isinstance(input, Tensor):
+            tokens = input
+        else:
+            raise InputError(f"expected text or a tensor of token ids, got {type(input).__name__}")
+        if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+            raise InputError(f"token ids must be an integer tensor, got dtype {tokens.dtype}")
+        if tokens.ndim == 1:
+            tokens = tokens[None]
+        if tokens.ndim != 2:
+            raise InputError(f"token ids must be [batch, pos] or [pos], got shape {tuple(tokens.shape)}")
+        if tokens.numel() == 0:
+            raise InputError(f"empty input: token ids have shape {tuple(tokens.shape)}")
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= self.cfg.d_vocab:
+            bad = low if low < 0 else high
+            raise InputError(f"token id {bad} is out of range for a vocabulary of {self.cfg.d_vocab} (0..{self.cfg.d_vocab - 1})")
+        if offset + tokens.shape[1] > self.cfg.n_ctx:
+            raise InputError(
+                f"sequence of {offset + tokens.shape[1]} tokens is longer than the model's context "
+                f"(n_ctx={self.cfg.n_ctx})")
+        return tokens.to(self.embed.W_E.device)
+
+    # ---- hooks ------------------------------------------------------------------------------------
+    @contextmanager
+    def hooks(self, fwd_hooks=[], bwd_hooks=[], reset_hooks_end=True, clear_contexts=False):
+        """TransformerLens's ``hooks`` context, with each hook's errors annotated by its hook point.
+
+        Hooks are removed on exit even when a hook raises.
+        """
+        with super().hooks([(n, _annotate_errors(h)) for n, h in fwd_hooks],
+                           [(n, _annotate_errors(h)) for n, h in bwd_hooks],
+                           reset_hooks_end, clear_contexts) as model:
+            yield model
+
+    def run_with_cache(self, *model_args: Any, **kwargs: Any) -> tuple[Any, ActivationCache]:
+        """Runs the model and caches activations (all, or those ``names_filter`` selects).
+
+        Example:
+            >>> logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))  # doctest: +SKIP
+            >>> cache["pattern", 0].shape   # [batch, n_heads, query_pos, key_pos]           # doctest: +SKIP
+        """
+        out, cache_dict = super().run_with_cache(*model_args, **kwargs)
+        return out, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+
+    # ---- tokenizer conveniences ---------------------------------------------------------------------
+    def _require_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise InputError("this model has no tokenizer: pass token ids instead of text")
+        return self.tokenizer
+
+    def to_tokens(self, text: Union[str, list[str]], prepend_bos: Optional[bool] = None) -> Int[Tensor, "batch pos"]:
+        """Text -> token ids [batch, pos] on the model's device (BOS per the model's tokenizer).
+
+        Example:
+            >>> model.to_tokens("Hello world").shape   # doctest: +SKIP
+            torch.Size([1, 2])
+        """
+        return self._require_tokenizer().to_tokens(text, prepend_bos).to(self.embed.W_E.device)
+
+    def to_str_tokens(self, input: TextOrTokens, prepend_bos: Optional[bool] = None) -> list[str]:
+        """Each token of one text (or one row of ids) as its own string."""
+        tok = self._require_tokenizer()
+        if isinstance(input, str):
+            input = tok.to_tokens(input, prepend_bos)
+        if isinstance(input, Tensor):
+            if input.ndim == 2:
+                if input.shape[0] != 1:
+                    raise InputError(f"to_str_tokens takes one sequence, got a batch of {input.shape[0]}")
+                input = input[0]
+            input = input.tolist()
+        return tok.to_str_tokens(input)
+
+    def to_string(self, tokens: Union[Int[Tensor, "pos"], Int[Tensor, "batch pos"], list[int]]) -> Union[str, list[str]]:
+        """Token ids -> text (a list of texts for a batch)."""
+        tok = self._require_tokenizer()
+        if isinstance(tokens, Tensor) and tokens.ndim == 2:
+            return [tok.decode(row) for row in tokens]
+        return tok.decode(tokens)
+
+    def to_single_token(self, text: str) -> int:
+        """The id of a string that is exactly one token; an error otherwise."""
+        ids = self._require_tokenizer().encode(text, prepend_bos=False)
+        if len(ids) != 1:
+            raise InputError(f"{text!r} is {len(ids)} tokens, not one")
+        return ids[0]
+
+    # ---- generation and persistence ---------------------------------------------------------------
+    def generate(self, input: TextOrTokens, max_new_tokens: int = 20, **kwargs: Any) -> Union[str, list[str], Tensor]:
+        """Continues a prompt (greedy by default; ``temperature``/``top_k``/``top_p`` sample).
+
+        Returns text for text input and token ids for token input. See
+        ``workbench.generation.generate`` for every option.
+
+        Example:
+            >>> model.generate("The capital of France is", max_new_tokens=5)   # doctest: +SKIP
+        """
+        from workbench.generation import generate
+
+        return generate(self, input, max_new_tokens, **kwargs)
+
+    def save(self, directory: Union[str, Path]) -> Path:
+        """Writes config.json, model.safetensors and (if any) tokenizer.json to ``directory``.
+
+        Example:
+            >>> model.save("runs/my-model"); wb.load_model("runs/my-model")   # doctest: +SKIP
+        """
+        from workbench.loading.native import save_native
+
+        return save_native(self, directory)
+
+    @property
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def next_token_loss(
+    logits_BPV: Float[Tensor, "batch pos d_vocab"], tokens_BP: Int[Tensor, "batch pos"], per_token: bool = False
+) -> Tensor:
+    """Cross-entropy of predicting token p+1 from position p (mean, or [batch, pos-1])."""
+    if tokens_BP.shape[1] < 2:
+        raise InputError("the loss needs at least two tokens (it predicts each next one)")
+    losses = F.cross_entropy(logits_BPV[:, :-1].flatten(0, 1).float(), tokens_BP[:, 1:].flatten(), reduction="none")
+    losses = losses.view(tokens_BP.shape[0], -1)
+    return losses if per_token else losses.mean()
+
+
+def _annotate_errors(hook_fn: Callable) -> Callable:
+    """Wraps a user hook so an exception it raises says which hook point it was on."""
+    def wrapped(tensor: Tensor, hook: HookPoint) -> Any:
+        try:
+            return hook_fn(tensor, hook=hook)
+        except Exception as error:
+            error.add_note(f"raised by the hook {getattr(hook_fn, '__name__', hook_fn)!s} on '{hook.name}'")
+            raise
+
+    return wrapped
