@@ -1,0 +1,62 @@
+"""Shared benchmark plumbing: interleaved repeats, medians, the machine line, markdown tables.
+
+Repeats are interleaved (A B C A B C ...) so drift on a noisy machine hits every contender
+alike and cancels in the ratios.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from typing import Callable, Optional
+
+import torch
+
+
+def machine_line() -> str:
+    """Cores, torch version and device, for the top of every table."""
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+    return (f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+            f"device {device}, {torch.get_num_threads()} threads")
+
+
+def interleaved_timings(contenders: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds per call for each contender, measured in interleaved rounds."""
+    with torch.no_grad():
+        for _ in range(warmup):
+            for fn in contenders.values():
+                fn()
+        times: dict[str, list[float]] = {name: [] for name in contenders}
+        for _ in range(repeats):
+            for name, fn in contenders.items():
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def timing_rows(comparison: str, times: dict[str, list[float]], reference: str,
+                extra: Optional[dict[str, dict]] = None) -> list[dict]:
+    """One row per contender: median/min/max seconds and the ratio of medians to ``reference``."""
+    ref = statistics.median(times[reference])
+    rows = []
+    for name, values in times.items():
+        median = statistics.median(values)
+        rows.append({"comparison": comparison, "contender": name, "median_s": median, "min_s": min(values),
+                     "max_s": max(values), "repeats": len(values), f"ratio_to_reference": median / ref,
+                     "reference": reference, **(extra or {}).get(name, {})})
+    return rows
+
+
+def markdown_table(rows: list[dict], title: str = "") -> str:
+    """Rows (dicts) as a markdown table; floats to 4 significant figures."""
+    if not rows:
+        return ""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)
+    lines = [f"### {title}", ""] if title else []
+    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
