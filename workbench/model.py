@@ -84,7 +84,7 @@ class Decoder(HookedRootModule):
         # .to()/.half()/.cuda() all come through here: keep cfg.device/dtype true for TL utilities.
         super()._apply(fn, recurse)
         weight = self.embed.W_E
-        object.__setattr__(self, "cfg", self.cfg.replace(device=str(weight.device), dtype=weight.dtype))
+        self.cfg = self.cfg.replace(device=str(weight.device), dtype=weight.dtype)
         return self
 
     # ---- forward --------------------------------------------------------------------------------
