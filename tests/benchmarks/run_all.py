@@ -1,0 +1,63 @@
+"""``make bench``: runs every comparison and writes BENCHMARKS.md.
+
+Each comparison lives in its own script (runnable alone with ``--quick``) exposing
+``run(quick) -> list[dict]``; this file only collects their rows into one report, with the
+machine line and the goal each comparison is held to.
+
+    python tests/benchmarks/run_all.py --out BENCHMARKS.md [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+import traceback
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.benchmarks.common import machine_line, markdown_table
+
+# (module, title, goal) in the order of the benchmarks issue.
+COMPARISONS = [
+    ("bench_forward", "1-2. Forward (no hooks) and run_with_cache",
+     "forward within 1.05x of transformers sdpa; cache-all within 1.3x; pattern-only cache within 1.15x"),
+    ("bench_head_sweep", "3. Head-ablation sweep over every head", "batched head_sweep at least 5x faster than one run_with_hooks per head"),
+    ("bench_attention_memory", "4. Attention memory and time vs sequence length", "flash at 8,192 tokens under 10% of eager's peak memory"),
+    ("bench_load", "5. Loading SmolLM2-135M from its GGUF", "under 5 s and faster than transformers"),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="BENCHMARKS.md")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    started = time.time()
+    sections = [
+        "# Benchmarks\n",
+        f"Machine: {machine_line()}.\n",
+        "Made by `make bench` (`python tests/benchmarks/run_all.py`). Times are seconds per call: median, min and "
+        "max of interleaved repeats (A B C A B C ...); ratios are of medians to the reference named in each row, "
+        "measured in the same run on the same weights.\n",
+    ]
+    for module_name, title, goal in COMPARISONS:
+        print(f"== {title}", flush=True)
+        try:
+            module = importlib.import_module(f"tests.benchmarks.{module_name}")
+            rows = module.run(quick=args.quick)
+            table = markdown_table(rows)
+        except Exception:  # one broken comparison must not hide the others' figures
+            table = "Failed:\n\n```\n" + traceback.format_exc() + "```\n"
+        print(table, flush=True)
+        sections.append(f"## {title}\n\nGoal: {goal}.\n\n{table}")
+    sections.append(f"\nTotal benchmark time: {time.time() - started:.0f} s.\n")
+    Path(args.out).write_text("\n".join(sections))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
