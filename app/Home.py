@@ -1,0 +1,77 @@
+"""Home: pick the model every page works on, and see its card (config, size, hook points, kernel).
+
+Run with ``make run`` or ``streamlit run app/Home.py``; the other pages are in ``app/pages/``.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+import workbench as wb
+from app import state
+from app.widgets import page_setup, run_page
+
+REGISTERED, PATH = "Registered model", "Path on this machine"
+
+
+def _picker() -> None:
+    """Registered name or a path, plus the attention kernel; "Open" makes it the session's model."""
+    models = wb.list_models()
+    names = models["name"].tolist()
+    installed = dict(zip(models["name"], models["installed"]))
+    current = state.model_source()
+    with st.form("model_picker"):
+        mode = st.radio("Open", [REGISTERED, PATH], horizontal=True, key="home_mode",
+                        index=0 if current in names else 1)
+        name = st.selectbox("Registered model", names, key="home_name",
+                            index=names.index(current) if current in names else 0,
+                            format_func=lambda n: n if installed[n] else f"{n} (not installed)")
+        path = st.text_input("Path: an HF-format directory, a .gguf file or a directory written by model.save()",
+                             value="" if current in names else current, key="home_path")
+        impl = st.selectbox("Attention kernel", state.ATTN_IMPLS, key="home_impl",
+                            index=state.ATTN_IMPLS.index(state.attn_impl()),
+                            help="Patterns are read with the eager kernel on the layers that need them, "
+                                 "whatever is chosen here.")
+        if st.form_submit_button("Open model", type="primary"):
+            source = name if mode == REGISTERED else path
+            if not source.strip():
+                st.error("Give a path to open, or choose a registered model.")
+            else:
+                state.choose_model(source, impl)
+    with st.expander("Registered models"):
+        st.dataframe(models, hide_index=True)
+
+
+def _card(loaded: state.LoadedModel) -> None:
+    """The open model at a glance: size, shape, hook points, kernel, then every config field."""
+    model, cfg = loaded.model, loaded.model.cfg
+    st.subheader(f"Open model: `{state.model_source()}`")
+    cols = st.columns(6)
+    cols[0].metric("Parameters", f"{model.n_params / 1e6:,.1f} M" if model.n_params >= 1e6 else f"{model.n_params:,}")
+    cols[1].metric("Layers", cfg.n_layers)
+    cols[2].metric("Heads (KV heads)", f"{cfg.n_heads} ({cfg.n_key_value_heads})")
+    cols[3].metric("Hook points", len(model.hook_dict))
+    cols[4].metric("Attention kernel", cfg.attn_impl)
+    cols[5].metric("Context", f"{cfg.n_ctx:,}")
+    kind = "attention-only" if cfg.attn_only else (
+        f"mixture of experts, top-{cfg.experts_per_token} of {cfg.num_experts}" if cfg.is_moe else "dense MLP")
+    st.caption(f"{cfg.n_layers} layers of d_model={cfg.d_model}, {kind}, {cfg.positional} positions, "
+               f"{cfg.normalization} norm, vocabulary of {cfg.d_vocab:,}.")
+    config = pd.DataFrame({"field": list(cfg.to_dict()), "value": [str(v) for v in cfg.to_dict().values()]})
+    with st.expander("Full config", expanded=False):
+        st.dataframe(config, hide_index=True)
+    st.markdown("Explore it on the pages in the sidebar: **Attention**, **Heads**, **Induction**, **Ablation**, "
+                "**Logit lens** and **Router** (mixture-of-experts models).")
+
+
+def main() -> None:
+    st.title("Mechanistic-interpretability workbench")
+    _picker()
+    loaded = state.open_model()
+    if loaded is not None:
+        _card(loaded)
+
+
+page_setup("Workbench")
+run_page(main)

@@ -1,0 +1,70 @@
+"""Drawing results with their download buttons: tables as CSV, figures as HTML and PNG.
+
+Files are produced only when a button is clicked (Streamlit's deferred ``data`` callables), so
+a page does not pay for a 4 MB HTML file or a PNG render on every rerun. PNGs are rendered by
+kaleido, which drives a Chrome; Debian's /usr/bin/chromium is used when no other is named.
+Without kaleido the PNG comes from the camera button in each figure's toolbar (client side).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+_DEBIAN_CHROMIUM = "/usr/bin/chromium"
+if "BROWSER_PATH" not in os.environ and Path(_DEBIAN_CHROMIUM).exists():
+    os.environ["BROWSER_PATH"] = _DEBIAN_CHROMIUM  # kaleido (choreographer) looks for Chrome here first
+
+
+def png_export_available() -> bool:
+    """Whether figures can be rendered to PNG on the server (kaleido installed).
+
+    Example:
+        >>> isinstance(png_export_available(), bool)
+        True
+    """
+    return importlib.util.find_spec("kaleido") is not None
+
+
+def _file_stem(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "result"
+
+
+def table(df: pd.DataFrame, name: str, key: str, **dataframe_kwargs) -> None:
+    """A sortable table (click a column header) with a CSV download button under it.
+
+    Example:
+        >>> table(head_summary_df, "head_summary", key="summary")   # doctest: +SKIP
+    """
+    st.dataframe(df, hide_index=True, **dataframe_kwargs)
+    st.download_button("Download CSV", df.to_csv(index=False), f"{_file_stem(name)}.csv", "text/csv",
+                       key=f"{key}_csv", on_click="ignore", icon=":material/download:")
+
+
+def figure(fig: go.Figure, name: str, key: str, stretch: bool = True) -> None:
+    """A plotly figure with HTML (and, with kaleido, PNG) download buttons under it.
+
+    The toolbar's camera button also saves a PNG, named after ``name``, in the browser.
+
+    Example:
+        >>> figure(scores_heatmap(scores, "Induction"), "induction_scores", key="induction")   # doctest: +SKIP
+    """
+    stem = _file_stem(name)
+    config = {"toImageButtonOptions": {"format": "png", "filename": stem, "scale": 2}, "displaylogo": False}
+    st.plotly_chart(fig, width="stretch" if stretch else "content", config=config, key=f"{key}_chart")
+    html_col, png_col, _ = st.columns([1, 1, 4])
+    html_col.download_button("HTML", lambda: fig.to_html(include_plotlyjs=True, full_html=True),
+                             f"{stem}.html", "text/html", key=f"{key}_html", on_click="ignore",
+                             icon=":material/download:", help="A standalone interactive page (works offline)")
+    if png_export_available():
+        png_col.download_button("PNG", lambda: fig.to_image(format="png", scale=2), f"{stem}.png", "image/png",
+                                key=f"{key}_png", on_click="ignore", icon=":material/download:",
+                                help="Rendered on the server with kaleido; takes a few seconds")
+    else:
+        png_col.caption("PNG: camera icon in the figure's toolbar")

@@ -1,0 +1,85 @@
+"""Heads: compare every head across layers by each score, in heatmaps and a sortable table,
+and put two chosen heads' patterns side by side on the same prompt.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+import torch
+
+from app import downloads, results
+from app.state import LoadedModel, require_model
+from app.widgets import Prompt, guarded, head_picker, page_setup, prompt_box, run_page
+from experiments import attention, heads
+from experiments.figures import scores_heatmap
+
+# column -> (tab title, colour scale, centre of the scale); signed scores get a diverging scale.
+SCORES = {
+    "induction": ("Induction", "Blues", None),
+    "previous_token": ("Previous token", "Blues", None),
+    "duplicate_token": ("Duplicate token", "Blues", None),
+    "entropy": ("Entropy (nats)", "Viridis", None),
+    "ablation_delta": ("Ablation effect (loss change)", "RdBu_r", 0.0),
+}
+
+
+def _scores_table(model, ids: tuple[int, ...], include_ablation: bool, progress) -> pd.DataFrame:
+    return heads.head_scores_table(model, torch.tensor([ids]), include_ablation=include_ablation, progress=progress)
+
+
+def _heatmaps(table, n_layers: int, n_heads: int) -> None:
+    tabs = st.tabs([title for title, _, _ in SCORES.values()])
+    for tab, (column, (title, colorscale, zmid)) in zip(tabs, SCORES.items()):
+        with tab:
+            if table[column].isna().all():
+                st.info("Not computed: tick “Include the ablation effect” above to run the head sweep.")
+                continue
+            grid_LH = table.pivot(index="layer", columns="head", values=column).reindex(
+                index=range(n_layers), columns=range(n_heads)).values
+            fig = scores_heatmap(torch.tensor(grid_LH), title, colorscale=colorscale, zmid=zmid, value_name=column)
+            downloads.figure(fig, f"heads_{column}", key=f"heads_{column}", stretch=False)
+
+
+@st.fragment
+@guarded
+def _side_by_side(loaded: LoadedModel, prompt: Prompt) -> None:
+    st.subheader("Two heads side by side")
+    patterns_LHQK = results.attention_patterns(loaded, loaded.key, prompt.ids)
+    cfg = loaded.model.cfg
+    second_default = (min(1, cfg.n_layers - 1), 0) if cfg.n_layers > 1 else (0, min(1, cfg.n_heads - 1))
+    left, right = st.columns(2)
+    for column, label, key, default in ((left, "Left", "heads_left", (0, 0)),
+                                        (right, "Right", "heads_right", second_default)):
+        with column:
+            layer, head = head_picker(loaded, label, key=key, default=default)
+            fig = attention.pattern_figure(patterns_LHQK[layer, head], prompt.str_tokens, f"L{layer}H{head}")
+            downloads.figure(fig, f"pattern_L{layer}H{head}", key=f"{key}_pattern")
+
+
+def main() -> None:
+    st.title("Compare heads across layers")
+    loaded = require_model()
+    prompt = prompt_box(loaded)
+    if prompt is None:
+        return
+    cfg = loaded.model.cfg
+    include_ablation = st.checkbox(
+        "Include the ablation effect (zero-ablates every head in turn)", value=cfg.n_layers * cfg.n_heads <= 64,
+        key="heads_include_ablation",
+        help=f"{cfg.n_layers * cfg.n_heads} heads; each is ablated once on this prompt (batched).")
+    table = results.with_progress(loaded, "Scoring heads", _scores_table, prompt.ids, include_ablation)
+    st.caption("Scores on this prompt: induction, previous-token and duplicate-token are TransformerLens's "
+               "“mul” detector scores; entropy is the mean entropy of each query's attention; the ablation effect "
+               "is the change in mean next-token loss when the head is zero-ablated.")
+    _heatmaps(table, cfg.n_layers, cfg.n_heads)
+
+    st.subheader("Every head, every score")
+    st.caption("Click a column header to sort.")
+    downloads.table(table, "head_scores", key="head_scores", height=320)
+
+    _side_by_side(loaded, prompt)
+
+
+page_setup("Heads")
+run_page(main)

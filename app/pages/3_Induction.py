@@ -1,0 +1,64 @@
+"""Induction: score every head on repeated random tokens (with a progress bar), and compare the
+loss on the first and second copy of the sequence, where induction heads lower it.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from app import downloads, results
+from app.state import LoadedModel, require_model
+from app.widgets import page_setup, run_page
+from experiments import induction
+
+
+@st.cache_data(show_spinner="Measuring the loss on both copies …", max_entries=16)
+def _loss(_loaded: LoadedModel, model_key: str, seq_len: int, batch: int, seed: int) -> pd.DataFrame:
+    with _loaded.lock:
+        return induction.induction_loss(_loaded.model, seq_len=seq_len, batch=batch, seed=seed)
+
+
+def _settings(loaded: LoadedModel) -> tuple[int, int, int]:
+    """Sequence length, batch and seed, bounded by what the model's context and vocabulary allow."""
+    cfg = loaded.model.cfg
+    longest = max(1, min((cfg.n_ctx - 1) // 2, cfg.d_vocab - 1, 512))
+    with st.form("induction_settings", border=False):
+        cols = st.columns(3)
+        seq_len = cols[0].number_input("Tokens per copy", 1, longest, min(50, longest), key="induction_seq_len",
+                                       help="Each sequence is [BOS] + r + r for r random tokens without repeats.")
+        batch = cols[1].number_input("Sequences", 1, 64, 10, key="induction_batch")
+        seed = cols[2].number_input("Seed", 0, 2**31 - 1, 0, key="induction_seed")
+        st.form_submit_button("Run scan", type="primary")
+    return int(seq_len), int(batch), int(seed)
+
+
+def main() -> None:
+    st.title("Induction heads")
+    st.caption("An induction head attends from a token in the second copy to the token after its earlier "
+               "occurrence; its score is the mean attention on that stripe.")
+    loaded = require_model()
+    seq_len, batch, seed = _settings(loaded)
+    scores_LH = results.with_progress(loaded, "Scanning layers", induction.induction_scores,
+                                      seq_len=seq_len, batch=batch, seed=seed)
+    left, right = st.columns([3, 2])
+    with left:
+        fig = induction.scores_heatmap(scores_LH, f"Induction score ({batch} x 2 x {seq_len} random tokens)")
+        downloads.figure(fig, "induction_scores", key="induction_scores", stretch=False)
+    with right:
+        st.markdown("**Top heads**")
+        downloads.table(induction.top_heads(scores_LH, 10), "induction_top_heads", key="induction_top")
+
+    st.subheader("Loss on the first and second copy")
+    loss = _loss(loaded, loaded.key, seq_len, batch, seed)
+    means = loss.groupby("copy")["loss"].mean()
+    cols = st.columns(3)
+    cols[0].metric("Mean loss, first copy", f"{means['first']:.3f}")
+    cols[1].metric("Mean loss, second copy", f"{means['second']:.3f}",
+                   delta=f"{means['second'] - means['first']:+.3f}", delta_color="inverse")
+    downloads.figure(induction.induction_loss_figure(loss), "induction_loss", key="induction_loss")
+    downloads.table(loss, "induction_loss", key="induction_loss_table", height=250)
+
+
+page_setup("Induction")
+run_page(main)

@@ -1,0 +1,80 @@
+"""Logit lens: what each layer's residual stream would predict at each position, and which heads,
+MLPs and embeddings push the final logit of a chosen token up or down (direct logit attribution).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pandas as pd
+import streamlit as st
+import torch
+
+from app import downloads
+from app.state import LoadedModel, require_model
+from app.widgets import Prompt, page_setup, prompt_box, run_page
+from experiments import lens
+
+
+@st.cache_data(show_spinner="Reading every layer through the unembedding …", max_entries=16)
+def _lens(_loaded: LoadedModel, model_key: str, ids: tuple[int, ...], top_k: int) -> pd.DataFrame:
+    with _loaded.lock:
+        return lens.logit_lens(_loaded.model, torch.tensor([ids]), top_k=top_k)
+
+
+@st.cache_data(show_spinner="Attributing the logit …", max_entries=32)
+def _dla(_loaded: LoadedModel, model_key: str, ids: tuple[int, ...], target: int, baseline: Optional[int],
+         position: int) -> pd.DataFrame:
+    with _loaded.lock:
+        return lens.direct_logit_attribution(_loaded.model, torch.tensor([ids]), target, baseline, position)
+
+
+def _token_id(loaded: LoadedModel, text: str, what: str) -> int:
+    """The id of ``text`` when it is exactly one token; stops the page with a message otherwise."""
+    ids = loaded.model.to_tokens(text, prepend_bos=False)[0].tolist()
+    if len(ids) != 1:
+        st.error(f"The {what} “{text}” is {len(ids)} tokens for this tokenizer; give a single token "
+                 "(mind the leading space, e.g. “ Paris”).")
+        st.stop()
+    return int(ids[0])
+
+
+def _attribution(loaded: LoadedModel, prompt: Prompt, table: pd.DataFrame) -> None:
+    st.subheader("Direct logit attribution")
+    n = len(prompt.ids)
+    position = st.selectbox("Position (predicting the token after it)", range(n), index=n - 1,
+                            format_func=lambda p: f"{p}: {prompt.str_tokens[p]!r}", key="lens_position")
+    final = table[(table["layer"] == table["layer"].max()) & (table["position"] == position)].sort_values("rank")
+    top_tokens = final["token"].tolist()
+    left, right = st.columns(2)
+    target_text = left.text_input("Target token (blank: the model's top prediction)", key="lens_target")
+    baseline_text = right.text_input("Baseline token (optional: attribute target minus baseline)", key="lens_baseline")
+    target = _token_id(loaded, target_text, "target") if target_text else int(final["token_id"].iloc[0])
+    baseline = _token_id(loaded, baseline_text, "baseline") if baseline_text else None
+    target_name = target_text or top_tokens[0]
+    title = f"Direct logit attribution of {target_name!r}" + (f" minus {baseline_text!r}" if baseline_text else "")
+    st.caption(f"Top predictions here: {', '.join(repr(t) for t in top_tokens)}")
+    dla = _dla(loaded, loaded.key, prompt.ids, target, baseline, position)
+    downloads.figure(lens.dla_figure(dla, title), "direct_logit_attribution", key="dla")
+    downloads.table(dla.sort_values("attribution", key=abs, ascending=False), "direct_logit_attribution",
+                    key="dla_table", height=250)
+
+
+def main() -> None:
+    st.title("Logit lens")
+    loaded = require_model()
+    prompt = prompt_box(loaded)
+    if prompt is None:
+        return
+    top_k = st.slider("Top tokens kept per layer and position", 1, 10, 5, key="lens_top_k")
+    table = _lens(loaded, loaded.key, prompt.ids, top_k)
+    st.caption("Rows: the residual stream entering each layer, read through the final norm and unembedding; "
+               "the last row is the model's own prediction. Cells show the top token, coloured by its probability.")
+    downloads.figure(lens.logit_lens_figure(table, prompt.str_tokens), "logit_lens", key="logit_lens", stretch=False)
+    with st.expander("All top-k tokens as a table"):
+        downloads.table(table, "logit_lens", key="logit_lens_table", height=300)
+    _attribution(loaded, prompt, table)
+
+
+page_setup("Logit lens")
+run_page(main)

@@ -1,0 +1,166 @@
+"""Widgets every page shares: the page guard, the prompt box with its checks, layer and head pickers.
+
+The prompt is kept in a plain session-state key as well as in its widget, because Streamlit
+forgets a widget's value when the user moves to a page that does not draw it; seeding the
+widget from the plain key makes one prompt follow the user from page to page.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import streamlit as st
+import torch
+
+import workbench as wb
+from app.state import LoadedModel
+
+DEFAULT_PROMPT = ("When Mary and John went to the store, John gave a drink to Mary. "
+                  "When Mary and John went to the store, John gave a drink to")
+# Patterns cost n_layers * n_heads * P^2 floats and every label is drawn: beyond this the
+# pages would be slow and unreadable, so longer prompts get a message instead.
+MAX_PROMPT_TOKENS = 256
+_PROMPT_KEY, _PROMPT_SAVED = "prompt", "_prompt_saved"
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A checked prompt: its text, token ids (a tuple, so results can be cached on it) and labels.
+
+    Example:
+        >>> prompt.tensor.shape, prompt.str_tokens[:2]   # doctest: +SKIP
+        (torch.Size([1, 7]), ['The', ' cat'])
+    """
+
+    text: str
+    ids: tuple[int, ...]
+    str_tokens: list[str]
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        return torch.tensor([self.ids], dtype=torch.long)
+
+
+def page_setup(title: str) -> None:
+    """Page title and the wide layout (heatmaps need the width); call first on every page.
+
+    Example:
+        >>> page_setup("Attention")   # doctest: +SKIP
+    """
+    st.set_page_config(page_title=f"{title} · workbench", layout="wide")
+
+
+def guarded(body: Callable[..., None]) -> Callable[..., None]:
+    """``body`` with any error turned into a message on the page instead of a traceback.
+
+    Workbench errors (bad input, bad checkpoint, bad config) carry messages written for the
+    user; anything else is logged with its traceback on the server and summarised on the page.
+    Fragments need this too: a fragment's own reruns do not pass through the page's guard.
+
+    Example:
+        >>> guarded(lambda: st.write("hello"))()   # doctest: +SKIP
+    """
+
+    @functools.wraps(body)
+    def run(*args, **kwargs) -> None:
+        try:
+            body(*args, **kwargs)
+        except (wb.InputError, wb.ConfigError, wb.CheckpointError) as error:
+            st.error(str(error))
+        except Exception as error:  # noqa: BLE001 - the page must never show a traceback
+            log.exception("dashboard page failed")
+            st.error(f"Something went wrong ({type(error).__name__}): {error}. The server log has the details.")
+
+    return run
+
+
+def run_page(body: Callable[[], None]) -> None:
+    """Runs a page's body under ``guarded``.
+
+    Example:
+        >>> run_page(lambda: st.write("hello"))   # doctest: +SKIP
+    """
+    guarded(body)()
+
+
+def prompt_box(loaded: LoadedModel, label: str = "Prompt", max_tokens: int = MAX_PROMPT_TOKENS) -> Optional[Prompt]:
+    """A text box for the prompt; returns the checked prompt, or None after saying what is wrong.
+
+    Checks: not empty, tokenizable by this model, no longer than the model's context and no
+    longer than ``max_tokens`` (what the dashboard can draw quickly).
+
+    Example:
+        >>> prompt = prompt_box(require_model())   # doctest: +SKIP
+    """
+    if _PROMPT_KEY not in st.session_state:
+        st.session_state[_PROMPT_KEY] = st.session_state.get(_PROMPT_SAVED, DEFAULT_PROMPT)
+    text = st.text_area(label, key=_PROMPT_KEY, height=90,
+                        help="Shared by every page. Press Ctrl+Enter (or click outside the box) to apply.")
+    st.session_state[_PROMPT_SAVED] = text
+    if not text.strip():
+        st.warning("The prompt is empty: type some text to analyse.")
+        return None
+    model = loaded.model
+    try:
+        tokens = model.to_tokens(text)
+    except wb.InputError as error:
+        st.error(f"This prompt cannot be tokenized by the model: {error}")
+        return None
+    n_tokens, n_ctx = tokens.shape[1], model.cfg.n_ctx
+    if n_tokens > n_ctx:
+        st.error(f"The prompt is {n_tokens} tokens long, longer than the model's context of {n_ctx} tokens. "
+                 "Shorten it.")
+        return None
+    if n_tokens > max_tokens:
+        st.error(f"The prompt is {n_tokens} tokens long; the dashboard draws prompts of up to {max_tokens} "
+                 "tokens. Shorten it (the `python -m experiments.*` commands take longer prompts).")
+        return None
+    ids = tuple(int(i) for i in tokens[0].tolist())
+    return Prompt(text, ids, model.to_str_tokens(tokens[0]))
+
+
+def layer_picker(loaded: LoadedModel, label: str = "Layer", key: Optional[str] = None) -> int:
+    """A layer number in 0..n_layers-1 (a slider; a select box for a one-layer model).
+
+    Example:
+        >>> layer = layer_picker(loaded, key="attention_layer")   # doctest: +SKIP
+    """
+    n_layers = loaded.model.cfg.n_layers
+    if n_layers == 1:
+        return st.selectbox(label, [0], key=key)
+    return st.slider(label, 0, n_layers - 1, 0, key=key)
+
+
+def head_picker(loaded: LoadedModel, label: str, key: str, default: tuple[int, int] = (0, 0)) -> tuple[int, int]:
+    """A (layer, head) pair from two select boxes side by side.
+
+    Example:
+        >>> layer, head = head_picker(loaded, "First head", key="left")   # doctest: +SKIP
+    """
+    cfg = loaded.model.cfg
+    left, right = st.columns(2)
+    layer = left.selectbox(f"{label}: layer", range(cfg.n_layers), index=min(default[0], cfg.n_layers - 1),
+                           key=f"{key}_layer")
+    head = right.selectbox(f"{label}: head", range(cfg.n_heads), index=min(default[1], cfg.n_heads - 1),
+                           key=f"{key}_head")
+    return int(layer), int(head)
+
+
+def progress_callback(text: str) -> tuple[Callable[[int, int], None], Callable[[], None]]:
+    """A ``(done, total)`` callback driving a fresh ``st.progress`` bar, and a function that removes the bar.
+
+    Example:
+        >>> report, finish = progress_callback("Sweeping heads")   # doctest: +SKIP
+        >>> head_sweep(model, tokens, progress=report); finish()   # doctest: +SKIP
+    """
+    slot = st.empty()
+    bar = slot.progress(0.0, text=text)
+
+    def report(done: int, total: int) -> None:
+        bar.progress(min(1.0, done / max(total, 1)), text=f"{text}: {done}/{total}")
+
+    return report, slot.empty
