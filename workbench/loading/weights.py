@@ -14,12 +14,14 @@ from torch import Tensor
 from workbench.errors import CheckpointError
 
 
-def assign_weights(model: torch.nn.Module, tensors: Mapping[str, Tensor], source: str) -> None:
+def assign_weights(model: torch.nn.Module, tensors: Mapping[str, Tensor], source: str, *, move: bool = False) -> None:
     """Copies ``tensors`` into ``model``'s parameters (cast to their dtype), or raises.
 
     Raises ``CheckpointError`` naming ``source`` and the tensor when a parameter is missing, a
     tensor is not a parameter of this model, or a shape differs. Tied parameters (the same
-    Parameter under two names) need only one of their names.
+    Parameter under two names) need only one of their names. With ``move=True`` the caller hands
+    the tensors over (freshly read from a file): each becomes its parameter's storage instead of
+    being copied, which saves a full pass over a large checkpoint's memory.
     """
     expected = model.state_dict(keep_vars=True)
     by_identity: dict[int, list[str]] = {}
@@ -37,4 +39,8 @@ def assign_weights(model: torch.nn.Module, tensors: Mapping[str, Tensor], source
                 f"{source}: tensor '{name}' has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
     with torch.no_grad():
         for name, tensor in tensors.items():
-            expected[name].copy_(tensor.to(expected[name].dtype))
+            param = expected[name]
+            if move and tensor.device == param.device:
+                param.data = tensor.to(param.dtype).contiguous()  # the Parameter object (and any tie) stays
+            else:
+                param.copy_(tensor.to(param.dtype))
