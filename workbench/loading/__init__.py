@@ -1,25 +1,65 @@
-"""Turning checkpoints into ``Decoder``s: our own format, HF directories, GGUF files, registered names."""
+"""Turning checkpoints into ``Decoder``s: registered names, HF directories, GGUF files, our own format.
+
+``load_model`` decides what ``source`` is and hands it to one loader; each loader builds the
+config, reads and checks every tensor, and only then returns a model, so a failure never
+leaves a half-loaded model behind. Nothing is fetched from a hub and nothing is unpickled.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
 from workbench.errors import CheckpointError
-from workbench.loading.native import is_native_directory, load_native
+from workbench.loading.gguf_loader import load_gguf
+from workbench.loading.hf import is_hf_directory, load_hf_directory, read_config
+from workbench.loading.native import FORMAT_TAG, load_native
+from workbench.loading.registry import REGISTRY, default_model_name, list_models
+
+__all__ = ["load_model", "list_models", "default_model_name", "CheckpointNotFoundError"]
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """``source`` is neither a registered name nor an existing path (catchable as either base)."""
 
 
 def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtype = torch.float32,
-               device: str = "cpu"):
+               device: str = "cpu", progress: Optional[bool] = None):
     """Loads a model from a registered name, an HF directory, a .gguf file or a saved directory.
+
+    Args:
+        source: a name from ``wb.list_models()``, an HF-format directory (config.json +
+            *.safetensors), a ``.gguf`` file, or a directory written by ``model.save()``.
+        attn_impl: "eager", "sdpa" or "flash".
+        dtype: torch.float32, torch.bfloat16 or torch.float16.
+        device: where the weights go.
+        progress: progress bar while reading tensors (None: only for checkpoints over 64 MiB).
 
     Example:
         >>> import workbench as wb
-        >>> model = wb.load_model("runs/my-model", attn_impl="flash")   # doctest: +SKIP
+        >>> model = wb.load_model("smollm2-135m", attn_impl="sdpa")   # doctest: +SKIP
+        >>> model = wb.load_model("runs/my-model", attn_impl="flash")  # doctest: +SKIP
     """
+    options = dict(attn_impl=attn_impl, dtype=dtype, device=device)
+    if isinstance(source, str) and source in REGISTRY:
+        source = REGISTRY[source].path()
     path = Path(source)
-    if is_native_directory(path):
-        return load_native(path, attn_impl=attn_impl, dtype=dtype, device=device)
-    raise CheckpointError(f"{source}: not a registered model name, HF directory, .gguf file or saved model")
+    if not path.exists():
+        raise CheckpointNotFoundError(
+            f"{source}: no such file or directory, and not a registered model name (registered: {sorted(REGISTRY)})")
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise CheckpointError(f"{path}: a file must be a .gguf checkpoint; for safetensors pass its directory")
+        return load_gguf(path, progress=progress, **options)
+    config_path = path / "config.json"
+    if not config_path.exists():
+        raise CheckpointError(f"{config_path}: not found; a model directory needs config.json "
+                              "(HF format or written by model.save())")
+    if read_config(config_path).get("format") == FORMAT_TAG:
+        return load_native(path, **options)
+    if is_hf_directory(path):
+        return load_hf_directory(path, progress=progress, **options)
+    raise CheckpointError(f"{config_path}: neither an HF config (no field 'architectures' or 'model_type') "
+                          f"nor one written by model.save() (no field 'format': '{FORMAT_TAG}')")

@@ -1,0 +1,119 @@
+"""HF-format directories (config.json + *.safetensors [+ index] [+ tokenizer.json]) -> ``Decoder``.
+
+The architecture named in ``config.json`` picks a family module that maps the config onto
+``ModelConfig`` and the HF tensors onto our names; nothing architecture-specific happens
+outside those modules. Loading is atomic: the config is mapped, every tensor read and checked
+(names and shapes), and only then is a model built, filled and returned.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Optional, Union
+
+import torch
+
+from workbench.errors import CheckpointError
+from workbench.loading import hf_gpt2, hf_llama
+from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf_common import HFConfig
+from workbench.loading.hf_tokenizer import tokenizer_from_hf_directory
+from workbench.loading.weights import assign_weights
+
+CONFIG_FILE = "config.json"
+
+# architectures[0] in config.json -> the module that knows its config fields and tensor names.
+ARCHITECTURES: dict[str, ModuleType] = {
+    "GPT2LMHeadModel": hf_gpt2,
+    "LlamaForCausalLM": hf_llama,
+    "MistralForCausalLM": hf_llama,
+    "Qwen2ForCausalLM": hf_llama,
+    "MixtralForCausalLM": hf_llama,
+}
+
+
+def is_hf_directory(path: Path) -> bool:
+    """A directory whose config.json says which transformers architecture it holds.
+
+    Example:
+        >>> is_hf_directory(Path("/nonexistent"))
+        False
+    """
+    config = path / CONFIG_FILE
+    if not (path.is_dir() and config.exists()):
+        return False
+    data = read_config(config)
+    return "architectures" in data or "model_type" in data
+
+
+def read_config(path: Path) -> dict:
+    """config.json as a dict, or a ``CheckpointError`` naming the file.
+
+    Example:
+        >>> read_config(Path("tiny-llama/config.json"))["architectures"]   # doctest: +SKIP
+        ['LlamaForCausalLM']
+    """
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path}: unreadable config ({error})") from error
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def architecture_of(data: dict, source: str) -> str:
+    """The supported architecture config.json names, or a ``CheckpointError`` naming what it says.
+
+    Example:
+        >>> architecture_of({"architectures": ["Qwen2ForCausalLM"]}, "config.json")
+        'Qwen2ForCausalLM'
+    """
+    names = data.get("architectures") or []
+    for name in names:
+        if name in ARCHITECTURES:
+            return name
+    stated = names or data.get("model_type")
+    raise CheckpointError(
+        f"{source}: unknown architecture {stated!r} (field 'architectures'); supported: {sorted(ARCHITECTURES)}")
+
+
+def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtype = torch.float32,
+                      device: str = "cpu", progress: Optional[bool] = None):
+    """Builds a ``Decoder`` from an HF-format checkpoint directory.
+
+    Args:
+        directory: holds config.json, model.safetensors (or shards + model.safetensors.index.json)
+            and optionally tokenizer.json / tokenizer_config.json.
+        attn_impl, dtype, device: as ``workbench.load_model``.
+        progress: show a progress bar over tensors (None: only for checkpoints over 64 MiB).
+
+    Example:
+        >>> model = load_hf_directory("checkpoints/tiny-llama", attn_impl="eager")   # doctest: +SKIP
+    """
+    from workbench.model import Decoder
+
+    directory = Path(directory)
+    config_path = directory / CONFIG_FILE
+    data = read_config(config_path)
+    architecture = architecture_of(data, str(config_path))
+    family = ARCHITECTURES[architecture]
+    cfg = family.model_config(HFConfig(data, str(config_path)), architecture)
+    cfg = cfg.replace(attn_impl=attn_impl, dtype=dtype, model_name=directory.name)
+
+    ckpt = SafetensorsCheckpoint(directory, progress=progress)
+    try:
+        tensors = family.convert_tensors(ckpt, cfg)
+        ignored = getattr(family, "IGNORED_TENSORS", None)
+        leftover = [n for n in ckpt.untaken() if not (ignored and ignored.fullmatch(n)) and not n.endswith("rotary_emb.inv_freq")]
+        if leftover:
+            raise CheckpointError(f"{ckpt.source}: unexpected tensor(s) {leftover[:5]}"
+                                  f"{' ...' if len(leftover) > 5 else ''} for {architecture} with this config")
+    finally:
+        ckpt.close()
+    tokenizer = tokenizer_from_hf_directory(directory, data)
+    model = Decoder(cfg, tokenizer=tokenizer, init_weights=False)
+    assign_weights(model, tensors, ckpt.source, move=True)
+    return model.to(device).eval()

