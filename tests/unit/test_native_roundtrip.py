@@ -1,0 +1,64 @@
+"""``model.save(d)`` then ``wb.load_model(d)`` gives back the same model, bit for bit.
+
+The reference is the saved model itself: every parameter must be *equal* (not close), the
+config identical, tied weights still one Parameter, the tokenizer and its BOS policy intact,
+and the outputs therefore identical.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import workbench as wb
+from tests.integration.gguf_tiny import tiny_llama, write_gguf
+from tests.unit.helpers import VARIANTS, make_model
+
+
+def assert_identical(original: wb.Decoder, loaded: wb.Decoder) -> None:
+    assert loaded.cfg == original.cfg
+    original_state, loaded_state = original.state_dict(), loaded.state_dict()
+    assert original_state.keys() == loaded_state.keys()
+    for name, tensor in original_state.items():
+        assert loaded_state[name].dtype == tensor.dtype, name
+        assert torch.equal(loaded_state[name], tensor), name
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_variant_round_trips_exactly(tmp_path, variant):
+    model = make_model(variant)
+    loaded = wb.load_model(model.save(tmp_path / variant), attn_impl=model.cfg.attn_impl)
+    assert_identical(model, loaded)
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(loaded(tokens), model(tokens))
+    if model.cfg.tie_embeddings:
+        assert loaded.unembed.W_U is loaded.embed.W_E
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_round_trips_exactly(tmp_path, dtype):
+    model = make_model("gqa_rotary_rms_swiglu").to(dtype)
+    loaded = wb.load_model(model.save(tmp_path), dtype=dtype)
+    assert_identical(model, loaded)
+
+
+def test_tokenizer_and_bos_policy_survive(tmp_path):
+    """A model loaded from a GGUF (tokenizer built from its vocabulary) saved and loaded again."""
+    original = wb.load_model(write_gguf(tiny_llama(), tmp_path / "tiny.gguf"))
+    loaded = wb.load_model(original.save(tmp_path / "saved"))
+    assert_identical(original, loaded)
+    assert loaded.tokenizer.specials == original.tokenizer.specials
+    for text in ["the thin then", "héllo <|im_start|> x", "  in  "]:
+        assert torch.equal(loaded.to_tokens(text), original.to_tokens(text))
+
+
+def test_attn_impl_can_be_chosen_at_load_time(tmp_path):
+    model = make_model("sliding_window_gqa")
+    directory = model.save(tmp_path)
+    tokens = torch.randint(0, model.cfg.d_vocab, (1, 20))
+    for attn_impl in ("eager", "sdpa", "flash"):
+        loaded = wb.load_model(directory, attn_impl=attn_impl)
+        assert loaded.cfg.attn_impl == attn_impl
+        with torch.no_grad():
+            assert (loaded(tokens) - model(tokens)).abs().max() < 1e-5
