@@ -1,0 +1,102 @@
+"""Loading SmolLM2-135M-Instruct from its GGUF into a ready model: workbench vs transformers vs TransformerBridge.
+
+Contenders, timed in interleaved rounds (workbench, transformers, bridge, workbench, ...):
+
+- ``workbench``: ``wb.load_model(<gguf>)``: config, tokenizer and dequantised weights, ready to run.
+- ``transformers``: ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`` plus
+  ``AutoTokenizer.from_pretrained(dir, gguf_file=...)`` (a ready model needs both).
+- ``TransformerBridge``: the transformers load of the same round plus
+  ``TransformerBridge.boot_transformers(hf_model=..., tokenizer=...)`` on it.
+
+    python tests/benchmarks/bench_load.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.benchmarks.common import machine_line, markdown_table, timing_rows  # noqa: E402
+
+COMPARISON = "SmolLM2-135M GGUF -> ready model"
+
+
+def _load_workbench(path: Path):
+    import workbench as wb
+
+    return wb.load_model(path, progress=False)
+
+
+def _load_transformers(path: Path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return model.eval(), tokenizer
+
+
+def _boot_bridge(hf_model, tokenizer):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    return TransformerBridge.boot_transformers("HuggingFaceTB/SmolLM2-135M-Instruct", hf_model=hf_model,
+                                               tokenizer=tokenizer, device="cpu")
+
+
+def run(quick: bool = False) -> list[dict]:
+    """Rows (dicts) of load times, one per contender; ``quick``: one round instead of three."""
+    from workbench.loading.registry import REGISTRY
+
+    path = REGISTRY["smollm2-135m"].path()
+    # Imports and first-touch of the file happen once, outside the timings, for every contender alike.
+    import transformer_lens.model_bridge  # noqa: F401
+    import transformers  # noqa: F401
+
+    import workbench  # noqa: F401
+    path.read_bytes()
+
+    rounds = 1 if quick else 3
+    times: dict[str, list[float]] = {"workbench": [], "transformers": [], "TransformerBridge": []}
+    for _ in range(rounds):
+        start = time.perf_counter()
+        model = _load_workbench(path)
+        times["workbench"].append(time.perf_counter() - start)
+        del model
+        gc.collect()
+
+        start = time.perf_counter()
+        hf_model, tokenizer = _load_transformers(path)
+        hf_seconds = time.perf_counter() - start
+        times["transformers"].append(hf_seconds)
+
+        start = time.perf_counter()
+        bridge = _boot_bridge(hf_model, tokenizer)
+        times["TransformerBridge"].append(hf_seconds + time.perf_counter() - start)
+        del bridge, hf_model, tokenizer
+        gc.collect()
+
+    notes = {"workbench": {"what": "wb.load_model(gguf): config + tokenizer + dequantised weights"},
+             "transformers": {"what": "from_pretrained(gguf_file=) model + tokenizer"},
+             "TransformerBridge": {"what": "the transformers load + boot_transformers(hf_model=)"}}
+    return timing_rows(COMPARISON, times, reference="transformers", extra=notes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one round instead of three")
+    args = parser.parse_args()
+    print(f"Machine: {machine_line()}\n")
+    print(markdown_table(run(quick=args.quick), title=COMPARISON))
+
+
+if __name__ == "__main__":
+    main()
