@@ -62,3 +62,19 @@ def test_attn_impl_can_be_chosen_at_load_time(tmp_path):
         assert loaded.cfg.attn_impl == attn_impl
         with torch.no_grad():
             assert (loaded(tokens) - model(tokens)).abs().max() < 1e-5
+
+
+def test_registered_toy_name_loads_its_zoo_directory(tmp_path, monkeypatch):
+    """A toy is installed exactly when its zoo directory has config.json; then its name loads it."""
+    from workbench.loading import registry
+
+    monkeypatch.setattr(registry, "ZOO", tmp_path)
+    table = wb.list_models().set_index("name")
+    assert {"smollm2-135m", "toy-attn-2l", "toy-moe-2l"} <= set(table.index)
+    assert table["description"].str.len().gt(20).all() and table["installed"].dtype == bool
+    assert not table.loc["toy-attn-2l", "installed"]
+    model = make_model("attn_only_tied")
+    model.save(tmp_path / "toy-attn-2l")
+    table = wb.list_models().set_index("name")
+    assert table.loc["toy-attn-2l", "installed"] and table.loc["toy-attn-2l", "source"] == str(tmp_path / "toy-attn-2l")
+    assert_identical(model, wb.load_model("toy-attn-2l"))

@@ -54,6 +54,11 @@ def _zoo_directory(name: str) -> Callable[[], Optional[Path]]:
     return locate
 
 
+def _train_hint(name: str) -> str:
+    return (f"its files (config.json + model.safetensors) belong in {ZOO / name} and ship with the repository; "
+            f"retrain them with `python -m workbench.train --recipe {name} --out workbench/zoo/{name}`")
+
+
 REGISTRY: dict[str, RegisteredModel] = {
     entry.name: entry
     for entry in (
@@ -65,17 +70,16 @@ REGISTRY: dict[str, RegisteredModel] = {
         ),
         RegisteredModel(
             "toy-attn-2l",
-            "2-layer attention-only toy transformer in our own format, trained in this repository",
+            "toy trained in this repository: two attention-only layers, 4 heads each "
+            "(previous-token head in layer 0, induction head in layer 1)",
             _zoo_directory("toy-attn-2l"),
-            f"its files belong in {ZOO / 'toy-attn-2l'} (config.json + model.safetensors); they ship with the "
-            "repository and are produced by the zoo's training script (see workbench/zoo/)",
+            _train_hint("toy-attn-2l"),
         ),
         RegisteredModel(
             "toy-moe-2l",
-            "2-layer toy mixture-of-experts transformer in our own format, trained in this repository",
+            "toy trained in this repository: two layers, GQA (4 heads / 2 KV heads), top-2-of-4 SwiGLU mixture of experts",
             _zoo_directory("toy-moe-2l"),
-            f"its files belong in {ZOO / 'toy-moe-2l'} (config.json + model.safetensors); they ship with the "
-            "repository and are produced by the zoo's training script (see workbench/zoo/)",
+            _train_hint("toy-moe-2l"),
         ),
     )
 }
