@@ -15,7 +15,7 @@ from typing import Optional
 import gguf
 import numpy as np
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
 from workbench.loading.gguf_tokenizer import bytes_to_unicode
 
@@ -29,13 +29,17 @@ def vocabulary() -> list[str]:
     return SPECIALS + list(bytes_to_unicode().values()) + ["".join(m.split(" ")) for m in MERGES]
 
 
-def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+def tiny_llama(seed: int = 0, n_experts: int = 0):
+    """A random Llama (or, with ``n_experts``, a Mixtral with top-2 routing) with tied embeddings."""
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(vocabulary()), hidden_size=D_MODEL, num_attention_heads=N_HEADS,
-                         num_key_value_heads=N_KV, num_hidden_layers=N_LAYERS, intermediate_size=D_MLP,
-                         max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
-                         tie_word_embeddings=True, bos_token_id=1, eos_token_id=0)
-    model = LlamaForCausalLM(config)
+    sizes = dict(vocab_size=len(vocabulary()), hidden_size=D_MODEL, num_attention_heads=N_HEADS,
+                 num_key_value_heads=N_KV, num_hidden_layers=N_LAYERS, intermediate_size=D_MLP,
+                 max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+                 tie_word_embeddings=True, bos_token_id=1, eos_token_id=0)
+    if n_experts:
+        model = MixtralForCausalLM(MixtralConfig(**sizes, num_local_experts=n_experts, num_experts_per_tok=2))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**sizes))
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(1 + 0.1 * torch.randn_like(param) if name.endswith("norm.weight") else 0.2 * torch.randn_like(param))
@@ -68,6 +72,10 @@ def write_gguf(model: LlamaForCausalLM, path: Path, quant: gguf.GGMLQuantization
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(0)
     writer.add_add_bos_token(False)
+    n_experts = getattr(model.config, "num_local_experts", 0)
+    if n_experts:
+        writer.add_expert_count(n_experts)
+        writer.add_expert_used_count(model.config.num_experts_per_tok)
     for key, value in (extra_fields or {}).items():
         writer.add_string(key, value)
 
@@ -80,14 +88,22 @@ def write_gguf(model: LlamaForCausalLM, path: Path, quant: gguf.GGMLQuantization
                       f"blk.{layer}.attn_q.weight": f"{hf}.self_attn.q_proj.weight",
                       f"blk.{layer}.attn_k.weight": f"{hf}.self_attn.k_proj.weight",
                       f"blk.{layer}.attn_v.weight": f"{hf}.self_attn.v_proj.weight",
-                      f"blk.{layer}.attn_output.weight": f"{hf}.self_attn.o_proj.weight",
-                      f"blk.{layer}.ffn_gate.weight": f"{hf}.mlp.gate_proj.weight",
-                      f"blk.{layer}.ffn_up.weight": f"{hf}.mlp.up_proj.weight",
-                      f"blk.{layer}.ffn_down.weight": f"{hf}.mlp.down_proj.weight"})
+                      f"blk.{layer}.attn_output.weight": f"{hf}.self_attn.o_proj.weight"})
+        if n_experts:  # llama.cpp stacks Mixtral's experts: gate (w1), up (w3) [E, M, D]; down (w2) [E, D, M]
+            gate_up = state.pop(f"{hf}.mlp.experts.gate_up_proj")
+            state[f"{hf}.gate"], state[f"{hf}.up"] = gate_up[:, :D_MLP], gate_up[:, D_MLP:]
+            names.update({f"blk.{layer}.ffn_gate_inp.weight": f"{hf}.mlp.gate.weight",
+                          f"blk.{layer}.ffn_gate_exps.weight": f"{hf}.gate",
+                          f"blk.{layer}.ffn_up_exps.weight": f"{hf}.up",
+                          f"blk.{layer}.ffn_down_exps.weight": f"{hf}.mlp.experts.down_proj"})
+        else:
+            names.update({f"blk.{layer}.ffn_gate.weight": f"{hf}.mlp.gate_proj.weight",
+                          f"blk.{layer}.ffn_up.weight": f"{hf}.mlp.up_proj.weight",
+                          f"blk.{layer}.ffn_down.weight": f"{hf}.mlp.down_proj.weight"})
     for gguf_name, hf_name in names.items():
         if gguf_name == skip_tensor:
             continue
-        array = state[hf_name]
+        array = np.ascontiguousarray(state[hf_name])
         if gguf_name.endswith("attn_q.weight"):
             array = _llama_cpp_permute(array, N_HEADS)
         elif gguf_name.endswith("attn_k.weight"):

@@ -151,3 +151,23 @@ def test_tiny_gguf_matches_transformers_gguf_loader(tmp_path, quant):
             assert (model(tokens) - source(tokens).logits).abs().max() < 0.05
     for text in ["the thin then", " in the  the", "héllo <|im_start|> x"]:
         assert model.to_tokens(text)[0].tolist() == hf_tokenizer(text)["input_ids"]
+
+
+def test_tiny_moe_gguf_matches_its_source_mixtral(tmp_path):
+    """Mixtral experts as llama.cpp stacks them (ffn_*_exps, ffn_gate_inp) load back into the same model.
+
+    transformers 5.23 cannot read MoE tensors from a llama GGUF, so the reference is the
+    transformers Mixtral the file was written from (F16: near-lossless).
+    """
+    import gguf
+
+    from tests.integration.gguf_tiny import tiny_llama, write_gguf
+
+    source = tiny_llama(n_experts=4)
+    model = wb.load_model(write_gguf(source, tmp_path / "moe.gguf", quant=gguf.GGMLQuantizationType.F16),
+                          attn_impl="eager")
+    assert (model.cfg.num_experts, model.cfg.experts_per_token) == (4, 2)
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = source(tokens).logits
+        assert (model(tokens) - reference).abs().max() < 0.05 < reference.abs().max()
