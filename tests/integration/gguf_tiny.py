@@ -22,17 +22,42 @@ from workbench.loading.gguf_tokenizer import bytes_to_unicode
 D_MODEL, N_HEADS, N_KV, D_MLP, N_LAYERS = 64, 4, 2, 96, 2
 MERGES = ["Ġ t", "h e", "Ġt he", "i n"]
 SPECIALS = ["<|endoftext|>", "<|im_start|>"]
+# A sentencepiece-style ("llama") vocabulary: unk/bos/eos, 256 byte-fallback tokens, scored pieces.
+SP_PIECES = ["▁", "t", "h", "e", "i", "n", "a", "▁t", "he", "▁the", "in", "▁in", "▁a", "an", "▁an", "d", "▁and", "x", "é"]
 
 
-def vocabulary() -> list[str]:
-    """Two control tokens, the 256 byte symbols, then one token per merge."""
+def vocabulary(kind: str = "gpt2") -> list[str]:
+    """gpt2: two control tokens, the 256 byte symbols, one token per merge. llama: see SP_PIECES."""
+    if kind == "llama":
+        return ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + SP_PIECES
     return SPECIALS + list(bytes_to_unicode().values()) + ["".join(m.split(" ")) for m in MERGES]
 
 
-def tiny_llama(seed: int = 0, n_experts: int = 0):
-    """A random Llama (or, with ``n_experts``, a Mixtral with top-2 routing) with tied embeddings."""
+def _write_tokenizer(writer: gguf.GGUFWriter, kind: str) -> None:
+    tokens = vocabulary(kind)
+    writer.add_token_list(tokens)
+    if kind == "llama":  # no merges: they are implied by the scores (unk 2, control 3, byte 6, normal 1)
+        writer.add_tokenizer_model("llama")
+        writer.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(SP_PIECES))
+        writer.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(SP_PIECES))])
+        writer.add_unk_token_id(0)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        return
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(0)
+    writer.add_add_bos_token(False)
+
+
+def tiny_llama(seed: int = 0, n_experts: int = 0, kind: str = "gpt2"):
+    """A random Llama (or, with ``n_experts``, a Mixtral with top-2 routing) with tied embeddings,
+    sized for the ``kind`` vocabulary."""
     torch.manual_seed(seed)
-    sizes = dict(vocab_size=len(vocabulary()), hidden_size=D_MODEL, num_attention_heads=N_HEADS,
+    sizes = dict(vocab_size=len(vocabulary(kind)), hidden_size=D_MODEL, num_attention_heads=N_HEADS,
                  num_key_value_heads=N_KV, num_hidden_layers=N_LAYERS, intermediate_size=D_MLP,
                  max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
                  tie_word_embeddings=True, bos_token_id=1, eos_token_id=0)
@@ -51,8 +76,8 @@ def _llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def write_gguf(model: LlamaForCausalLM, path: Path, quant: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.Q8_0,
-               extra_fields: Optional[dict] = None, skip_tensor: Optional[str] = None) -> Path:
-    """Writes ``model`` as a llama GGUF; ``skip_tensor`` leaves one out (for error tests)."""
+               extra_fields: Optional[dict] = None, skip_tensor: Optional[str] = None, kind: str = "gpt2") -> Path:
+    """Writes ``model`` as a llama GGUF with a ``kind`` tokenizer; ``skip_tensor`` leaves one out (for error tests)."""
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("tiny-llama")
     writer.add_block_count(N_LAYERS)
@@ -64,14 +89,7 @@ def write_gguf(model: LlamaForCausalLM, path: Path, quant: gguf.GGMLQuantization
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(10000.0)
     writer.add_rope_dimension_count(D_MODEL // N_HEADS)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(vocabulary())
-    writer.add_token_types([3] * len(SPECIALS) + [1] * (len(vocabulary()) - len(SPECIALS)))
-    writer.add_token_merges(MERGES)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(0)
-    writer.add_add_bos_token(False)
+    _write_tokenizer(writer, kind)
     n_experts = getattr(model.config, "num_local_experts", 0)
     if n_experts:
         writer.add_expert_count(n_experts)

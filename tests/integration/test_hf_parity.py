@@ -171,3 +171,19 @@ def test_tiny_moe_gguf_matches_its_source_mixtral(tmp_path):
     with torch.no_grad():
         reference = source(tokens).logits
         assert (model(tokens) - reference).abs().max() < 0.05 < reference.abs().max()
+
+
+def test_sentencepiece_gguf_tokenizer_matches_transformers(tmp_path):
+    """tokenizer.ggml.model = "llama" (Llama 2 / Mistral 7B style): scores-implied merges, byte fallback, BOS."""
+    from transformers import AutoTokenizer
+
+    from tests.integration.gguf_tiny import tiny_llama, write_gguf
+
+    path = write_gguf(tiny_llama(kind="llama"), tmp_path / "sp.gguf", kind="llama")
+    hf_tokenizer = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    model = wb.load_model(path)
+    assert model.tokenizer.specials.prepend_bos
+    for text in ["the and in", " the  an", "héllo x\nthe", "<s>the</s>", "x<unk>y", "\t\t", "ünïcödé 東京 🤖", "   "]:
+        ids = hf_tokenizer(text)["input_ids"]
+        assert model.to_tokens(text)[0].tolist() == ids, text
+        assert model.to_string(torch.tensor(ids)) == hf_tokenizer.decode(ids), text

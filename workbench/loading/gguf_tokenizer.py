@@ -1,14 +1,20 @@
-"""A `tokenizers` byte-level BPE built from a GGUF file's own vocabulary and merges.
+"""A `tokenizers` BPE built from a GGUF file's own vocabulary and merges.
 
-A GGUF carries no tokenizer.json, only llama.cpp's metadata: ``tokenizer.ggml.tokens``,
-``merges``, ``token_type``, the special token ids, ``add_bos_token`` and ``pre`` (the name
-of the pre-tokenizer the merges were learned with). We rebuild what transformers 5.23 builds
-from the same fields (``integrations/gguf/gguf_tokenizer_mapping.py``), so ids agree exactly:
+A GGUF carries no tokenizer.json, only llama.cpp's metadata: ``tokenizer.ggml.model``,
+``tokens``, ``merges`` (or ``scores``), ``token_type``, the special token ids,
+``add_bos_token`` and ``pre`` (the pre-tokenizer the merges were learned with). We rebuild
+what transformers 5.23 builds from the same fields (``integrations/gguf/gguf_tokenizer_mapping.py``),
+so ids agree exactly. Two tokenizer models:
 
-- tokens spelled outside GPT-2's byte alphabet are re-spelled as their UTF-8 bytes;
-- CONTROL tokens (type 3) become special added tokens, USER_DEFINED (type 4) plain added ones;
-- the split regex is the one the ``pre`` name stands for (Llama-3, Qwen2 ...), else GPT-2's own
-  (``ByteLevel(use_regex=True)``), which is what SmolLM2's ``pre = "smollm"`` gets.
+- ``gpt2`` (byte-level BPE; SmolLM2, Llama 3, Qwen2): tokens spelled outside GPT-2's byte
+  alphabet are re-spelled as their UTF-8 bytes; the split regex is the one ``pre`` names
+  (Llama-3, Qwen2 ...), else GPT-2's own, which is what SmolLM2's ``pre = "smollm"`` gets.
+- ``llama`` (sentencepiece-style BPE; Llama 2, Mistral 7B): "▁" marks spaces, unknown bytes
+  fall back to ``<0xNN>`` tokens, and merges missing from the file are rebuilt from the token
+  scores; BOS is prepended unless the file says otherwise.
+
+In both, CONTROL tokens (type 3) and the BOS/EOS/UNK/PAD tokens become special added tokens,
+USER_DEFINED ones (type 4) plain added tokens, so they are matched whole in text.
 """
 
 from __future__ import annotations
@@ -72,38 +78,43 @@ def tokenizer_from_gguf(field: Callable[[str, Any], Any], source: str) -> Option
     if tokens is None:
         return None
     kind = field("tokenizer.ggml.model", None)
-    if kind != "gpt2":
-        raise CheckpointError(
-            f"{source}: field 'tokenizer.ggml.model' = {kind!r}: only byte-level BPE ('gpt2') tokenizers are supported")
+    if kind not in ("gpt2", "llama"):
+        raise CheckpointError(f"{source}: field 'tokenizer.ggml.model' = {kind!r}: supported tokenizer models "
+                              "are 'gpt2' (byte-level BPE) and 'llama' (sentencepiece-style BPE)")
     merges = field("tokenizer.ggml.merges", None)
-    if merges is None:
-        raise CheckpointError(f"{source}: field 'tokenizer.ggml.merges' is missing (a BPE vocabulary needs its merges)")
     token_types = field("tokenizer.ggml.token_type", None) or []
-    backend = _byte_level_bpe(tokens, merges, token_types, field("tokenizer.ggml.pre", None))
 
     def token(key: str) -> Optional[str]:
         index = field(f"tokenizer.ggml.{key}", None)
         return tokens[index] if index is not None and 0 <= index < len(tokens) else None
 
-    specials = SpecialTokens(bos_token=token("bos_token_id"), eos_token=token("eos_token_id"),
-                             pad_token=token("padding_token_id"),
-                             prepend_bos=bool(field("tokenizer.ggml.add_bos_token", False)) and token("bos_token_id") is not None)
-    return WorkbenchTokenizer(backend, specials)
+    if kind == "gpt2":
+        if merges is None:
+            raise CheckpointError(f"{source}: field 'tokenizer.ggml.merges' is missing (a byte-level BPE needs its merges)")
+        backend, alphabet = _byte_level_bpe(tokens, merges, field("tokenizer.ggml.pre", None)), set(bytes_to_unicode().values())
+    else:
+        scores = field("tokenizer.ggml.scores", None)
+        if merges is None and scores is None:
+            raise CheckpointError(f"{source}: fields 'tokenizer.ggml.merges' and 'tokenizer.ggml.scores' are both "
+                                  "missing (one is needed to know the merges)")
+        backend, alphabet = _sentencepiece_bpe(tokens, merges, scores), None
+    specials = {role: token(f"{key}_token_id") for role, key in
+                (("bos_token", "bos"), ("eos_token", "eos"), ("unk", "unknown"), ("pad_token", "padding"))}
+    _add_special_tokens(backend, tokens, token_types, alphabet, [t for t in specials.values() if t is not None])
+    # llama.cpp prepends BOS to a sentencepiece vocabulary unless the file says not to (so does transformers).
+    prepend_bos = bool(field("tokenizer.ggml.add_bos_token", kind == "llama")) and specials["bos_token"] is not None
+    return WorkbenchTokenizer(backend, SpecialTokens(bos_token=specials["bos_token"], eos_token=specials["eos_token"],
+                                                     pad_token=specials["pad_token"], prepend_bos=prepend_bos))
 
 
-def _byte_level_bpe(tokens: list[str], merges: list[str], token_types: list[int], pre: Optional[str]) -> Tokenizer:
+def _byte_level_bpe(tokens: list[str], merges: list[str], pre: Optional[str]) -> Tokenizer:
     spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
-    vocab = {}
-    for index, text in enumerate(tokens):
-        spelled = text if set(text) <= alphabet else "".join(spelling[b] for b in text.encode("utf-8"))
-        vocab.setdefault(spelled, index)
-    pairs = []
-    for merge in merges:
-        left, _, right = merge.partition(" ")
-        pairs.append((left, right))
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=pairs, dropout=None, continuing_subword_prefix="",
-                                   end_of_word_suffix="", fuse_unk=False))
+    # A dict comprehension as transformers writes it: a later duplicate spelling wins.
+    vocab = {text if set(text) <= alphabet else "".join(spelling[b] for b in text.encode("utf-8")): index
+             for index, text in enumerate(tokens)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges], dropout=None,
+                                   continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
     split = PRE_TOKENIZER_SPLITS.get(pre)
     if split is None:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -112,10 +123,48 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], token_types: list[int]
             [pre_tokenizers.Split(Regex(split), behavior="isolated"),
              pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     backend.decoder = decoders.ByteLevel()
-    # A CONTROL token spelled outside the byte alphabet is a llama.cpp mislabel; transformers skips it too.
-    backend.add_special_tokens([AddedToken(text, normalized=False, special=True)
-                                for text, kind in zip(tokens, token_types)
-                                if kind == CONTROL and set(text) <= alphabet])
+    return backend
+
+
+def _sentencepiece_bpe(tokens: list[str], merges: Optional[list[str]], scores: Optional[list[float]]) -> Tokenizer:
+    vocab = {text: index for index, text in enumerate(tokens)}
+    pairs = [tuple(m.split(" ")) for m in merges] if merges is not None else merges_from_scores(vocab, dict(zip(tokens, scores)))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True, dropout=None))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(content=" ", left=1)])
+    return backend
+
+
+def merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
+    """BPE merges implied by a scored vocabulary: every split of a token into two tokens, best score first.
+
+    The order (ties broken by the pieces' lengths, then ids) is transformers' ``generate_merges``.
+
+    Example:
+        >>> merges_from_scores({"a": 0, "b": 1, "ab": 2}, {"a": 0.0, "b": 0.0, "ab": -1.0})
+        [('a', 'b')]
+    """
+    merges = []
+    for merged, score in scores.items():
+        local = [(merged[:i], merged[i:], score) for i in range(1, len(merged))
+                 if merged[:i] in vocab and merged[i:] in vocab]
+        merges.extend(sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]])))
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in merges]
+
+
+def _add_special_tokens(backend: Tokenizer, tokens: list[str], token_types: list[int], alphabet: Optional[set[str]],
+                        named_specials: list[str]) -> None:
+    """CONTROL tokens and the named specials as special added tokens; USER_DEFINED as plain added ones.
+
+    A byte-level CONTROL token spelled outside the byte alphabet is a llama.cpp mislabel;
+    transformers skips it, and so do we.
+    """
+    control = [text for text, kind in zip(tokens, token_types)
+               if kind == CONTROL and (alphabet is None or set(text) <= alphabet)]
+    specials = list(dict.fromkeys(control + named_specials))
+    backend.add_special_tokens([AddedToken(text, normalized=False, special=True) for text in specials])
+    vocab = backend.get_vocab()
     backend.add_tokens([AddedToken(text, normalized=False, special=False)
                         for text, kind in zip(tokens, token_types) if kind == USER_DEFINED and text in vocab])
-    return backend
