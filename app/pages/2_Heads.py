@@ -43,14 +43,15 @@ def _heatmaps(table, n_layers: int, n_heads: int) -> None:
 
 @st.fragment
 @guarded
-def _side_by_side(loaded: LoadedModel, prompt: Prompt) -> None:
+def _side_by_side(loaded: LoadedModel, prompt: Prompt, table: pd.DataFrame) -> None:
     st.subheader("Two heads side by side")
+    st.caption("They start as this prompt's strongest previous-token head and strongest induction head.")
     patterns_LHQK = results.attention_patterns(loaded, loaded.key, prompt.ids)
-    cfg = loaded.model.cfg
-    second_default = (min(1, cfg.n_layers - 1), 0) if cfg.n_layers > 1 else (0, min(1, cfg.n_heads - 1))
+    defaults = [tuple(int(v) for v in table.loc[table[score].fillna(float("-inf")).idxmax(), ["layer", "head"]])
+                for score in ("previous_token", "induction")]
     left, right = st.columns(2)
-    for column, label, key, default in ((left, "Left", "heads_left", (0, 0)),
-                                        (right, "Right", "heads_right", second_default)):
+    for column, label, key, default in ((left, "Left", "heads_left", defaults[0]),
+                                        (right, "Right", "heads_right", defaults[1])):
         with column:
             layer, head = head_picker(loaded, label, key=key, default=default)
             fig = attention.pattern_figure(patterns_LHQK[layer, head], prompt.str_tokens, f"L{layer}H{head}")
@@ -78,7 +79,7 @@ def main() -> None:
     st.caption("Click a column header to sort.")
     downloads.table(table, "head_scores", key="head_scores", height=320)
 
-    _side_by_side(loaded, prompt)
+    _side_by_side(loaded, prompt, table)
 
 
 page_setup("Heads")

@@ -1,0 +1,168 @@
+"""Every dashboard page under Streamlit's AppTest: it renders without an exception and its widgets
+do what they say (a new layer draws a new figure, an ablation changes the loss, ...).
+
+The pages run on the registered toy models (a tiny random model stands in while one is not
+installed), so the whole file takes seconds, not the minutes SmolLM2 would.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+import workbench as wb
+from workbench.bpe import train_bpe
+
+APP = Path(__file__).resolve().parents[2] / "app"
+PAGES = {"home": "Home.py", "attention": "pages/1_Attention.py", "heads": "pages/2_Heads.py",
+         "induction": "pages/3_Induction.py", "ablation": "pages/4_Ablation.py", "lens": "pages/5_Logit_lens.py",
+         "router": "pages/6_Router.py"}
+SHORT_PROMPT = "The cat sat on the mat. The cat sat on the"
+
+
+def _tiny(directory: Path, moe: bool) -> str:
+    """A random 2-layer model with a small BPE, saved like a zoo model (used only when the zoo's is missing)."""
+    torch.manual_seed(0)
+    tok = train_bpe(["The cat sat on the mat. When Mary and John went to the store, John gave a drink to Mary."] * 20,
+                    vocab_size=300)
+    extra = dict(num_experts=4, experts_per_token=2, gated_mlp=True, act_fn="silu") if moe else dict(attn_only=True)
+    cfg = wb.ModelConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=tok.vocab_size, n_ctx=64,
+                         positional="rotary", **extra)
+    wb.Decoder(cfg, tokenizer=tok).save(directory)
+    return str(directory)
+
+
+def _source(name: str, tmp_path_factory, moe: bool) -> str:
+    models = wb.list_models()
+    if bool(models.loc[models["name"] == name, "installed"].any()):
+        return name
+    return _tiny(tmp_path_factory.mktemp(name), moe)
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory) -> str:
+    return _source("toy-attn-2l", tmp_path_factory, moe=False)
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory) -> str:
+    return _source("toy-moe-2l", tmp_path_factory, moe=True)
+
+
+def run_page(page: str, source: str, prompt: str | None = None) -> AppTest:
+    at = AppTest.from_file(str(APP / PAGES[page]), default_timeout=90)
+    at.session_state["model_source"] = source
+    if prompt is not None:
+        at.session_state["prompt"] = prompt
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def chart(at: AppTest, key: str) -> dict:
+    """The plotly figure drawn under ``key`` (as its JSON spec)."""
+    found = [c for c in at.get("plotly_chart") if c.proto.id.endswith(f"-{key}_chart")]
+    assert found, f"no chart {key!r}; charts: {[c.proto.id for c in at.get('plotly_chart')]}"
+    return json.loads(found[0].proto.spec)
+
+
+def metric(at: AppTest, label_start: str) -> float:
+    return float(next(m.value for m in at.metric if m.label.startswith(label_start)))
+
+
+def test_home_shows_the_model_card_and_opens_another_model(dense, moe):
+    at = run_page("home", dense)
+    labels = {m.label: m.value for m in at.metric}
+    assert {"Parameters", "Layers", "Hook points", "Attention kernel"} <= set(labels)
+    assert labels["Layers"] == "2" and int(labels["Hook points"]) > 10
+    at.radio(key="home_mode").set_value("Path on this machine")
+    at.text_input(key="home_path").input(moe)
+    at.button[0].click().run()  # the form's "Open model"
+    assert not at.exception and at.session_state["model_source"] == moe
+    assert "mixture of experts" in " ".join(c.value for c in at.caption)
+
+
+def test_missing_model_is_a_message_not_a_traceback(dense):
+    for page in PAGES:
+        at = run_page(page, "/no/such/model")
+        assert any("Could not load model" in e.value for e in at.error), page
+
+
+def test_attention_layer_slider_redraws_the_layer_figure(dense):
+    at = run_page("attention", dense, SHORT_PROMPT)
+    assert chart(at, "layer_patterns")["layout"]["title"]["text"] == "Layer 0: every head"
+    assert chart(at, "pattern_grid")["data"][0]["type"] == "heatmap"
+    assert len(at.dataframe[0].value) == 2 * at.dataframe[0].value["head"].nunique()  # one row per (layer, head)
+    at.slider(key="attention_layer").set_value(1).run()
+    assert not at.exception
+    assert chart(at, "layer_patterns")["layout"]["title"]["text"] == "Layer 1: every head"
+    at.selectbox(key="attention_focus_head").set_value(2).run()
+    assert chart(at, "focus_pattern")["layout"]["title"]["text"] == "L1H2"
+
+
+def test_prompt_checks_empty_and_too_long(dense):
+    at = run_page("attention", dense, "   ")
+    assert any("empty" in w.value for w in at.warning) and not at.get("plotly_chart")
+    at.text_area(key="prompt").input("the cat " * 400).run()
+    assert not at.exception and not at.get("plotly_chart")
+    assert any("longer than the model's context" in e.value or "draws prompts of up to" in e.value for e in at.error)
+
+
+def test_heads_page_compares_every_score_and_two_heads(dense):
+    at = run_page("heads", dense, SHORT_PROMPT)
+    for score in ("induction", "previous_token", "duplicate_token", "entropy", "ablation_delta"):
+        assert chart(at, f"heads_{score}")["data"][0]["type"] == "heatmap"
+    table = at.dataframe[0].value
+    assert len(table) == 2 * table["head"].nunique() and table["ablation_delta"].notna().all()
+    at.selectbox(key="heads_right_layer").set_value(0).run()
+    at.selectbox(key="heads_right_head").set_value(3).run()
+    assert chart(at, "heads_right_pattern")["layout"]["title"]["text"] == "L0H3"
+
+
+def test_induction_scan_reruns_with_new_settings(dense):
+    at = run_page("induction", dense)
+    assert chart(at, "induction_scores")["data"][0]["type"] == "heatmap"
+    first = at.dataframe[1].value  # the per-position loss table
+    at.number_input(key="induction_seq_len").set_value(7)
+    at.button[0].click().run()  # "Run scan"
+    assert not at.exception
+    assert len(at.dataframe[1].value) == 2 * 7 != len(first)
+
+
+def test_ablation_changes_the_loss_and_the_sweep_draws_a_heatmap(dense):
+    at = run_page("ablation", dense, SHORT_PROMPT)
+    clean, ablated = metric(at, "Mean loss, clean"), metric(at, "Mean loss, ablated")
+    assert ablated != pytest.approx(clean, abs=1e-6)
+    at.radio(key="ablation_kind").set_value("attn_layer").run()
+    at.multiselect(key="ablation_attn_layers").set_value([0, 1]).run()
+    both_layers = metric(at, "Mean loss, ablated")
+    assert both_layers != pytest.approx(ablated, abs=1e-6)
+    at.radio(key="ablation_method").set_value("mean").run()
+    assert not at.exception and not at.error
+    assert metric(at, "Mean loss, ablated") != pytest.approx(both_layers, abs=1e-6)
+    at.button(key="ablation_sweep").click().run()
+    assert chart(at, "head_sweep")["data"][0]["type"] == "heatmap"
+
+
+def test_logit_lens_and_attribution_follow_the_target(dense):
+    at = run_page("lens", dense, SHORT_PROMPT)
+    assert chart(at, "logit_lens")["data"][0]["type"] == "heatmap"
+    at.text_input(key="lens_target").input(" mat").run()
+    assert not at.exception
+    assert "' mat'" in chart(at, "dla")["layout"]["title"]["text"]
+    at.text_input(key="lens_target").input("the cat sat").run()
+    assert any("tokens for this tokenizer" in e.value for e in at.error)
+
+
+def test_router_page_on_dense_and_moe_models(dense, moe):
+    at = run_page("router", dense)
+    assert any("no mixture of experts" in i.value for i in at.info)
+    at = run_page("router", moe, SHORT_PROMPT)
+    assert chart(at, "expert_load")["data"][0]["type"] == "heatmap"
+    before = metric(at, "Mean loss without")
+    at.selectbox(key="router_expert").set_value(3).run()
+    assert not at.exception and metric(at, "Mean loss without") != pytest.approx(before, abs=1e-7)
