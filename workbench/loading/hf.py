@@ -33,6 +33,10 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "MixtralForCausalLM": hf_llama,
 }
 
+# model_type -> architecture, for configs that lack the "architectures" list.
+MODEL_TYPES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+               "qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM"}
+
 
 def is_hf_directory(path: Path) -> bool:
     """A directory whose config.json says which transformers architecture it holds.
@@ -75,9 +79,12 @@ def architecture_of(data: dict, source: str) -> str:
     for name in names:
         if name in ARCHITECTURES:
             return name
+    if not names and data.get("model_type") in MODEL_TYPES:  # configs written without "architectures"
+        return MODEL_TYPES[data["model_type"]]
     stated = names or data.get("model_type")
     raise CheckpointError(
-        f"{source}: unknown architecture {stated!r} (field 'architectures'); supported: {sorted(ARCHITECTURES)}")
+        f"{source}: unknown architecture {stated!r} (field '{'architectures' if names else 'model_type'}'); "
+        f"supported: {sorted(ARCHITECTURES)}")
 
 
 def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtype = torch.float32,
