@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -37,12 +38,15 @@ def _load_workbench(path: Path):
 
 
 def _load_transformers(path: Path):
+    """(model, tokenizer, seconds spent on the model alone)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    start = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    model_seconds = time.perf_counter() - start
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return model.eval(), tokenizer
+    return model.eval(), tokenizer, model_seconds
 
 
 def _boot_bridge(hf_model, tokenizer):
@@ -66,6 +70,7 @@ def run(quick: bool = False) -> list[dict]:
 
     rounds = 1 if quick else 3
     times: dict[str, list[float]] = {"workbench": [], "transformers": [], "TransformerBridge": []}
+    hf_model_only: list[float] = []
     for _ in range(rounds):
         start = time.perf_counter()
         model = _load_workbench(path)
@@ -74,9 +79,10 @@ def run(quick: bool = False) -> list[dict]:
         gc.collect()
 
         start = time.perf_counter()
-        hf_model, tokenizer = _load_transformers(path)
+        hf_model, tokenizer, model_seconds = _load_transformers(path)
         hf_seconds = time.perf_counter() - start
         times["transformers"].append(hf_seconds)
+        hf_model_only.append(model_seconds)
 
         start = time.perf_counter()
         bridge = _boot_bridge(hf_model, tokenizer)
@@ -85,7 +91,8 @@ def run(quick: bool = False) -> list[dict]:
         gc.collect()
 
     notes = {"workbench": {"what": "wb.load_model(gguf): config + tokenizer + dequantised weights"},
-             "transformers": {"what": "from_pretrained(gguf_file=) model + tokenizer"},
+             "transformers": {"what": "from_pretrained(gguf_file=) model + tokenizer "
+                                      f"(model alone: median {statistics.median(hf_model_only):.1f} s)"},
              "TransformerBridge": {"what": "the transformers load + boot_transformers(hf_model=)"}}
     return timing_rows(COMPARISON, times, reference="transformers", extra=notes)
 
