@@ -119,8 +119,11 @@ def prompt_box(loaded: LoadedModel, label: str = "Prompt", max_tokens: int = MAX
         st.error(f"The prompt is {n_tokens} tokens long; the dashboard draws prompts of up to {max_tokens} "
                  "tokens. Shorten it (the `python -m experiments.*` commands take longer prompts).")
         return None
-    ids = tuple(int(i) for i in tokens[0].tolist())
-    return Prompt(text, ids, model.to_str_tokens(tokens[0]))
+    prompt = Prompt(text, tuple(int(i) for i in tokens[0].tolist()), model.to_str_tokens(tokens[0]))
+    with st.container(key="prompt_tokens"):  # the key lets the browser test see the tokens change
+        shown = " | ".join(repr(t) for t in prompt.str_tokens[:120]) + (" | …" if n_tokens > 120 else "")
+        st.caption(f"{n_tokens} tokens: {shown}")
+    return prompt
 
 
 def layer_picker(loaded: LoadedModel, label: str = "Layer", key: Optional[str] = None) -> int:

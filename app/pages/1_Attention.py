@@ -94,7 +94,6 @@ def main() -> None:
     if prompt is None:
         return
     patterns_LHQK = results.attention_patterns(loaded, loaded.key, prompt.ids)
-    st.caption(f"{len(prompt.ids)} tokens: " + " | ".join(repr(t) for t in prompt.str_tokens))
     _layer_view(loaded, prompt, patterns_LHQK)
 
     st.subheader("Per-head summary")

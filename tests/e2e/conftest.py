@@ -1,0 +1,60 @@
+"""The browser test's fixtures: a real `streamlit run` server on a free loopback port and a
+headless Debian Chromium driven by Playwright. Both are shut down when the module's tests end.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import dashboard
+
+SCREENSHOTS = dashboard.REPO / "test-output" / "screenshots"  # gitignored; kept for people to look at
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory):
+    reason = dashboard.browser_unavailable()
+    if reason:
+        pytest.skip(reason)
+    log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
+    port = dashboard.free_port()
+    with open(log_path, "w") as log:
+        server = dashboard.start_server(port, log)
+        try:
+            dashboard.wait_healthy(port, server)
+        except Exception as error:
+            dashboard.stop_server(server)
+            pytest.fail(f"{error}\n--- server log ---\n{log_path.read_text()[-3000:]}")
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            dashboard.stop_server(server)
+
+
+@pytest.fixture(scope="module")
+def browser(server_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = dashboard.launch_chromium(playwright)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def screenshot(tmp_path):
+    """``screenshot(page, name)`` saves a PNG under the test's tmp_path and copies it to test-output/screenshots/."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+
+    def save(page, name: str) -> Path:
+        path = tmp_path / f"{name}.png"
+        page.screenshot(path=str(path))
+        shutil.copy(path, SCREENSHOTS / path.name)
+        return path
+
+    return save

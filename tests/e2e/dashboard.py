@@ -1,0 +1,127 @@
+"""Driving the real dashboard: start `streamlit run` on a free loopback port, open Debian's
+Chromium through Playwright, and wait for Streamlit to finish a rerun.
+
+Shared by the browser test (tests/e2e) and the dashboard benchmark (tests/benchmarks). No
+browser is ever downloaded: Playwright drives /usr/bin/chromium.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import IO, Optional
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+# Streamlit shows its status widget while a script runs and marks elements stale until redrawn.
+IDLE_JS = ("() => !document.querySelector('[data-testid=\"stStatusWidget\"]') "
+           "&& !document.querySelector('[data-stale=\"true\"]')")
+
+
+def browser_unavailable() -> Optional[str]:
+    """Why a browser test cannot run here, or None when it can.
+
+    Example:
+        >>> browser_unavailable() in (None, "no /usr/bin/chromium (apt-get install chromium)",
+        ...                            "the playwright package is not installed (pip install playwright)")
+        True
+    """
+    if not Path(CHROMIUM).exists():
+        return f"no {CHROMIUM} (apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright package is not installed (pip install playwright)"
+    return None
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on at the moment (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(port: int, log: IO, env: Optional[dict] = None) -> subprocess.Popen:
+    """`python -m streamlit run app/Home.py` on 127.0.0.1:``port``, output to ``log``.
+
+    Example:
+        >>> server = start_server(free_port(), open("server.log", "w"))   # doctest: +SKIP
+    """
+    command = [sys.executable, "-m", "streamlit", "run", str(REPO / "app" / "Home.py"),
+               "--server.address", "127.0.0.1", "--server.port", str(port), "--server.headless", "true",
+               "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+
+
+def wait_healthy(port: int, server: subprocess.Popen, timeout: float = 90.0) -> None:
+    """Blocks until /_stcore/health answers "ok"; raises if the server exits or the time runs out."""
+    deadline = time.monotonic() + timeout
+    url = f"http://127.0.0.1:{port}/_stcore/health"
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"streamlit exited with code {server.returncode} before it was healthy")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.read().strip() == b"ok":
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"streamlit was not healthy at {url} within {timeout:.0f} s")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    """Terminates the server (SIGTERM, then SIGKILL after 10 s)."""
+    if server.poll() is None:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def launch_chromium(playwright):
+    """Debian's Chromium, headless, through Playwright (never a downloaded browser)."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--headless", "--no-sandbox"])
+
+
+def wait_idle(page, timeout_ms: float = 60_000) -> None:
+    """Waits until Streamlit is not running a script and nothing on the page is stale."""
+    page.wait_for_function(IDLE_JS, timeout=timeout_ms)
+
+
+def wait_chart(page, key: str, title: Optional[str] = None, timeout_ms: float = 60_000) -> None:
+    """Waits until the plotly chart drawn with ``key`` is rendered (and its title contains ``title``)."""
+    js = ("([key, title]) => { const root = document.querySelector('.st-key-' + key + '_chart');"
+          " if (!root || !root.querySelector('.main-svg')) return false;"
+          " if (!title) return true;"
+          " const t = root.querySelector('.gtitle'); return !!t && t.textContent.includes(title); }")
+    page.wait_for_function(js, arg=[key, title or ""], timeout=timeout_ms)
+
+
+def open_page(page, name: str, heading: str, timeout_ms: float = 60_000) -> None:
+    """Clicks ``name`` in the sidebar (keeping the session) and waits for the page's heading."""
+    page.locator('[data-testid="stSidebarNav"] a', has_text=name).first.click()
+    page.get_by_role("heading", name=heading).wait_for(timeout=timeout_ms)
+
+
+def set_prompt(page, text: str, timeout_ms: float = 60_000) -> None:
+    """Types ``text`` into the prompt box, applies it (Ctrl+Enter) and waits until the page has redrawn.
+
+    The prompt box lists the prompt's tokens under it; a changed list means the rerun has begun.
+    """
+    tokens_js = "() => { const e = document.querySelector('.st-key-prompt_tokens'); return e ? e.textContent : ''; }"
+    before = page.evaluate(tokens_js)
+    box = page.locator(".st-key-prompt textarea")
+    box.fill(text)
+    box.press("Control+Enter")
+    page.wait_for_function(f"(before) => ({tokens_js})() !== before", arg=before, timeout=timeout_ms)
+    wait_idle(page, timeout_ms)
