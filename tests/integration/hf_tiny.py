@@ -26,6 +26,8 @@ FACTORIES = {
     "gpt2": lambda: GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=48, n_head=6, n_layer=2, n_positions=N_CTX,
                                                bos_token_id=1, eos_token_id=2)),
     "llama": lambda: LlamaForCausalLM(LlamaConfig(**_LLAMA_LIKE, rms_norm_eps=1e-5, rope_theta=500.0)),
+    "llama_biased": lambda: LlamaForCausalLM(LlamaConfig(**_LLAMA_LIKE, attention_bias=True, mlp_bias=True,
+                                                         head_dim=12)),  # d_head * n_heads != d_model
     "mistral": lambda: MistralForCausalLM(MistralConfig(**_LLAMA_LIKE, sliding_window=SLIDING_WINDOW)),
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**_LLAMA_LIKE, tie_word_embeddings=True)),
     "mixtral": lambda: MixtralForCausalLM(MixtralConfig(**_LLAMA_LIKE, num_local_experts=8, num_experts_per_tok=2)),

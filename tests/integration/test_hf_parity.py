@@ -57,11 +57,11 @@ def test_config_mapping_reads_each_architecture(saved):
     if name == "gpt2":
         assert (cfg.positional, cfg.normalization, cfg.act_fn, cfg.tie_embeddings) == ("learned", "LN", "gelu_new", True)
         return
-    assert (cfg.n_heads, cfg.n_key_value_heads, cfg.d_head) == (6, 2, 8)
+    assert (cfg.n_heads, cfg.n_key_value_heads, cfg.d_head) == (6, 2, 12 if name == "llama_biased" else 8)
     assert cfg.rotary_base == hf.rope_parameters["rope_theta"]
     assert cfg.sliding_window == (SLIDING_WINDOW if name == "mistral" else None)
     assert SEQ_LEN > SLIDING_WINDOW  # so the logits test masks real keys in Mistral's window
-    assert cfg.attn_bias == (name == "qwen2")
+    assert cfg.attn_bias == (name in ("qwen2", "llama_biased")) and cfg.mlp_bias == (name == "llama_biased")
     assert cfg.tie_embeddings == (name == "qwen2")
     assert (cfg.num_experts, cfg.experts_per_token) == ((8, 2) if name == "mixtral" else (0, 0))
 
