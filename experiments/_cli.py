@@ -1,0 +1,107 @@
+"""Shared plumbing of the ``python -m experiments.<name>`` commands: arguments, model loading, outputs.
+
+Every command takes ``--model NAME_OR_PATH`` (default: ``workbench.default_model_name()`` when
+the loader provides one) and ``--out DIR``, and writes ``<stem>.csv``, ``<stem>.json`` and
+``<stem>.html`` (a standalone plotly figure) there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever fetched from a hub
+
+DEFAULT_PROMPT = ("When Mary and John went to the store, John gave a drink to Mary. "
+                  "The cat sat on the mat. The cat sat on the mat.")
+
+
+def make_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every experiment command shares; each module adds its own.
+
+    Example:
+        >>> make_parser("demo").parse_args(["--model", "m", "--out", "o"]).model
+        'm'
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--model", default=None,
+                        help="registered name, HF directory, .gguf file or saved model (default: the workbench default)")
+    parser.add_argument("--out", required=True, help="directory for the CSV, JSON and HTML outputs")
+    parser.add_argument("--attn-impl", default="sdpa", choices=("eager", "sdpa", "flash"))
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def default_model_name() -> str:
+    """``workbench.default_model_name()``, or an error saying no default is available."""
+    import workbench
+
+    finder = getattr(workbench, "default_model_name", None)
+    if finder is None:
+        raise SystemExit("no model is available by default in this workbench: pass --model NAME_OR_PATH")
+    return finder()
+
+
+def load(args: argparse.Namespace):
+    """Loads ``--model`` (or the default model) with ``--attn-impl``, in eval mode."""
+    import workbench as wb
+
+    name = args.model or default_model_name()
+    return wb.load_model(name, attn_impl=args.attn_impl).eval()
+
+
+def prompt_tokens(model, prompt: Optional[str]) -> torch.Tensor:
+    """[1, pos] ids of ``prompt`` (or a default text); a fixed random sequence for a model without a tokenizer."""
+    if model.tokenizer is not None:
+        return model.to_tokens(prompt or DEFAULT_PROMPT)
+    if prompt:
+        raise SystemExit("this model has no tokenizer, so --prompt cannot be tokenized")
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(0, model.cfg.d_vocab, (1, min(32, model.cfg.n_ctx)), generator=generator)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _jsonable(value.tolist())
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        return _jsonable(value.item())
+    return value
+
+
+def write_outputs(out_dir: str | Path, stem: str, table: pd.DataFrame, figure: go.Figure,
+                  summary: dict[str, Any]) -> dict[str, Path]:
+    """Writes ``stem``.csv (the table), .json (summary plus the table's rows) and .html (the figure).
+
+    Example:
+        >>> write_outputs("out", "induction", df, fig, {"model": "smollm2-135m"})   # doctest: +SKIP
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {kind: out / f"{stem}.{kind}" for kind in ("csv", "json", "html")}
+    table.to_csv(paths["csv"], index=False)
+    payload = {**summary, "columns": list(table.columns), "rows": json.loads(table.to_json(orient="records"))}
+    paths["json"].write_text(json.dumps(_jsonable(payload), indent=1))
+    figure.write_html(paths["html"], include_plotlyjs=True, full_html=True)
+    for path in paths.values():
+        print(f"wrote {path}")
+    return paths
+
+
+def run_main(main, argv: Optional[Sequence[str]] = None) -> None:
+    """Calls ``main(argv)`` with torch's gradient tracking off (commands never need it)."""
+    with torch.no_grad():
+        main(argv)

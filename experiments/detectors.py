@@ -1,0 +1,178 @@
+"""Previous-token, duplicate-token and induction head detectors on any tokens.
+
+Legend: B batch, L layers, H heads, Q query positions, K key positions.
+
+Scores follow `transformer_lens.head_detector.detect_head` with ``error_measure="mul"``: a 0/1
+detection pattern D [Q, K] marks the query-key pairs a head of that kind attends to, and a
+head's score is sum(A * D) / sum(A) over its pattern A; ``exclude_bos`` zeroes A's first column
+and ``exclude_current_token`` its diagonal before both sums. A batch is scored sequence by
+sequence and averaged, as ``detect_head`` does for a list of prompts (so the rows of a batch
+should be unpadded sequences of one length).
+
+``python -m experiments.detectors --model NAME --out DIR [--prompt TEXT]`` writes all three scores.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from experiments._tokens import TokensLike, as_batch
+from workbench.errors import InputError
+
+HeadKind = Literal["previous_token", "duplicate_token", "induction"]
+HEAD_KINDS: tuple[HeadKind, ...] = ("previous_token", "duplicate_token", "induction")
+
+
+def detection_patterns(kind: HeadKind, tokens_BP: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch q_pos k_pos"]:
+    """The 0/1 pattern a perfect head of ``kind`` would have, per sequence.
+
+    previous_token: D[q, q-1] = 1. duplicate_token: D[q, k] = 1 for earlier k with the same
+    token. induction: D[q, k] = 1 where the token before k equals the token at q (k <= q).
+
+    Example:
+        >>> detection_patterns("induction", torch.tensor([[7, 1, 2, 1, 2]]))[0, 3].tolist()
+        [0.0, 0.0, 1.0, 0.0, 0.0]
+    """
+    B, P = tokens_BP.shape
+    if kind == "previous_token":
+        return torch.diag_embed(torch.ones(B, P - 1, device=tokens_BP.device), offset=-1)
+    same_BQK = tokens_BP[:, :, None] == tokens_BP[:, None, :]
+    duplicate_BQK = torch.tril(same_BQK, diagonal=-1).float()
+    if kind == "duplicate_token":
+        return duplicate_BQK
+    if kind == "induction":
+        shifted_BQK = torch.zeros_like(duplicate_BQK)
+        shifted_BQK[:, :, 1:] = same_BQK[:, :, :-1].float()  # key k is scored by the token before it, k-1
+        return torch.tril(shifted_BQK)
+    raise InputError(f"unknown head kind {kind!r}; choose one of {HEAD_KINDS}")
+
+
+def score_patterns(
+    pattern_BHQK: Float[Tensor, "batch n_heads q_pos k_pos"],
+    detection_BQK: Float[Tensor, "batch q_pos k_pos"],
+    exclude_bos: bool = False,
+    exclude_current_token: bool = False,
+) -> Float[Tensor, "n_heads"]:
+    """The "mul" score of each head, averaged over the batch.
+
+    Example:
+        >>> prev = torch.tensor([[[[1., 0.], [1., 0.]]]])                   # query 1 looks at key 0
+        >>> score_patterns(prev, detection_patterns("previous_token", torch.zeros(1, 2, dtype=torch.long))).item()
+        0.5
+    """
+    A = pattern_BHQK.float()
+    if exclude_bos or exclude_current_token:
+        A = A.clone()
+        if exclude_bos:
+            A[..., 0] = 0
+        if exclude_current_token:
+            A.diagonal(dim1=-2, dim2=-1).zero_()
+    matched_BH = (A * detection_BQK[:, None].to(A.device)).sum((-1, -2))
+    return (matched_BH / A.sum((-1, -2))).mean(0)
+
+
+@torch.no_grad()
+def head_detector_scores(
+    model,
+    tokens: TokensLike,
+    kinds: Sequence[HeadKind] = HEAD_KINDS,
+    exclude_bos: bool = False,
+    exclude_current_token: bool = False,
+) -> dict[HeadKind, Float[Tensor, "n_layers n_heads"]]:
+    """Several detectors from one forward pass (each layer's pattern is scored as it is computed).
+
+    Example:
+        >>> scores = head_detector_scores(model, tokens)                 # doctest: +SKIP
+        >>> scores["induction"].shape, scores["previous_token"].shape     # doctest: +SKIP
+    """
+    tokens_BP = as_batch(model, tokens)
+    if tokens_BP.shape[1] < 2:
+        raise InputError("the detectors need at least two tokens")
+    detections = {kind: detection_patterns(kind, tokens_BP) for kind in kinds}
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    scores = {kind: torch.zeros(L, H) for kind in kinds}
+
+    def score_layer(pattern_BHQK: Tensor, hook) -> None:
+        layer = int(hook.name.split(".")[1])
+        for kind, detection in detections.items():
+            scores[kind][layer] = score_patterns(pattern_BHQK, detection, exclude_bos, exclude_current_token).cpu()
+
+    model.run_with_hooks(tokens_BP, return_type=None,
+                         fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", score_layer) for l in range(L)])
+    return scores
+
+
+def previous_token_scores(model, tokens: TokensLike, exclude_bos: bool = False,
+                          exclude_current_token: bool = False) -> Float[Tensor, "n_layers n_heads"]:
+    """How much of each head's attention goes to the previous token ("mul" metric).
+
+    Example:
+        >>> previous_token_scores(model, model.to_tokens("a b c d e f")).argmax()   # doctest: +SKIP
+    """
+    return head_detector_scores(model, tokens, ("previous_token",), exclude_bos, exclude_current_token)["previous_token"]
+
+
+def duplicate_token_scores(model, tokens: TokensLike, exclude_bos: bool = False,
+                           exclude_current_token: bool = False) -> Float[Tensor, "n_layers n_heads"]:
+    """How much of each head's attention goes to earlier copies of the current token.
+
+    Example:
+        >>> duplicate_token_scores(model, repeated_random_tokens(model)[:1])   # doctest: +SKIP
+    """
+    return head_detector_scores(model, tokens, ("duplicate_token",), exclude_bos, exclude_current_token)["duplicate_token"]
+
+
+def induction_head_scores(model, tokens: TokensLike, exclude_bos: bool = False,
+                          exclude_current_token: bool = False) -> Float[Tensor, "n_layers n_heads"]:
+    """How much of each head's attention goes to tokens that followed earlier copies of the current token.
+
+    Example:
+        >>> induction_head_scores(model, repeated_random_tokens(model)[:1], exclude_bos=True)   # doctest: +SKIP
+    """
+    return head_detector_scores(model, tokens, ("induction",), exclude_bos, exclude_current_token)["induction"]
+
+
+def scores_table(scores: dict[str, Float[Tensor, "n_layers n_heads"]]) -> pd.DataFrame:
+    """Long table [layer, head, <one column per score>].
+
+    Example:
+        >>> scores_table({"induction": torch.zeros(2, 3)}).shape
+        (6, 3)
+    """
+    first = next(iter(scores.values()))
+    L, H = first.shape
+    return pd.DataFrame({"layer": np.repeat(np.arange(L), H), "head": np.tile(np.arange(H), L),
+                         **{name: values.reshape(-1).float().numpy() for name, values in scores.items()}})
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    from experiments import _cli
+    from experiments.figures import scores_heatmap
+    from experiments.induction import fitting_seq_len, repeated_random_tokens
+
+    parser = _cli.make_parser("Previous-token, duplicate-token and induction head detector scores.")
+    parser.add_argument("--prompt", default=None, help="text to score (default: repeated random tokens)")
+    parser.add_argument("--exclude-bos", action="store_true")
+    parser.add_argument("--exclude-current-token", action="store_true")
+    args = parser.parse_args(argv)
+    model = _cli.load(args)
+    tokens = model.to_tokens(args.prompt) if args.prompt else repeated_random_tokens(model, fitting_seq_len(model, 25), batch=4)
+    scores = head_detector_scores(model, tokens, exclude_bos=args.exclude_bos,
+                                  exclude_current_token=args.exclude_current_token)
+    table = scores_table(scores)
+    fig = scores_heatmap(scores["induction"], "Induction head detector score (mul)")
+    _cli.write_outputs(args.out, "detectors", table, fig,
+                       {"experiment": "detectors", "model": args.model, "exclude_bos": args.exclude_bos,
+                        "exclude_current_token": args.exclude_current_token})
+
+
+if __name__ == "__main__":
+    from experiments._cli import run_main
+
+    run_main(main)

@@ -1,0 +1,146 @@
+"""Every per-head score for a prompt set in one table, and composition scores between heads.
+
+Legend: B batch, L layers, H heads, D d_model, K d_head, Q query positions.
+
+Composition scores follow TransformerLens (``all_composition_scores``; Elhage et al. 2021): for
+an earlier head i and a later head j, ||OV_i @ C_j||_F / (||OV_i||_F ||C_j||_F) with C_j the
+later head's QK circuit W_Q W_K^T (Q-composition), its transpose W_K W_Q^T (K-composition) or
+its OV circuit W_V W_O (V-composition), in TransformerLens's row-vector convention. Scores for
+pairs with layer_i >= layer_j are zero. The D x D circuits are never formed: each product is
+V_i (O_i A_j) B_j with thin factors, and its norm equals that of the K x K core after QR-reducing
+the outer factors.
+
+``python -m experiments.heads --model NAME --out DIR [--prompt TEXT]``
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from experiments._progress import ProgressArg
+from experiments._tokens import TokensLike, as_batch
+from experiments.attention import head_statistics
+from experiments.detectors import HEAD_KINDS, detection_patterns, score_patterns
+from workbench.errors import InputError
+
+
+@torch.no_grad()
+def pattern_scores(model, tokens: TokensLike, exclude_bos: bool = False) -> dict[str, Float[Tensor, "n_layers n_heads"]]:
+    """Induction, previous-token and duplicate-token ("mul") scores and mean entropy, from one forward pass.
+
+    Example:
+        >>> pattern_scores(model, tokens)["entropy"].shape   # doctest: +SKIP
+    """
+    tokens_BP = as_batch(model, tokens)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    detections = {kind: detection_patterns(kind, tokens_BP) for kind in HEAD_KINDS}
+    scores = {name: torch.zeros(L, H) for name in (*HEAD_KINDS, "entropy")}
+
+    def score_layer(pattern_BHQK: Tensor, hook) -> None:
+        layer = int(hook.name.split(".")[1])
+        for kind, detection in detections.items():
+            scores[kind][layer] = score_patterns(pattern_BHQK, detection, exclude_bos=exclude_bos).cpu()
+        scores["entropy"][layer] = head_statistics(pattern_BHQK)["entropy"].mean(0).cpu()  # batch in the layer slot
+
+    model.run_with_hooks(tokens_BP, return_type=None,
+                         fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", score_layer) for l in range(L)])
+    return scores
+
+
+def head_scores_table(model, tokens: TokensLike, include_ablation: bool = True, progress: ProgressArg = True,
+                      exclude_bos: bool = False) -> pd.DataFrame:
+    """DataFrame[layer, head, induction, previous_token, duplicate_token, entropy, ablation_delta].
+
+    The three head-type scores are TransformerLens's "mul" detector scores on ``tokens``
+    (averaged over the batch); entropy is the mean entropy (nats) of each query's attention;
+    ablation_delta is the change in mean loss when the head is zero-ablated (NaN without
+    ``include_ablation``).
+
+    Example:
+        >>> table = head_scores_table(model, repeated_random_tokens(model, 20, 4))   # doctest: +SKIP
+        >>> table.nlargest(5, "induction")                                            # doctest: +SKIP
+    """
+    from experiments.ablation import head_sweep
+
+    tokens_BP = as_batch(model, tokens)
+    scores = pattern_scores(model, tokens_BP, exclude_bos)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    table = pd.DataFrame({"layer": np.repeat(np.arange(L), H), "head": np.tile(np.arange(H), L),
+                          "induction": scores["induction"].reshape(-1).numpy(),
+                          "previous_token": scores["previous_token"].reshape(-1).numpy(),
+                          "duplicate_token": scores["duplicate_token"].reshape(-1).numpy(),
+                          "entropy": scores["entropy"].reshape(-1).numpy()})
+    if include_ablation and tokens_BP.shape[1] >= 2:
+        table["ablation_delta"] = head_sweep(model, tokens_BP, "loss", "zero", progress=progress)["delta"].values
+    else:
+        table["ablation_delta"] = np.nan
+    return table
+
+
+def _thin_r(factor: Tensor) -> Tensor:
+    """R of a reduced QR of ``factor`` [..., D, K]: ||factor @ X||_F == ||R @ X||_F for any X."""
+    return torch.linalg.qr(factor.double(), mode="reduced").R
+
+
+@torch.no_grad()
+def composition_scores(model, kind: Literal["Q", "K", "V"] = "Q") -> Float[Tensor, "n_layers n_heads n_layers n_heads"]:
+    """scores[l1, h1, l2, h2]: how much head (l1, h1)'s output is read by head (l2, h2)'s query, key or value.
+
+    Example:
+        >>> k_comp = composition_scores(model, "K")                    # doctest: +SKIP
+        >>> k_comp[0, :, 1, :]   # layer-0 heads feeding layer-1 keys   # doctest: +SKIP
+    """
+    if kind not in ("Q", "K", "V"):
+        raise InputError(f"composition kind must be 'Q', 'K' or 'V', got {kind!r}")
+    blocks = model.blocks
+    W_Q = torch.stack([b.attn.W_Q_heads for b in blocks]).double()  # [L, H, D, K]
+    W_K = torch.stack([b.attn.W_K_heads for b in blocks]).double()
+    W_V = torch.stack([b.attn.W_V_heads for b in blocks]).double()
+    W_O = torch.stack([b.attn.W_O_heads for b in blocks]).double()  # [L, H, K, D]
+    # Left circuit OV_i = V_i O_i; right circuit A_j B_j with A [D, K], B [K, D].
+    A, B_T = {"Q": (W_Q, W_K), "K": (W_K, W_Q), "V": (W_V, W_O.transpose(-1, -2))}[kind]
+    R_left = _thin_r(W_V)  # [L, H, r, K]
+    R_right = _thin_r(B_T)  # [L, H, r, K]: B = R_right^T Q^T
+    left_norm = (R_left @ W_O).flatten(-2).norm(dim=-1)  # ||V_i O_i||
+    right_norm = (A @ R_right.transpose(-1, -2)).flatten(-2).norm(dim=-1)  # ||A_j B_j||
+    L, H = W_Q.shape[:2]
+    scores = torch.zeros(L, H, L, H, dtype=torch.float64)
+    for l2 in range(1, L):
+        core = torch.einsum("ahkd,jde->ahjke", W_O[:l2], A[l2])  # O_i A_j: [l2, H_i, H_j, K, K]
+        product = R_left[:l2, :, None] @ core @ R_right[l2][None, None].transpose(-1, -2)
+        scores[:l2, :, l2, :] = product.flatten(-2).norm(dim=-1) / (left_norm[:l2, :, None] * right_norm[l2][None, None])
+    return scores.float()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    from experiments import _cli
+    from experiments.figures import scores_heatmap
+    from experiments.induction import fitting_seq_len, repeated_random_tokens
+
+    parser = _cli.make_parser("Every per-head score for a prompt set, and K-composition scores.")
+    parser.add_argument("--prompt", default=None, help="text (default: repeated random tokens)")
+    parser.add_argument("--no-ablation", action="store_true", help="skip the zero-ablation sweep")
+    args = parser.parse_args(argv)
+    model = _cli.load(args)
+    tokens = model.to_tokens(args.prompt) if args.prompt else repeated_random_tokens(model, fitting_seq_len(model, 20), batch=2)
+    table = head_scores_table(model, tokens, include_ablation=not args.no_ablation, progress=not args.no_progress)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    fig = scores_heatmap(torch.tensor(table["induction"].values).view(L, H), "Induction (mul) score")
+    k_comp = composition_scores(model, "K")
+    best = k_comp.flatten().topk(min(10, k_comp.numel()))
+    top_k_comp = [{"from": divmod(int(i) // (L * H), H), "to": divmod(int(i) % (L * H), H), "score": float(v)}
+                  for v, i in zip(best.values, best.indices)]
+    _cli.write_outputs(args.out, "heads", table, fig,
+                       {"experiment": "heads", "model": args.model, "top_k_composition": top_k_comp})
+
+
+if __name__ == "__main__":
+    from experiments._cli import run_main
+
+    run_main(main)

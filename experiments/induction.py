@@ -1,0 +1,182 @@
+"""Induction heads on repeated random tokens: per-head scores and the per-position loss.
+
+Legend: B batch, L layers, H heads, S seq_len (one copy), P = 1 + 2*S positions.
+
+A sequence is [prefix] + r + r with r random tokens: the prefix is BOS when the tokenizer
+has one (else token 0), and r has no repeated token within a copy, so each token of the second
+copy has exactly one earlier occurrence. An induction head attends from position i of the
+second copy (i in S+1 .. 2S) to the token after the earlier occurrence, i - S + 1.
+
+``python -m experiments.induction --model NAME --out DIR [--seq-len 50 --batch 10 --seed 0]``
+writes the scores (CSV/JSON, top heads first) and their heatmap (HTML), plus the loss table.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from experiments._progress import Progress, ProgressArg
+from experiments.figures import scores_heatmap
+from workbench.errors import InputError
+
+__all__ = ["repeated_random_tokens", "induction_scores", "induction_loss", "scores_heatmap", "top_heads"]
+
+
+def prefix_token(model) -> int:
+    """BOS when the model's tokenizer has one, else token 0."""
+    tokenizer = getattr(model, "tokenizer", None)
+    bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
+    return int(bos) if bos is not None else 0
+
+
+def repeated_random_tokens(model, seq_len: int = 50, batch: int = 10, seed: int = 0) -> Int[Tensor, "batch pos"]:
+    """[batch, 1 + 2*seq_len] ids: a prefix token, then seq_len random tokens twice.
+
+    Tokens are drawn without replacement within a copy (and never equal the prefix), from a
+    generator seeded with ``seed``, so the result depends only on (d_vocab, prefix, seq_len, batch, seed).
+
+    Example:
+        >>> tokens = repeated_random_tokens(model, seq_len=5, batch=2)   # doctest: +SKIP
+        >>> torch.equal(tokens[:, 1:6], tokens[:, 6:])                   # doctest: +SKIP
+        True
+    """
+    d_vocab, prefix = model.cfg.d_vocab, prefix_token(model)
+    if seq_len < 1 or batch < 1:
+        raise InputError(f"seq_len and batch must be positive, got seq_len={seq_len}, batch={batch}")
+    if seq_len > d_vocab - 1:
+        raise InputError(f"seq_len={seq_len} distinct tokens do not fit a vocabulary of {d_vocab} (prefix excluded)")
+    if 1 + 2 * seq_len > model.cfg.n_ctx:
+        raise InputError(f"1 + 2*seq_len = {1 + 2 * seq_len} positions exceed the model's context (n_ctx={model.cfg.n_ctx})")
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(batch):
+        draw = torch.randperm(d_vocab - 1, generator=generator)[:seq_len]
+        draw = draw + (draw >= prefix).long()  # skip the prefix token's id
+        rows.append(draw)
+    copy_BS = torch.stack(rows)
+    tokens = torch.cat([torch.full((batch, 1), prefix, dtype=torch.long), copy_BS, copy_BS], dim=1)
+    return tokens.to(model.embed.W_E.device)
+
+
+def fitting_seq_len(model, wanted: int) -> int:
+    """The largest seq_len <= ``wanted`` that ``repeated_random_tokens`` can build for this model.
+
+    Example:
+        >>> fitting_seq_len(model_with_20_tokens, 25)   # doctest: +SKIP
+        19
+    """
+    return max(1, min(wanted, model.cfg.d_vocab - 1, (model.cfg.n_ctx - 1) // 2))
+
+
+def induction_stripe(pattern_BHQK: Float[Tensor, "batch n_heads pos pos"], seq_len: int) -> Float[Tensor, "batch n_heads seq_len"]:
+    """Attention from each second-copy position i to i - seq_len + 1.
+
+    Example:
+        >>> induction_stripe(torch.eye(5)[None, None], 2).shape
+        torch.Size([1, 1, 2])
+    """
+    # Queries S+1 .. 2S sit on the diagonal with offset k - q = 1 - S, whose entries start at q = S - 1.
+    return pattern_BHQK.diagonal(offset=1 - seq_len, dim1=-2, dim2=-1)[..., 2:]
+
+
+@torch.no_grad()
+def induction_scores(model, seq_len: int = 50, batch: int = 10, seed: int = 0,
+                     progress: ProgressArg = False) -> Float[Tensor, "n_layers n_heads"]:
+    """Mean attention from each token of the repeat to the token after its earlier occurrence.
+
+    One forward pass over ``repeated_random_tokens(model, seq_len, batch, seed)``; each layer's
+    pattern is reduced as it is computed. ``progress`` reports layers done.
+
+    Example:
+        >>> scores_LH = induction_scores(model, seq_len=50, batch=10)   # doctest: +SKIP
+        >>> top_heads(scores_LH, 5)                                       # doctest: +SKIP
+    """
+    tokens = repeated_random_tokens(model, seq_len, batch, seed)
+    L = model.cfg.n_layers
+    scores = torch.zeros(L, model.cfg.n_heads)
+    with Progress(progress, total=L, desc="induction scores") as bar:
+        def score_layer(pattern_BHQK: Tensor, hook) -> None:
+            layer = int(hook.name.split(".")[1])
+            scores[layer] = induction_stripe(pattern_BHQK.float(), seq_len).mean((0, 2)).cpu()
+            bar.advance()
+
+        model.run_with_hooks(tokens, return_type=None,
+                             fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", score_layer) for l in range(L)])
+    return scores
+
+
+@torch.no_grad()
+def induction_loss(model, seq_len: int = 50, batch: int = 10, seed: int = 0) -> pd.DataFrame:
+    """Next-token loss at each position of the two copies, averaged over the batch.
+
+    Row (position=j, copy=c) is the loss of predicting token j of copy c (j in 0..seq_len-1);
+    an induction-capable model's loss falls on the second copy.
+
+    Example:
+        >>> df = induction_loss(model)                                   # doctest: +SKIP
+        >>> df.groupby("copy").loss.mean()                               # doctest: +SKIP
+    """
+    tokens = repeated_random_tokens(model, seq_len, batch, seed)
+    loss_BP = model(tokens, return_type="loss", loss_per_token=True)  # [B, 2S]: predicts tokens 1..2S
+    mean_P = loss_BP.float().mean(0).cpu().numpy()
+    return pd.DataFrame({
+        "position": np.tile(np.arange(seq_len), 2),
+        "copy": ["first"] * seq_len + ["second"] * seq_len,
+        "loss": mean_P,
+    })
+
+
+def top_heads(scores_LH: Float[Tensor, "n_layers n_heads"], k: int = 10) -> pd.DataFrame:
+    """The k highest-scoring heads as a table [layer, head, score], best first.
+
+    Example:
+        >>> top_heads(torch.tensor([[0.1, 0.9], [0.5, 0.2]]), 2).values.tolist()
+        [[0.0, 1.0, 0.9], [1.0, 0.0, 0.5]]
+    """
+    H = scores_LH.shape[1]
+    values, flat = scores_LH.flatten().topk(min(k, scores_LH.numel()))
+    return pd.DataFrame({"layer": (flat // H).numpy(), "head": (flat % H).numpy(), "score": values.float().numpy()})
+
+
+def induction_loss_figure(loss_df: pd.DataFrame):
+    """Per-position loss of the first and second copy as two lines.
+
+    Example:
+        >>> induction_loss_figure(induction_loss(model))   # doctest: +SKIP
+    """
+    import plotly.express as px
+
+    fig = px.line(loss_df, x="position", y="loss", color="copy", title="Loss on repeated random tokens")
+    return fig
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    from experiments import _cli
+
+    parser = _cli.make_parser("Induction scores on repeated random tokens, and the loss on each copy.")
+    parser.add_argument("--seq-len", type=int, default=50)
+    parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    model = _cli.load(args)
+    scores = induction_scores(model, args.seq_len, args.batch, args.seed, progress=not args.no_progress)
+    table = top_heads(scores, scores.numel())
+    loss = induction_loss(model, args.seq_len, args.batch, args.seed)
+    params = {"seq_len": args.seq_len, "batch": args.batch, "seed": args.seed}
+    _cli.write_outputs(args.out, "induction", table, scores_heatmap(scores, "Induction score"),
+                       {"experiment": "induction", "model": args.model, **params,
+                        "mean_loss_by_copy": loss.groupby("copy").loss.mean().to_dict()})
+    _cli.write_outputs(args.out, "induction_loss", loss, induction_loss_figure(loss),
+                       {"experiment": "induction_loss", "model": args.model, **params})
+
+
+if __name__ == "__main__":
+    from experiments._cli import run_main
+
+    run_main(main)

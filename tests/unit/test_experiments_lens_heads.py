@@ -1,0 +1,112 @@
+"""Logit lens, direct logit attribution, the per-head table and composition scores.
+
+References: the model's own logits from a plain forward pass, the logit difference the
+attribution decomposes, TransformerLens's ``composition_scores`` on ``FactoredMatrix`` circuits,
+and the detectors / head sweep run separately.
+"""
+
+import pytest
+import torch
+from transformer_lens import FactoredMatrix
+from transformer_lens.utilities import composition_scores as tl_composition_scores
+
+import workbench as wb
+from experiments.ablation import head_sweep
+from experiments.detectors import head_detector_scores
+from experiments.heads import composition_scores, head_scores_table
+from experiments.lens import (direct_logit_attribution, dla_figure, logit_lens, logit_lens_figure,
+                              logit_lens_logits)
+from tests.unit.helpers import make_model
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return torch.randint(0, 61, (1, 9), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("variant", ["mha_learned_ln", "gqa_rotary_rms_swiglu", "sinusoidal_postnorm"])
+def test_logit_lens_at_the_last_layer_equals_the_models_logits(variant, tokens):
+    model = make_model(variant)
+    logits = model(tokens)[0]
+    torch.testing.assert_close(logit_lens_logits(model, tokens)[-1], logits, rtol=0, atol=1e-5)
+    df = logit_lens(model, tokens, top_k=3)
+    assert list(df.columns) == ["layer", "position", "rank", "token", "token_id", "prob"]
+    assert len(df) == (model.cfg.n_layers + 1) * tokens.shape[1] * 3
+    final = df[df.layer == model.cfg.n_layers].sort_values(["position", "rank"])
+    top = logits.softmax(-1).topk(3)
+    assert final.token_id.tolist() == top.indices.flatten().tolist()
+    torch.testing.assert_close(torch.tensor(final.prob.values), top.values.flatten(), rtol=1e-5, atol=1e-6)
+    assert logit_lens_figure(df).data
+
+
+def test_logit_lens_first_snapshot_is_the_unembedded_embedding(tokens):
+    model = make_model("attn_only_tied")
+    embedded = model.embed.W_E[tokens[0]]
+    expected = model.unembed(model.ln_final(embedded[None]))[0]
+    torch.testing.assert_close(logit_lens_logits(model, tokens)[0], expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["mha_learned_ln", "gqa_rotary_rms_swiglu", "alibi_gelu_new", "moe_gqa", "attn_only_tied"])
+@pytest.mark.parametrize("baseline", [None, 11])
+@pytest.mark.parametrize("position", [-1, 4])
+def test_direct_logit_attribution_sums_to_the_logit_difference(variant, baseline, position, tokens):
+    model = make_model(variant)
+    logits = model(tokens)[0, position]
+    expected = logits[5] - (logits[baseline] if baseline is not None else 0)
+    df = direct_logit_attribution(model, tokens, 5, baseline, position)
+    assert df.attribution.sum() == pytest.approx(expected.item(), abs=1e-4)
+    assert df.attrs["logit_diff"] == pytest.approx(expected.item(), abs=1e-5)
+    assert (df.component == "head").sum() == model.cfg.n_layers * model.cfg.n_heads
+    assert dla_figure(df).data
+
+
+def test_dla_of_a_head_is_its_output_read_through_the_frozen_norm(tokens):
+    model = make_model("gqa_rotary_rms_swiglu")
+    _, cache = model.run_with_cache(tokens)
+    scale = cache["ln_final.hook_scale"][0, -1]
+    z = cache["blocks.1.attn.hook_z"][0, -1, 3]  # [d_head]
+    head_out = model.blocks[1].attn.W_O[:, 3 * 8:4 * 8] @ z  # W_O columns of head 3 (d_head 8)
+    expected = (head_out / scale * model.ln_final.w) @ model.unembed.W_U[5]
+    df = direct_logit_attribution(model, tokens, 5)
+    row = df[(df.component == "head") & (df.layer == 1) & (df["head"] == 3)]
+    assert row.attribution.item() == pytest.approx(expected.item(), abs=1e-5)
+
+
+def test_dla_rejects_post_norm_models_and_bad_tokens(tokens):
+    with pytest.raises(wb.InputError, match="pre-norm"):
+        direct_logit_attribution(make_model("sinusoidal_postnorm"), tokens, 5)
+    with pytest.raises(wb.InputError, match="outside the vocabulary"):
+        direct_logit_attribution(make_model("mha_learned_ln"), tokens, 500)
+
+
+@pytest.mark.parametrize("kind", ["Q", "K", "V"])
+@pytest.mark.parametrize("variant", ["mha_learned_ln", "gqa_rotary_rms_swiglu"])
+def test_composition_scores_match_transformer_lens(kind, variant):
+    model = make_model(variant, n_layers=3)
+    stack = lambda attr: torch.stack([getattr(b.attn, attr) for b in model.blocks]).detach()
+    W_Q, W_K, W_V, W_O = stack("W_Q_heads"), stack("W_K_heads"), stack("W_V_heads"), stack("W_O_heads")
+    left = FactoredMatrix(W_V, W_O)
+    right = {"Q": FactoredMatrix(W_Q, W_K.transpose(-2, -1)), "K": FactoredMatrix(W_Q, W_K.transpose(-2, -1)).T,
+             "V": FactoredMatrix(W_V, W_O)}[kind]
+    expected = tl_composition_scores(left, right, broadcast_dims=True)
+    earlier = torch.arange(3)[:, None, None, None] < torch.arange(3)[None, None, :, None]
+    expected = torch.where(earlier, expected, torch.zeros_like(expected))
+    torch.testing.assert_close(composition_scores(model, kind), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_head_scores_table_collects_every_score():
+    model = make_model("gqa_rotary_rms_swiglu")
+    tokens = torch.randint(0, 61, (2, 10), generator=torch.Generator().manual_seed(4))
+    table = head_scores_table(model, tokens, progress=False)
+    assert list(table.columns) == ["layer", "head", "induction", "previous_token", "duplicate_token", "entropy",
+                                   "ablation_delta"]
+    detectors = head_detector_scores(model, tokens)
+    for kind in ("induction", "previous_token", "duplicate_token"):
+        torch.testing.assert_close(torch.tensor(table[kind].values), detectors[kind].flatten())
+    torch.testing.assert_close(torch.tensor(table.ablation_delta.values),
+                               torch.tensor(head_sweep(model, tokens, progress=False).delta.values))
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+    p = cache["pattern", 1][:, 2]  # [batch, q, k] of L1H2
+    entropy = -(p * p.clamp_min(1e-30).log()).sum(-1).mean()
+    assert table[(table.layer == 1) & (table["head"] == 2)].entropy.item() == pytest.approx(entropy.item(), abs=1e-5)
+    assert head_scores_table(model, tokens, include_ablation=False).ablation_delta.isna().all()
