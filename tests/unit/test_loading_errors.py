@@ -228,3 +228,29 @@ def test_native_bad_config_field(native_dir):
 def test_a_directory_without_config(tmp_path):
     with pytest.raises(wb.CheckpointError, match=r"config\.json: not found"):
         wb.load_model(tmp_path)
+
+
+def test_gguf_tensor_with_the_wrong_shape(tmp_path):
+    import gguf
+    import numpy as np
+
+    # Rewrite one tensor of the tiny file with one row too few (same dtype, valid layout).
+    source = tmp_path / "good.gguf"
+    write_gguf(tiny_llama(), source, quant=gguf.GGMLQuantizationType.F16)
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(tmp_path / "misshapen.gguf"), "llama")
+    for field in reader.fields.values():
+        if not field.name.startswith("GGUF.") and field.name != "general.architecture":
+            value_type = field.types[0]
+            sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
+    for tensor in reader.tensors:
+        data = np.array(tensor.data)
+        writer.add_tensor(tensor.name, data[:-1] if tensor.name == "blk.0.attn_v.weight" else data,
+                          raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(wb.CheckpointError, match=r"misshapen\.gguf: tensor 'blk\.0\.attn_v\.weight' has shape \(31, 64\)"):
+        wb.load_model(tmp_path / "misshapen.gguf")

@@ -151,12 +151,18 @@ def _tensor_names(cfg: ModelConfig) -> dict[str, tuple[str, Optional[int]]]:
     return names
 
 
-def read_tensors(file: GGUFFile, cfg: ModelConfig, progress: Optional[bool] = None) -> dict[str, Tensor]:
+def read_tensors(file: GGUFFile, cfg: ModelConfig, shapes: dict[str, tuple[int, ...]],
+                 progress: Optional[bool] = None) -> dict[str, Tensor]:
     """Every tensor the model needs, dequantised to float32 and renamed to ours.
+
+    ``shapes`` (our name -> shape) is checked against each GGUF tensor before it is used, so a
+    mis-shaped tensor is reported under its GGUF name.
 
     Example:
         >>> file = GGUFFile(Path("SmolLM2-135M-Instruct.Q4_1.gguf"))                   # doctest: +SKIP
-        >>> read_tensors(file, model_config_from_gguf(file))["embed.W_E"].shape        # doctest: +SKIP
+        >>> cfg = model_config_from_gguf(file)                                         # doctest: +SKIP
+        >>> shapes = {n: p.shape for n, p in Decoder(cfg, init_weights=False).state_dict().items()}  # doctest: +SKIP
+        >>> read_tensors(file, cfg, shapes)["embed.W_E"].shape                         # doctest: +SKIP
         torch.Size([49152, 576])
     """
     names = _tensor_names(cfg)
@@ -177,6 +183,9 @@ def read_tensors(file: GGUFFile, cfg: ModelConfig, progress: Optional[bool] = No
         except (NotImplementedError, ValueError) as error:
             raise CheckpointError(f"{file.path}: cannot dequantise tensor '{gguf_name}' "
                                   f"of type {entry.tensor_type.name} ({error})") from error
+        if tuple(array.shape) != tuple(shapes[our_name]):
+            raise CheckpointError(f"{file.path}: tensor '{gguf_name}' has shape {tuple(array.shape)} "
+                                  f"(rows, cols as stored), expected {tuple(shapes[our_name])}")
         if heads is not None:
             array = _unpermute_rows(array, heads)
         out[our_name] = torch.from_numpy(np.require(array, np.float32, ["C", "W"]))  # F32 data is a read-only map
@@ -201,7 +210,10 @@ def load_gguf(path: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtyp
     file = GGUFFile(Path(path))
     cfg = model_config_from_gguf(file).replace(attn_impl=attn_impl, dtype=dtype)
     tokenizer = tokenizer_from_gguf(file.field, str(file.path))
-    tensors = read_tensors(file, cfg, progress)
+    # Built first only to know every parameter's shape (uninitialised memory is never touched);
+    # it is returned only after every tensor has been read and checked.
     model = Decoder(cfg, tokenizer=tokenizer, init_weights=False)
+    shapes = {name: tuple(param.shape) for name, param in model.state_dict(keep_vars=True).items()}
+    tensors = read_tensors(file, cfg, shapes, progress)
     assign_weights(model, tensors, str(file.path), move=True)
     return model.to(device).eval()
