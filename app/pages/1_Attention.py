@@ -61,15 +61,25 @@ def _default_grid_layers(n_layers: int, cells_per_layer: int) -> tuple[int, int]
     return 0, min(n_layers, fits) - 1
 
 
-def _compact(fig) -> None:
-    """Sends the grid's values as float32 and its (layer, head, query, key) hover data as uint16.
+def _lighten(fig) -> None:
+    """Moves the grid's hover labels from per-cell data onto the axes, and sends values as float32.
 
-    The figure holds both as float64: 40 bytes a cell, 15 MB for six SmolLM2 layers at 64
-    tokens. Compact types carry the same values in 12 bytes a cell (gaps carry no hover).
+    The figure names each cell's (layer, head, query, key) in a float64 ``customdata`` array:
+    15 MB for six SmolLM2 layers at 64 tokens, which the browser took seconds to receive. Here
+    every column gets a category label "H3 k12" and every row "L5 q7" (read off that same
+    customdata, so the tiling is not re-derived), and the hover shows those labels: the values
+    alone travel, at 4 bytes a cell.
     """
     trace = fig.data[0]
-    trace.z = np.asarray(trace.z, dtype=np.float32)
-    trace.customdata = np.nan_to_num(np.asarray(trace.customdata, dtype=np.float64)).astype(np.uint16)
+    custom = np.asarray(trace.customdata, dtype=np.float64)  # [rows, cols, (layer, head, query, key)], NaN in gaps
+    heads_keys, layers_queries = custom[0, :, [1, 3]].T, custom[:, 0, [0, 2]]  # row 0 and column 0 lie in tiles
+    x = [f"H{h:.0f} k{k:.0f}" if not np.isnan(h) else f"gap {c}" for c, (h, k) in enumerate(heads_keys)]
+    y = [f"L{l:.0f} q{q:.0f}" if not np.isnan(l) else f"gap {r}" for r, (l, q) in enumerate(layers_queries)]
+    trace.update(x=x, y=y, z=np.asarray(trace.z, dtype=np.float32), customdata=None,
+                 hovertemplate="%{y}<br>%{x}<br>attention=%{z:.3f}<extra></extra>")
+    # The tick positions were numeric column/row positions; on category axes they name categories.
+    for axis, labels in ((fig.layout.xaxis, x), (fig.layout.yaxis, y)):
+        axis.update(type="category", tickvals=[labels[int(v)] for v in axis.tickvals])
 
 
 @st.fragment
@@ -83,7 +93,7 @@ def _grid(loaded: LoadedModel, prompt: Prompt, patterns_LHQK: torch.Tensor) -> N
                                 key="attention_grid_layers",
                                 help="Each tile is one head's pattern (queries down, keys across).")
     fig = attention.pattern_grid_figure(patterns_LHQK, prompt.str_tokens, layers=range(first, last + 1))
-    _compact(fig)
+    _lighten(fig)
     downloads.figure(fig, f"attention_grid_L{first}-{last}", key="pattern_grid")
 
 
