@@ -24,7 +24,23 @@ def metric_value(page, label: str) -> str:
     return page.locator('[data-testid="stMetric"]', has_text=label).locator('[data-testid="stMetricValue"]').inner_text()
 
 
-def test_researcher_session(browser, server_url, screenshot):
+def download(page, button_key: str, tmp_path) -> bytes:
+    with page.expect_download(timeout=60_000) as info:
+        page.locator(f".st-key-{button_key} button").first.click()
+    path = tmp_path / info.value.suggested_filename
+    info.value.save_as(path)
+    return path.read_bytes()
+
+
+def check_downloads(page, key: str, tmp_path) -> None:
+    """The figure's HTML download is a standalone plotly page; its PNG (kaleido, when installed) is a PNG."""
+    assert b"Plotly.newPlot" in download(page, f"{key}_html", tmp_path)
+    if page.locator(f".st-key-{key}_png button").count():
+        assert download(page, f"{key}_png", tmp_path).startswith(b"\x89PNG")
+    assert download(page, "induction_top_csv", tmp_path).startswith(b"layer,head,score")
+
+
+def test_researcher_session(browser, server_url, screenshot, tmp_path):
     page = browser.new_page(viewport={"width": 1400, "height": 2400})  # tall: Streamlit scrolls inside the page
     page.set_default_timeout(90_000)
     page.goto(server_url)
@@ -59,6 +75,7 @@ def test_researcher_session(browser, server_url, screenshot):
     wait_idle(page)
     assert_no_traceback(page)
     screenshot(page, "4_induction")
+    check_downloads(page, "induction_scores", tmp_path)
 
     open_page(page, "Ablation", "Ablation")
     wait_chart(page, "ablation_per_token")
