@@ -43,10 +43,12 @@ def _picker() -> None:
         st.dataframe(models, hide_index=True)
 
 
-def _card(loaded: state.LoadedModel) -> None:
+def _card(loaded: state.LoadedModel, description: str = "") -> None:
     """The open model at a glance: size, shape, hook points, kernel, then every config field."""
     model, cfg = loaded.model, loaded.model.cfg
     st.subheader(f"Open model: `{state.model_source()}`")
+    if description:
+        st.markdown(description)
     cols = st.columns(6)
     cols[0].metric("Parameters", f"{model.n_params / 1e6:,.1f} M" if model.n_params >= 1e6 else f"{model.n_params:,}")
     cols[1].metric("Layers", cfg.n_layers)
@@ -70,7 +72,8 @@ def main() -> None:
     _picker()
     loaded = state.open_model()
     if loaded is not None:
-        _card(loaded)
+        models = wb.list_models().set_index("name")["description"]
+        _card(loaded, models.get(state.model_source(), ""))
 
 
 page_setup("Workbench")

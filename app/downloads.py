@@ -36,13 +36,22 @@ def _file_stem(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "result"
 
 
+def _visible_tokens(df: pd.DataFrame) -> pd.DataFrame:
+    """Token-text columns quoted (repr) so whitespace tokens such as "\\n" or " " are visible on screen."""
+    text_columns = [c for c in df.columns if c == "token" or str(c).endswith("_token")]
+    quoted = {c: df[c].map(lambda t: repr(t) if isinstance(t, str) else t) for c in text_columns}
+    return df.assign(**quoted) if quoted else df
+
+
 def table(df: pd.DataFrame, name: str, key: str, **dataframe_kwargs) -> None:
     """A sortable table (click a column header) with a CSV download button under it.
+
+    Token texts are shown quoted; the CSV keeps them as they are.
 
     Example:
         >>> table(head_summary_df, "head_summary", key="summary")   # doctest: +SKIP
     """
-    st.dataframe(df, hide_index=True, **dataframe_kwargs)
+    st.dataframe(_visible_tokens(df), hide_index=True, **dataframe_kwargs)
     st.download_button("Download CSV", df.to_csv(index=False), f"{_file_stem(name)}.csv", "text/csv",
                        key=f"{key}_csv", on_click="ignore", icon=":material/download:")
 
