@@ -1,0 +1,76 @@
+"""The ``workbench`` console script: ``train``, ``run`` (the dashboard) and ``models``.
+
+Example:
+    workbench models
+    workbench train --recipe toy-attn-2l --out runs/toy-attn-2l
+    workbench run --port 8502
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DASHBOARD = REPO_ROOT / "app" / "Home.py"
+
+
+def dashboard_command(port: int = 8501, address: str = "127.0.0.1") -> list[str]:
+    """The command that serves the Streamlit dashboard (headless, local address only).
+
+    Example:
+        >>> dashboard_command(8502)[:4] == [sys.executable, "-m", "streamlit", "run"]
+        True
+    """
+    return [sys.executable, "-m", "streamlit", "run", str(DASHBOARD), "--server.address", address,
+            "--server.port", str(port), "--server.headless", "true"]
+
+
+def _models(_: argparse.Namespace) -> int:
+    from workbench.loading import registry
+
+    table = registry.list_models()
+    print(table.to_string(index=False))
+    print(f"\ndefault: {registry.default_model_name()}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    if not DASHBOARD.is_file():
+        print(f"workbench run: the dashboard entry point {DASHBOARD} is missing", file=sys.stderr)
+        return 2
+    return subprocess.call(dashboard_command(args.port, args.address))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``workbench`` console script; returns the exit status.
+
+    ``train`` hands every argument after it to ``python -m workbench.train``.
+
+    Example:
+        >>> main(["models"])   # doctest: +SKIP
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:
+        from workbench import train
+
+        train.main(argv[1:])
+        return 0
+    parser = argparse.ArgumentParser(prog="workbench", description="mechanistic-interpretability workbench")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("train", help="train a zoo recipe (see `workbench train --help`)")
+    run = commands.add_parser("run", help="serve the dashboard")
+    run.add_argument("--port", type=int, default=8501)
+    run.add_argument("--address", default="127.0.0.1")
+    run.set_defaults(handler=_run)
+    commands.add_parser("models", help="list registered models and whether they are installed").set_defaults(
+        handler=_models)
+    args = parser.parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
