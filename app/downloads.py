@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -23,13 +24,17 @@ if "BROWSER_PATH" not in os.environ and Path(_DEBIAN_CHROMIUM).exists():
 
 
 def png_export_available() -> bool:
-    """Whether figures can be rendered to PNG on the server (kaleido installed).
+    """Whether figures can be rendered to PNG on the server: kaleido installed and a Chrome to drive.
 
     Example:
         >>> isinstance(png_export_available(), bool)
         True
     """
-    return importlib.util.find_spec("kaleido") is not None
+    if importlib.util.find_spec("kaleido") is None:
+        return False
+    browser = os.environ.get("BROWSER_PATH")
+    return bool(browser and Path(browser).exists()) or any(
+        shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome", "chrome"))
 
 
 def _file_stem(name: str) -> str:
@@ -66,14 +71,15 @@ def figure(fig: go.Figure, name: str, key: str, stretch: bool = True) -> None:
     """
     stem = _file_stem(name)
     config = {"toImageButtonOptions": {"format": "png", "filename": stem, "scale": 2}, "displaylogo": False}
-    st.plotly_chart(fig, width="stretch" if stretch else "content", config=config, key=f"{key}_chart")
-    html_col, png_col, _ = st.columns([1, 1, 4])
-    html_col.download_button("HTML", lambda: fig.to_html(include_plotlyjs=True, full_html=True),
-                             f"{stem}.html", "text/html", key=f"{key}_html", on_click="ignore",
-                             icon=":material/download:", help="A standalone interactive page (works offline)")
-    if png_export_available():
-        png_col.download_button("PNG", lambda: fig.to_image(format="png", scale=2), f"{stem}.png", "image/png",
-                                key=f"{key}_png", on_click="ignore", icon=":material/download:",
-                                help="Rendered on the server with kaleido; takes a few seconds")
-    else:
-        png_col.caption("PNG: camera icon in the figure's toolbar")
+    # theme=None: the page shows the figure exactly as its HTML/PNG download will (and draws it sooner).
+    st.plotly_chart(fig, width="stretch" if stretch else "content", config=config, key=f"{key}_chart", theme=None)
+    with st.container(horizontal=True):  # buttons side by side at their own width, in any column
+        st.download_button("HTML", lambda: fig.to_html(include_plotlyjs=True, full_html=True),
+                           f"{stem}.html", "text/html", key=f"{key}_html", on_click="ignore",
+                           icon=":material/download:", help="A standalone interactive page (works offline)")
+        if png_export_available():
+            st.download_button("PNG", lambda: fig.to_image(format="png", scale=2), f"{stem}.png", "image/png",
+                               key=f"{key}_png", on_click="ignore", icon=":material/download:",
+                               help="Rendered on the server with kaleido; takes a few seconds")
+        else:
+            st.caption("PNG: camera icon in the figure's toolbar")
