@@ -33,22 +33,27 @@ PASSAGE = ("The history of the region goes back thousands of years. The first wr
            "slowly grew into towns, and the towns into cities with walls, temples and harbours full of ships. ") * 3
 
 
-def _prompts(lengths: tuple[int, ...]) -> dict[int, str]:
-    """Texts that tokenize to exactly each length (cut from one passage; each a different prefix)."""
+def _prompts(lengths: tuple[int, ...], variants: int) -> list[tuple[int, str]]:
+    """(length, text) pairs: ``variants`` different texts of exactly each length, cut from one passage.
+
+    Every text differs, so each prompt change computes its patterns afresh (no cache hit).
+    """
     import workbench as wb
 
     model = wb.load_model(MODEL, progress=False)
     ids = model.to_tokens(PASSAGE)[0]
-    texts = {}
+    prompts = []
     for n in lengths:
-        for cut in range(n, n + 8):  # decoding a cut can re-tokenize a little differently; find a cut that fits
-            text = model.to_string(ids[:cut])
-            if model.to_tokens(text).shape[1] == n:
-                texts[n] = text
-                break
-        else:
-            raise RuntimeError(f"could not make a prompt of exactly {n} tokens")
-    return texts
+        for variant in range(variants):
+            start = 5 * variant + n % 7  # different starting points give different texts
+            for cut in range(n, n + 8):  # decoding a cut can re-tokenize a little differently; find one that fits
+                text = model.to_string(ids[start:start + cut])
+                if model.to_tokens(text).shape[1] == n:
+                    prompts.append((n, text))
+                    break
+            else:
+                raise RuntimeError(f"could not make a prompt of exactly {n} tokens")
+    return prompts
 
 
 def _timed(action, done) -> float:
@@ -82,7 +87,7 @@ def _press_and_wait(page, key: str, expect_js: str, arg) -> float:
     return _timed(act, done)
 
 
-def _rerenders(page, prompts: dict[int, str], layer_moves: int) -> list[tuple[str, int, float]]:
+def _rerenders(page, prompts: list[tuple[int, str]], layer_moves: int) -> list[tuple[str, int, float]]:
     """(what, tokens, seconds) for each prompt change and each layer move after it."""
     tokens_js = "() => { const e = document.querySelector('.st-key-prompt_tokens'); return e ? e.textContent : ''; }"
     title_js = ("(t) => [...document.querySelectorAll('.st-key-layer_patterns_chart .gtitle')]"
@@ -90,7 +95,7 @@ def _rerenders(page, prompts: dict[int, str], layer_moves: int) -> list[tuple[st
     slider = page.locator(".st-key-attention_layer input[type=range]")
     timings = []
     layer = 0
-    for n, text in prompts.items():
+    for n, text in prompts:
         box = page.locator(".st-key-prompt textarea")
         box.fill(text)
         box.focus()
@@ -125,7 +130,7 @@ def run(quick: bool = False) -> list[dict]:
     from playwright.sync_api import sync_playwright
 
     lengths = (64,) if quick else (16, 32, 64)
-    prompts = _prompts(lengths)
+    prompts = _prompts(lengths, variants=1 if quick else 3)
     cold, rerenders, cold_tokens = [], [], 0
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as logs, sync_playwright() as playwright:
@@ -138,7 +143,7 @@ def run(quick: bool = False) -> list[dict]:
                     if attempt == 0:
                         dashboard.wait_idle(page)
                         cold_tokens = int(page.locator(".st-key-prompt_tokens").inner_text().split()[0])
-                        rerenders = _rerenders(page, prompts, layer_moves=2 if quick else 3)
+                        rerenders = _rerenders(page, prompts, layer_moves=2)
                 finally:
                     page.close()
                     dashboard.stop_server(server)
