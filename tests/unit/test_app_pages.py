@@ -59,8 +59,14 @@ def run_page(page: str, source: str, prompt: str | None = None) -> AppTest:
     if prompt is not None:
         at.session_state["prompt"] = prompt
     at.run()
-    assert not at.exception, [e.value for e in at.exception]
+    assert_clean(at)
     return at
+
+
+def assert_clean(at: AppTest) -> None:
+    """No traceback, and no unexpected error turned into a message by the page guard."""
+    assert not at.exception, [e.value for e in at.exception]
+    assert not [e.value for e in at.error if e.value.startswith("Something went wrong")]
 
 
 def chart(at: AppTest, key: str) -> dict:
@@ -82,7 +88,8 @@ def test_home_shows_the_model_card_and_opens_another_model(dense, moe):
     at.radio(key="home_mode").set_value("Path on this machine")
     at.text_input(key="home_path").input(moe)
     at.button[0].click().run()  # the form's "Open model"
-    assert not at.exception and at.session_state["model_source"] == moe
+    assert_clean(at)
+    assert at.session_state["model_source"] == moe
     assert "mixture of experts" in " ".join(c.value for c in at.caption)
 
 
@@ -98,7 +105,7 @@ def test_attention_layer_slider_redraws_the_layer_figure(dense):
     assert chart(at, "pattern_grid")["data"][0]["type"] == "heatmap"
     assert len(at.dataframe[0].value) == 2 * at.dataframe[0].value["head"].nunique()  # one row per (layer, head)
     at.slider(key="attention_layer").set_value(1).run()
-    assert not at.exception
+    assert_clean(at)
     assert chart(at, "layer_patterns")["layout"]["title"]["text"] == "Layer 1: every head"
     at.selectbox(key="attention_focus_head").set_value(2).run()
     assert chart(at, "focus_pattern")["layout"]["title"]["text"] == "L1H2"
@@ -108,7 +115,8 @@ def test_prompt_checks_empty_and_too_long(dense):
     at = run_page("attention", dense, "   ")
     assert any("empty" in w.value for w in at.warning) and not at.get("plotly_chart")
     at.text_area(key="prompt").input("the cat " * 400).run()
-    assert not at.exception and not at.get("plotly_chart")
+    assert_clean(at)
+    assert not at.get("plotly_chart")
     assert any("longer than the model's context" in e.value or "draws prompts of up to" in e.value for e in at.error)
 
 
@@ -129,7 +137,7 @@ def test_induction_scan_reruns_with_new_settings(dense):
     first = at.dataframe[1].value  # the per-position loss table
     at.number_input(key="induction_seq_len").set_value(7)
     at.button[0].click().run()  # "Run scan"
-    assert not at.exception
+    assert_clean(at)
     assert len(at.dataframe[1].value) == 2 * 7 != len(first)
 
 
@@ -142,7 +150,8 @@ def test_ablation_changes_the_loss_and_the_sweep_draws_a_heatmap(dense):
     both_layers = metric(at, "Mean loss, ablated")
     assert both_layers != pytest.approx(ablated, abs=1e-6)
     at.radio(key="ablation_method").set_value("mean").run()
-    assert not at.exception and not at.error
+    assert_clean(at)
+    assert not at.error
     assert metric(at, "Mean loss, ablated") != pytest.approx(both_layers, abs=1e-6)
     at.button(key="ablation_sweep").click().run()
     assert chart(at, "head_sweep")["data"][0]["type"] == "heatmap"
@@ -152,7 +161,7 @@ def test_logit_lens_and_attribution_follow_the_target(dense):
     at = run_page("lens", dense, SHORT_PROMPT)
     assert chart(at, "logit_lens")["data"][0]["type"] == "heatmap"
     at.text_input(key="lens_target").input(" mat").run()
-    assert not at.exception
+    assert_clean(at)
     assert "' mat'" in chart(at, "dla")["layout"]["title"]["text"]
     at.text_input(key="lens_target").input("the cat sat").run()
     assert any("tokens for this tokenizer" in e.value for e in at.error)
@@ -165,4 +174,5 @@ def test_router_page_on_dense_and_moe_models(dense, moe):
     assert chart(at, "expert_load")["data"][0]["type"] == "heatmap"
     before = metric(at, "Mean loss without")
     at.selectbox(key="router_expert").set_value(3).run()
-    assert not at.exception and metric(at, "Mean loss without") != pytest.approx(before, abs=1e-7)
+    assert_clean(at)
+    assert metric(at, "Mean loss without") != pytest.approx(before, abs=1e-7)
