@@ -26,7 +26,8 @@ from experiments import attention
 _LONG_RUNS_KEPT = 32
 
 
-@st.cache_data(show_spinner="Computing attention patterns …", max_entries=32)
+# Eight prompts' patterns: at the 256-token limit SmolLM2's are 70 MB each.
+@st.cache_data(show_spinner="Computing attention patterns …", max_entries=8)
 def attention_patterns(_loaded: LoadedModel, model_key: str, ids: tuple[int, ...]) -> torch.Tensor:
     """Every head's pattern on the prompt: [n_layers, n_heads, q, k].
 
