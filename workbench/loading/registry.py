@@ -71,7 +71,7 @@ REGISTRY: dict[str, RegisteredModel] = {
         RegisteredModel(
             "toy-attn-2l",
             "toy trained in this repository: two attention-only layers, 4 heads each "
-            "(previous-token head in layer 0, induction head in layer 1)",
+            "(previous-token head in layer 0, induction heads in layer 1)",
             _zoo_directory("toy-attn-2l"),
             _train_hint("toy-attn-2l"),
         ),
@@ -102,11 +102,17 @@ def list_models() -> pd.DataFrame:
 
 
 def default_model_name() -> str:
-    """The model the dashboard opens: the real SmolLM2 when installed, else the toy attention model.
+    """The model the dashboard opens: the real SmolLM2 when installed, else the first installed toy model.
+
+    Falls back to "toy-attn-2l" (whose entry then says how to get it) when nothing is installed.
 
     Example:
         >>> import workbench as wb
-        >>> wb.default_model_name() in ("smollm2-135m", "toy-attn-2l")
+        >>> wb.default_model_name() in DEFAULT_ORDER
         True
     """
-    return "smollm2-135m" if REGISTRY["smollm2-135m"].locate() is not None else "toy-attn-2l"
+    installed = [name for name in DEFAULT_ORDER if REGISTRY[name].locate() is not None]
+    return installed[0] if installed else "toy-attn-2l"
+
+
+DEFAULT_ORDER = ("smollm2-135m", "toy-attn-2l", "toy-moe-2l")
