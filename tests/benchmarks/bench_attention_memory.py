@@ -1,8 +1,11 @@
 """Attention kernel memory and time against sequence length: eager vs sdpa vs flash.
 
 Peak memory is measured, not estimated: each (kernel, length) runs in a fresh subprocess that
-allocates q/k/v, records its peak resident set size, runs the kernel once and records the
-peak again; the difference is the kernel's own peak working memory.
+allocates q/k/v, resets the kernel's record of its peak resident set size to the current size
+(``/proc/self/clear_refs``), runs the kernel once and reads the peak (``VmHWM``); the difference
+is the kernel's own peak working memory. (The process-lifetime peak, ``ru_maxrss``, cannot be
+used: importing torch and transformers peaks higher than a small kernel ever does, which
+showed as 0 MB for every sdpa and flash run before this fix.)
 
     python tests/benchmarks/bench_attention_memory.py [--quick]
 """
@@ -23,21 +26,27 @@ from tests.benchmarks.common import machine_line, markdown_table
 SHAPE = dict(batch=1, heads=8, kv_heads=2, d_head=64)
 
 _CHILD = r"""
-import json, resource, sys, time, torch
+import json, sys, time, torch
 from workbench.components.attention_kernels import MaskSpec, eager_attention, flash_attention, sdpa_attention
 impl, n, b, h, g, d = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:7])
 kernel = {"eager": eager_attention, "sdpa": sdpa_attention, "flash": flash_attention}[impl]
 torch.manual_seed(0)
 q, k, v = torch.randn(b, h, n, d), torch.randn(b, g, n, d), torch.randn(b, g, n, d)
 mask = MaskSpec(scale=d ** -0.5)
+def status_mb(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
 with torch.no_grad():
     kernel(q[:, :, :64], k[:, :, :64], v[:, :, :64], mask)  # warm up code paths at a tiny size
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := VmRSS
+    before = status_mb("VmRSS")
     start = time.perf_counter()
     kernel(q, k, v, mask)
     seconds = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"seconds": seconds, "peak_mb": (after - before) / 1024}))
+    peak = status_mb("VmHWM")
+print(json.dumps({"seconds": seconds, "peak_mb": peak - before}))
 """
 
 
