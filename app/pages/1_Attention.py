@@ -16,8 +16,9 @@ from app.widgets import Prompt, layer_picker, guarded, page_setup, prompt_box, r
 from experiments import attention
 
 # The grid sends every pattern value to the browser; past this many cells it draws fewer
-# layers by default (the user can widen the range) so the page stays quick.
-GRID_CELL_BUDGET = 250_000
+# layers by default (the user can widen the range) so the page stays quick. At 250,000 cells a
+# 64-token prompt change took 2.4 s in Chromium, at 150,000 1.8 s (BENCHMARKS.md, section 6).
+GRID_CELL_BUDGET = 150_000
 
 
 KEY_LABEL_PX = 75  # room under each row of subplots for the rotated key labels
