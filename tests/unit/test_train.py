@@ -42,6 +42,14 @@ def test_train_config_rejects_values_it_cannot_honour():
         TrainConfig(steps=10, induction_warmup_steps=11)
 
 
+def test_induction_curriculum_schedule_and_token_count_by_hand():
+    cfg = TrainConfig(steps=10, batch_size=2, seq_len=16, induction_warmup_steps=3, induction_every=4,
+                      induction_batch=3, induction_len=10)
+    assert [step for step in range(10) if cfg.is_induction_step(step)] == [0, 1, 2, 4, 8]
+    # 5 corpus steps x 2 x 16 + 5 induction steps x 3 rows x (BOS + 2 x mean copy length (8 + 10) / 2)
+    assert cfg.tokens_seen == 5 * 2 * 16 + 5 * 3 * 19
+
+
 def test_induction_task_rows_are_bos_then_random_tokens_twice_and_never_bos():
     rows = repeated_random_windows(d_vocab=7, batch=50, copy_len=6, bos=2, generator=torch.Generator().manual_seed(0))
     assert rows.shape == (50, 13)
