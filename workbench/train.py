@@ -33,6 +33,8 @@ from workbench.errors import InputError
 from workbench.model import Decoder
 from workbench.tokenizer import Tokenizer
 
+MIN_REPEAT_LEN = 8  # shortest stretch written twice, in repeated-text windows and in the induction task
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
@@ -56,7 +58,7 @@ class TrainConfig:
     repeat_fraction: float = 0.0  # share of each batch whose window is a stretch of text written twice
     # Every induction_every-th step (0: never) trains on induction_batch rows of BOS + n random tokens
     # + the same n again instead of the corpus: the classic induction task. n is drawn per step from
-    # 8..induction_len, so no fixed look-back distance solves it (with one n, a head attending n-1
+    # induction_len_range, so no fixed look-back distance solves it (with one n, a head attending n-1
     # back would, without any induction).
     # The first induction_warmup_steps steps are all induction task (an induction circuit forms far
     # sooner without code competing for the gradient); after them, one step in induction_every.
@@ -96,9 +98,14 @@ class TrainConfig:
         return step < self.induction_warmup_steps or bool(self.induction_every and step % self.induction_every == 0)
 
     @property
+    def induction_len_range(self) -> tuple[int, int]:
+        """The induction task's copy length n is drawn uniformly from ``low..high`` (both included)."""
+        return min(MIN_REPEAT_LEN, self.induction_len), self.induction_len
+
+    @property
     def tokens_seen(self) -> int:
-        """Corpus tokens plus the induction task's expected tokens (its copy length n is uniform in 8..induction_len)."""
-        mean_row = 1 + 2 * (min(8, self.induction_len) + self.induction_len) / 2
+        """Corpus tokens plus the induction task's expected tokens (its copy length n is uniform in its range)."""
+        mean_row = 1 + sum(self.induction_len_range)  # BOS + 2 x the mean copy length
         corpus_steps = self.steps - self.induction_steps
         return round(corpus_steps * self.batch_size * self.seq_len + self.induction_steps * self.induction_batch * mean_row)
 
@@ -169,7 +176,7 @@ def random_windows(stream_N: Int[Tensor, "n_tokens"], batch: int, seq_len: int, 
     starts_B = torch.randint(0, stream_N.numel() - span, (batch,), generator=generator)
     offsets_BS = torch.arange(span).repeat(batch, 1)
     if repeated_rows:
-        low, high = min(8, span // 2), span // 2
+        low, high = min(MIN_REPEAT_LEN, span // 2), span // 2
         period_R1 = torch.randint(low, high + 1, (repeated_rows, 1), generator=generator)
         j_RS = offsets_BS[:repeated_rows]
         offsets_BS[:repeated_rows] = torch.where(j_RS < 2 * period_R1, j_RS % period_R1, j_RS - period_R1)
@@ -287,10 +294,12 @@ def train(model: Decoder, train_stream: Int[Tensor, "n_train"], held_out_stream:
     model.train()
     with model.hooks(fwd_hooks=moe_hooks), tqdm(total=cfg.steps, desc="train", disable=not progress) as bar:
         for step in range(cfg.steps):
+            lr = learning_rate(step, cfg)
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, cfg)
+                group["lr"] = lr
             if cfg.is_induction_step(step):
-                copy_len = int(torch.randint(min(8, cfg.induction_len), cfg.induction_len + 1, (1,), generator=generator))
+                low, high = cfg.induction_len_range
+                copy_len = int(torch.randint(low, high + 1, (1,), generator=generator))
                 tokens_BS = repeated_random_windows(model.cfg.d_vocab, cfg.induction_batch, copy_len, bos, generator)
             else:
                 tokens_BS = random_windows(train_stream, cfg.batch_size, cfg.seq_len, bos, generator, repeated_rows)
@@ -305,7 +314,7 @@ def train(model: Decoder, train_stream: Int[Tensor, "n_train"], held_out_stream:
             optimizer.step()
             result.train_loss.append(lm_loss.item())
             bar.update(1)
-            bar.set_postfix(loss=f"{lm_loss.item():.3f}", lr=f"{learning_rate(step, cfg):.2e}", refresh=False)
+            bar.set_postfix(loss=f"{lm_loss.item():.3f}", lr=f"{lr:.2e}", refresh=False)
             done = step + 1
             if done % cfg.eval_every == 0 or done == cfg.steps:
                 router_logits.clear()

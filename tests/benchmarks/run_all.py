@@ -33,7 +33,8 @@ COMPARISONS = [
 ]
 TRITON_TITLE = "7. Triton FlashAttention-2 vs SDPA's flash backend (GPU)"
 TRITON_GOAL = "forward at least 0.9x and forward+backward at least 0.8x of SDPA's throughput on an H100"
-RECORDED_TRITON = Path(__file__).resolve().parent / "recorded" / "triton_flash_h100.md"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RECORDED_TRITON = REPO_ROOT / "tests" / "benchmarks" / "recorded" / "triton_flash_h100.md"
 
 
 def triton_section() -> str:
@@ -51,7 +52,8 @@ def triton_section() -> str:
             bench_triton_flash.main(["--graphs"])
         return buffer.getvalue()
     return ("No CUDA device on this machine, so this section is the recorded run on a lent H100 "
-            "(`tests/benchmarks/recorded/triton_flash_h100.md`), not measured by this `make bench`.\n\n" + RECORDED_TRITON.read_text())
+            f"(`{RECORDED_TRITON.relative_to(REPO_ROOT)}`), not measured by this `make bench`.\n\n"
+            + RECORDED_TRITON.read_text())
 
 
 def main() -> None:

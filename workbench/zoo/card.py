@@ -25,7 +25,7 @@ from workbench.bpe import train_bpe
 from workbench.corpus import HELD_OUT_EVERY, Corpus, stdlib_corpus
 from workbench.errors import InputError
 from workbench.model import Decoder
-from workbench.train import TrainResult, fixed_windows, tokenize_documents, train
+from workbench.train import MIN_REPEAT_LEN, TrainResult, fixed_windows, tokenize_documents, train
 from workbench.zoo import circuits
 from workbench.zoo.recipes import RECIPES, Recipe
 
@@ -168,12 +168,12 @@ def model_card(recipe: Recipe, train_cfg, corpus: Corpus, result: TrainResult, s
         ]) + "\n\nEach sequence is `<|endoftext|>` + consecutive tokens from a random offset of the train "
         "stream (files joined by `<|endoftext|>`)." + (
             f" In {train_cfg.repeat_fraction:.0%} of each batch the window starts with a stretch of code of random "
-            "length (8 tokens to half the window) written twice, whose second copy is predictable only from the "
+            f"length ({MIN_REPEAT_LEN} tokens to half the window) written twice, whose second copy is predictable only from the "
             "first." if train_cfg.repeat_fraction else "") + (
             f" Induction-task steps ({_induction_schedule(train_cfg)}) replace the code batch by the classic "
             f"induction task: {train_cfg.induction_batch} rows of `<|endoftext|>` + n uniformly random token ids + "
-            f"the same ids again, n drawn per step from 8..{train_cfg.induction_len} so that no fixed look-back "
-            "distance solves it. On code alone no induction head formed within this budget (what was tried: "
+            f"the same ids again, n drawn per step from {'..'.join(map(str, train_cfg.induction_len_range))} so that no "
+            "fixed look-back distance solves it. On code alone no induction head formed within this budget (what was tried: "
             "`workbench/zoo/recipes.py`)." if _has_induction_task(train_cfg) else ""),
         "## Results\n\n" + f"Final loss (nats/token, {train_cfg.eval_windows} fixed windows of {train_cfg.seq_len}): "
         f"**train {final['train_loss']:.3f}, held-out {final['held_out_loss']:.3f}**.\n\n"
