@@ -149,6 +149,19 @@ def test_batched_head_sweep_equals_a_per_head_loop(variant, method, tokens, refe
     torch.testing.assert_close(torch.tensor(df.delta.values), expected - clean, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("variant", ["gqa_rotary_rms_swiglu", "sinusoidal_postnorm"])
+def test_head_sweep_loss_computed_in_tiles_equals_the_loop(variant, tokens, monkeypatch):
+    # The loss is computed from logits tiles; tiles this small (7 positions x 16 of the 61
+    # tokens, both ragged at the end) put targets in every tile and split every variant's rows.
+    import experiments._batched as batched
+    monkeypatch.setattr(batched, "LOSS_ROWS", 7)
+    monkeypatch.setattr(batched, "LOSS_VOCAB", 16)
+    model = make_model(variant)
+    df = head_sweep(model, tokens, "loss", progress=False)
+    torch.testing.assert_close(torch.tensor(df.metric.values), loop_sweep(model, tokens, "zero", tokens, mean_loss),
+                               rtol=0, atol=1e-5)
+
+
 def test_head_sweep_takes_a_callable_metric_and_reports_progress(model, tokens):
     calls = []
     df = head_sweep(model, tokens, last_logit_of_token_3, progress=lambda done, total: calls.append((done, total)))
