@@ -72,7 +72,13 @@ def _check_method(method: str) -> None:
 
 
 def _replace(activation: Tensor, target: AblationTarget, value: Optional[Tensor]) -> Tensor:
-    """``activation`` (a clone) with the target's slice set to ``value`` (zero when None)."""
+    """``activation`` (a clone) with the target's slice set to ``value`` (zero when None).
+
+    ``value`` may run past the activation's positions (a batched sweep can leave out the last
+    one); its leading positions are used.
+    """
+    if value is not None:
+        value = value[:, :activation.shape[1]]
     if target.kind in ("head", "neuron"):
         activation[:, :, target.index] = 0 if value is None else value[:, :, target.index]
     else:

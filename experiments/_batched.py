@@ -37,7 +37,8 @@ LOSS_ROWS, LOSS_VOCAB = 2048, 1024  # the loss's logits tiles: 8 MB, which stay 
 class Edit:
     """Replace the activation at ``hook_name`` (inside block ``layer``) by ``apply(activation)``.
 
-    ``apply`` receives this variant's rows [B, ...] (a clone it may write into) and returns them.
+    ``apply`` receives this variant's rows [B, P', ...] (a clone it may write into) and returns
+    them. P' is the input's P, or P - 1 under the "loss" metric (see ``score_edits``).
     """
 
     layer: int
@@ -66,18 +67,18 @@ def _mean_loss_per_variant(logits_nBQV: Tensor, tokens_BP: Tensor) -> Float[Tens
     return losses.view(n, B * (P - 1)).mean(1)
 
 
-def _mean_loss_from_final_resid(model, resid_nBPD: Tensor, tokens_BP: Tensor) -> Float[Tensor, "n"]:
-    """Mean next-token loss of each variant from its residual stream after the last block.
+def _mean_loss_from_final_resid(model, resid_nBQD: Tensor, tokens_BP: Tensor) -> Float[Tensor, "n"]:
+    """Mean next-token loss of each variant from its residual stream after the last block at
+    positions Q = 0 .. P-2.
 
     Equal to the loss of ``model(resid, start_at_layer=n_layers)``'s logits (within float
     rounding), but the logits are made one cache-sized tile at a time (LOSS_ROWS positions x
     LOSS_VOCAB tokens), each tile giving its log-sum-exp and any target logits it holds. A
-    full-width logits row block runs the unembedding GEMM ~1.25x slower here, spilling to
-    memory; the last position, which predicts nothing, is never unembedded.
+    full-width logits row block runs the unembedding GEMM ~1.25x slower here, spilling to memory.
     """
     B, P = tokens_BP.shape
-    n = resid_nBPD.shape[0] // B
-    normed_nBQD = model.ln_final(resid_nBPD[:, :-1]) if model.ln_final is not None else resid_nBPD[:, :-1]
+    n = resid_nBQD.shape[0] // B
+    normed_nBQD = model.ln_final(resid_nBQD) if model.ln_final is not None else resid_nBQD
     normed_MD = normed_nBQD.reshape(-1, normed_nBQD.shape[-1])
     W_U_VD = model.unembed.W_U
     targets_M = tokens_BP[:, 1:].repeat(n, 1).flatten()
@@ -125,8 +126,12 @@ def score_edits(
     """
     B, P = tokens_BP.shape
     L = model.cfg.n_layers
+    # The loss reads no prediction from the last position and, attention being causal, no other
+    # position sees it: the variants run without it (1/P less work, no loss term changes).
+    run_P = P - 1 if metric == "loss" else P
+    resid_pre_by_layer = [resid_BPD[:, :run_P] for resid_BPD in resid_pre_by_layer]
     order = sorted(range(len(edits)), key=lambda i: edits[i].layer)
-    per_chunk = max(1, tokens_per_pass // (B * P))
+    per_chunk = max(1, tokens_per_pass // (B * run_P))
     chunks = [order[i:i + per_chunk] for i in range(0, len(order), per_chunk)]
     unembed_variants = max(1, LOGITS_BYTES_PER_PASS // (4 * model.cfg.d_vocab * B * P))
     unembed_steps = (lambda c: 1) if metric == "loss" else (lambda c: -(-len(c) // unembed_variants))

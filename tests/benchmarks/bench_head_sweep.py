@@ -2,7 +2,11 @@
 
 Both contenders zero-ablate each (layer, head) of SmolLM2-135M (270 heads) on the same tokens
 and return the mean next-token loss per head; the rows report their times (interleaved
-repeats), the ratio and the largest difference between their results. A second comparison times
+repeats), the ratio, the largest difference between their results, and the weight-matrix FLOPs
+each does with the rate it reached. The staircase does ~0.6x the loop's FLOPs; the rest of its
+lead is running them in large matmuls, so the last column bounds what any exact batched sweep
+could reach: the loop's time over the staircase's FLOPs at this machine's large-matmul rate.
+A second comparison times
 attribution patching over the same heads (one clean forward, one corrupted forward, one
 backward) against exact head patching, and reports the Pearson correlation between the two.
 
@@ -30,6 +34,9 @@ from experiments.induction import repeated_random_tokens
 from experiments.patching import attribution_patching, patch_heads
 from tests.benchmarks.common import interleaved_timings, machine_line, markdown_table, timing_rows
 
+# Repeated random tokens of 2 x seq_len + BOS: 11 and 41 tokens. Short prompts are where a
+# per-head loop wastes most (each forward re-reads ~540 MB of weights for a few tokens).
+SEQ_LENS, SEQ_LENS_QUICK = (5, 20), (5,)
 CLEAN = "When Mary and John went to the store, John gave a drink to"
 CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
 
@@ -48,7 +55,35 @@ def loop_sweep(model, tokens) -> list[float]:
     return losses
 
 
-def sweep_rows(model, seq_len: int, batch: int, repeats: int) -> list[dict]:
+def weight_flops_per_token(model) -> tuple[float, float]:
+    """Multiply-add FLOPs one token spends in one block's weight matrices, and in the unembedding.
+
+    Attention scores and element-wise work are left out (under 2% of a block at these lengths).
+    """
+    block = sum(p.numel() for name, p in model.blocks[0].named_parameters() if name.split(".")[-1].startswith("W_"))
+    return 2.0 * block, 2.0 * model.unembed.W_U.numel()
+
+
+def sweep_flops(model, batch: int, pos: int) -> tuple[float, float]:
+    """FLOPs of the loop (every head: a whole forward over every position) and of the staircase
+    (every head: the blocks from its own layer on and the unembedding, without the last position,
+    which the loss never reads)."""
+    block, unembed = weight_flops_per_token(model)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    loop = L * H * batch * pos * (L * block + unembed)
+    staircase = sum(H * batch * (pos - 1) * ((L - layer) * block + unembed) for layer in range(L))
+    return loop, staircase
+
+
+def matmul_rate(model, rows: int = 2048, repeats: int = 7) -> float:
+    """FLOP/s of one large MLP-shaped matmul on this machine: the rate an exact sweep could at best run at."""
+    x = torch.randn(rows, model.cfg.d_model)
+    w = torch.randn(model.cfg.d_mlp, model.cfg.d_model)
+    times = interleaved_timings({"mm": lambda: torch.nn.functional.linear(x, w)}, repeats=repeats)["mm"]
+    return 2.0 * rows * model.cfg.d_model * model.cfg.d_mlp / float(np.median(times))
+
+
+def sweep_rows(model, seq_len: int, batch: int, repeats: int, peak_flops: float) -> list[dict]:
     tokens = repeated_random_tokens(model, seq_len=seq_len, batch=batch, seed=0)
     results: dict[str, list[float]] = {}
     contenders = {
@@ -58,12 +93,21 @@ def sweep_rows(model, seq_len: int, batch: int, repeats: int) -> list[dict]:
     }
     times = interleaved_timings(contenders, repeats=repeats, warmup=0)
     max_diff = float(np.abs(np.array(results["loop"]) - np.array(results["batched"])).max())
+    loop_flops, staircase_flops = sweep_flops(model, *tokens.shape)
+    flops = {"loop: one run_with_hooks per head": loop_flops, "head_sweep (batched)": staircase_flops}
     n_heads = model.cfg.n_layers * model.cfg.n_heads
     shape = f"{n_heads} heads, batch {batch} x {tokens.shape[1]} tokens"
     rows = timing_rows(f"zero-ablation sweep ({shape})", times, "loop: one run_with_hooks per head",
                        extra={name: {"max_abs_diff_vs_loop": max_diff} for name in contenders})
+    loop_median = rows[0]["median_s"]
     for row in rows:
         row["speedup_vs_loop"] = 1.0 / row["ratio_to_reference"]
+        row["weight_GFLOP"] = flops[row["contender"]] / 1e9
+        row["GFLOP_per_s"] = flops[row["contender"]] / row["median_s"] / 1e9
+    # The most an exact batched sweep could gain: the loop's time over the staircase's FLOPs run
+    # at the machine's large-matmul rate.
+    rows[1]["matmul_GFLOP_per_s"] = peak_flops / 1e9
+    rows[1]["bound_speedup_at_matmul_rate"] = loop_median / (staircase_flops / peak_flops)
     return rows
 
 
@@ -104,7 +148,10 @@ def run(quick: bool = False) -> list[dict]:
     """Rows for BENCHMARKS.md: the sweep comparison, then attribution vs exact head patching."""
     model, label = load_model()
     started = time.perf_counter()
-    rows = sweep_rows(model, seq_len=10 if quick else 20, batch=1, repeats=1 if quick else 3)
+    peak = matmul_rate(model)
+    rows = []
+    for seq_len in SEQ_LENS_QUICK if quick else SEQ_LENS:
+        rows += sweep_rows(model, seq_len=seq_len, batch=1, repeats=1 if quick else 3, peak_flops=peak)
     if model.tokenizer is not None:
         rows += attribution_rows(model, repeats=1 if quick else 3)
     for row in rows:
