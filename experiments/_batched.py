@@ -82,10 +82,10 @@ def _mean_loss_from_final_resid(model, resid_nBQD: Tensor, tokens_BP: Tensor) ->
     normed_MD = normed_nBQD.reshape(-1, normed_nBQD.shape[-1])
     W_U_VD = model.unembed.W_U
     targets_M = tokens_BP[:, 1:].repeat(n, 1).flatten()
-    losses_M = torch.empty(len(targets_M))
+    losses_M = torch.empty(len(targets_M), device=normed_MD.device)
     for row in range(0, len(targets_M), LOSS_ROWS):
         x_RD, targets_R = normed_MD[row:row + LOSS_ROWS], targets_M[row:row + LOSS_ROWS]
-        target_logit_R = torch.empty(len(targets_R))
+        target_logit_R = torch.empty(len(targets_R), device=normed_MD.device)
         tile_lse = []
         for col in range(0, W_U_VD.shape[0], LOSS_VOCAB):
             logits_RC = F.linear(x_RD, W_U_VD[col:col + LOSS_VOCAB]).float()  # as the model's logits, then float
@@ -159,7 +159,7 @@ def score_edits(
                     bar.advance(L - layer - 1)
                     break
             if metric == "loss":
-                results[chunk] = _mean_loss_from_final_resid(model, resid, tokens_BP)
+                results[chunk] = _mean_loss_from_final_resid(model, resid, tokens_BP).cpu()
                 bar.advance()
                 continue
             for start in range(0, len(chunk), unembed_variants):

@@ -4,11 +4,12 @@ Both contenders zero-ablate each (layer, head) of SmolLM2-135M (270 heads) on th
 and return the mean next-token loss per head; the rows report their times (interleaved
 repeats), the ratio, the largest difference between their results, and the weight-matrix FLOPs
 each does with the rate it reached. The staircase does ~0.6x the loop's FLOPs; the rest of its
-lead is running them in large matmuls, so the last column bounds what any exact batched sweep
+lead is running them in large matmuls, so the last column bounds what a sweep doing these FLOPs
 could reach: the loop's time over the staircase's FLOPs at this machine's large-matmul rate.
-A second comparison times
-attribution patching over the same heads (one clean forward, one corrupted forward, one
-backward) against exact head patching, and reports the Pearson correlation between the two.
+
+A second comparison times attribution patching over the same heads (one clean forward, one
+corrupted forward, one backward) against exact head patching, and reports the Pearson
+correlation between the two.
 
     python tests/benchmarks/bench_head_sweep.py [--quick]
 """

@@ -1,0 +1,40 @@
+"""Batched experiments on CUDA (skipped without CUDA): the head sweep's tiled loss keeps its
+tensors on the model's device and equals a per-head loop run on the same GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import workbench as wb
+from experiments.ablation import head_sweep
+
+DEVICE = "cuda"
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+# Vocabulary of 3,000: three logits tiles of the loss, the last one ragged.
+CONFIG = dict(n_layers=3, d_model=128, n_heads=4, n_key_value_heads=2, d_mlp=256, d_vocab=3000, n_ctx=64,
+              normalization="RMS", positional="rotary", act_fn="silu", gated_mlp=True, attn_impl="sdpa")
+
+
+def per_head_loop(model, tokens) -> torch.Tensor:
+    losses = []
+    for layer in range(model.cfg.n_layers):
+        for head in range(model.cfg.n_heads):
+            def zero_head(z, hook, head=head):
+                z = z.clone()
+                z[:, :, head] = 0
+                return z
+            losses.append(model.run_with_hooks(tokens, return_type="loss",
+                                               fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_head)]).item())
+    return torch.tensor(losses)
+
+
+def test_head_sweep_on_cuda_equals_a_per_head_loop_there():
+    torch.manual_seed(0)
+    model = wb.Decoder(wb.ModelConfig(**CONFIG)).to(DEVICE).eval()
+    tokens = torch.randint(0, 3000, (2, 20), device=DEVICE)
+    with torch.no_grad():
+        expected = per_head_loop(model, tokens)
+    df = head_sweep(model, tokens, progress=False)
+    torch.testing.assert_close(torch.tensor(df.metric.values), expected, rtol=0, atol=1e-4)
