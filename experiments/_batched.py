@@ -14,7 +14,7 @@ large batches. Chunks keep a pass under ``tokens_per_pass`` tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,23 @@ class Edit:
     layer: int
     hook_name: str
     apply: Callable[[Tensor], Tensor]
+
+
+class PositionMetric:
+    """A metric that reads one position's logits: ``from_logits(logits [B, V], tokens) -> scalar``.
+
+    Called like any metric, ``(logits [B, P, V], tokens)``. ``score_edits`` unembeds only that
+    position for it: the unembedding is a third of a small model's FLOPs, nearly all spent on
+    positions such a metric never reads.
+    """
+
+    position: int
+
+    def from_logits(self, logits_BV: Tensor, tokens_BP: Optional[Tensor]) -> Tensor:
+        raise NotImplementedError
+
+    def __call__(self, logits_BPV: Tensor, tokens_BP: Optional[Tensor] = None) -> Tensor:
+        return self.from_logits(logits_BPV[:, self.position], tokens_BP)
 
 
 def metric_per_variant(model, logits_nBPV: Tensor, tokens_BP: Tensor, metric: Metric) -> Float[Tensor, "n"]:
@@ -94,6 +111,17 @@ def _mean_loss_from_final_resid(model, resid_nBQD: Tensor, tokens_BP: Tensor) ->
             target_logit_R[here] = logits_RC[here, targets_R[here] - col]
         losses_M[row:row + LOSS_ROWS] = torch.logsumexp(torch.stack(tile_lse, -1), -1) - target_logit_R
     return losses_M.view(n, B * (P - 1)).mean(1)
+
+
+def _metric_from_final_resid(model, resid_nBPD: Tensor, tokens_BP: Tensor, metric: Metric) -> Float[Tensor, "n"]:
+    """A callable metric of each variant from its residual stream after the last block."""
+    if not isinstance(metric, PositionMetric):
+        return metric_per_variant(model, model(resid_nBPD, start_at_layer=model.cfg.n_layers), tokens_BP, metric)
+    B = tokens_BP.shape[0]
+    position = metric.position % resid_nBPD.shape[1]
+    logits_nBV = model(resid_nBPD[:, position:position + 1], start_at_layer=model.cfg.n_layers)[:, 0]
+    return torch.stack([torch.as_tensor(metric.from_logits(logits_nBV[i:i + B], tokens_BP)).float().reshape(())
+                        for i in range(0, len(logits_nBV), B)])
 
 
 def _edit_hook(edits_with_rows: list[tuple[int, Edit]], B: int):
@@ -164,8 +192,8 @@ def score_edits(
                 continue
             for start in range(0, len(chunk), unembed_variants):
                 stop = min(start + unembed_variants, len(chunk))
-                logits = model(resid[start * B:stop * B], start_at_layer=L)
-                results[chunk[start:stop]] = metric_per_variant(model, logits, tokens_BP, metric).cpu()
+                results[chunk[start:stop]] = _metric_from_final_resid(model, resid[start * B:stop * B], tokens_BP,
+                                                                      metric).cpu()
                 bar.advance()
     return results
 

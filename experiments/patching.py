@@ -17,7 +17,8 @@ for every site at once from one clean forward, one corrupted forward and one bac
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Union
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -27,7 +28,7 @@ from jaxtyping import Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from experiments._batched import Edit, clean_run, score_edits
+from experiments._batched import Edit, PositionMetric, clean_run, score_edits
 from experiments._progress import ProgressArg
 from experiments._tokens import TokensLike, as_batch, axis_labels, str_tokens
 from experiments.figures import labelled_heatmap, scores_heatmap
@@ -37,21 +38,30 @@ TokenId = Union[int, Int[Tensor, "batch"]]
 SITES = {"resid": "hook_resid_pre", "attn": "hook_attn_out", "mlp": "hook_mlp_out", "heads": "attn.hook_z"}
 
 
-def logit_diff_metric(answer_token: TokenId, wrong_token: TokenId, position: int = -1) -> Callable[[Tensor, Tensor], Tensor]:
+@dataclass(frozen=True, eq=False)
+class LogitDiff(PositionMetric):
+    """logits[b, position, answer_b] - logits[b, position, wrong_b], averaged over the batch."""
+
+    answer_token: TokenId
+    wrong_token: TokenId
+    position: int = -1
+
+    def from_logits(self, logits_BV: Tensor, tokens: Optional[Tensor] = None) -> Tensor:
+        logits_BV = logits_BV.float()
+        rows = torch.arange(logits_BV.shape[0], device=logits_BV.device)
+        answer = torch.as_tensor(self.answer_token, device=logits_BV.device).expand(logits_BV.shape[0])
+        wrong = torch.as_tensor(self.wrong_token, device=logits_BV.device).expand(logits_BV.shape[0])
+        return (logits_BV[rows, answer] - logits_BV[rows, wrong]).mean()
+
+
+def logit_diff_metric(answer_token: TokenId, wrong_token: TokenId, position: int = -1) -> LogitDiff:
     """metric(logits [B, P, V], tokens) = mean over b of logits[b, position, answer_b] - logits[b, position, wrong_b].
 
     Example:
         >>> logit_diff_metric(2, 0)(torch.tensor([[[1.0, 0.0, 3.0]]]), None).item()
         2.0
     """
-    def metric(logits_BPV: Tensor, tokens: Optional[Tensor] = None) -> Tensor:
-        last_BV = logits_BPV[:, position].float()
-        rows = torch.arange(last_BV.shape[0], device=last_BV.device)
-        answer = torch.as_tensor(answer_token, device=last_BV.device).expand(last_BV.shape[0])
-        wrong = torch.as_tensor(wrong_token, device=last_BV.device).expand(last_BV.shape[0])
-        return (last_BV[rows, answer] - last_BV[rows, wrong]).mean()
-
-    return metric
+    return LogitDiff(answer_token, wrong_token, position)
 
 
 def _pair(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike) -> tuple[Tensor, Tensor]:
