@@ -117,11 +117,10 @@ def _metric_from_final_resid(model, resid_nBPD: Tensor, tokens_BP: Tensor, metri
     """A callable metric of each variant from its residual stream after the last block."""
     if not isinstance(metric, PositionMetric):
         return metric_per_variant(model, model(resid_nBPD, start_at_layer=model.cfg.n_layers), tokens_BP, metric)
-    B = tokens_BP.shape[0]
     position = metric.position % resid_nBPD.shape[1]
-    logits_nBV = model(resid_nBPD[:, position:position + 1], start_at_layer=model.cfg.n_layers)[:, 0]
-    return torch.stack([torch.as_tensor(metric.from_logits(logits_nBV[i:i + B], tokens_BP)).float().reshape(())
-                        for i in range(0, len(logits_nBV), B)])
+    logits_nB1V = model(resid_nBPD[:, position:position + 1], start_at_layer=model.cfg.n_layers)
+    read_the_one_position = lambda logits_B1V, tokens: metric.from_logits(logits_B1V[:, 0], tokens)
+    return metric_per_variant(model, logits_nB1V, tokens_BP, read_the_one_position)
 
 
 def _edit_hook(edits_with_rows: list[tuple[int, Edit]], B: int):
