@@ -8,6 +8,7 @@ import torch
 
 import workbench as wb
 from experiments.ablation import head_sweep
+from tests.benchmarks.bench_head_sweep import loop_sweep  # one run_with_hooks per head
 
 DEVICE = "cuda"
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -17,24 +18,11 @@ CONFIG = dict(n_layers=3, d_model=128, n_heads=4, n_key_value_heads=2, d_mlp=256
               normalization="RMS", positional="rotary", act_fn="silu", gated_mlp=True, attn_impl="sdpa")
 
 
-def per_head_loop(model, tokens) -> torch.Tensor:
-    losses = []
-    for layer in range(model.cfg.n_layers):
-        for head in range(model.cfg.n_heads):
-            def zero_head(z, hook, head=head):
-                z = z.clone()
-                z[:, :, head] = 0
-                return z
-            losses.append(model.run_with_hooks(tokens, return_type="loss",
-                                               fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_head)]).item())
-    return torch.tensor(losses)
-
-
 def test_head_sweep_on_cuda_equals_a_per_head_loop_there():
     torch.manual_seed(0)
     model = wb.Decoder(wb.ModelConfig(**CONFIG)).to(DEVICE).eval()
     tokens = torch.randint(0, 3000, (2, 20), device=DEVICE)
     with torch.no_grad():
-        expected = per_head_loop(model, tokens)
+        expected = torch.tensor(loop_sweep(model, tokens))
     df = head_sweep(model, tokens, progress=False)
     torch.testing.assert_close(torch.tensor(df.metric.values), expected, rtol=0, atol=1e-4)
