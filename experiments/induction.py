@@ -24,6 +24,7 @@ from torch import Tensor
 from experiments._progress import Progress, ProgressArg
 from experiments.figures import scores_heatmap
 from workbench.errors import InputError
+from workbench.zoo import circuits
 
 __all__ = ["repeated_random_tokens", "induction_scores", "induction_loss", "scores_heatmap", "top_heads"]
 
@@ -53,14 +54,7 @@ def repeated_random_tokens(model, seq_len: int = 50, batch: int = 10, seed: int 
         raise InputError(f"seq_len={seq_len} distinct tokens do not fit a vocabulary of {d_vocab} (prefix excluded)")
     if 1 + 2 * seq_len > model.cfg.n_ctx:
         raise InputError(f"1 + 2*seq_len = {1 + 2 * seq_len} positions exceed the model's context (n_ctx={model.cfg.n_ctx})")
-    generator = torch.Generator().manual_seed(seed)
-    rows = []
-    for _ in range(batch):
-        draw = torch.randperm(d_vocab - 1, generator=generator)[:seq_len]
-        draw = draw + (draw >= prefix).long()  # skip the prefix token's id
-        rows.append(draw)
-    copy_BS = torch.stack(rows)
-    tokens = torch.cat([torch.full((batch, 1), prefix, dtype=torch.long), copy_BS, copy_BS], dim=1)
+    tokens = circuits.repeated_random_tokens(d_vocab, seq_len, batch, seed, bos=prefix)
     return tokens.to(model.embed.W_E.device)
 
 
