@@ -23,6 +23,7 @@ from torch import Tensor
 
 from experiments._progress import Progress, ProgressArg
 from workbench.errors import InputError
+from workbench.model import next_token_loss
 
 Metric = Union[str, Callable[[Tensor, Tensor], Tensor]]
 
@@ -68,20 +69,11 @@ def metric_per_variant(model, logits_nBPV: Tensor, tokens_BP: Tensor, metric: Me
     B = tokens_BP.shape[0]
     n = logits_nBPV.shape[0] // B
     if metric == "loss":
-        return _mean_loss_per_variant(logits_nBPV[:, :-1], tokens_BP)
+        return next_token_loss(logits_nBPV, tokens_BP.repeat(n, 1), per_token=True).view(n, -1).mean(1)
     if callable(metric):
         return torch.stack([torch.as_tensor(metric(logits_nBPV[i * B:(i + 1) * B], tokens_BP)).float().reshape(())
                             for i in range(n)])
     raise InputError(f"metric must be 'loss' or a callable (logits, tokens) -> scalar, got {metric!r}")
-
-
-def _mean_loss_per_variant(logits_nBQV: Tensor, tokens_BP: Tensor) -> Float[Tensor, "n"]:
-    """Mean next-token loss of each variant from the logits of positions Q = 0 .. P-2."""
-    B, P = tokens_BP.shape
-    n = logits_nBQV.shape[0] // B
-    targets = tokens_BP[:, 1:].repeat(n, 1)
-    losses = F.cross_entropy(logits_nBQV.flatten(0, 1).float(), targets.flatten(), reduction="none")
-    return losses.view(n, B * (P - 1)).mean(1)
 
 
 def _mean_loss_from_final_resid(model, resid_nBQD: Tensor, tokens_BP: Tensor) -> Float[Tensor, "n"]:
