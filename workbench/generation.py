@@ -52,7 +52,7 @@ def generate_tokens(
     """
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    tokens_BP = model._as_tokens(tokens_BP, None)
+    tokens_BP = model.as_tokens(tokens_BP)
     if tokens_BP.shape[1] + max_new_tokens > model.cfg.n_ctx:
         raise InputError(f"prompt ({tokens_BP.shape[1]} tokens) plus max_new_tokens={max_new_tokens} "
                          f"exceeds the model's context (n_ctx={model.cfg.n_ctx})")

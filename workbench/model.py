@@ -5,6 +5,12 @@ Legend: B batch, P position, D d_model, V d_vocab.
 It is a `transformer_lens.HookedRootModule`, so ``run_with_hooks``, ``hooks()``, ``add_hook``
 and ``reset_hooks`` are TransformerLens's own; ``run_with_cache`` returns a
 `transformer_lens.ActivationCache`. Parameter layout: see the component modules.
+
+Besides the forward pass, the model offers the narrow surface experiments build on (so they
+never reach into components): ``as_tokens`` (checked token ids on the model's device),
+``apply_final_norm`` / ``logits_from_resid`` (the output head on any residual stream),
+``loss_fn`` / ``loss_from_resid`` (next-token loss), ``tokens_to_residual_directions``,
+``layer_of`` (the block a hook point belongs to), ``set_attn_impl`` and ``cfg.device`` / ``cfg.dtype``.
 """
 
 from __future__ import annotations
@@ -14,7 +20,6 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Union
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens import ActivationCache
@@ -24,8 +29,11 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from workbench.components import Embed, TransformerBlock, Unembed
 from workbench.components.embedding import make_pos_embed
 from workbench.components.norm import make_norm
-from workbench.config import ModelConfig
+from workbench.config import AttnImpl, ModelConfig
 from workbench.errors import InputError
+from workbench.generation import KVCache, generate
+from workbench.loss import next_token_loss, token_losses_from_normed
+from workbench.saving import save_native
 from workbench.tokenizer import Tokenizer
 
 TextOrTokens = Union[str, list[str], Int[Tensor, "batch pos"], Int[Tensor, "pos"]]
@@ -98,7 +106,7 @@ class Decoder(HookedRootModule):
         tokens: Optional[Int[Tensor, "batch pos"]] = None,
         start_at_layer: Optional[int] = None,
         stop_at_layer: Optional[int] = None,
-        kv_cache: Optional["KVCache"] = None,
+        kv_cache: Optional[KVCache] = None,
     ) -> Any:
         """Runs the model.
 
@@ -118,7 +126,7 @@ class Decoder(HookedRootModule):
         """
         offset = kv_cache.length if kv_cache is not None else 0
         if start_at_layer is None:
-            tokens = self._as_tokens(input, prepend_bos, offset)
+            tokens = self.as_tokens(input, prepend_bos, offset)
             B, P = tokens.shape
             positions_P = torch.arange(offset, offset + P, device=tokens.device)
             resid_BPD = self.hook_embed(self.embed(tokens))
@@ -135,24 +143,30 @@ class Decoder(HookedRootModule):
         if stop_at_layer is not None:
             return resid_BPD
 
-        if self.ln_final is not None:
-            resid_BPD = self.ln_final(resid_BPD)
-        logits_BPV = self.unembed(resid_BPD)
+        logits_BPV = self.logits_from_resid(resid_BPD)
         if return_type == "logits":
             return logits_BPV
         if return_type is None:
             return None
         if tokens is None:
             raise InputError("the loss needs token ids: pass tokens= when starting from a residual stream")
-        loss = next_token_loss(logits_BPV, tokens, per_token=loss_per_token)
+        loss = self.loss_fn(logits_BPV, tokens, per_token=loss_per_token)
         if return_type == "loss":
             return loss
         if return_type == "both":
             return logits_BPV, loss
         raise InputError(f"return_type must be 'logits', 'loss', 'both' or None, got {return_type!r}")
 
-    def _as_tokens(self, input: TextOrTokens, prepend_bos: Optional[bool], offset: int = 0) -> Tensor:
-        """Tokenises text and checks token ids: integer dtype, non-empty, in range, within n_ctx."""
+    def as_tokens(self, input: TextOrTokens, prepend_bos: Optional[bool] = None, offset: int = 0) -> Int[Tensor, "batch pos"]:
+        """Token ids [batch, pos] on the model's device from text, a list of texts, or ids ([pos] or [batch, pos]).
+
+        Checked: integer dtype, non-empty, every id in the vocabulary, ``offset + pos`` within n_ctx
+        (``offset``: positions already in a KV cache). The one place inputs are validated.
+
+        Example:
+            >>> model.as_tokens(torch.tensor([1, 2, 3])).shape   # doctest: +SKIP
+            torch.Size([1, 3])
+        """
         if isinstance(input, (str, list)):
             tokens = self.to_tokens(input, prepend_bos=prepend_bos)
         elif isinstance(input, Tensor):
@@ -175,7 +189,94 @@ class Decoder(HookedRootModule):
             raise InputError(
                 f"sequence of {offset + tokens.shape[1]} tokens is longer than the model's context "
                 f"(n_ctx={self.cfg.n_ctx})")
-        return tokens.to(self.embed.W_E.device)
+        return tokens.to(self.cfg.device)
+
+    # ---- the output head, for experiments ------------------------------------------------------
+    def apply_final_norm(
+        self, resid_BPD: Float[Tensor, "... d_model"], frozen_scale: Optional[Float[Tensor, "... 1"]] = None
+    ) -> Float[Tensor, "... d_model"]:
+        """The final norm (identity for post-norm models, whose last block already ends in a norm).
+
+        With ``frozen_scale`` (e.g. ``cache["ln_final.hook_scale"]``), the norm's linear part: its
+        divisor fixed at that value and no bias, so it is linear in ``resid`` and the shares of the
+        components of a residual stream add up (direct logit attribution). A LayerNorm's bias is
+        then ``apply_final_norm(zeros)``. No hook fires on this path.
+
+        Example:
+            >>> model.apply_final_norm(cache["blocks.1.hook_resid_post"]).shape   # doctest: +SKIP
+            torch.Size([1, 8, 32])
+        """
+        if self.ln_final is None:
+            return resid_BPD
+        if frozen_scale is None:
+            return self.ln_final(resid_BPD)
+        return self.ln_final.linear_part(resid_BPD, frozen_scale)
+
+    def logits_from_resid(self, resid_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
+        """Final norm and unembedding of a residual stream after the last block (the logit lens' readout).
+
+        Example:
+            >>> torch.allclose(model.logits_from_resid(cache["blocks.1.hook_resid_post"]), logits)   # doctest: +SKIP
+            True
+        """
+        return self.unembed(self.apply_final_norm(resid_BPD))
+
+    def loss_fn(self, logits_BPV: Float[Tensor, "batch pos d_vocab"], tokens_BP: Int[Tensor, "batch pos"],
+                per_token: bool = False) -> Tensor:
+        """Next-token cross-entropy of ``logits`` on ``tokens``: the mean, or [batch, pos - 1] with ``per_token``.
+
+        TransformerLens's ``loss_fn``. Example:
+            >>> model.loss_fn(model(tokens), tokens)   # == model(tokens, return_type="loss")   # doctest: +SKIP
+        """
+        return next_token_loss(logits_BPV, tokens_BP, per_token=per_token)
+
+    def loss_from_resid(self, resid_BPD: Float[Tensor, "batch pos d_model"],
+                        targets_BP: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos"]:
+        """Cross-entropy of predicting ``targets[b, p]`` from the final residual stream at [b, p].
+
+        Equal to the loss of ``logits_from_resid(resid)`` within float rounding, but the logits are
+        made one cache-sized tile at a time and never held whole (a batched sweep's thousands of
+        rows times a 49k vocabulary would not fit in memory).
+
+        Example:
+            >>> losses = model.loss_from_resid(resid_final[:, :-1], tokens[:, 1:])   # doctest: +SKIP
+        """
+        return token_losses_from_normed(self.apply_final_norm(resid_BPD), self.unembed.W_U, targets_BP)
+
+    def tokens_to_residual_directions(self, tokens: Union[int, Int[Tensor, "..."]]) -> Float[Tensor, "... d_model"]:
+        """The unembedding direction(s) of token id(s): ``W_U[:, token]`` in TransformerLens's [d_model, d_vocab] terms.
+
+        Example:
+            >>> model.tokens_to_residual_directions(5).shape   # doctest: +SKIP
+            torch.Size([576])
+        """
+        ids = torch.as_tensor(tokens, device=self.unembed.W_U.device)
+        return self.unembed.W_U[ids]
+
+    # ---- kernels and hook names -----------------------------------------------------------------
+    def set_attn_impl(self, attn_impl: AttnImpl) -> "Decoder":
+        """Switches every layer's attention kernel ("eager", "sdpa" or "flash") of this model, in place.
+
+        Example:
+            >>> model.set_attn_impl("flash")   # doctest: +SKIP
+        """
+        self.cfg = self.cfg.replace(attn_impl=attn_impl)  # validates the name
+        for block in self.blocks:
+            block.attn.attn_impl = attn_impl
+        return self
+
+    def layer_of(self, hook_name: str) -> Optional[int]:
+        """The block a hook point belongs to (``blocks.3.attn.hook_z`` -> 3), None outside the blocks.
+
+        Example:
+            >>> model.layer_of("blocks.3.attn.hook_z"), model.layer_of("hook_embed")   # doctest: +SKIP
+            (3, None)
+        """
+        if hook_name not in self.hook_dict:
+            close = [name for name in self.hook_dict if name.split(".")[-1] == hook_name.split(".")[-1]][:3]
+            raise InputError(f"no hook point named {hook_name!r} in this model"
+                             + (f" (same last part: {close})" if close else ""))
+        return self.hook_dict[hook_name].layer() if hook_name.startswith("blocks.") else None
 
     # ---- hooks ------------------------------------------------------------------------------------
     @contextmanager
@@ -212,7 +313,7 @@ class Decoder(HookedRootModule):
             >>> model.to_tokens("Hello world").shape   # doctest: +SKIP
             torch.Size([1, 2])
         """
-        return self._require_tokenizer().to_tokens(text, prepend_bos).to(self.embed.W_E.device)
+        return self._require_tokenizer().to_tokens(text, prepend_bos).to(self.cfg.device)
 
     def to_str_tokens(self, input: TextOrTokens, prepend_bos: Optional[bool] = None) -> list[str]:
         """Each token of one text (or one row of ids) as its own string."""
@@ -251,8 +352,6 @@ class Decoder(HookedRootModule):
         Example:
             >>> model.generate("The capital of France is", max_new_tokens=5)   # doctest: +SKIP
         """
-        from workbench.generation import generate
-
         return generate(self, input, max_new_tokens, **kwargs)
 
     def save(self, directory: Union[str, Path]) -> Path:
@@ -261,24 +360,11 @@ class Decoder(HookedRootModule):
         Example:
             >>> model.save("runs/my-model"); wb.load_model("runs/my-model")   # doctest: +SKIP
         """
-        from workbench.loading.native import save_native
-
         return save_native(self, directory)
 
     @property
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
-
-
-def next_token_loss(
-    logits_BPV: Float[Tensor, "batch pos d_vocab"], tokens_BP: Int[Tensor, "batch pos"], per_token: bool = False
-) -> Tensor:
-    """Cross-entropy of predicting token p+1 from position p (mean, or [batch, pos-1])."""
-    if tokens_BP.shape[1] < 2:
-        raise InputError("the loss needs at least two tokens (it predicts each next one)")
-    losses = F.cross_entropy(logits_BPV[:, :-1].flatten(0, 1).float(), tokens_BP[:, 1:].flatten(), reduction="none")
-    losses = losses.view(tokens_BP.shape[0], -1)
-    return losses if per_token else losses.mean()
 
 
 def _annotate_errors(hook_fn: Callable) -> Callable:

@@ -7,7 +7,9 @@ Weights follow `torch.nn.Linear`'s layout so the projections are the same matmul
 ``b_Q`` [H*K], ``b_K``/``b_V`` [G*K], ``b_O`` [D] exist when ``cfg.attn_bias``.
 TransformerLens's per-head views ([H, D, K] and [H, K, D]) are the ``*_heads`` properties.
 
-The kernel is swappable (``cfg.attn_impl``). A layer whose ``hook_attn_scores`` or
+The kernel is swappable (``attn_impl``, set from the config and switched by
+``Decoder.set_attn_impl``). The module keeps the few config values it needs as plain attributes,
+never a copy of the config that ``.to()`` or a kernel switch would leave stale. A layer whose ``hook_attn_scores`` or
 ``hook_pattern`` has a hook attached runs the eager kernel for that call, so patterns can be
 read and edited under every kernel while the other layers keep the fast one. Likewise
 ``hook_result`` (per-head outputs, [B, P, H, D]) is computed only when something hooks it.
@@ -33,8 +35,10 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.cfg = cfg
         H, G, K, D = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model
+        self.n_heads, self.n_key_value_heads, self.d_head, self.d_model = H, G, K, D
+        self.scale, self.sliding_window = cfg.attn_scale, cfg.sliding_window
+        self.attn_impl = cfg.attn_impl
         self.W_Q = nn.Parameter(torch.empty(H * K, D, dtype=cfg.dtype))
         self.W_K = nn.Parameter(torch.empty(G * K, D, dtype=cfg.dtype))
         self.W_V = nn.Parameter(torch.empty(G * K, D, dtype=cfg.dtype))
@@ -51,7 +55,6 @@ class Attention(nn.Module):
             self.register_buffer("alibi_slopes_H", alibi_slopes(H), persistent=False)
         else:
             self.alibi_slopes_H = None
-        self.fast_kernel = FAST_KERNELS.get(cfg.attn_impl)  # None for "eager"
 
         self.hook_q = HookPoint()  # [B, P, H, K]
         self.hook_k = HookPoint()  # [B, P, G, K]
@@ -69,11 +72,11 @@ class Attention(nn.Module):
         positions_P: Int[Tensor, "pos"],
         kv_cache: Optional["LayerKVCache"] = None,
     ) -> Float[Tensor, "batch pos d_model"]:
-        cfg = self.cfg
         B, P, _ = x_BPD.shape
-        q_BPHK = self.hook_q(F.linear(x_BPD, self.W_Q, self.b_Q).view(B, P, cfg.n_heads, cfg.d_head))
-        k_BPGK = self.hook_k(F.linear(x_BPD, self.W_K, self.b_K).view(B, P, cfg.n_key_value_heads, cfg.d_head))
-        v_BPGK = self.hook_v(F.linear(x_BPD, self.W_V, self.b_V).view(B, P, cfg.n_key_value_heads, cfg.d_head))
+        H, G, K = self.n_heads, self.n_key_value_heads, self.d_head
+        q_BPHK = self.hook_q(F.linear(x_BPD, self.W_Q, self.b_Q).view(B, P, H, K))
+        k_BPGK = self.hook_k(F.linear(x_BPD, self.W_K, self.b_K).view(B, P, G, K))
+        v_BPGK = self.hook_v(F.linear(x_BPD, self.W_V, self.b_V).view(B, P, G, K))
         if self.rotary is not None:
             q_BPHK = self.hook_rot_q(self.rotary(q_BPHK, positions_P))
             k_BPGK = self.hook_rot_k(self.rotary(k_BPGK, positions_P))
@@ -81,13 +84,14 @@ class Attention(nn.Module):
         q_BHPK, k_BGSK, v_BGSK = q_BPHK.transpose(1, 2), k_BPGK.transpose(1, 2), v_BPGK.transpose(1, 2)
         if kv_cache is not None:
             k_BGSK, v_BGSK = kv_cache.append(k_BGSK, v_BGSK)
-        mask = MaskSpec(scale=cfg.attn_scale, q_offset=k_BGSK.shape[2] - P,
-                        sliding_window=cfg.sliding_window, alibi_slopes_H=self.alibi_slopes_H)
+        mask = MaskSpec(scale=self.scale, q_offset=k_BGSK.shape[2] - P,
+                        sliding_window=self.sliding_window, alibi_slopes_H=self.alibi_slopes_H)
 
-        if self.fast_kernel is None or self.pattern_is_hooked():
+        fast_kernel = FAST_KERNELS.get(self.attn_impl)  # None for "eager"
+        if fast_kernel is None or self.pattern_is_hooked():
             z_BPHK = eager_attention(q_BHPK, k_BGSK, v_BGSK, mask, self.hook_attn_scores, self.hook_pattern)
         else:
-            z_BPHK = self.fast_kernel(q_BHPK, k_BGSK, v_BGSK, mask)
+            z_BPHK = fast_kernel(q_BHPK, k_BGSK, v_BGSK, mask)
         z_BPHK = self.hook_z(z_BPHK)
 
         if _is_hooked(self.hook_result):
@@ -95,7 +99,7 @@ class Attention(nn.Module):
             result_BPHD = self.hook_result(torch.einsum("bphk,hkd->bphd", z_BPHK, W_O_HKD))
             out = result_BPHD.sum(dim=2)
             return out if self.b_O is None else out + self.b_O
-        return F.linear(z_BPHK.reshape(B, P, cfg.n_heads * cfg.d_head), self.W_O, self.b_O)
+        return F.linear(z_BPHK.reshape(B, P, H * K), self.W_O, self.b_O)
 
     def pattern_is_hooked(self) -> bool:
         """True when a hook on scores or pattern needs them materialised (forces eager here)."""
@@ -104,22 +108,22 @@ class Attention(nn.Module):
     # ---- TransformerLens-layout views, for composition scores and attribution -----------------
     @property
     def W_Q_heads(self) -> Float[Tensor, "n_heads d_model d_head"]:
-        return self.W_Q.view(self.cfg.n_heads, self.cfg.d_head, self.cfg.d_model).transpose(1, 2)
+        return self.W_Q.view(self.n_heads, self.d_head, self.d_model).transpose(1, 2)
 
     @property
     def W_K_heads(self) -> Float[Tensor, "n_heads d_model d_head"]:
         """Per *query* head (a K/V head is shared by its group, as TransformerLens's GQA view)."""
-        kv = self.W_K.view(self.cfg.n_key_value_heads, self.cfg.d_head, self.cfg.d_model).transpose(1, 2)
-        return kv.repeat_interleave(self.cfg.n_query_groups, dim=0)
+        kv = self.W_K.view(self.n_key_value_heads, self.d_head, self.d_model).transpose(1, 2)
+        return kv.repeat_interleave(self.n_heads // self.n_key_value_heads, dim=0)
 
     @property
     def W_V_heads(self) -> Float[Tensor, "n_heads d_model d_head"]:
-        kv = self.W_V.view(self.cfg.n_key_value_heads, self.cfg.d_head, self.cfg.d_model).transpose(1, 2)
-        return kv.repeat_interleave(self.cfg.n_query_groups, dim=0)
+        kv = self.W_V.view(self.n_key_value_heads, self.d_head, self.d_model).transpose(1, 2)
+        return kv.repeat_interleave(self.n_heads // self.n_key_value_heads, dim=0)
 
     @property
     def W_O_heads(self) -> Float[Tensor, "n_heads d_head d_model"]:
-        return self.W_O.view(self.cfg.d_model, self.cfg.n_heads, self.cfg.d_head).permute(1, 2, 0)
+        return self.W_O.view(self.d_model, self.n_heads, self.d_head).permute(1, 2, 0)
 
 
 def _is_hooked(hook_point: HookPoint) -> bool:

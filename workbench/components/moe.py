@@ -30,8 +30,8 @@ class MixtureOfExperts(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.cfg = cfg
         E, M, D = cfg.num_experts, cfg.d_mlp, cfg.d_model
+        self.experts_per_token, self.renormalize = cfg.experts_per_token, cfg.router_renormalize
         self.act = ACTIVATIONS[cfg.act_fn]
         self.W_router = nn.Parameter(torch.empty(E, D, dtype=cfg.dtype))
         self.W_gate = nn.Parameter(torch.empty(E, M, D, dtype=cfg.dtype)) if cfg.gated_mlp else None
@@ -45,8 +45,8 @@ class MixtureOfExperts(nn.Module):
         B, P, D = x_BPD.shape
         logits_BPE = self.hook_router_logits(F.linear(x_BPD, self.W_router))
         probs_BPE = torch.softmax(logits_BPE.float(), dim=-1)
-        weights_BPk, indices_BPk = torch.topk(probs_BPE, self.cfg.experts_per_token, dim=-1)
-        if self.cfg.router_renormalize:
+        weights_BPk, indices_BPk = torch.topk(probs_BPE, self.experts_per_token, dim=-1)
+        if self.renormalize:
             weights_BPk = weights_BPk / weights_BPk.sum(dim=-1, keepdim=True)
         weights_BPk = self.hook_expert_weights(weights_BPk.to(x_BPD.dtype))
         indices_BPk = self.hook_expert_indices(indices_BPk)

@@ -35,6 +35,17 @@ class LayerNorm(nn.Module):
         out = (x / scale_BP1).to(x_BPD.dtype) * self.w + self.b
         return self.hook_normalized(out)
 
+    def linear_part(self, x_BPD: Float[Tensor, "... d_model"], scale: Float[Tensor, "... 1"]) -> Float[Tensor, "... d_model"]:
+        """(x - mean) / scale * w with a given (frozen) scale and no bias: linear in x, no hooks.
+
+        Example:
+            >>> ln = LayerNorm(ModelConfig(n_layers=1, d_model=2, n_heads=1, d_vocab=3, n_ctx=4))
+            >>> ln.linear_part(torch.tensor([[1.0, 3.0]]), torch.tensor([[2.0]])).tolist()
+            [[-0.5, 0.5]]
+        """
+        x = x_BPD.float()
+        return ((x - x.mean(-1, keepdim=True)) / scale).to(x_BPD.dtype) * self.w
+
 
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * w (no centring, no bias)."""
@@ -50,6 +61,16 @@ class RMSNorm(nn.Module):
         x = x_BPD.float()
         scale_BP1 = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
         return self.hook_normalized(self.w * (x / scale_BP1).to(x_BPD.dtype))
+
+    def linear_part(self, x_BPD: Float[Tensor, "... d_model"], scale: Float[Tensor, "... 1"]) -> Float[Tensor, "... d_model"]:
+        """x / scale * w with a given (frozen) scale: linear in x, no hooks.
+
+        Example:
+            >>> rms = RMSNorm(ModelConfig(n_layers=1, d_model=2, n_heads=1, d_vocab=3, n_ctx=4))
+            >>> rms.linear_part(torch.tensor([[1.0, 3.0]]), torch.tensor([[2.0]])).tolist()
+            [[0.5, 1.5]]
+        """
+        return self.w * (x_BPD.float() / scale).to(x_BPD.dtype)
 
 
 NORMS: dict[str, type[nn.Module]] = {"LN": LayerNorm, "RMS": RMSNorm}

@@ -29,11 +29,12 @@ from tqdm.auto import tqdm
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
+from workbench.loading.common import cannot_honour, show_progress
 from workbench.loading.gguf_tokenizer import tokenizer_from_gguf
 from workbench.loading.weights import assign_weights
+from workbench.model import Decoder
 
 SUPPORTED_ARCHITECTURES = ("llama",)
-PROGRESS_THRESHOLD_BYTES = 64 * 2**20
 _MISSING = object()
 
 
@@ -75,7 +76,7 @@ class GGUFFile:
         return entry.contents()
 
     def refuse(self, key: str, value: Any, why: str) -> ConfigError:
-        return ConfigError(f"{self.path}: field '{key}' = {value!r} cannot be honoured: {why}")
+        return cannot_honour(str(self.path), key, value, why)
 
 
 def model_config_from_gguf(file: GGUFFile) -> ModelConfig:
@@ -173,7 +174,7 @@ def read_tensors(file: GGUFFile, cfg: ModelConfig, shapes: dict[str, tuple[int, 
     unexpected = sorted(set(file.tensors) - wanted - {f"blk.{l}.attn_output.bias" for l in range(cfg.n_layers)})
     if unexpected:
         raise CheckpointError(f"{file.path}: unexpected tensor(s) {unexpected[:5]} for a {cfg.n_layers}-layer llama model")
-    show = file.path.stat().st_size > PROGRESS_THRESHOLD_BYTES if progress is None else progress
+    show = show_progress(file.path.stat().st_size, progress)
     out = {}
     for our_name, (gguf_name, heads) in tqdm(names.items(), desc=f"dequantising {file.path.name}", unit="tensor",
                                              disable=not show, leave=False):
@@ -205,8 +206,6 @@ def load_gguf(path: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtyp
         >>> model = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")   # doctest: +SKIP
         >>> model.generate("The capital of France is", max_new_tokens=3)   # doctest: +SKIP
     """
-    from workbench.model import Decoder
-
     file = GGUFFile(Path(path))
     cfg = model_config_from_gguf(file).replace(attn_impl=attn_impl, dtype=dtype)
     tokenizer = tokenizer_from_gguf(file.field, str(file.path))

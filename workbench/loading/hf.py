@@ -21,6 +21,7 @@ from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
 from workbench.loading.hf_tokenizer import tokenizer_from_hf_directory
 from workbench.loading.weights import assign_weights
+from workbench.model import Decoder
 
 CONFIG_FILE = "config.json"
 
@@ -100,8 +101,6 @@ def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtyp
     Example:
         >>> model = load_hf_directory("checkpoints/tiny-llama", attn_impl="eager")   # doctest: +SKIP
     """
-    from workbench.model import Decoder
-
     directory = Path(directory)
     config_path = directory / CONFIG_FILE
     data = read_config(config_path)
@@ -113,8 +112,7 @@ def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtyp
     ckpt = SafetensorsCheckpoint(directory, progress=progress)
     try:
         tensors = family.convert_tensors(ckpt, cfg)
-        ignored = getattr(family, "IGNORED_TENSORS", None)
-        leftover = [n for n in ckpt.untaken() if not (ignored and ignored.fullmatch(n)) and not n.endswith("rotary_emb.inv_freq")]
+        leftover = [n for n in ckpt.untaken() if not family.IGNORED_TENSORS.fullmatch(n)]
         if leftover:
             raise CheckpointError(f"{ckpt.source}: unexpected tensor(s) {leftover[:5]}"
                                   f"{' ...' if len(leftover) > 5 else ''} for {architecture} with this config")

@@ -17,12 +17,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from workbench.errors import CheckpointError
+from workbench.loading.common import show_progress
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.bin")
-# Above this many bytes of weights a progress bar is shown unless the caller says otherwise.
-PROGRESS_THRESHOLD_BYTES = 64 * 2**20
 
 
 class SafetensorsCheckpoint:
@@ -46,7 +45,7 @@ class SafetensorsCheckpoint:
                 raise CheckpointError(f"{path}: tensor '{name}' is listed in {INDEX_FILE} but not in this file")
         self._taken: set[str] = set()
         total_bytes = sum(path.stat().st_size for path in self._handles)
-        show = total_bytes > PROGRESS_THRESHOLD_BYTES if progress is None else progress
+        show = show_progress(total_bytes, progress)
         self._bar = tqdm(total=len(self.file_of), desc=f"loading {self.directory.name}", unit="tensor",
                          disable=not show, leave=False)
 

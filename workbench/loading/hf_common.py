@@ -11,6 +11,7 @@ from typing import Any
 
 from workbench.config import ModelConfig
 from workbench.errors import ConfigError
+from workbench.loading.common import cannot_honour
 
 _MISSING = object()
 
@@ -55,7 +56,7 @@ class HFConfig:
 
     def refuse(self, field: str, value: Any, why: str) -> ConfigError:
         """The error for a value we cannot honour (returned, so callers ``raise`` it visibly)."""
-        return ConfigError(f"{self.source}: field '{field}' = {value!r} cannot be honoured: {why}")
+        return cannot_honour(self.source, field, value, why)
 
     def activation(self, field: str) -> str:
         name = self.require(field)

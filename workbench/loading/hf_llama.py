@@ -21,6 +21,7 @@ Mixtral's experts may also come fused, as transformers holds them in memory
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,9 @@ from torch import Tensor
 from workbench.config import ModelConfig
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
+
+# Buffers older checkpoints carry that are not parameters (RoPE's inverse frequencies are recomputed).
+IGNORED_TENSORS = re.compile(r".*rotary_emb\.inv_freq$")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Our own format: config.json + model.safetensors (+ tokenizer.json, special_tokens.json).
+"""Reading our own format: config.json + model.safetensors (+ tokenizer.json, special_tokens.json).
 
 Nothing is unpickled: weights are safetensors, the config is JSON validated by ``ModelConfig``.
 """
@@ -7,55 +7,29 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from typing import Union
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.weights import assign_weights
+from workbench.model import Decoder
+from workbench.saving import CONFIG_FILE, FORMAT_TAG, WEIGHTS_FILE
 from workbench.tokenizer import Tokenizer
 
-if TYPE_CHECKING:
-    from workbench.model import Decoder
-
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-FORMAT_TAG = "workbench"
-
-
-def save_native(model: "Decoder", directory: Union[str, Path]) -> Path:
-    """Writes the model so ``load_native`` (and ``wb.load_model``) rebuild it exactly."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    config = {"format": FORMAT_TAG, **model.cfg.to_dict()}
-    config.pop("device")
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2))
-    state = {}
-    seen: set[int] = set()
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if id(tensor) in seen:  # tied: the second name of one Parameter
-            continue
-        seen.add(id(tensor))
-        state[name] = tensor.detach().cpu().contiguous()
-    save_file(state, str(directory / WEIGHTS_FILE))
-    if model.tokenizer is not None:
-        model.tokenizer.save(directory)
-    return directory
-
-
-def is_native_directory(path: Path) -> bool:
-    config = path / CONFIG_FILE
-    return path.is_dir() and config.exists() and json.loads(config.read_text()).get("format") == FORMAT_TAG
+__all__ = ["load_native", "FORMAT_TAG"]
 
 
 def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype: torch.dtype | None = None,
-                device: str = "cpu") -> "Decoder":
-    """Rebuilds a model written by ``Decoder.save``."""
-    from workbench.model import Decoder
+                device: str = "cpu") -> Decoder:
+    """Rebuilds a model written by ``Decoder.save`` (``workbench.saving``).
 
+    Example:
+        >>> load_native("runs/my-model", attn_impl="eager")   # doctest: +SKIP
+    """
     directory = Path(directory)
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     try:
