@@ -1,6 +1,6 @@
 """Attention patterns of one prompt by layer and head, per-head statistics and figures.
 
-Legend: L layers, H heads, Q query positions, K key positions.
+Legend: B batch, P position, S key position, H n_heads, L n_layers.
 
 ``python -m experiments.attention --model NAME --out DIR [--prompt TEXT]`` writes the per-head
 summary (CSV/JSON) and the layer x head grid of patterns (HTML).
@@ -18,7 +18,7 @@ from jaxtyping import Float, Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from experiments._tokens import TokensLike, as_batch, axis_labels, str_tokens
+from experiments._tokens import TokensLike, axis_labels, str_tokens
 from experiments.figures import labelled_heatmap, to_numpy
 from workbench.errors import InputError
 
@@ -30,22 +30,54 @@ def attention_patterns(model, tokens: TokensLike) -> Float[Tensor, "n_layers n_h
     Layers whose pattern is hooked run the eager kernel, so this works under every attn_impl.
 
     Example:
-        >>> patterns_LHQK = attention_patterns(model, model.to_tokens("The cat sat"))   # doctest: +SKIP
-        >>> patterns_LHQK.shape     # [n_layers, n_heads, q, k]                          # doctest: +SKIP
+        >>> patterns_LHPS = attention_patterns(model, model.to_tokens("The cat sat"))   # doctest: +SKIP
+        >>> patterns_LHPS.shape     # [n_layers, n_heads, q, k]                          # doctest: +SKIP
     """
-    tokens_1P = as_batch(model, tokens)[:1]
+    tokens_1P = model.as_tokens(tokens)[:1]
     patterns: list[Tensor] = [None] * model.cfg.n_layers  # type: ignore[list-item]
 
-    def keep(pattern_BHQK: Tensor, hook) -> None:
-        patterns[int(hook.name.split(".")[1])] = pattern_BHQK[0].detach().float()
+    def keep(pattern_BHPS: Tensor, hook) -> None:
+        patterns[hook.layer()] = pattern_BHPS[0].detach().float()
 
     hooks = [(f"blocks.{layer}.attn.hook_pattern", keep) for layer in range(model.cfg.n_layers)]
     model.run_with_hooks(tokens_1P, return_type=None, fwd_hooks=hooks)
     return torch.stack(patterns)
 
 
+def previous_token_attention(pattern_PS: Float[Tensor, "... q_pos k_pos"]) -> Float[Tensor, "... q_pos_minus_1"]:
+    """Attention from each query q >= 1 to the key q - 1.
+
+    Example:
+        >>> previous_token_attention(torch.tensor([[1.0, 0.0], [0.25, 0.75]])).tolist()
+        [0.25]
+    """
+    return pattern_PS.diagonal(offset=-1, dim1=-2, dim2=-1)
+
+
+@torch.no_grad()
+def prev_token_share(model, tokens: TokensLike) -> Float[Tensor, "n_layers n_heads"]:
+    """``head_statistics``' prev_token_share over a batch: mean attention to the previous position
+    over every query q >= 1 of every row of ``tokens``.
+
+    (``experiments.detectors.previous_token_scores`` is TransformerLens's "mul" score instead,
+    which divides by every query, position 0 included.)
+
+    Example:
+        >>> prev_token_share(model, model.to_tokens(["x = 1", "y = 2"]))[0]   # layer 0's heads   # doctest: +SKIP
+    """
+    tokens_BP = model.as_tokens(tokens)
+    scores = torch.zeros(model.cfg.n_layers, model.cfg.n_heads)
+
+    def score_layer(pattern_BHPS: Tensor, hook) -> None:
+        scores[hook.layer()] = previous_token_attention(pattern_BHPS.float()).mean((0, 2)).cpu()
+
+    model.run_with_hooks(tokens_BP, return_type=None,
+                         fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", score_layer) for l in range(model.cfg.n_layers)])
+    return scores
+
+
 def head_statistics(
-    patterns_LHQK: Float[Tensor, "n_layers n_heads q_pos k_pos"],
+    patterns_LHPS: Float[Tensor, "n_layers n_heads q_pos k_pos"],
 ) -> dict[str, Float[Tensor, "n_layers n_heads"]]:
     """Entropy (nats), attention to position 0, previous-token share and mean distance per head.
 
@@ -58,16 +90,16 @@ def head_statistics(
         >>> round(stats["prev_token_share"].item(), 4)   # (1/2 + 1/3) / 2
         0.4167
     """
-    p = patterns_LHQK.float()
+    p = patterns_LHPS.float()
     if p.ndim != 4 or p.shape[-1] != p.shape[-2]:
         raise InputError(f"expected patterns [n_layers, n_heads, q, k] with q == k, got shape {tuple(p.shape)}")
-    Q = p.shape[-1]
+    P = p.shape[-1]
     entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean(-1)
     bos = p[..., :, 0].mean(-1)
-    prev = p.diagonal(offset=-1, dim1=-2, dim2=-1).mean(-1) if Q > 1 else torch.zeros_like(bos)
-    q_idx = torch.arange(Q, device=p.device)
-    distance_QK = (q_idx[:, None] - q_idx[None, :]).clamp_min(0).float()
-    mean_distance = (p * distance_QK).sum(-1).mean(-1)
+    prev = previous_token_attention(p).mean(-1) if P > 1 else torch.zeros_like(bos)
+    positions = torch.arange(P, device=p.device)
+    distance_PS = (positions[:, None] - positions[None, :]).clamp_min(0).float()
+    mean_distance = (p * distance_PS).sum(-1).mean(-1)
     return {"entropy": entropy, "bos_attention": bos, "prev_token_share": prev, "mean_distance": mean_distance}
 
 
@@ -95,18 +127,23 @@ def head_summary(
         toks = tokens.reshape(-1).to(patterns.device)
         if toks.numel() != patterns.shape[-1]:
             raise InputError(f"tokens have {toks.numel()} positions but the patterns have {patterns.shape[-1]}")
-        same_QK = torch.tril(toks[:, None] == toks[None, :], diagonal=-1).float()
-        table["duplicate_token_share"] = to_numpy((patterns.float() * same_QK).sum(-1).mean(-1)).reshape(-1)
+        same_PS = torch.tril(toks[:, None] == toks[None, :], diagonal=-1).float()
+        table["duplicate_token_share"] = to_numpy((patterns.float() * same_PS).sum(-1).mean(-1)).reshape(-1)
     return table
 
 
-def pattern_figure(pattern_QK: Float[Tensor, "q_pos k_pos"], str_tokens: Sequence[str], title: str = "") -> go.Figure:
+# Past this many tokens the per-token tick labels of a layer's subplots overlap, so they are left off.
+MAX_LABELLED_TOKENS = 40
+KEY_LABEL_PX = 75  # room under each row of subplots for the rotated key labels
+
+
+def pattern_figure(pattern_PS: Float[Tensor, "q_pos k_pos"], str_tokens: Sequence[str], title: str = "") -> go.Figure:
     """One head's pattern as a heatmap: queries down, keys across, token labels on both axes.
 
     Example:
-        >>> fig = pattern_figure(patterns_LHQK[3, 4], model.to_str_tokens(tokens), "L3H4")   # doctest: +SKIP
+        >>> fig = pattern_figure(patterns_LHPS[3, 4], model.to_str_tokens(tokens), "L3H4")   # doctest: +SKIP
     """
-    z = to_numpy(pattern_QK)
+    z = to_numpy(pattern_PS)
     if z.ndim != 2 or z.shape[0] != len(str_tokens) or z.shape[1] != len(str_tokens):
         raise InputError(f"pattern of shape {z.shape} does not match {len(str_tokens)} tokens")
     labels = axis_labels(list(str_tokens))
@@ -116,82 +153,145 @@ def pattern_figure(pattern_QK: Float[Tensor, "q_pos k_pos"], str_tokens: Sequenc
     return fig
 
 
+def _tile_labels(tile_names: Sequence[str], letter: str, size: int, gap: int) -> list[str]:
+    """One category label per column (or row) of a tiled grid: "H3 k12" inside a tile, "gap 7" between tiles.
+
+    Example:
+        >>> _tile_labels(["H0", "H1"], "k", size=2, gap=1)
+        ['H0 k0', 'H0 k1', 'gap 2', 'H1 k0', 'H1 k1']
+    """
+    labels = []
+    for index in range(len(tile_names) * (size + gap) - gap):
+        tile, offset = divmod(index, size + gap)
+        labels.append(f"{tile_names[tile]} {letter}{offset}" if offset < size else f"gap {index}")
+    return labels
+
+
 def pattern_grid_figure(
-    patterns_LHQK: Float[Tensor, "n_layers n_heads q_pos k_pos"],
+    patterns_LHPS: Float[Tensor, "n_layers n_heads q_pos k_pos"],
     str_tokens: Optional[Sequence[str]] = None,
     layers: Optional[Sequence[int]] = None,
+    light: bool = False,
 ) -> go.Figure:
     """A layer x head grid of small pattern heatmaps, drawn as one tiled heatmap (fast even for 270 heads).
 
     Tiles are separated by blank gaps; the hover names layer, head, query and key positions, and
     the title lists the tokens by position.
 
+    ``light=True`` makes the figure the dashboard sends to the browser: the hover reads category
+    labels of the axes ("L5 q7" down, "H3 k12" across, "gap i" between tiles) instead of a
+    per-cell ``customdata`` array, and values travel as float32. That array is float64 and four
+    numbers a cell (15 MB for six SmolLM2 layers at 64 tokens, seconds for the browser to
+    receive); without it only the values travel, at 4 bytes a cell. The default keeps numeric
+    axes and the customdata hover (the ``python -m experiments.attention`` HTML file).
+
     Example:
-        >>> pattern_grid_figure(attention_patterns(model, tokens), layers=[0, 1, 2])   # doctest: +SKIP
+        >>> fig = pattern_grid_figure(torch.full((1, 2, 3, 3), 1 / 3), light=True)
+        >>> list(fig.data[0].x), fig.data[0].z.dtype
+        (['H0 k0', 'H0 k1', 'H0 k2', 'gap 3', 'H1 k0', 'H1 k1', 'H1 k2'], dtype('float32'))
     """
-    p = to_numpy(patterns_LHQK)
+    p = to_numpy(patterns_LHPS)
     if p.ndim != 4:
         raise InputError(f"expected patterns [n_layers, n_heads, q, k], got shape {p.shape}")
     layers = list(range(p.shape[0])) if layers is None else list(layers)
-    n_heads, Q, K = p.shape[1], p.shape[2], p.shape[3]
-    gap = max(1, Q // 8)
-    rows, cols = len(layers) * (Q + gap) - gap, n_heads * (K + gap) - gap
-    z = np.full((rows, cols), np.nan)
-    # customdata per cell: layer, head, query, key (numeric, so building it is vectorised).
-    custom = np.full((rows, cols, 4), np.nan)
-    q_grid, k_grid = np.meshgrid(np.arange(Q), np.arange(K), indexing="ij")
+    n_heads, n_queries, n_keys = p.shape[1], p.shape[2], p.shape[3]
+    gap = max(1, n_queries // 8)
+    rows, cols = len(layers) * (n_queries + gap) - gap, n_heads * (n_keys + gap) - gap
+    z = np.full((rows, cols), np.nan, dtype=np.float32 if light else np.float64)
     for r, layer in enumerate(layers):
         for h in range(n_heads):
-            top, left = r * (Q + gap), h * (K + gap)
-            z[top:top + Q, left:left + K] = p[layer, h]
-            custom[top:top + Q, left:left + K] = np.stack(
-                [np.full_like(q_grid, layer), np.full_like(q_grid, h), q_grid, k_grid], axis=-1)
-    template = "L%{customdata[0]}H%{customdata[1]}<br>query %{customdata[2]}<br>key %{customdata[3]}"
+            top, left = r * (n_queries + gap), h * (n_keys + gap)
+            z[top:top + n_queries, left:left + n_keys] = p[layer, h]
     title = "Attention patterns (rows: layers, columns: heads)"
     if str_tokens is not None:
-        if len(str_tokens) != K:
-            raise InputError(f"{len(str_tokens)} string tokens for patterns over {K} positions")
+        if len(str_tokens) != n_keys:
+            raise InputError(f"{len(str_tokens)} string tokens for patterns over {n_keys} positions")
         # Per-cell token hovers would weigh megabytes for a 270-head grid; the positions key is in the title.
         key = " ".join(f"{i}:{t!r}" for i, t in enumerate(str_tokens))
         title += "<br><sup>" + (key if len(key) <= 160 else key[:157] + "...") + "</sup>"
-    fig = go.Figure(go.Heatmap(z=z, customdata=custom, colorscale="Blues", zmin=0, zmax=1,
-                               hovertemplate=template + "<br>attention=%{z:.3f}<extra></extra>", hoverongaps=False,
-                               colorbar=dict(title="attention")))
-    fig.update_xaxes(tickmode="array", tickvals=[h * (K + gap) + K / 2 for h in range(n_heads)],
-                     ticktext=[f"H{h}" for h in range(n_heads)], showgrid=False)
-    fig.update_yaxes(tickmode="array", tickvals=[r * (Q + gap) + Q / 2 for r in range(len(layers))],
-                     ticktext=[f"L{layer}" for layer in layers], autorange="reversed", showgrid=False)
+    # Ticks name each tile at its middle column (row): a position on numeric axes, that column's
+    # (row's) label on category axes.
+    x_ticks = [h * (n_keys + gap) + n_keys / 2 for h in range(n_heads)]
+    y_ticks = [r * (n_queries + gap) + n_queries / 2 for r in range(len(layers))]
+    if light:
+        x = _tile_labels([f"H{h}" for h in range(n_heads)], "k", n_keys, gap)
+        y = _tile_labels([f"L{layer}" for layer in layers], "q", n_queries, gap)
+        heatmap = go.Heatmap(z=z, x=x, y=y, hovertemplate="%{y}<br>%{x}<br>attention=%{z:.3f}<extra></extra>")
+        x_ticks, y_ticks = [x[int(t)] for t in x_ticks], [y[int(t)] for t in y_ticks]
+    else:
+        heatmap = go.Heatmap(z=z, customdata=_grid_customdata(layers, n_heads, n_queries, n_keys, gap),
+                             hovertemplate="L%{customdata[0]}H%{customdata[1]}<br>query %{customdata[2]}"
+                                           "<br>key %{customdata[3]}<br>attention=%{z:.3f}<extra></extra>")
+    heatmap.update(colorscale="Blues", zmin=0, zmax=1, hoverongaps=False, colorbar=dict(title="attention"))
+    fig = go.Figure(heatmap)
+    axis_type = dict(type="category") if light else {}
+    fig.update_xaxes(tickmode="array", tickvals=x_ticks, ticktext=[f"H{h}" for h in range(n_heads)],
+                     showgrid=False, **axis_type)
+    fig.update_yaxes(tickmode="array", tickvals=y_ticks, ticktext=[f"L{layer}" for layer in layers],
+                     autorange="reversed", showgrid=False, **axis_type)
     fig.update_layout(title=title,
                       height=max(400, 60 * len(layers) + 150), width=max(500, 70 * n_heads + 200),
                       plot_bgcolor="white")
     return fig
 
 
+def _grid_customdata(layers: Sequence[int], n_heads: int, n_queries: int, n_keys: int, gap: int) -> np.ndarray:
+    """Each cell's (layer, head, query, key) for the tiled grid's hover, NaN in the gaps: [rows, cols, 4].
+
+    Numeric, so building it is vectorised.
+    """
+    rows, cols = len(layers) * (n_queries + gap) - gap, n_heads * (n_keys + gap) - gap
+    custom = np.full((rows, cols, 4), np.nan)
+    query_grid, key_grid = np.meshgrid(np.arange(n_queries), np.arange(n_keys), indexing="ij")
+    for r, layer in enumerate(layers):
+        for h in range(n_heads):
+            top, left = r * (n_queries + gap), h * (n_keys + gap)
+            custom[top:top + n_queries, left:left + n_keys] = np.stack(
+                [np.full_like(query_grid, layer), np.full_like(query_grid, h), query_grid, key_grid], axis=-1)
+    return custom
+
+
 def layer_patterns_figure(
-    patterns_HQK: Float[Tensor, "n_heads q_pos k_pos"], str_tokens: Sequence[str], layer: int
+    patterns_HPS: Float[Tensor, "n_heads q_pos k_pos"], str_tokens: Sequence[str], layer: int,
+    key_labels: bool = False,
 ) -> go.Figure:
     """Every head of one layer side by side (up to four per row), token labels on the axes.
 
+    Query (y) labels are shown up to ``MAX_LABELLED_TOKENS`` tokens. ``key_labels=True`` shows the
+    key (x) labels too, rotated, within the same limit; each row's bottom edge is lifted by
+    ``KEY_LABEL_PX`` (and the figure made that much taller per row) so they do not run into the
+    titles of the row below.
+
     Example:
-        >>> layer_patterns_figure(attention_patterns(model, tokens)[2], model.to_str_tokens(tokens), 2)   # doctest: +SKIP
+        >>> fig = layer_patterns_figure(torch.full((2, 3, 3), 1 / 3), ["a", "b", "c"], 0, key_labels=True)
+        >>> fig.layout.height, fig.layout.xaxis.showticklabels
+        (475, True)
     """
-    p = to_numpy(patterns_HQK)
+    p = to_numpy(patterns_HPS)
     if p.ndim != 3:
         raise InputError(f"expected one layer's patterns [n_heads, q, k], got shape {p.shape}")
     n_heads = p.shape[0]
     n_cols = min(4, n_heads)
     n_rows = (n_heads + n_cols - 1) // n_cols
     labels = axis_labels(list(str_tokens))
+    labelled = len(labels) <= MAX_LABELLED_TOKENS
+    show_keys = key_labels and labelled
+    height = 300 * n_rows + 100 + (KEY_LABEL_PX * n_rows if show_keys else 0)
     fig = make_subplots(rows=n_rows, cols=n_cols, subplot_titles=[f"L{layer}H{h}" for h in range(n_heads)],
                         horizontal_spacing=0.03, vertical_spacing=0.06)
+    if show_keys:
+        for axis in fig.select_yaxes():
+            bottom, top = axis.domain
+            axis.domain = (min(bottom + KEY_LABEL_PX / height, top - 0.01), top)
     for h in range(n_heads):
         fig.add_trace(go.Heatmap(z=p[h], x=labels, y=labels, coloraxis="coloraxis",
                                  hovertemplate="query %{y}<br>key %{x}<br>attention=%{z:.3f}<extra></extra>"),
                       row=h // n_cols + 1, col=h % n_cols + 1)
-    fig.update_yaxes(autorange="reversed", showticklabels=len(labels) <= 40)
-    fig.update_xaxes(showticklabels=False)
+    fig.update_yaxes(autorange="reversed", showticklabels=labelled)
+    key_style = dict(tickangle=-90, tickfont=dict(size=9)) if show_keys else {}
+    fig.update_xaxes(showticklabels=show_keys, **key_style)
     fig.update_layout(title=f"Layer {layer}: every head", coloraxis=dict(colorscale="Blues", cmin=0, cmax=1),
-                      height=300 * n_rows + 100, width=300 * n_cols + 150)
+                      height=height, width=300 * n_cols + 150)
     return fig
 
 

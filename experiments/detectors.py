@@ -1,9 +1,9 @@
 """Previous-token, duplicate-token and induction head detectors on any tokens.
 
-Legend: B batch, L layers, H heads, Q query positions, K key positions.
+Legend: B batch, L n_layers, H n_heads, P position, S key position.
 
 Scores follow `transformer_lens.head_detector.detect_head` with ``error_measure="mul"``: a 0/1
-detection pattern D [Q, K] marks the query-key pairs a head of that kind attends to, and a
+detection pattern D [P, S] marks the query-key pairs a head of that kind attends to, and a
 head's score is sum(A * D) / sum(A) over its pattern A; ``exclude_bos`` zeroes A's first column
 and ``exclude_current_token`` its diagonal before both sums. A batch is scored sequence by
 sequence and averaged, as ``detect_head`` does for a list of prompts (so the rows of a batch
@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from experiments._tokens import TokensLike, as_batch
+from experiments._tokens import TokensLike
 from workbench.errors import InputError
 
 HeadKind = Literal["previous_token", "duplicate_token", "induction"]
@@ -42,20 +42,20 @@ def detection_patterns(kind: HeadKind, tokens_BP: Int[Tensor, "batch pos"]) -> F
     B, P = tokens_BP.shape
     if kind == "previous_token":
         return torch.diag_embed(torch.ones(B, P - 1, device=tokens_BP.device), offset=-1)
-    same_BQK = tokens_BP[:, :, None] == tokens_BP[:, None, :]
-    duplicate_BQK = torch.tril(same_BQK, diagonal=-1).float()
+    same_BPS = tokens_BP[:, :, None] == tokens_BP[:, None, :]
+    duplicate_BPS = torch.tril(same_BPS, diagonal=-1).float()
     if kind == "duplicate_token":
-        return duplicate_BQK
+        return duplicate_BPS
     if kind == "induction":
-        shifted_BQK = torch.zeros_like(duplicate_BQK)
-        shifted_BQK[:, :, 1:] = same_BQK[:, :, :-1].float()  # key k is scored by the token before it, k-1
-        return torch.tril(shifted_BQK)
+        shifted_BPS = torch.zeros_like(duplicate_BPS)
+        shifted_BPS[:, :, 1:] = same_BPS[:, :, :-1].float()  # key k is scored by the token before it, k-1
+        return torch.tril(shifted_BPS)
     raise InputError(f"unknown head kind {kind!r}; choose one of {HEAD_KINDS}")
 
 
 def score_patterns(
-    pattern_BHQK: Float[Tensor, "batch n_heads q_pos k_pos"],
-    detection_BQK: Float[Tensor, "batch q_pos k_pos"],
+    pattern_BHPS: Float[Tensor, "batch n_heads q_pos k_pos"],
+    detection_BPS: Float[Tensor, "batch q_pos k_pos"],
     exclude_bos: bool = False,
     exclude_current_token: bool = False,
 ) -> Float[Tensor, "n_heads"]:
@@ -66,14 +66,14 @@ def score_patterns(
         >>> score_patterns(prev, detection_patterns("previous_token", torch.zeros(1, 2, dtype=torch.long))).item()
         0.5
     """
-    A = pattern_BHQK.float()
+    A = pattern_BHPS.float()
     if exclude_bos or exclude_current_token:
         A = A.clone()
         if exclude_bos:
             A[..., 0] = 0
         if exclude_current_token:
             A.diagonal(dim1=-2, dim2=-1).zero_()
-    matched_BH = (A * detection_BQK[:, None].to(A.device)).sum((-1, -2))
+    matched_BH = (A * detection_BPS[:, None].to(A.device)).sum((-1, -2))
     return (matched_BH / A.sum((-1, -2))).mean(0)
 
 
@@ -91,17 +91,16 @@ def head_detector_scores(
         >>> scores = head_detector_scores(model, tokens)                 # doctest: +SKIP
         >>> scores["induction"].shape, scores["previous_token"].shape     # doctest: +SKIP
     """
-    tokens_BP = as_batch(model, tokens)
+    tokens_BP = model.as_tokens(tokens)
     if tokens_BP.shape[1] < 2:
         raise InputError("the detectors need at least two tokens")
     detections = {kind: detection_patterns(kind, tokens_BP) for kind in kinds}
     L, H = model.cfg.n_layers, model.cfg.n_heads
     scores = {kind: torch.zeros(L, H) for kind in kinds}
 
-    def score_layer(pattern_BHQK: Tensor, hook) -> None:
-        layer = int(hook.name.split(".")[1])
+    def score_layer(pattern_BHPS: Tensor, hook) -> None:
         for kind, detection in detections.items():
-            scores[kind][layer] = score_patterns(pattern_BHQK, detection, exclude_bos, exclude_current_token).cpu()
+            scores[kind][hook.layer()] = score_patterns(pattern_BHPS, detection, exclude_bos, exclude_current_token).cpu()
 
     model.run_with_hooks(tokens_BP, return_type=None,
                          fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", score_layer) for l in range(L)])

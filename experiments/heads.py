@@ -1,6 +1,6 @@
 """Every per-head score for a prompt set in one table, and composition scores between heads.
 
-Legend: B batch, L layers, H heads, D d_model, K d_head, Q query positions.
+Legend: B batch, L n_layers, H n_heads, D d_model, K d_head, P position, S key position.
 
 Composition scores follow TransformerLens (``all_composition_scores``; Elhage et al. 2021): for
 an earlier head i and a later head j, ||OV_i @ C_j||_F / (||OV_i||_F ||C_j||_F) with C_j the
@@ -24,7 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from experiments._progress import ProgressArg
-from experiments._tokens import TokensLike, as_batch
+from experiments._tokens import TokensLike
 from experiments.attention import head_statistics
 from experiments.detectors import HEAD_KINDS, detection_patterns, score_patterns
 from workbench.errors import InputError
@@ -37,16 +37,16 @@ def pattern_scores(model, tokens: TokensLike, exclude_bos: bool = False) -> dict
     Example:
         >>> pattern_scores(model, tokens)["entropy"].shape   # doctest: +SKIP
     """
-    tokens_BP = as_batch(model, tokens)
+    tokens_BP = model.as_tokens(tokens)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     detections = {kind: detection_patterns(kind, tokens_BP) for kind in HEAD_KINDS}
     scores = {name: torch.zeros(L, H) for name in (*HEAD_KINDS, "entropy")}
 
-    def score_layer(pattern_BHQK: Tensor, hook) -> None:
-        layer = int(hook.name.split(".")[1])
+    def score_layer(pattern_BHPS: Tensor, hook) -> None:
+        layer = hook.layer()
         for kind, detection in detections.items():
-            scores[kind][layer] = score_patterns(pattern_BHQK, detection, exclude_bos=exclude_bos).cpu()
-        scores["entropy"][layer] = head_statistics(pattern_BHQK)["entropy"].mean(0).cpu()  # batch in the layer slot
+            scores[kind][layer] = score_patterns(pattern_BHPS, detection, exclude_bos=exclude_bos).cpu()
+        scores["entropy"][layer] = head_statistics(pattern_BHPS)["entropy"].mean(0).cpu()  # batch in the layer slot
 
     model.run_with_hooks(tokens_BP, return_type=None,
                          fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", score_layer) for l in range(L)])
@@ -68,7 +68,7 @@ def head_scores_table(model, tokens: TokensLike, include_ablation: bool = True, 
     """
     from experiments.ablation import head_sweep
 
-    tokens_BP = as_batch(model, tokens)
+    tokens_BP = model.as_tokens(tokens)
     scores = pattern_scores(model, tokens_BP, exclude_bos)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     table = pd.DataFrame({"layer": np.repeat(np.arange(L), H), "head": np.tile(np.arange(H), L),

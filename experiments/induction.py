@@ -1,6 +1,8 @@
 """Induction heads on repeated random tokens: per-head scores and the per-position loss.
 
-Legend: B batch, L layers, H heads, S seq_len (one copy), P = 1 + 2*S positions.
+Legend: B batch, L n_layers, H n_heads, C copy length, P position, S key position.
+
+A sequence has P = 1 + 2C positions (C = ``seq_len``).
 
 A sequence is [prefix] + r + r with r random tokens: the prefix is BOS when the tokenizer
 has one (else token 0), and r has no repeated token within a copy, so each token of the second
@@ -24,15 +26,19 @@ from torch import Tensor
 from experiments._progress import Progress, ProgressArg
 from experiments.figures import scores_heatmap
 from workbench.errors import InputError
-from workbench.zoo import circuits
 
-__all__ = ["repeated_random_tokens", "induction_scores", "induction_loss", "scores_heatmap", "top_heads"]
+__all__ = ["repeated_random_tokens", "induction_scores", "induction_loss", "copy_losses", "scores_heatmap",
+           "top_heads"]
 
 
 def prefix_token(model) -> int:
-    """BOS when the model's tokenizer has one, else token 0."""
-    tokenizer = getattr(model, "tokenizer", None)
-    bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
+    """BOS when the model's tokenizer has one, else token 0.
+
+    Example:
+        >>> prefix_token(model_without_tokenizer)   # doctest: +SKIP
+        0
+    """
+    bos = model.tokenizer.bos_token_id if model.tokenizer is not None else None
     return int(bos) if bos is not None else 0
 
 
@@ -54,8 +60,14 @@ def repeated_random_tokens(model, seq_len: int = 50, batch: int = 10, seed: int 
         raise InputError(f"seq_len={seq_len} distinct tokens do not fit a vocabulary of {d_vocab} (prefix excluded)")
     if 1 + 2 * seq_len > model.cfg.n_ctx:
         raise InputError(f"1 + 2*seq_len = {1 + 2 * seq_len} positions exceed the model's context (n_ctx={model.cfg.n_ctx})")
-    tokens = circuits.repeated_random_tokens(d_vocab, seq_len, batch, seed, bos=prefix)
-    return tokens.to(model.embed.W_E.device)
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(batch):
+        draw = torch.randperm(d_vocab - 1, generator=generator)[:seq_len]
+        rows.append(draw + (draw >= prefix).long())  # skip the prefix id
+    copy_BC = torch.stack(rows)
+    tokens = torch.cat([torch.full((batch, 1), prefix, dtype=torch.long), copy_BC, copy_BC], dim=1)
+    return tokens.to(model.cfg.device)
 
 
 def fitting_seq_len(model, wanted: int) -> int:
@@ -68,7 +80,7 @@ def fitting_seq_len(model, wanted: int) -> int:
     return max(1, min(wanted, model.cfg.d_vocab - 1, (model.cfg.n_ctx - 1) // 2))
 
 
-def induction_stripe(pattern_BHQK: Float[Tensor, "batch n_heads pos pos"], seq_len: int) -> Float[Tensor, "batch n_heads seq_len"]:
+def induction_stripe(pattern_BHPS: Float[Tensor, "batch n_heads pos pos"], seq_len: int) -> Float[Tensor, "batch n_heads seq_len"]:
     """Attention from each second-copy position i to i - seq_len + 1.
 
     Example:
@@ -76,7 +88,7 @@ def induction_stripe(pattern_BHQK: Float[Tensor, "batch n_heads pos pos"], seq_l
         torch.Size([1, 1, 2])
     """
     # Queries S+1 .. 2S sit on the diagonal with offset k - q = 1 - S, whose entries start at q = S - 1.
-    return pattern_BHQK.diagonal(offset=1 - seq_len, dim1=-2, dim2=-1)[..., 2:]
+    return pattern_BHPS.diagonal(offset=1 - seq_len, dim1=-2, dim2=-1)[..., 2:]
 
 
 @torch.no_grad()
@@ -95,9 +107,8 @@ def induction_scores(model, seq_len: int = 50, batch: int = 10, seed: int = 0,
     L = model.cfg.n_layers
     scores = torch.zeros(L, model.cfg.n_heads)
     with Progress(progress, total=L, desc="induction scores") as bar:
-        def score_layer(pattern_BHQK: Tensor, hook) -> None:
-            layer = int(hook.name.split(".")[1])
-            scores[layer] = induction_stripe(pattern_BHQK.float(), seq_len).mean((0, 2)).cpu()
+        def score_layer(pattern_BHPS: Tensor, hook) -> None:
+            scores[hook.layer()] = induction_stripe(pattern_BHPS.float(), seq_len).mean((0, 2)).cpu()
             bar.advance()
 
         model.run_with_hooks(tokens, return_type=None,
@@ -116,14 +127,35 @@ def induction_loss(model, seq_len: int = 50, batch: int = 10, seed: int = 0) -> 
         >>> df = induction_loss(model)                                   # doctest: +SKIP
         >>> df.groupby("copy").loss.mean()                               # doctest: +SKIP
     """
-    tokens = repeated_random_tokens(model, seq_len, batch, seed)
-    loss_BP = model(tokens, return_type="loss", loss_per_token=True)  # [B, 2S]: predicts tokens 1..2S
-    mean_P = loss_BP.float().mean(0).cpu().numpy()
+    mean_P = _repeat_losses(model, seq_len, batch, seed).float().mean(0).cpu().numpy()
     return pd.DataFrame({
         "position": np.tile(np.arange(seq_len), 2),
         "copy": ["first"] * seq_len + ["second"] * seq_len,
         "loss": mean_P,
     })
+
+
+def _repeat_losses(model, seq_len: int, batch: int, seed: int) -> Float[Tensor, "batch two_seq_len"]:
+    """Per-token loss on ``repeated_random_tokens``: column j predicts token j + 1 (tokens 1..2C)."""
+    tokens = repeated_random_tokens(model, seq_len, batch, seed)
+    return model(tokens, return_type="loss", loss_per_token=True)
+
+
+@torch.no_grad()
+def copy_losses(model, seq_len: int = 50, batch: int = 10, seed: int = 0) -> dict[str, float]:
+    """Mean loss on predicting tokens 2..C of the first copy and tokens 2..C of the second.
+
+    The first token of each copy is left out: it cannot be predicted in the first copy, and it is
+    the one token of the second copy that needs no induction. A model with induction heads has a
+    far lower second-copy loss.
+
+    Example:
+        >>> copy_losses(model)   # doctest: +SKIP
+        {'first_copy': 7.9, 'second_copy': 1.2}
+    """
+    loss_BP = _repeat_losses(model, seq_len, batch, seed)
+    # loss_BP[:, j] predicts token j + 1; the first copy is tokens 1..C, the second C+1..2C.
+    return {"first_copy": loss_BP[:, 1:seq_len].mean().item(), "second_copy": loss_BP[:, seq_len + 1:].mean().item()}
 
 
 def top_heads(scores_LH: Float[Tensor, "n_layers n_heads"], k: int = 10) -> pd.DataFrame:

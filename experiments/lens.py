@@ -1,16 +1,16 @@
 """Logit lens and direct logit attribution.
 
-Legend: L layers, P position, H heads, K d_head, D d_model, V d_vocab, R = L + 1 residual snapshots.
+Legend: L n_layers, P position, H n_heads, K d_head, D d_model, V d_vocab, T residual snapshots.
 
 Logit lens: the residual stream entering each layer (and the final one) is read out through
-the model's own final norm and unembedding (``Decoder.forward(resid, start_at_layer=n_layers)``),
-so snapshot L is exactly the model's logits.
+the model's own final norm and unembedding (``Decoder.logits_from_resid``), so snapshot L is
+exactly the model's logits.
 
 Direct logit attribution (pre-norm models): the final residual is a sum of components
 (embeddings, each head's output, each attention bias, each MLP output). With the final norm's
-scale frozen at its value on this input, the norm is linear, so each component's share of
-logit[target] - logit[baseline] is (centred) component / scale * w . (W_U[target] - W_U[baseline]);
-a LayerNorm bias adds one more term. The shares sum exactly to the logit difference.
+scale frozen at its value on this input, the norm is linear (``Decoder.apply_final_norm`` with
+``frozen_scale``), so each component's share of logit[target] - logit[baseline] is
+norm(component) . (W_U[target] - W_U[baseline]); a LayerNorm bias adds one more term. The shares sum exactly to the logit difference.
 
 ``python -m experiments.lens --model NAME --out DIR [--prompt TEXT --target TEXT --baseline TEXT]``
 """
@@ -27,7 +27,7 @@ from jaxtyping import Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from experiments._tokens import TokensLike, as_batch, axis_labels, str_tokens
+from experiments._tokens import TokensLike, axis_labels, str_tokens
 from experiments.figures import labelled_heatmap
 from workbench.errors import InputError
 
@@ -42,7 +42,7 @@ def residual_snapshots(model, tokens: TokensLike) -> Float[Tensor, "snapshots po
         >>> residual_snapshots(model, tokens).shape   # doctest: +SKIP
         torch.Size([31, 12, 576])
     """
-    tokens_1P = as_batch(model, tokens)[:1]
+    tokens_1P = model.as_tokens(tokens)[:1]
     L = model.cfg.n_layers
     names = [f"blocks.{l}.hook_resid_pre" for l in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
     _, cache = model.run_with_cache(tokens_1P, names_filter=lambda n: n in names)
@@ -57,7 +57,7 @@ def logit_lens_logits(model, tokens: TokensLike) -> Float[Tensor, "snapshots pos
         >>> torch.allclose(logit_lens_logits(model, tokens)[-1], model(tokens)[0])   # doctest: +SKIP
         True
     """
-    return model(residual_snapshots(model, tokens), start_at_layer=model.cfg.n_layers)
+    return model.logits_from_resid(residual_snapshots(model, tokens))
 
 
 @torch.no_grad()
@@ -73,24 +73,24 @@ def logit_lens(model, tokens: TokensLike, top_k: int = 5) -> pd.DataFrame:
     """
     if top_k < 1:
         raise InputError(f"top_k must be at least 1, got {top_k}")
-    resid_RPD = residual_snapshots(model, tokens)
-    R, P, _ = resid_RPD.shape
+    resid_TPD = residual_snapshots(model, tokens)
+    T, P, _ = resid_TPD.shape
     per_chunk = max(1, LOGITS_BYTES_PER_CHUNK // (4 * P * model.cfg.d_vocab))
     probs, ids = [], []
-    for start in range(0, R, per_chunk):
-        logits = model(resid_RPD[start:start + per_chunk], start_at_layer=model.cfg.n_layers)
+    for start in range(0, T, per_chunk):
+        logits = model.logits_from_resid(resid_TPD[start:start + per_chunk])
         p, i = logits.float().softmax(-1).topk(min(top_k, model.cfg.d_vocab), dim=-1)
         probs.append(p.cpu())
         ids.append(i.cpu())
-    probs_RPk, ids_RPk = torch.cat(probs), torch.cat(ids)
-    k = ids_RPk.shape[-1]
-    flat_ids = ids_RPk.reshape(-1)
+    probs_TPk, ids_TPk = torch.cat(probs), torch.cat(ids)
+    k = ids_TPk.shape[-1]
+    flat_ids = ids_TPk.reshape(-1)
     unique, inverse = flat_ids.unique(return_inverse=True)
     text = np.array(str_tokens(model, unique), dtype=object)[inverse.numpy()]
     return pd.DataFrame({
-        "layer": np.repeat(np.arange(R), P * k), "position": np.tile(np.repeat(np.arange(P), k), R),
-        "rank": np.tile(np.arange(1, k + 1), R * P), "token": text, "token_id": flat_ids.numpy(),
-        "prob": probs_RPk.reshape(-1).numpy(),
+        "layer": np.repeat(np.arange(T), P * k), "position": np.tile(np.repeat(np.arange(P), k), T),
+        "rank": np.tile(np.arange(1, k + 1), T * P), "token": text, "token_id": flat_ids.numpy(),
+        "prob": probs_TPk.reshape(-1).numpy(),
     })
 
 
@@ -128,30 +128,25 @@ def direct_logit_attribution(model, tokens: TokensLike, target_token: int, basel
         >>> dla.attribution.sum(), dla.attrs["logit_diff"]                                                                # doctest: +SKIP
     """
     cfg = model.cfg
-    if model.ln_final is None:
+    if cfg.norm_placement != "pre":
         raise InputError("direct logit attribution needs a pre-norm model: a post-norm model's last block norm "
                          "mixes every component non-linearly")
     for name, token in (("target_token", target_token), ("baseline_token", baseline_token)):
         if token is not None and not 0 <= int(token) < cfg.d_vocab:
             raise InputError(f"{name}={token} is outside the vocabulary (0..{cfg.d_vocab - 1})")
-    tokens_1P = as_batch(model, tokens)[:1]
+    tokens_1P = model.as_tokens(tokens)[:1]
     L = cfg.n_layers
-    names = {"hook_embed", "ln_final.hook_scale"} | ({"hook_pos_embed"} if model.pos_embed is not None else set())
+    names = {"hook_embed", "ln_final.hook_scale"} | ({"hook_pos_embed"} & set(model.hook_dict))
     names |= {f"blocks.{l}.attn.hook_z" for l in range(L)} | {f"blocks.{l}.hook_mlp_out" for l in range(L)}
     logits, cache = model.run_with_cache(tokens_1P, names_filter=lambda n: n in names)
 
-    direction_D = model.unembed.W_U[target_token].float()
+    direction_D = model.tokens_to_residual_directions(target_token).float()
     if baseline_token is not None:
-        direction_D = direction_D - model.unembed.W_U[baseline_token].float()
-    scale = cache["ln_final.hook_scale"][0, position].float()  # [1]
-    centre = cfg.normalization == "LN"
-    readout_D = model.ln_final.w.float() * direction_D / scale
+        direction_D = direction_D - model.tokens_to_residual_directions(baseline_token).float()
+    scale_1 = cache["ln_final.hook_scale"][0, position].float()
 
-    def share(vectors_ND: Tensor) -> Tensor:
-        vectors_ND = vectors_ND.float()
-        if centre:
-            vectors_ND = vectors_ND - vectors_ND.mean(-1, keepdim=True)
-        return vectors_ND @ readout_D
+    def share(vectors: Tensor) -> Tensor:  # [n_vectors, d_model] -> each one's share of the logit difference
+        return model.apply_final_norm(vectors.float(), frozen_scale=scale_1).float() @ direction_D
 
     rows = [("embed", -1, -1, share(cache["hook_embed"][0, position][None]).item())]
     if "hook_pos_embed" in names:
@@ -165,8 +160,9 @@ def direct_logit_attribution(model, tokens: TokensLike, target_token: int, basel
             rows.append(("attn_bias", l, -1, share(attn.b_O[None]).item()))
         if not cfg.attn_only:
             rows.append(("mlp", l, -1, share(cache[f"blocks.{l}.hook_mlp_out"][0, position][None]).item()))
-    if centre:
-        rows.append(("ln_final_bias", -1, -1, float(model.ln_final.b.float() @ direction_D)))
+    if cfg.normalization == "LN":  # the bias is the norm of a zero vector
+        bias_D = model.apply_final_norm(torch.zeros(1, cfg.d_model, dtype=cfg.dtype, device=cfg.device))[0]
+        rows.append(("ln_final_bias", -1, -1, float(bias_D.float() @ direction_D)))
     table = pd.DataFrame(rows, columns=["component", "layer", "head", "attribution"])
     final = logits[0, position].float()
     table.attrs["logit_diff"] = float(final[target_token] - (final[baseline_token] if baseline_token is not None else 0.0))

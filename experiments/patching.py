@@ -1,6 +1,6 @@
 """Activation patching from a clean run into a corrupted one, exact and by attribution.
 
-Legend: B batch, P position, L layers, H heads, K d_head, D d_model, V d_vocab.
+Legend: B batch, P position, L n_layers, H n_heads, K d_head, D d_model, V d_vocab.
 
 The metric is the logit difference logit[answer] - logit[wrong] at the last position (mean
 over the batch). Exact patching replaces one activation of the corrupted run by the clean run's
@@ -28,10 +28,11 @@ from jaxtyping import Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from experiments._batched import Edit, PositionMetric, clean_run, score_edits
+from experiments._batched import Edit, PositionMetric, score_edits, unedited_run
 from experiments._progress import ProgressArg
-from experiments._tokens import TokensLike, as_batch, axis_labels, str_tokens
+from experiments._tokens import TokensLike, axis_labels, str_tokens
 from experiments.figures import labelled_heatmap, scores_heatmap
+from experiments.sites import Site
 from workbench.errors import InputError
 
 TokenId = Union[int, Int[Tensor, "batch"]]
@@ -65,21 +66,11 @@ def logit_diff_metric(answer_token: TokenId, wrong_token: TokenId, position: int
 
 
 def _pair(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike) -> tuple[Tensor, Tensor]:
-    clean, corrupt = as_batch(model, clean_tokens), as_batch(model, corrupt_tokens)
+    clean, corrupt = model.as_tokens(clean_tokens), model.as_tokens(corrupt_tokens)
     if clean.shape != corrupt.shape:
         raise InputError(f"clean and corrupted tokens must have the same shape to patch position by position, "
                          f"got {tuple(clean.shape)} and {tuple(corrupt.shape)}")
     return clean, corrupt
-
-
-def _set_slice(activation: Tensor, value: Tensor, position: Optional[int], head: Optional[int]) -> Tensor:
-    if head is not None:
-        activation[:, :, head] = value[:, :, head]
-    elif position is not None:
-        activation[:, position] = value[:, position]
-    else:
-        activation[:] = value
-    return activation
 
 
 @torch.no_grad()
@@ -93,27 +84,24 @@ def patched_run(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, hoo
         >>> patched_run(model, clean, corrupt, "blocks.0.hook_resid_pre")   # == model(clean)   # doctest: +SKIP
     """
     clean, corrupt = _pair(model, clean_tokens, corrupt_tokens)
+    model.layer_of(hook_name)  # an unknown name is an error naming it
     _, cache = model.run_with_cache(clean, names_filter=lambda name: name == hook_name)
-    if hook_name not in cache.cache_dict:
-        raise InputError(f"no hook point named {hook_name!r} in this model")
-    value = cache[hook_name]
-    hook = lambda act, hook: _set_slice(act.clone(), value, position, head)
+    site, value = Site(hook_name, position, head), cache[hook_name]
+    hook = lambda act, hook: site.write(act.clone(), value)
     return model.run_with_hooks(corrupt, return_type=return_type, fwd_hooks=[(hook_name, hook)])
 
 
-def _exact(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites: list[tuple[dict, str, Optional[int], Optional[int]]],
-           progress: ProgressArg, desc: str) -> pd.DataFrame:
-    """Scores each (row, hook_name, position, head) site; rows hold the DataFrame's identifying columns."""
+def _exact(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites: Sequence[Site],
+           labels: pd.DataFrame, progress: ProgressArg, desc: str) -> pd.DataFrame:
+    """Scores patching each site; ``labels`` holds the result's identifying columns, one row per site."""
     clean, corrupt = _pair(model, clean_tokens, corrupt_tokens)
     metric = logit_diff_metric(answer_token, wrong_token)
-    hook_names = sorted({name for _, name, _, _ in sites})
-    clean_value, _, clean_acts = clean_run(model, clean, metric, hook_names)
-    corrupt_value, corrupt_resid, _ = clean_run(model, corrupt, metric)
-    edits = [Edit(int(name.split(".")[1]), name,
-                  lambda act, v=clean_acts[name], p=position, h=head: _set_slice(act, v, p, h))
-             for _, name, position, head in sites]
+    hook_names = sorted({site.hook_name for site in sites})
+    clean_value, _, clean_acts = unedited_run(model, clean, metric, hook_names)
+    corrupt_value, corrupt_resid, _ = unedited_run(model, corrupt, metric)
+    edits = [Edit(site, clean_acts[site.hook_name]) for site in sites]
     values = score_edits(model, corrupt_resid, corrupt, edits, metric, progress, desc=desc).numpy()
-    table = pd.DataFrame([row for row, _, _, _ in sites])
+    table = labels.reset_index(drop=True)
     table["metric"] = values
     table["delta"] = values - corrupt_value
     denominator = clean_value - corrupt_value
@@ -130,10 +118,11 @@ def patch_residual(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, 
         >>> df = patch_residual(model, clean, corrupt, model.to_single_token(" Mary"), model.to_single_token(" John"))   # doctest: +SKIP
         >>> patching_heatmap(df, "residual stream")                                                               # doctest: +SKIP
     """
-    P = as_batch(model, clean_tokens).shape[1]
-    sites = [({"layer": l, "position": p}, f"blocks.{l}.hook_resid_pre", p, None)
-             for l in range(model.cfg.n_layers) for p in range(P)]
-    return _exact(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites, progress, "patch residual")
+    P = model.as_tokens(clean_tokens).shape[1]
+    labels = pd.DataFrame([(l, p) for l in range(model.cfg.n_layers) for p in range(P)], columns=["layer", "position"])
+    sites = [Site(f"blocks.{l}.hook_resid_pre", position=p) for l, p in labels.itertuples(index=False)]
+    return _exact(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites, labels, progress,
+                  "patch residual")
 
 
 def patch_attn_mlp(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, answer_token: TokenId,
@@ -143,11 +132,13 @@ def patch_attn_mlp(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, 
     Example:
         >>> patching_heatmap(patch_attn_mlp(model, clean, corrupt, answer, wrong), "attention and MLP outputs")   # doctest: +SKIP
     """
-    P = as_batch(model, clean_tokens).shape[1]
-    components = [("attn", "hook_attn_out")] + ([] if model.cfg.attn_only else [("mlp", "hook_mlp_out")])
-    sites = [({"component": c, "layer": l, "position": p}, f"blocks.{l}.{hook}", p, None)
-             for c, hook in components for l in range(model.cfg.n_layers) for p in range(P)]
-    return _exact(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites, progress, "patch attn/mlp")
+    P = model.as_tokens(clean_tokens).shape[1]
+    components = ["attn"] + ([] if model.cfg.attn_only else ["mlp"])
+    labels = pd.DataFrame([(c, l, p) for c in components for l in range(model.cfg.n_layers) for p in range(P)],
+                          columns=["component", "layer", "position"])
+    sites = [Site(f"blocks.{l}.hook_{c}_out", position=p) for c, l, p in labels.itertuples(index=False)]
+    return _exact(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites, labels, progress,
+                  "patch attn/mlp")
 
 
 def patch_heads(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, answer_token: TokenId,
@@ -157,9 +148,11 @@ def patch_heads(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, ans
     Example:
         >>> patch_heads(model, clean, corrupt, answer, wrong).nlargest(5, "normalized")   # doctest: +SKIP
     """
-    sites = [({"layer": l, "head": h}, f"blocks.{l}.attn.hook_z", None, h)
-             for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)]
-    return _exact(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites, progress, "patch heads")
+    labels = pd.DataFrame([(l, h) for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)],
+                          columns=["layer", "head"])
+    sites = [Site(f"blocks.{l}.attn.hook_z", index=h) for l, h in labels.itertuples(index=False)]
+    return _exact(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites, labels, progress,
+                  "patch heads")
 
 
 def attribution_patching(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, answer_token: TokenId,

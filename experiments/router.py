@@ -1,6 +1,6 @@
 """Mixture-of-experts routing: expert load, router entropy, per-token choices, expert ablation.
 
-Legend: B batch, P position, E num_experts, k experts_per_token, L layers.
+Legend: B batch, P position, E num_experts, k experts_per_token, L n_layers.
 
 Reads the MoE hooks ``blocks.{l}.mlp.hook_router_logits`` [B, P, E], ``hook_expert_indices``
 and ``hook_expert_weights`` [B, P, k]. A model without experts is an InputError.
@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
 from torch import Tensor
 
-from experiments._tokens import TokensLike, as_batch, str_tokens
+from experiments._tokens import TokensLike, str_tokens
 from experiments.figures import labelled_heatmap
 from workbench.errors import InputError
 
@@ -37,7 +36,7 @@ def routing(model, tokens: TokensLike) -> dict[str, list[Tensor]]:
         >>> routing(moe_model, tokens)["indices"][0].shape   # doctest: +SKIP
     """
     _require_moe(model)
-    tokens_BP = as_batch(model, tokens)
+    tokens_BP = model.as_tokens(tokens)
     L = model.cfg.n_layers
     kinds = {"logits": "hook_router_logits", "indices": "hook_expert_indices", "weights": "hook_expert_weights"}
     names = {f"blocks.{l}.mlp.{hook}" for l in range(L) for hook in kinds.values()}
@@ -46,9 +45,12 @@ def routing(model, tokens: TokensLike) -> dict[str, list[Tensor]]:
 
 
 def expert_load(model, tokens: TokensLike) -> pd.DataFrame:
-    """Share of (token, slot) assignments each expert received per layer: DataFrame[layer, expert, count, fraction].
+    """How much each expert is used per layer: DataFrame[layer, expert, count, fraction, token_fraction].
 
-    Fractions sum to one per layer; a perfectly balanced router gives 1 / num_experts each.
+    ``count``: the (token, slot) assignments the expert received. ``fraction``: its share of all
+    assignments (sums to one per layer; a balanced router gives 1 / num_experts each).
+    ``token_fraction``: the share of tokens that chose it among their k (sums to k per layer; the
+    top-k experts of a token are distinct).
 
     Example:
         >>> expert_load(moe_model, tokens).pivot(index="layer", columns="expert", values="fraction")   # doctest: +SKIP
@@ -56,10 +58,12 @@ def expert_load(model, tokens: TokensLike) -> pd.DataFrame:
     route = routing(model, tokens)
     E = model.cfg.num_experts
     rows = []
-    for layer, indices in enumerate(route["indices"]):
-        counts = torch.bincount(indices.flatten().cpu(), minlength=E)
-        rows += [(layer, e, int(c), float(c) / indices.numel()) for e, c in enumerate(counts)]
-    return pd.DataFrame(rows, columns=["layer", "expert", "count", "fraction"])
+    for layer, indices_BPk in enumerate(route["indices"]):
+        counts_E = torch.bincount(indices_BPk.flatten().cpu(), minlength=E)
+        n_tokens = indices_BPk.numel() // indices_BPk.shape[-1]
+        token_fraction_E = (counts_E.float() / n_tokens).tolist()  # float32, as a mean over tokens gives
+        rows += [(layer, e, int(c), float(c) / indices_BPk.numel(), token_fraction_E[e]) for e, c in enumerate(counts_E)]
+    return pd.DataFrame(rows, columns=["layer", "expert", "count", "fraction", "token_fraction"])
 
 
 def router_entropy(model, tokens: TokensLike) -> pd.DataFrame:
@@ -83,7 +87,7 @@ def token_expert_choices(model, tokens: TokensLike) -> pd.DataFrame:
     Example:
         >>> token_expert_choices(moe_model, moe_model.to_tokens("Hello world"))   # doctest: +SKIP
     """
-    tokens_BP = as_batch(model, tokens)
+    tokens_BP = model.as_tokens(tokens)
     route = routing(model, tokens_BP[:1])
     labels = str_tokens(model, tokens_BP[0])
     rows = []
@@ -91,6 +95,36 @@ def token_expert_choices(model, tokens: TokensLike) -> pd.DataFrame:
         for p, label in enumerate(labels):
             rows.append((p, label, layer, indices[0, p].tolist(), [round(w, 6) for w in weights[0, p].float().tolist()]))
     return pd.DataFrame(rows, columns=["position", "token", "layer", "experts", "weights"])
+
+
+@torch.no_grad()
+def top_expert_predictability(model, tokens: TokensLike) -> dict[str, list[float]]:
+    """How well the token id, vs the position alone, predicts each layer's top-1 expert on unseen rows.
+
+    The first half of the rows fits a lookup table (the most common top expert for each token
+    id, or for each position; the overall most common one for ids it never saw); the second
+    half scores it. Routing by content shows as "by_token" accuracy far above "by_position".
+
+    Example:
+        >>> top_expert_predictability(moe_model, tokens)   # doctest: +SKIP
+        {'by_token': [0.8, 0.7], 'by_position': [0.4, 0.4]}
+    """
+    tokens_BP = model.as_tokens(tokens)
+    half = tokens_BP.shape[0] // 2
+    tokens_BP = tokens_BP.cpu()
+    positions_BP = torch.arange(tokens_BP.shape[1]).expand_as(tokens_BP)
+    result: dict[str, list[float]] = {"by_token": [], "by_position": []}
+    for indices_BPk in routing(model, tokens_BP)["indices"]:
+        top_BP = indices_BPk[..., 0].cpu()
+        for key, groups_BP in (("by_token", tokens_BP), ("by_position", positions_BP)):
+            counts_GE = torch.zeros(int(groups_BP.max()) + 1, model.cfg.num_experts)  # G: token ids or positions
+            fit_groups, fit_top = groups_BP[:half].flatten(), top_BP[:half].flatten()
+            counts_GE.index_put_((fit_groups, fit_top), torch.ones(fit_top.numel()), accumulate=True)
+            guess_G = counts_GE.argmax(-1)
+            guess_G[counts_GE.sum(-1) == 0] = counts_GE.sum(0).argmax()  # unseen: overall favourite
+            hits = guess_G[groups_BP[half:]] == top_BP[half:]
+            result[key].append(hits.float().mean().item())
+    return result
 
 
 @torch.no_grad()
@@ -104,7 +138,7 @@ def expert_ablation_effect(model, tokens: TokensLike, layer: int, expert: int) -
     from experiments.ablation import AblationTarget, run_ablated
 
     _require_moe(model)
-    tokens_BP = as_batch(model, tokens)
+    tokens_BP = model.as_tokens(tokens)
     clean = float(model(tokens_BP, return_type="loss"))
     ablated = float(run_ablated(model, tokens_BP, [AblationTarget("expert", layer, expert)], "zero", return_type="loss"))
     return {"clean_loss": clean, "ablated_loss": ablated, "delta": ablated - clean}

@@ -1,5 +1,8 @@
 """The ``workbench`` console script: ``train``, ``run`` (the dashboard) and ``models``.
 
+``train`` and ``run`` start the layers above the library in their own process
+(``python -m experiments.zoo``, ``streamlit run app/Home.py``): the library never imports them.
+
 Example:
     workbench models
     workbench train --recipe toy-attn-2l --out runs/toy-attn-2l
@@ -29,6 +32,16 @@ def dashboard_command(port: int = 8501, address: str = "127.0.0.1") -> list[str]
             "--server.port", str(port), "--server.headless", "true"]
 
 
+def train_command(arguments: Sequence[str]) -> list[str]:
+    """The command that trains (and measures, and writes the card of) a zoo model.
+
+    Example:
+        >>> train_command(["--recipe", "toy-attn-2l"])[1:4]
+        ['-m', 'experiments.zoo', '--recipe']
+    """
+    return [sys.executable, "-m", "experiments.zoo", *arguments]
+
+
 def _models(_: argparse.Namespace) -> int:
     from workbench.loading import registry
 
@@ -48,17 +61,14 @@ def _run(args: argparse.Namespace) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of the ``workbench`` console script; returns the exit status.
 
-    ``train`` hands every argument after it to ``python -m workbench.train``.
+    ``train`` hands every argument after it to ``python -m experiments.zoo``.
 
     Example:
         >>> main(["models"])   # doctest: +SKIP
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:
-        from workbench import train
-
-        train.main(argv[1:])
-        return 0
+        return subprocess.call(train_command(argv[1:]))
     parser = argparse.ArgumentParser(prog="workbench", description="mechanistic-interpretability workbench")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("train", help="train a zoo recipe (see `workbench train --help`)")

@@ -1,25 +1,22 @@
 """Training a ``Decoder`` on a token stream: AdamW, warmup then cosine decay, clipping, checkpoints.
 
-Legend: B batch, S seq_len, N tokens in a stream, E num_experts, k experts_per_token.
+Legend: B batch, P position, N flattened tokens, E num_experts, k experts_per_token.
 
-Every training sequence is BOS followed by S-1 consecutive tokens from a random offset of the
+Every training sequence is BOS followed by P-1 consecutive tokens from a random offset of the
 training stream (documents joined by the boundary token), so the model always sees the same
 first token, as it will at inference (the zoo tokenizer prepends BOS). MoE models add a
 Switch/Mixtral load-balancing loss read from ``mlp.hook_router_logits``; the Decoder itself is
 unchanged.
 
-``python -m workbench.train --recipe toy-attn-2l --out workbench/zoo/toy-attn-2l`` reproduces a
-zoo model (see ``workbench.zoo.recipes``); ``--steps``/``--batch-size``/``--max-files`` shrink it.
+``python -m experiments.zoo --recipe toy-attn-2l --out workbench/zoo/toy-attn-2l`` reproduces a
+zoo model with this trainer (recipes: ``workbench.zoo.recipes``) and measures it for its card.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
@@ -327,35 +324,3 @@ def train(model: Decoder, train_stream: Int[Tensor, "n_train"], held_out_stream:
     model.eval()
     result.wall_seconds = time.perf_counter() - started
     return result
-
-
-def main(argv: Optional[Sequence[str]] = None) -> dict:
-    """``python -m workbench.train``: trains a zoo recipe on the stdlib corpus and writes model + card.
-
-    Example:
-        >>> main(["--recipe", "toy-attn-2l", "--out", "runs/toy", "--steps", "50"])   # doctest: +SKIP
-    """
-    from workbench.zoo import recipes
-    from workbench.zoo.card import run_recipe
-
-    parser = argparse.ArgumentParser(prog="python -m workbench.train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipe", required=True, choices=sorted(recipes.RECIPES), help="which zoo model to train")
-    parser.add_argument("--out", required=True, type=Path, help="directory for the checkpoint and MODEL_CARD.md")
-    parser.add_argument("--steps", type=int, help="override the recipe's number of steps")
-    parser.add_argument("--batch-size", type=int, help="override the recipe's batch size")
-    parser.add_argument("--seed", type=int, help="override the recipe's seed")
-    parser.add_argument("--max-files", type=int, help="use only the first N corpus files (quick runs)")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    overrides = {name: value for name, value in
-                 (("steps", args.steps), ("batch_size", args.batch_size), ("seed", args.seed)) if value is not None}
-    summary = run_recipe(args.recipe, args.out, overrides, max_files=args.max_files, progress=not args.no_progress,
-                         command=["python", "-m", "workbench.train", *(argv if argv is not None else sys.argv[1:])])
-    print(json.dumps(summary, indent=2))
-    return summary
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """The shipped zoo checkpoints: they load fast and hold the circuits their cards claim.
 
 Scores are computed here straight from ``hook_pattern`` / ``hook_expert_indices`` (not from
-``workbench.zoo.circuits``, which wrote the cards), so the cards' claims are checked independently.
+``experiments``, whose functions wrote the cards), so the cards' claims are checked independently.
 """
 
 import json
@@ -22,7 +22,7 @@ SEQ_LEN, BATCH = 40, 16  # repeated random sequences: BOS + 40 tokens + the same
 def _installed(name: str) -> Path:
     directory = ZOO / name
     if not (directory / "config.json").is_file():
-        pytest.fail(f"{directory} has no checkpoint: train it with `python -m workbench.train --recipe {name} "
+        pytest.fail(f"{directory} has no checkpoint: train it with `python -m experiments.zoo --recipe {name} "
                     f"--out {directory}`")
     return directory
 

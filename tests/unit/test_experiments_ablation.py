@@ -153,9 +153,9 @@ def test_batched_head_sweep_equals_a_per_head_loop(variant, method, tokens, refe
 def test_head_sweep_loss_computed_in_tiles_equals_the_loop(variant, tokens, monkeypatch):
     # The loss is computed from logits tiles; tiles this small (7 positions x 16 of the 61
     # tokens, both ragged at the end) put targets in every tile and split every variant's rows.
-    import experiments._batched as batched
-    monkeypatch.setattr(batched, "LOSS_ROWS", 7)
-    monkeypatch.setattr(batched, "LOSS_VOCAB", 16)
+    import workbench.loss
+    monkeypatch.setattr(workbench.loss, "TILE_POSITIONS", 7)
+    monkeypatch.setattr(workbench.loss, "TILE_VOCAB", 16)
     model = make_model(variant)
     df = head_sweep(model, tokens, "loss", progress=False)
     torch.testing.assert_close(torch.tensor(df.metric.values), loop_sweep(model, tokens, "zero", tokens, mean_loss),

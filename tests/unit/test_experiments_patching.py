@@ -147,16 +147,18 @@ def test_logit_diff_metric_per_batch_item_tokens():
 def test_a_one_position_metric_scores_edits_like_a_loop(position):
     # score_edits unembeds only the position a PositionMetric reads; the same metric wrapped in
     # a plain function gets every position's logits. Both must equal a run_with_hooks loop.
-    from experiments._batched import Edit, clean_run, score_edits
+    from experiments._batched import Edit, score_edits, unedited_run
+    from experiments.sites import Site
     model = make_model("gqa_rotary_rms_swiglu")
     tokens = pair(P=6)[1]
     metric = logit_diff_metric(ANSWER, torch.tensor([WRONG, 0]), position=position)
     kill = lambda h: (lambda z, hook=None: z.index_fill(2, torch.tensor([h]), 0))
-    edits = [Edit(l, f"blocks.{l}.attn.hook_z", kill(h)) for l in range(2) for h in range(4)]
-    _, resid_pre, _ = clean_run(model, tokens, metric)
+    heads = [(l, h) for l in range(2) for h in range(4)]
+    edits = [Edit(Site(f"blocks.{l}.attn.hook_z", index=h)) for l, h in heads]
+    _, resid_pre, _ = unedited_run(model, tokens, metric)
     with torch.no_grad():
-        expected = torch.tensor([float(metric(model.run_with_hooks(tokens, fwd_hooks=[(e.hook_name, e.apply)]), tokens))
-                                 for e in edits])
+        expected = torch.tensor([float(metric(model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{l}.attn.hook_z", kill(h))]),
+                                              tokens)) for l, h in heads])
     torch.testing.assert_close(score_edits(model, resid_pre, tokens, edits, metric), expected, rtol=0, atol=1e-5)
     as_function = lambda logits, tokens: metric(logits, tokens)
     torch.testing.assert_close(score_edits(model, resid_pre, tokens, edits, as_function), expected, rtol=0, atol=1e-5)

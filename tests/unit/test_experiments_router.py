@@ -33,13 +33,17 @@ def router_probs(model, tokens):
 
 def test_expert_load_counts_the_top_k_choices(model, tokens, router_probs):
     df = expert_load(model, tokens)
-    assert list(df.columns) == ["layer", "expert", "count", "fraction"]
+    assert list(df.columns) == ["layer", "expert", "count", "fraction", "token_fraction"]
     for layer in range(2):
         chosen = router_probs[layer].topk(2, dim=-1).indices
         expected = torch.bincount(chosen.flatten(), minlength=4)
         rows = df[df.layer == layer]
         assert rows["count"].tolist() == expected.tolist()
         assert rows.fraction.sum() == pytest.approx(1.0)
+        # token_fraction: share of tokens that have the expert among their two, so it sums to k = 2
+        chose_expert_NE = torch.stack([(chosen == e).any(-1).flatten() for e in range(4)], dim=-1)
+        assert rows.token_fraction.tolist() == pytest.approx(chose_expert_NE.float().mean(0).tolist())
+        assert rows.token_fraction.sum() == pytest.approx(2.0)
     assert expert_load_figure(df).data
 
 

@@ -1,6 +1,8 @@
 """Training loop, corpus, BPE and CLI: schedule and aux-loss values by hand, a short real run, exact reload."""
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -227,6 +229,16 @@ def test_cli_models_lists_the_zoo(capsys):
 
 
 def test_train_cli_rejects_an_unknown_recipe(capsys):
+    from experiments import zoo
     with pytest.raises(SystemExit):
-        cli.main(["train", "--recipe", "gpt-5", "--out", "x"])
+        zoo.main(["--recipe", "gpt-5", "--out", "x"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_workbench_train_runs_the_zoo_command_in_its_own_process():
+    # `workbench train ...` hands its arguments to `python -m experiments.zoo` (the library never imports experiments)
+    command = cli.train_command(["--recipe", "toy-attn-2l", "--out", "runs/x"])
+    assert command == [sys.executable, "-m", "experiments.zoo", "--recipe", "toy-attn-2l", "--out", "runs/x"]
+    done = subprocess.run([sys.executable, "-m", "workbench.cli", "train", "--recipe", "gpt-5", "--out", "x"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "invalid choice: 'gpt-5'" in done.stderr

@@ -56,7 +56,7 @@ def _zoo_directory(name: str) -> Callable[[], Optional[Path]]:
 
 def _train_hint(name: str) -> str:
     return (f"its files (config.json + model.safetensors) belong in {ZOO / name} and ship with the repository; "
-            f"retrain them with `python -m workbench.train --recipe {name} --out workbench/zoo/{name}`")
+            f"retrain them with `python -m experiments.zoo --recipe {name} --out workbench/zoo/{name}`")
 
 
 REGISTRY: dict[str, RegisteredModel] = {

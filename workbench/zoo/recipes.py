@@ -1,6 +1,6 @@
 """The zoo's two recipes: each model's ``ModelConfig`` and the ``TrainConfig`` that trains it.
 
-``python -m workbench.train --recipe NAME --out workbench/zoo/NAME`` reproduces a shipped model
+``python -m experiments.zoo --recipe NAME --out workbench/zoo/NAME`` reproduces a shipped model
 from these values alone (plus the stdlib corpus and the BPE trained on it, both deterministic).
 
 Example:
