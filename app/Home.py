@@ -10,7 +10,7 @@ import streamlit as st
 
 import workbench as wb
 from app import state
-from app.widgets import page_setup, run_page
+from app.widgets import open_model, page_setup, run_page
 
 REGISTERED, PATH = "Registered model", "Path on this machine"
 
@@ -70,7 +70,7 @@ def _card(loaded: state.LoadedModel, description: str = "") -> None:
 def main() -> None:
     st.title("Mechanistic-interpretability workbench")
     _picker()
-    loaded = state.open_model()
+    loaded = open_model()
     if loaded is not None:
         models = wb.list_models().set_index("name")["description"]
         _card(loaded, models.get(state.model_source(), ""))

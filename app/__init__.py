@@ -1,7 +1,9 @@
 """The Streamlit dashboard: ``streamlit run app/Home.py`` (or ``make run``).
 
-Pages live in ``app/pages/``; the shared helpers are ``state`` (which model is open, loaded once
-per process), ``results`` (cached calls into ``experiments``), ``widgets`` (prompt box, head and
-layer pickers, error guard) and ``downloads`` (CSV / HTML / PNG buttons). The app only draws:
-every number on a page comes from an ``experiments`` function.
+Pages live in ``app/pages/`` and only lay out. The shared helpers, each importing only those
+listed after it: ``widgets`` (page setup, error and model guards, prompt box, head and layer
+pickers, progress bar), ``downloads`` (CSV / HTML / PNG buttons), ``results`` (the one cache
+layer: the loaded models and every cached call into ``experiments``), ``state`` (which model
+the session has chosen) and ``runtime`` (process settings, applied when a page starts, never on
+import). The app only draws: every number and figure on a page comes from ``experiments``.
 """

@@ -2,8 +2,9 @@
 
 Files are produced only when a button is clicked (Streamlit's deferred ``data`` callables), so
 a page does not pay for a 4 MB HTML file or a PNG render on every rerun. PNGs are rendered by
-kaleido, which drives a Chrome; Debian's /usr/bin/chromium is used when no other is named.
-Without kaleido the PNG comes from the camera button in each figure's toolbar (client side).
+kaleido, which drives a Chrome; Debian's /usr/bin/chromium is used when no other is named
+(handed to kaleido when a PNG is rendered, never on import). Without kaleido the PNG comes
+from the camera button in each figure's toolbar (client side).
 """
 
 from __future__ import annotations
@@ -13,14 +14,22 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Optional
 
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
 _DEBIAN_CHROMIUM = "/usr/bin/chromium"
-if "BROWSER_PATH" not in os.environ and Path(_DEBIAN_CHROMIUM).exists():
-    os.environ["BROWSER_PATH"] = _DEBIAN_CHROMIUM  # kaleido (choreographer) looks for Chrome here first
+_BROWSER_VARIABLE = "BROWSER_PATH"  # where kaleido (choreographer) looks for Chrome first
+
+
+def _named_browser() -> Optional[str]:
+    """The Chrome kaleido should drive: BROWSER_PATH when it names one that exists, else Debian's Chromium."""
+    for browser in (os.environ.get(_BROWSER_VARIABLE), _DEBIAN_CHROMIUM):
+        if browser and Path(browser).exists():
+            return browser
+    return None
 
 
 def png_export_available() -> bool:
@@ -32,9 +41,25 @@ def png_export_available() -> bool:
     """
     if importlib.util.find_spec("kaleido") is None:
         return False
-    browser = os.environ.get("BROWSER_PATH")
-    return bool(browser and Path(browser).exists()) or any(
+    return _named_browser() is not None or any(
         shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome", "chrome"))
+
+
+def png_bytes(fig: go.Figure) -> bytes:
+    """``fig`` rendered to a PNG at twice its size by kaleido, driving the Chrome ``_named_browser`` picks.
+
+    plotly's ``to_image`` takes no browser argument and kaleido looks in BROWSER_PATH first, so
+    the variable is set here, at the first render and only when no one has set it: kaleido then
+    drives the browser ``png_export_available`` counted on.
+
+    Example:
+        >>> png_bytes(go.Figure()).startswith(b"\\x89PNG")   # doctest: +SKIP
+        True
+    """
+    browser = _named_browser()
+    if browser and _BROWSER_VARIABLE not in os.environ:
+        os.environ[_BROWSER_VARIABLE] = browser
+    return fig.to_image(format="png", scale=2)
 
 
 def _file_stem(name: str) -> str:
@@ -78,7 +103,7 @@ def figure(fig: go.Figure, name: str, key: str, stretch: bool = True) -> None:
                            f"{stem}.html", "text/html", key=f"{key}_html", on_click="ignore",
                            icon=":material/download:", help="A standalone interactive page (works offline)")
         if png_export_available():
-            st.download_button("PNG", lambda: fig.to_image(format="png", scale=2), f"{stem}.png", "image/png",
+            st.download_button("PNG", lambda: png_bytes(fig), f"{stem}.png", "image/png",
                                key=f"{key}_png", on_click="ignore", icon=":material/download:",
                                help="Rendered on the server with kaleido; takes a few seconds")
         else:

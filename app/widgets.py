@@ -1,4 +1,5 @@
-"""Widgets every page shares: the page guard, the prompt box with its checks, layer and head pickers.
+"""Widgets every page shares: the page guards (errors, the open model), the prompt box with its
+checks, layer and head pickers, and the progress bar of long runs.
 
 The prompt is kept in a plain session-state key as well as in its widget, because Streamlit
 forgets a widget's value when the user moves to a page that does not draw it; seeding the
@@ -16,6 +17,8 @@ import streamlit as st
 import torch
 
 import workbench as wb
+from app import results, state
+from app.runtime import leave_a_core_free
 from app.state import LoadedModel
 
 DEFAULT_PROMPT = ("When Mary and John went to the store, John gave a drink to Mary. "
@@ -24,6 +27,7 @@ DEFAULT_PROMPT = ("When Mary and John went to the store, John gave a drink to Ma
 # pages would be slow and unreadable, so longer prompts get a message instead.
 MAX_PROMPT_TOKENS = 256
 _PROMPT_KEY, _PROMPT_SAVED = "prompt", "_prompt_saved"
+LOAD_ERRORS = (wb.CheckpointError, wb.ConfigError, wb.InputError, FileNotFoundError, OSError)
 log = logging.getLogger(__name__)
 
 
@@ -48,9 +52,12 @@ class Prompt:
 def page_setup(title: str) -> None:
     """Page title and the wide layout (heatmaps need the width); call first on every page.
 
+    Also where the dashboard applies its process settings (once, whichever page opens first).
+
     Example:
         >>> page_setup("Attention")   # doctest: +SKIP
     """
+    leave_a_core_free()
     st.set_page_config(page_title=f"{title} · workbench", layout="wide")
 
 
@@ -85,6 +92,38 @@ def run_page(body: Callable[[], None]) -> None:
         >>> run_page(lambda: st.write("hello"))   # doctest: +SKIP
     """
     guarded(body)()
+
+
+def open_model() -> Optional[LoadedModel]:
+    """The session's chosen model, loaded, or None after showing why it could not be loaded.
+
+    Example:
+        >>> loaded = open_model()   # doctest: +SKIP
+        >>> loaded.model.cfg.n_layers if loaded else None   # doctest: +SKIP
+    """
+    source, impl = state.model_source(), state.attn_impl()
+    if not source:
+        st.error("No model chosen: pick a registered model or give a path on the Home page.")
+        return None
+    try:
+        with st.spinner(f"Loading {source} …"):
+            return results.load_model(source, impl)
+    except LOAD_ERRORS as error:
+        st.error(f"Could not load model `{source}`: {error}")
+        st.info("Pick another model on the Home page (registered names are listed there).")
+        return None
+
+
+def require_model() -> LoadedModel:
+    """The open model; stops the page (after an explanation) when there is none.
+
+    Example:
+        >>> model = require_model().model   # doctest: +SKIP
+    """
+    loaded = open_model()
+    if loaded is None:
+        st.stop()
+    return loaded
 
 
 def prompt_box(loaded: LoadedModel, label: str = "Prompt", max_tokens: int = MAX_PROMPT_TOKENS) -> Optional[Prompt]:
@@ -155,6 +194,8 @@ def head_picker(loaded: LoadedModel, label: str, key: str, default: tuple[int, i
 
 def progress_callback(text: str) -> tuple[Callable[[int, int], None], Callable[[], None]]:
     """A ``(done, total)`` callback driving a fresh ``st.progress`` bar, and a function that removes the bar.
+
+    The ``bar`` that pages hand to ``results.with_progress``.
 
     Example:
         >>> report, finish = progress_callback("Sweeping heads")   # doctest: +SKIP

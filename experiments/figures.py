@@ -1,6 +1,6 @@
 """Plotly helpers shared by the experiment modules and the dashboard.
 
-Legend: L layers, H heads, Q query positions, K key positions.
+Legend: H n_heads, L n_layers.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 import torch
 from jaxtyping import Float
@@ -91,4 +92,32 @@ def labelled_heatmap(
     fig.update_xaxes(tickmode="array", tickvals=list(range(len(x_labels))), ticktext=list(x_labels))
     fig.update_yaxes(tickmode="array", tickvals=list(range(len(y_labels))), ticktext=list(y_labels),
                      autorange="reversed")
+    return fig
+
+
+def signed_token_bars(
+    df: pd.DataFrame,
+    value: str,
+    title: str = "",
+    value_name: str = "change",
+    x_title: str = "token",
+    hover: Sequence[str] = (),
+) -> go.Figure:
+    """One bar per row of ``df`` (labelled "position: token" from its columns), red above zero, blue below.
+
+    For per-token changes such as the loss change of an ablation; ``hover`` names more columns
+    shown on hover.
+
+    Example:
+        >>> df = pd.DataFrame({"position": [0, 1], "token": ["a", "b"], "delta": [0.5, -0.25]})
+        >>> fig = signed_token_bars(df, "delta", value_name="loss change")
+        >>> list(fig.data[0].x), list(fig.data[0].marker.color)
+        (["0: 'a'", "1: 'b'"], ['#b2182b', '#2166ac'])
+    """
+    import plotly.express as px  # imported here: it is slow to import and only this helper needs it
+
+    labels = [f"{p}: {t!r}"[:30] for p, t in zip(df["position"], df["token"])]
+    fig = px.bar(df.assign(label=labels), x="label", y=value, hover_data=list(hover), title=title,
+                 labels={"label": x_title, value: value_name})
+    fig.update_traces(marker_color=["#b2182b" if v > 0 else "#2166ac" for v in df[value]])
     return fig

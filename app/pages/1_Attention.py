@@ -2,17 +2,18 @@
 
 The layer view and the grid are fragments: moving the layer slider redraws only its own
 figures, not the grid (the largest payload on the page) or the table.
+
+Legend: P position, S key position, H n_heads, L n_layers.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import streamlit as st
 import torch
 
 from app import downloads, results
-from app.state import LoadedModel, require_model
-from app.widgets import Prompt, layer_picker, guarded, page_setup, prompt_box, run_page
+from app.state import LoadedModel
+from app.widgets import Prompt, guarded, layer_picker, page_setup, prompt_box, require_model, run_page
 from experiments import attention
 
 # The grid sends every pattern value to the browser; past this many cells it draws fewer
@@ -21,38 +22,17 @@ from experiments import attention
 GRID_CELL_BUDGET = 150_000
 
 
-KEY_LABEL_PX = 75  # room under each row of subplots for the rotated key labels
-
-
-def _show_key_labels(fig) -> None:
-    """Turns on the key (x) token labels of every subplot, lifting each row's bottom edge to make room.
-
-    The figure arrives with only query labels; shown as they are, the key labels would run
-    into the titles of the row below.
-    """
-    y_axes = [name for name in fig.layout if name.startswith("yaxis")]
-    n_rows = len({tuple(fig.layout[name].domain) for name in y_axes})
-    height = (fig.layout.height or 600) + KEY_LABEL_PX * n_rows
-    for name in y_axes:
-        bottom, top = fig.layout[name].domain
-        fig.layout[name].domain = (min(bottom + KEY_LABEL_PX / height, top - 0.01), top)
-    fig.update_xaxes(showticklabels=True, tickangle=-90, tickfont=dict(size=9))
-    fig.update_layout(height=height)
-
-
 @st.fragment
 @guarded
-def _layer_view(loaded: LoadedModel, prompt: Prompt, patterns_LHQK: torch.Tensor) -> None:
+def _layer_view(loaded: LoadedModel, prompt: Prompt, patterns_LHPS: torch.Tensor) -> None:
     st.subheader("One layer, every head")
     layer = layer_picker(loaded, key="attention_layer")
-    fig = attention.layer_patterns_figure(patterns_LHQK[layer], prompt.str_tokens, layer)
-    if len(prompt.str_tokens) <= 40:
-        _show_key_labels(fig)
+    fig = attention.layer_patterns_figure(patterns_LHPS[layer], prompt.str_tokens, layer, key_labels=True)
     downloads.figure(fig, f"attention_layer{layer}", key="layer_patterns")
 
     head = st.selectbox("Look closer at one head of this layer", range(loaded.model.cfg.n_heads),
                         format_func=lambda h: f"L{layer}H{h}", key="attention_focus_head")
-    focus = attention.pattern_figure(patterns_LHQK[layer, head], prompt.str_tokens, f"L{layer}H{head}")
+    focus = attention.pattern_figure(patterns_LHPS[layer, head], prompt.str_tokens, f"L{layer}H{head}")
     downloads.figure(focus, f"attention_L{layer}H{head}", key="focus_pattern", stretch=False)
 
 
@@ -62,39 +42,18 @@ def _default_grid_layers(n_layers: int, cells_per_layer: int) -> tuple[int, int]
     return 0, min(n_layers, fits) - 1
 
 
-def _lighten(fig) -> None:
-    """Moves the grid's hover labels from per-cell data onto the axes, and sends values as float32.
-
-    The figure names each cell's (layer, head, query, key) in a float64 ``customdata`` array:
-    15 MB for six SmolLM2 layers at 64 tokens, which the browser took seconds to receive. Here
-    every column gets a category label "H3 k12" and every row "L5 q7" (read off that same
-    customdata, so the tiling is not re-derived), and the hover shows those labels: the values
-    alone travel, at 4 bytes a cell.
-    """
-    trace = fig.data[0]
-    custom = np.asarray(trace.customdata, dtype=np.float64)  # [rows, cols, (layer, head, query, key)], NaN in gaps
-    heads_keys, layers_queries = custom[0, :, [1, 3]].T, custom[:, 0, [0, 2]]  # row 0 and column 0 lie in tiles
-    x = [f"H{h:.0f} k{k:.0f}" if not np.isnan(h) else f"gap {c}" for c, (h, k) in enumerate(heads_keys)]
-    y = [f"L{l:.0f} q{q:.0f}" if not np.isnan(l) else f"gap {r}" for r, (l, q) in enumerate(layers_queries)]
-    trace.update(x=x, y=y, z=np.asarray(trace.z, dtype=np.float32), customdata=None,
-                 hovertemplate="%{y}<br>%{x}<br>attention=%{z:.3f}<extra></extra>")
-    # The tick positions were numeric column/row positions; on category axes they name categories.
-    for axis, labels in ((fig.layout.xaxis, x), (fig.layout.yaxis, y)):
-        axis.update(type="category", tickvals=[labels[int(v)] for v in axis.tickvals])
-
-
 @st.fragment
 @guarded
-def _grid(loaded: LoadedModel, prompt: Prompt, patterns_LHQK: torch.Tensor) -> None:
+def _grid(loaded: LoadedModel, prompt: Prompt, patterns_LHPS: torch.Tensor) -> None:
     st.subheader("Layer x head grid")
-    n_layers, n_heads, q, k = patterns_LHQK.shape
+    n_layers, n_heads, n_queries, n_keys = patterns_LHPS.shape
     first, last = 0, 0
     if n_layers > 1:
-        first, last = st.slider("Layers in the grid", 0, n_layers - 1, _default_grid_layers(n_layers, n_heads * q * k),
-                                key="attention_grid_layers",
+        default = _default_grid_layers(n_layers, n_heads * n_queries * n_keys)
+        first, last = st.slider("Layers in the grid", 0, n_layers - 1, default, key="attention_grid_layers",
                                 help="Each tile is one head's pattern (queries down, keys across).")
-    fig = attention.pattern_grid_figure(patterns_LHQK, prompt.str_tokens, layers=range(first, last + 1))
-    _lighten(fig)
+    # light: hover labels on the axes and float32 values, a fraction of the default figure's payload.
+    fig = attention.pattern_grid_figure(patterns_LHPS, prompt.str_tokens, layers=range(first, last + 1), light=True)
     downloads.figure(fig, f"attention_grid_L{first}-{last}", key="pattern_grid")
 
 
@@ -104,16 +63,16 @@ def main() -> None:
     prompt = prompt_box(loaded)
     if prompt is None:
         return
-    patterns_LHQK = results.attention_patterns(loaded, loaded.key, prompt.ids)
-    _layer_view(loaded, prompt, patterns_LHQK)
+    patterns_LHPS = results.attention_patterns(loaded, prompt.ids)
+    _layer_view(loaded, prompt, patterns_LHPS)
 
     st.subheader("Per-head summary")
     st.caption("entropy in nats; bos_attention: mean attention to position 0; prev_token_share: mean attention "
                "to the previous token; mean_distance: how far back a head looks on average.")
-    summary = attention.head_summary(patterns_LHQK, prompt.tensor[0])
+    summary = attention.head_summary(patterns_LHPS, prompt.tensor[0])
     downloads.table(summary, "attention_head_summary", key="head_summary", height=300)
 
-    _grid(loaded, prompt, patterns_LHQK)
+    _grid(loaded, prompt, patterns_LHPS)
 
 
 page_setup("Attention")

@@ -1,5 +1,7 @@
 """Heads: compare every head across layers by each score, in heatmaps and a sortable table,
 and put two chosen heads' patterns side by side on the same prompt.
+
+Legend: P position, S key position, H n_heads, L n_layers.
 """
 
 from __future__ import annotations
@@ -9,8 +11,8 @@ import streamlit as st
 import torch
 
 from app import downloads, results
-from app.state import LoadedModel, require_model
-from app.widgets import Prompt, guarded, head_picker, page_setup, prompt_box, run_page
+from app.state import LoadedModel
+from app.widgets import Prompt, guarded, head_picker, page_setup, progress_callback, prompt_box, require_model, run_page
 from experiments import attention, heads
 from experiments.figures import scores_heatmap
 
@@ -46,7 +48,7 @@ def _heatmaps(table, n_layers: int, n_heads: int) -> None:
 def _side_by_side(loaded: LoadedModel, prompt: Prompt, table: pd.DataFrame) -> None:
     st.subheader("Two heads side by side")
     st.caption("They start as this prompt's strongest previous-token head and strongest induction head.")
-    patterns_LHQK = results.attention_patterns(loaded, loaded.key, prompt.ids)
+    patterns_LHPS = results.attention_patterns(loaded, prompt.ids)
     defaults = [tuple(int(v) for v in table.loc[table[score].fillna(float("-inf")).idxmax(), ["layer", "head"]])
                 for score in ("previous_token", "induction")]
     left, right = st.columns(2)
@@ -54,7 +56,7 @@ def _side_by_side(loaded: LoadedModel, prompt: Prompt, table: pd.DataFrame) -> N
                                         (right, "Right", "heads_right", defaults[1])):
         with column:
             layer, head = head_picker(loaded, label, key=key, default=default)
-            fig = attention.pattern_figure(patterns_LHQK[layer, head], prompt.str_tokens, f"L{layer}H{head}")
+            fig = attention.pattern_figure(patterns_LHPS[layer, head], prompt.str_tokens, f"L{layer}H{head}")
             downloads.figure(fig, f"pattern_L{layer}H{head}", key=f"{key}_pattern")
 
 
@@ -69,7 +71,8 @@ def main() -> None:
         "Include the ablation effect (zero-ablates every head in turn)", value=cfg.n_layers * cfg.n_heads <= 64,
         key="heads_include_ablation",
         help=f"{cfg.n_layers * cfg.n_heads} heads; each is ablated once on this prompt (batched).")
-    table = results.with_progress(loaded, "Scoring heads", _scores_table, prompt.ids, include_ablation)
+    table = results.with_progress(loaded, "Scoring heads", _scores_table, prompt.ids, include_ablation,
+                                  bar=progress_callback)
     st.caption("Scores on this prompt: induction, previous-token and duplicate-token are TransformerLens's "
                "“mul” detector scores; entropy is the mean entropy of each query's attention; the ablation effect "
                "is the change in mean next-token loss when the head is zero-ablated.")

@@ -1,22 +1,17 @@
 """Induction: score every head on repeated random tokens (with a progress bar), and compare the
 loss on the first and second copy of the sequence, where induction heads lower it.
+
+Legend: H n_heads, L n_layers.
 """
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from app import downloads, results
-from app.state import LoadedModel, require_model
-from app.widgets import page_setup, run_page
+from app.state import LoadedModel
+from app.widgets import page_setup, progress_callback, require_model, run_page
 from experiments import induction
-
-
-@st.cache_data(show_spinner="Measuring the loss on both copies …", max_entries=16)
-def _loss(_loaded: LoadedModel, model_key: str, seq_len: int, batch: int, seed: int) -> pd.DataFrame:
-    with _loaded.lock:
-        return induction.induction_loss(_loaded.model, seq_len=seq_len, batch=batch, seed=seed)
 
 
 def _settings(loaded: LoadedModel) -> tuple[int, int, int]:
@@ -40,7 +35,7 @@ def main() -> None:
     loaded = require_model()
     seq_len, batch, seed = _settings(loaded)
     scores_LH = results.with_progress(loaded, "Scanning layers", induction.induction_scores,
-                                      seq_len=seq_len, batch=batch, seed=seed)
+                                      seq_len=seq_len, batch=batch, seed=seed, bar=progress_callback)
     left, right = st.columns([3, 2])
     with left:
         fig = induction.scores_heatmap(scores_LH, f"Induction score ({batch} x 2 x {seq_len} random tokens)")
@@ -50,7 +45,7 @@ def main() -> None:
         downloads.table(induction.top_heads(scores_LH, 10), "induction_top_heads", key="induction_top")
 
     st.subheader("Loss on the first and second copy")
-    loss = _loss(loaded, loaded.key, seq_len, batch, seed)
+    loss = results.induction_loss(loaded, seq_len, batch, seed)
     means = loss.groupby("copy")["loss"].mean()
     cols = st.columns(3)
     cols[0].metric("Mean loss, first copy", f"{means['first']:.3f}")

@@ -1,21 +1,21 @@
 """Ablation: knock out heads, layers, neurons or experts (zero, mean or resample) and see how the
 loss on each token and the top next-token predictions change; sweep every head as a heatmap.
+
+Legend: H n_heads, L n_layers.
 """
 
 from __future__ import annotations
 
-from typing import Optional
-
 import pandas as pd
-import plotly.express as px
 import streamlit as st
 import torch
 
 from app import downloads, results
-from app.state import LoadedModel, require_model
-from app.widgets import Prompt, page_setup, prompt_box, run_page
+from app.results import Reference, Targets
+from app.state import LoadedModel
+from app.widgets import Prompt, page_setup, progress_callback, prompt_box, require_model, run_page
 from experiments import ablation
-from experiments.figures import scores_heatmap
+from experiments.figures import scores_heatmap, signed_token_bars
 
 KIND_LABELS = {"head": "Heads", "attn_layer": "Attention layers", "mlp_layer": "MLP layers",
                "neuron": "MLP neurons", "expert": "Experts"}
@@ -28,22 +28,6 @@ DEFAULT_REFERENCES = "\n".join([
     "She opened the letter slowly, read the first line twice, and then looked out of the window at the rain that "
     "had been falling since the morning, wondering whether he would ever come back to the little house by the sea.",
 ])
-Targets = tuple[tuple[str, int, Optional[int]], ...]  # (kind, layer, index): hashable for the cache
-
-
-def _as_targets(targets: Targets) -> list[ablation.AblationTarget]:
-    return [ablation.AblationTarget(kind, layer, index) for kind, layer, index in targets]
-
-
-@st.cache_data(show_spinner="Running the ablation …", max_entries=32)
-def _effects(_loaded: LoadedModel, model_key: str, ids: tuple[int, ...], targets: Targets, method: str,
-             reference: Optional[tuple[tuple[int, ...], ...]]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    tokens, ref = torch.tensor([ids]), (torch.tensor(reference) if reference else None)
-    with _loaded.lock:
-        per_token = ablation.per_token_loss_change(_loaded.model, tokens, _as_targets(targets), method, ref)
-        top = ablation.top_predictions_change(_loaded.model, tokens, _as_targets(targets), method, k=5,
-                                              reference_tokens=ref)
-    return per_token, top
 
 
 def _sweep(model, ids: tuple[int, ...], method: str, reference, progress) -> pd.DataFrame:
@@ -80,7 +64,7 @@ def _choose_targets(loaded: LoadedModel) -> Targets:
     return tuple(("neuron", layer, n) for n in neurons)
 
 
-def _reference(loaded: LoadedModel, prompt: Prompt, method: str) -> Optional[tuple[tuple[int, ...], ...]]:
+def _reference(loaded: LoadedModel, prompt: Prompt, method: str) -> Reference:
     """Token ids of the reference prompts, each cut to the prompt's length (None for zero ablation)."""
     if method == "zero":
         return None
@@ -103,11 +87,8 @@ def _effects_view(per_token: pd.DataFrame, top: pd.DataFrame) -> None:
     clean, ablated = per_token["clean_loss"].mean(), per_token["ablated_loss"].mean()
     cols[0].metric("Mean loss, clean", f"{clean:.4f}")
     cols[1].metric("Mean loss, ablated", f"{ablated:.4f}", delta=f"{ablated - clean:+.4f}", delta_color="inverse")
-    labels = [f"{p}: {t!r}"[:30] for p, t in zip(per_token["position"], per_token["token"])]
-    fig = px.bar(per_token.assign(label=labels), x="label", y="delta", hover_data=["clean_loss", "ablated_loss"],
-                 title="Change in loss of predicting each token (ablated - clean)",
-                 labels={"label": "predicted token", "delta": "loss change"})
-    fig.update_traces(marker_color=["#b2182b" if d > 0 else "#2166ac" for d in per_token["delta"]])
+    fig = signed_token_bars(per_token, "delta", "Change in loss of predicting each token (ablated - clean)",
+                            value_name="loss change", x_title="predicted token", hover=["clean_loss", "ablated_loss"])
     downloads.figure(fig, "ablation_per_token", key="ablation_per_token")
     downloads.table(per_token, "ablation_per_token", key="ablation_per_token_table", height=220)
     st.markdown("**Top next-token predictions after the last token, clean and ablated**")
@@ -128,14 +109,14 @@ def main() -> None:
     if not targets:
         st.info("Choose at least one thing to ablate.")
     else:
-        _effects_view(*_effects(loaded, loaded.key, prompt.ids, targets, method, reference))
+        _effects_view(*results.ablation_effects(loaded, prompt.ids, targets, method, reference))
 
     st.subheader("Every head, one at a time")
     cfg = loaded.model.cfg
     args = (prompt.ids, method, reference)
     if st.button(f"Run the head sweep ({cfg.n_layers * cfg.n_heads} heads, {method} ablation)", key="ablation_sweep") \
             or results.has_result(loaded, "Sweeping heads", _sweep, *args):
-        sweep = results.with_progress(loaded, "Sweeping heads", _sweep, *args)
+        sweep = results.with_progress(loaded, "Sweeping heads", _sweep, *args, bar=progress_callback)
         delta_LH = torch.tensor(sweep["delta"].values).view(cfg.n_layers, cfg.n_heads)
         fig = scores_heatmap(delta_LH, f"Loss change when {method}-ablating each head", colorscale="RdBu_r",
                              zmid=0.0, value_name="loss change")

@@ -4,29 +4,13 @@ MLPs and embeddings push the final logit of a chosen token up or down (direct lo
 
 from __future__ import annotations
 
-from typing import Optional
-
 import pandas as pd
 import streamlit as st
-import torch
 
-from app import downloads
-from app.state import LoadedModel, require_model
-from app.widgets import Prompt, page_setup, prompt_box, run_page
+from app import downloads, results
+from app.state import LoadedModel
+from app.widgets import Prompt, page_setup, prompt_box, require_model, run_page
 from experiments import lens
-
-
-@st.cache_data(show_spinner="Reading every layer through the unembedding …", max_entries=16)
-def _lens(_loaded: LoadedModel, model_key: str, ids: tuple[int, ...], top_k: int) -> pd.DataFrame:
-    with _loaded.lock:
-        return lens.logit_lens(_loaded.model, torch.tensor([ids]), top_k=top_k)
-
-
-@st.cache_data(show_spinner="Attributing the logit …", max_entries=32)
-def _dla(_loaded: LoadedModel, model_key: str, ids: tuple[int, ...], target: int, baseline: Optional[int],
-         position: int) -> pd.DataFrame:
-    with _loaded.lock:
-        return lens.direct_logit_attribution(_loaded.model, torch.tensor([ids]), target, baseline, position)
 
 
 def _token_id(loaded: LoadedModel, text: str, what: str) -> int:
@@ -54,7 +38,7 @@ def _attribution(loaded: LoadedModel, prompt: Prompt, table: pd.DataFrame) -> No
     target_name = target_text or top_tokens[0]
     title = f"Direct logit attribution of {target_name!r}" + (f" minus {baseline_text!r}" if baseline_text else "")
     st.caption(f"Top predictions here: {', '.join(repr(t) for t in top_tokens)}")
-    dla = _dla(loaded, loaded.key, prompt.ids, target, baseline, position)
+    dla = results.direct_logit_attribution(loaded, prompt.ids, target, baseline, position)
     downloads.figure(lens.dla_figure(dla, title), "direct_logit_attribution", key="dla")
     downloads.table(dla.sort_values("attribution", key=abs, ascending=False), "direct_logit_attribution",
                     key="dla_table", height=250)
@@ -67,7 +51,7 @@ def main() -> None:
     if prompt is None:
         return
     top_k = st.slider("Top tokens kept per layer and position", 1, 10, 5, key="lens_top_k")
-    table = _lens(loaded, loaded.key, prompt.ids, top_k)
+    table = results.logit_lens(loaded, prompt.ids, top_k)
     st.caption("Rows: the residual stream entering each layer, read through the final norm and unembedding; "
                "the last row is the model's own prediction. Cells show the top token, coloured by its probability.")
     downloads.figure(lens.logit_lens_figure(table, prompt.str_tokens), "logit_lens", key="logit_lens", stretch=False)

@@ -4,28 +4,13 @@ token chose, and what happens to the loss when one expert is switched off.
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 import torch
 
-from app import downloads
-from app.state import LoadedModel, require_model
-from app.widgets import page_setup, prompt_box, run_page
+from app import downloads, results
+from app.state import LoadedModel
+from app.widgets import page_setup, prompt_box, require_model, run_page
 from experiments import router
-
-
-@st.cache_data(show_spinner="Reading the router …", max_entries=16)
-def _routing(_loaded: LoadedModel, model_key: str, ids: tuple[int, ...]) -> tuple[pd.DataFrame, ...]:
-    tokens, model = torch.tensor([ids]), _loaded.model
-    with _loaded.lock:
-        return (router.expert_load(model, tokens), router.token_expert_choices(model, tokens),
-                router.router_entropy(model, tokens))
-
-
-@st.cache_data(show_spinner="Ablating the expert …", max_entries=32)
-def _ablate(_loaded: LoadedModel, model_key: str, ids: tuple[int, ...], layer: int, expert: int) -> dict:
-    with _loaded.lock:
-        return router.expert_ablation_effect(_loaded.model, torch.tensor([ids]), layer, expert)
 
 
 def _ablation(loaded: LoadedModel, ids: tuple[int, ...]) -> None:
@@ -34,7 +19,7 @@ def _ablation(loaded: LoadedModel, ids: tuple[int, ...]) -> None:
     left, right = st.columns(2)
     layer = left.selectbox("Layer", range(cfg.n_layers), key="router_layer")
     expert = right.selectbox("Expert", range(cfg.num_experts), key="router_expert")
-    effect = _ablate(loaded, loaded.key, ids, int(layer), int(expert))
+    effect = results.expert_ablation_effect(loaded, ids, int(layer), int(expert))
     cols = st.columns(3)
     cols[0].metric("Mean loss, clean", f"{effect['clean_loss']:.4f}")
     cols[1].metric(f"Mean loss without L{layer} expert {expert}", f"{effect['ablated_loss']:.4f}",
@@ -52,7 +37,7 @@ def main() -> None:
     prompt = prompt_box(loaded)
     if prompt is None:
         return
-    load, choices, entropy = _routing(loaded, loaded.key, prompt.ids)
+    load, choices, entropy = results.routing(loaded, prompt.ids)
     st.caption(f"Each token is sent to {cfg.experts_per_token} of {cfg.num_experts} experts in every layer.")
     left, right = st.columns([3, 2])
     with left:

@@ -101,8 +101,14 @@ def test_missing_model_is_a_message_not_a_traceback(dense):
 
 def test_attention_layer_slider_redraws_the_layer_figure(dense):
     at = run_page("attention", dense, SHORT_PROMPT)
-    assert chart(at, "layer_patterns")["layout"]["title"]["text"] == "Layer 0: every head"
-    assert chart(at, "pattern_grid")["data"][0]["type"] == "heatmap"
+    layer_figure = chart(at, "layer_patterns")
+    assert layer_figure["layout"]["title"]["text"] == "Layer 0: every head"
+    assert layer_figure["layout"]["xaxis"]["showticklabels"] is True  # key labels: the prompt is short
+    grid = chart(at, "pattern_grid")
+    assert grid["data"][0]["type"] == "heatmap"
+    # The page draws the light grid: hover labels on category axes, float32 values, no per-cell customdata.
+    assert "customdata" not in grid["data"][0] and grid["data"][0]["z"]["dtype"] == "f4"
+    assert grid["layout"]["xaxis"]["type"] == grid["layout"]["yaxis"]["type"] == "category"
     assert len(at.dataframe[0].value) == 2 * at.dataframe[0].value["head"].nunique()  # one row per (layer, head)
     at.slider(key="attention_layer").set_value(1).run()
     assert_clean(at)

@@ -1,0 +1,161 @@
+"""The dashboard's layers: importing it does nothing, ``app/results.py`` is the one cache layer and
+looks only down, and the figure builders produce the light figures the pages used to make by hand.
+
+Expected labels, gaps and layout numbers are worked out by hand in each test.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from experiments.attention import layer_patterns_figure, pattern_grid_figure
+
+REPO = Path(__file__).resolve().parents[2]
+APP = REPO / "app"
+# Every importable app module (Home.py and pages/ are scripts: running them is starting the dashboard).
+APP_MODULES = ["app"] + sorted(f"app.{path.stem}" for path in APP.glob("*.py") if path.stem not in ("Home", "__init__"))
+# What the pages import besides app modules.
+PAGE_HELPERS = ["experiments.ablation", "experiments.attention", "experiments.figures", "experiments.heads",
+                "experiments.induction", "experiments.lens", "experiments.router"]
+SENTINEL_THREADS = (os.cpu_count() or 1) + 3  # never what "leave a core free" would choose
+
+IMPORT_PROBE = f"""
+import json, os, sys
+import torch, streamlit, plotly  # third-party imports first: only the project's own effects are measured
+torch.set_num_threads({SENTINEL_THREADS})
+env_before, threads_before = dict(os.environ), torch.get_num_threads()
+import app.results
+app_modules_under_results = sorted(name for name in sys.modules if name.startswith("app."))
+for name in {APP_MODULES + PAGE_HELPERS!r}:
+    __import__(name)
+report = dict(threads=[threads_before, torch.get_num_threads()], env_changed=sorted(
+    key for key in set(env_before) | set(os.environ) if env_before.get(key) != os.environ.get(key)),
+    app_modules_under_results=app_modules_under_results)
+from app.runtime import leave_a_core_free
+leave_a_core_free()
+report["threads_once_started"] = torch.get_num_threads()
+torch.set_num_threads({SENTINEL_THREADS})
+leave_a_core_free()
+report["threads_after_second_call"] = torch.get_num_threads()
+print(json.dumps(report))
+"""
+
+
+@pytest.fixture(scope="module")
+def import_report() -> dict:
+    """What importing every app module did, measured in a fresh interpreter (one start for all checks)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "BROWSER_PATH")}
+    done = subprocess.run([sys.executable, "-c", IMPORT_PROBE], cwd=REPO, env={**env, "HF_HUB_OFFLINE": "1"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_app_modules_list_is_complete():
+    assert {"app.results", "app.state", "app.widgets", "app.downloads", "app.runtime"} <= set(APP_MODULES)
+
+
+def test_importing_the_app_changes_neither_threads_nor_environment(import_report):
+    assert import_report["threads"] == [SENTINEL_THREADS, SENTINEL_THREADS]
+    assert import_report["env_changed"] == []
+
+
+def test_the_dashboard_leaves_a_core_free_once_when_it_starts(import_report):
+    assert import_report["threads_once_started"] == max(1, (os.cpu_count() or 1) - 1)
+    assert import_report["threads_after_second_call"] == SENTINEL_THREADS  # applied once, not on every page
+
+
+def test_results_imports_no_widget_or_page(import_report):
+    assert import_report["app_modules_under_results"] == ["app.results", "app.state"]
+    tree = ast.parse((APP / "results.py").read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {f"app.{alias.name}" for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module == "app" for alias in node.names}
+    assert "app.state" in imported
+    assert not {name for name in imported if name == "app.widgets" or name.startswith("app.pages")}
+
+
+def test_only_results_caches():
+    sources = {path.relative_to(APP).as_posix(): path.read_text() for path in APP.rglob("*.py")}
+    assert "pages/1_Attention.py" in sources and len(sources) >= 12
+    caching = sorted(name for name, text in sources.items() if "cache_data" in text or "cache_resource" in text)
+    assert caching == ["results.py"]
+    results = sources["results.py"]
+    # the model, seven results and the long-run store
+    assert results.count("@st.cache_resource") == 2 and results.count("@st.cache_data") == 7
+    assert "def load_model(" in results
+
+
+def test_light_grid_has_axis_labels_float32_values_and_no_customdata():
+    patterns = torch.arange(18, dtype=torch.float32).reshape(1, 2, 3, 3) / 18  # 1 layer, 2 heads, 3 positions
+    fig = pattern_grid_figure(patterns, ["a", "b", "c"], light=True)
+    trace = fig.data[0]
+    # gap = max(1, 3 // 8) = 1 column between the heads' 3-column tiles: 3 + 1 + 3 = 7 columns.
+    assert list(trace.x) == ["H0 k0", "H0 k1", "H0 k2", "gap 3", "H1 k0", "H1 k1", "H1 k2"]
+    assert list(trace.y) == ["L0 q0", "L0 q1", "L0 q2"]
+    assert trace.customdata is None
+    assert trace.hovertemplate == "%{y}<br>%{x}<br>attention=%{z:.3f}<extra></extra>"
+    assert trace.z.dtype == np.float32 and trace.z.shape == (3, 7)
+    assert np.isnan(trace.z[:, 3]).all()
+    np.testing.assert_array_equal(trace.z[:, :3], patterns[0, 0].numpy())
+    np.testing.assert_array_equal(trace.z[:, 4:], patterns[0, 1].numpy())
+    # Ticks at each tile's middle column (1 of 0..2) and row, named by category; the text is unchanged.
+    assert fig.layout.xaxis.type == "category" and fig.layout.yaxis.type == "category"
+    assert list(fig.layout.xaxis.tickvals) == ["H0 k1", "H1 k1"] and list(fig.layout.xaxis.ticktext) == ["H0", "H1"]
+    assert list(fig.layout.yaxis.tickvals) == ["L0 q1"] and list(fig.layout.yaxis.ticktext) == ["L0"]
+
+
+def test_light_grid_names_the_chosen_layers_and_the_row_gaps():
+    patterns = torch.full((3, 1, 3, 3), 1 / 3)
+    fig = pattern_grid_figure(patterns, layers=[0, 2], light=True)
+    assert list(fig.data[0].y) == ["L0 q0", "L0 q1", "L0 q2", "gap 3", "L2 q0", "L2 q1", "L2 q2"]
+    assert list(fig.data[0].x) == ["H0 k0", "H0 k1", "H0 k2"]
+    assert list(fig.layout.yaxis.tickvals) == ["L0 q1", "L2 q1"]
+
+
+def test_default_grid_keeps_numeric_axes_and_the_customdata_hover():
+    patterns = torch.full((1, 2, 3, 3), 1 / 3)
+    fig = pattern_grid_figure(patterns)
+    custom = np.asarray(fig.data[0].customdata, dtype=float)
+    assert custom.shape == (3, 7, 4)
+    assert list(custom[2, 5]) == [0, 1, 2, 1]  # row 2, column 5: layer 0, head 1, query 2, key 5 - 4 = 1
+    assert np.isnan(custom[:, 3]).all()
+    assert fig.data[0].z.dtype == np.float64 and fig.layout.xaxis.type is None
+    assert list(fig.layout.xaxis.tickvals) == [1.5, 5.5] and list(fig.layout.yaxis.tickvals) == [1.5]
+
+
+def test_key_labels_show_the_x_ticks_and_lift_each_row():
+    patterns = torch.full((2, 3, 3), 1 / 3)  # 2 heads: one row of two subplots
+    plain = layer_patterns_figure(patterns, ["a", "b", "c"], 0)
+    assert plain.layout.height == 300 + 100 and plain.layout.xaxis.showticklabels is False
+    assert tuple(plain.layout.yaxis.domain) == (0, 1)
+    fig = layer_patterns_figure(patterns, ["a", "b", "c"], 0, key_labels=True)
+    assert fig.layout.height == 300 + 100 + 75
+    for axis in (fig.layout.yaxis, fig.layout.yaxis2):
+        assert axis.domain == pytest.approx((75 / 475, 1))
+        assert axis.showticklabels is True
+    for axis in (fig.layout.xaxis, fig.layout.xaxis2):
+        assert axis.showticklabels is True and axis.tickangle == -90 and axis.tickfont.size == 9
+
+
+def test_key_labels_on_two_rows_and_not_past_forty_tokens():
+    patterns = torch.full((5, 3, 3), 1 / 3)  # 5 heads: 2 rows of 4 columns
+    fig = layer_patterns_figure(patterns, ["a", "b", "c"], 1, key_labels=True)
+    height = 2 * 300 + 100 + 2 * 75
+    assert fig.layout.height == height
+    # vertical_spacing 0.06 leaves rows of (1 - 0.06) / 2 = 0.47: the top row spans 0.53..1, the bottom 0..0.47.
+    assert fig.layout.yaxis.domain == pytest.approx((0.53 + 75 / height, 1))
+    assert fig.layout.yaxis5.domain == pytest.approx((75 / height, 0.47))
+    long = layer_patterns_figure(torch.full((2, 41, 41), 1 / 41), [f"t{i}" for i in range(41)], 0, key_labels=True)
+    assert long.layout.height == 400 and tuple(long.layout.yaxis.domain) == (0, 1)
+    assert long.layout.xaxis.showticklabels is False and long.layout.yaxis.showticklabels is False
