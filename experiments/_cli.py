@@ -1,7 +1,6 @@
 """Shared plumbing of the ``python -m experiments.<name>`` commands: arguments, model loading, outputs.
 
-Every command takes ``--model NAME_OR_PATH`` (default: ``workbench.default_model_name()`` when
-the loader provides one) and ``--out DIR``, and writes ``<stem>.csv``, ``<stem>.json`` and
+Every command takes ``--model NAME_OR_PATH`` (default: ``workbench.default_model_name()``) and ``--out DIR``, and writes ``<stem>.csv``, ``<stem>.json`` and
 ``<stem>.html`` (a standalone plotly figure) there.
 """
 
@@ -10,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -18,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever fetched from a hub
+import workbench as wb
 
 DEFAULT_PROMPT = ("When Mary and John went to the store, John gave a drink to Mary. "
                   "The cat sat on the mat. The cat sat on the mat.")
@@ -40,22 +38,15 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def default_model_name() -> str:
-    """``workbench.default_model_name()``, or an error saying no default is available."""
-    import workbench
-
-    finder = getattr(workbench, "default_model_name", None)
-    if finder is None:
-        raise SystemExit("no model is available by default in this workbench: pass --model NAME_OR_PATH")
-    return finder()
-
-
 def load(args: argparse.Namespace):
-    """Loads ``--model`` (or the default model) with ``--attn-impl``, in eval mode."""
-    import workbench as wb
+    """Loads ``--model`` (or ``wb.default_model_name()``) with ``--attn-impl``, in eval mode.
 
-    name = args.model or default_model_name()
-    return wb.load_model(name, attn_impl=args.attn_impl).eval()
+    Nothing is fetched from a hub: every loader reads local files only.
+
+    Example:
+        >>> model = load(make_parser("demo").parse_args(["--out", "o"]))   # doctest: +SKIP
+    """
+    return wb.load_model(args.model or wb.default_model_name(), attn_impl=args.attn_impl).eval()
 
 
 def prompt_tokens(model, prompt: Optional[str]) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Text generation with a per-layer KV cache: greedy, temperature, top-k and top-p sampling.
 
-Legend: B batch, P position, V d_vocab, N new tokens.
+Legend: B batch, P position, V d_vocab.
 """
 
 from __future__ import annotations

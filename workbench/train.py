@@ -1,6 +1,6 @@
 """Training a ``Decoder`` on a token stream: AdamW, warmup then cosine decay, clipping, checkpoints.
 
-Legend: B batch, P position, N flattened tokens, E num_experts, k experts_per_token.
+Legend: B batch, P position, C copy length, N flattened tokens, E num_experts, k experts_per_token.
 
 Every training sequence is BOS followed by P-1 consecutive tokens from a random offset of the
 training stream (documents joined by the boundary token), so the model always sees the same
@@ -171,14 +171,14 @@ def random_windows(stream_N: Int[Tensor, "n_tokens"], batch: int, seq_len: int, 
     if stream_N.numel() <= span:
         raise InputError(f"the token stream ({stream_N.numel()} tokens) is shorter than one window ({span} + BOS)")
     starts_B = torch.randint(0, stream_N.numel() - span, (batch,), generator=generator)
-    offsets_BS = torch.arange(span).repeat(batch, 1)
+    offsets_BP = torch.arange(span).repeat(batch, 1)
     if repeated_rows:
         low, high = min(MIN_REPEAT_LEN, span // 2), span // 2
-        period_R1 = torch.randint(low, high + 1, (repeated_rows, 1), generator=generator)
-        j_RS = offsets_BS[:repeated_rows]
-        offsets_BS[:repeated_rows] = torch.where(j_RS < 2 * period_R1, j_RS % period_R1, j_RS - period_R1)
-    body_BS = stream_N[starts_B[:, None] + offsets_BS]
-    return torch.cat([torch.full((batch, 1), bos, dtype=torch.long), body_BS], dim=1)
+        period_B1 = torch.randint(low, high + 1, (repeated_rows, 1), generator=generator)
+        j_BP = offsets_BP[:repeated_rows]
+        offsets_BP[:repeated_rows] = torch.where(j_BP < 2 * period_B1, j_BP % period_B1, j_BP - period_B1)
+    body_BP = stream_N[starts_B[:, None] + offsets_BP]
+    return torch.cat([torch.full((batch, 1), bos, dtype=torch.long), body_BP], dim=1)
 
 
 def repeated_random_windows(d_vocab: int, batch: int, copy_len: int, bos: int,
@@ -210,19 +210,19 @@ def fixed_windows(stream_N: Int[Tensor, "n_tokens"], seq_len: int, max_windows: 
     if available == 0:
         raise InputError(f"the token stream ({stream_N.numel()} tokens) is shorter than one window ({span} + BOS)")
     chosen = torch.linspace(0, available - 1, min(max_windows, available)).round().long().unique()
-    body_WS = stream_N[chosen[:, None] * span + torch.arange(span)]
-    return torch.cat([torch.full((len(chosen), 1), bos, dtype=torch.long), body_WS], dim=1)
+    body_BP = stream_N[chosen[:, None] * span + torch.arange(span)]
+    return torch.cat([torch.full((len(chosen), 1), bos, dtype=torch.long), body_BP], dim=1)
 
 
 @torch.no_grad()
-def mean_loss(model: Decoder, windows_WS: Int[Tensor, "windows seq_len"], batch: int = 32) -> float:
+def mean_loss(model: Decoder, windows_BP: Int[Tensor, "windows seq_len"], batch: int = 32) -> float:
     """Mean next-token loss over all windows (every predicted token weighs the same).
 
     Example:
         >>> mean_loss(model, fixed_windows(stream, 128, 64, bos=0))   # doctest: +SKIP
     """
     total, count = 0.0, 0
-    for chunk in windows_WS.split(batch):
+    for chunk in windows_BP.split(batch):
         losses = model(chunk, return_type="loss", loss_per_token=True)
         total, count = total + losses.sum().item(), count + losses.numel()
     return total / count
@@ -297,11 +297,11 @@ def train(model: Decoder, train_stream: Int[Tensor, "n_train"], held_out_stream:
             if cfg.is_induction_step(step):
                 low, high = cfg.induction_len_range
                 copy_len = int(torch.randint(low, high + 1, (1,), generator=generator))
-                tokens_BS = repeated_random_windows(model.cfg.d_vocab, cfg.induction_batch, copy_len, bos, generator)
+                tokens_BP = repeated_random_windows(model.cfg.d_vocab, cfg.induction_batch, copy_len, bos, generator)
             else:
-                tokens_BS = random_windows(train_stream, cfg.batch_size, cfg.seq_len, bos, generator, repeated_rows)
+                tokens_BP = random_windows(train_stream, cfg.batch_size, cfg.seq_len, bos, generator, repeated_rows)
             router_logits.clear()
-            lm_loss = model(tokens_BS, return_type="loss")
+            lm_loss = model(tokens_BP, return_type="loss")
             loss = lm_loss
             if router_logits:
                 loss = loss + cfg.aux_loss_coef * load_balancing_loss(router_logits, model.cfg.experts_per_token)

@@ -1,6 +1,6 @@
 """Multi-head, grouped-query and multi-query causal self-attention with TransformerLens hooks.
 
-Legend: B batch, P position, H query heads, G key/value heads, K d_head, D d_model, S key positions.
+Legend: B batch, P position, H n_heads, G n_key_value_heads, K d_head, D d_model, S key position.
 
 Weights follow `torch.nn.Linear`'s layout so the projections are the same matmuls
 `transformers` runs: ``W_Q`` [H*K, D], ``W_K``/``W_V`` [G*K, D], ``W_O`` [D, H*K]; biases

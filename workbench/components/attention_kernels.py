@@ -1,17 +1,16 @@
 """The swappable inner attention functions: eager, sdpa and flash (tiled online softmax).
 
-Legend: B batch, H query heads, G key/value heads (groups), g = H // G query heads per group,
-Q query positions, S key positions, D d_head.
+Legend: B batch, H n_heads, G n_key_value_heads, g query heads per key/value head, P position,
+S key position, K d_head.
 
-Every kernel takes q [B, H, Q, D], k and v [B, G, S, D] and a ``MaskSpec`` and returns
-z [B, Q, H, D] (position-major, the layout of ``hook_z``). Grouped-query attention is done by
-folding the g query heads of a group into the query axis ([B, G, g*Q, D]) so one matmul
+Every kernel takes q [B, H, P, K], k and v [B, G, S, K] and a ``MaskSpec`` and returns
+z [B, P, H, K] (position-major, the layout of ``hook_z``). Grouped-query attention is done by
+folding the g query heads of a group into the query axis ([B, G, g*P, K]) so one matmul
 against the group's single K/V head serves them all: K and V are never copied per query head.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -25,7 +24,7 @@ from torch import Tensor
 class MaskSpec:
     """Which keys each query sees, and the additive position bias.
 
-    Queries sit at absolute positions ``q_offset .. q_offset + Q - 1`` (non-zero while decoding
+    Queries sit at absolute positions ``q_offset .. q_offset + P - 1`` (non-zero while decoding
     with a KV cache); keys at ``0 .. S - 1``. Query i sees key j iff j <= i and, with a sliding
     window w, i - j < w. ALiBi adds -slope_h * (i - j).
     """
@@ -62,56 +61,56 @@ class MaskSpec:
 Hook = Callable[[Tensor], Tensor]
 
 
-def _group_queries(q_BHQD: Tensor, n_kv: int) -> Tensor:
-    """[B, H, Q, D] -> [B, G, g*Q, D]: the query heads of one K/V group side by side."""
-    B, H, Q, D = q_BHQD.shape
-    return q_BHQD.reshape(B, n_kv, (H // n_kv) * Q, D)
+def _group_queries(q_BHPK: Tensor, n_kv: int) -> Tensor:
+    """[B, H, P, K] -> [B, G, g*P, K]: the query heads of one K/V group side by side."""
+    B, H, P, K = q_BHPK.shape
+    return q_BHPK.reshape(B, n_kv, (H // n_kv) * P, K)
 
 
 def eager_attention(
-    q_BHQD: Float[Tensor, "batch n_heads q_pos d_head"],
-    k_BGSD: Float[Tensor, "batch n_kv k_pos d_head"],
-    v_BGSD: Float[Tensor, "batch n_kv k_pos d_head"],
+    q_BHPK: Float[Tensor, "batch n_heads q_pos d_head"],
+    k_BGSK: Float[Tensor, "batch n_kv k_pos d_head"],
+    v_BGSK: Float[Tensor, "batch n_kv k_pos d_head"],
     mask: MaskSpec,
     hook_scores: Hook = lambda t: t,
     hook_pattern: Hook = lambda t: t,
 ) -> Float[Tensor, "batch q_pos n_heads d_head"]:
     """Materialises scores and pattern so hooks can read and edit them."""
-    B, H, Q, D = q_BHQD.shape
-    G, S = k_BGSD.shape[1], k_BGSD.shape[2]
-    scores_BGxS = _group_queries(q_BHQD, G) @ k_BGSD.transpose(-1, -2)
-    scores_BHQS = scores_BGxS.view(B, H, Q, S) * mask.scale
-    scores_BHQS = hook_scores(scores_BHQS + mask.bias(0, Q, 0, S, q_BHQD.device).to(scores_BHQS.dtype))
-    pattern_BHQS = hook_pattern(torch.softmax(scores_BHQS.float(), dim=-1).to(q_BHQD.dtype))
-    z_BGxD = pattern_BHQS.reshape(B, G, (H // G) * Q, S) @ v_BGSD
-    return z_BGxD.view(B, H, Q, D).transpose(1, 2)
+    B, H, P, K = q_BHPK.shape
+    G, S = k_BGSK.shape[1], k_BGSK.shape[2]
+    scores_BGxS = _group_queries(q_BHPK, G) @ k_BGSK.transpose(-1, -2)
+    scores_BHPS = scores_BGxS.view(B, H, P, S) * mask.scale
+    scores_BHPS = hook_scores(scores_BHPS + mask.bias(0, P, 0, S, q_BHPK.device).to(scores_BHPS.dtype))
+    pattern_BHPS = hook_pattern(torch.softmax(scores_BHPS.float(), dim=-1).to(q_BHPK.dtype))
+    z_BGxK = pattern_BHPS.reshape(B, G, (H // G) * P, S) @ v_BGSK
+    return z_BGxK.view(B, H, P, K).transpose(1, 2)
 
 
 def sdpa_attention(
-    q_BHQD: Float[Tensor, "batch n_heads q_pos d_head"],
-    k_BGSD: Float[Tensor, "batch n_kv k_pos d_head"],
-    v_BGSD: Float[Tensor, "batch n_kv k_pos d_head"],
+    q_BHPK: Float[Tensor, "batch n_heads q_pos d_head"],
+    k_BGSK: Float[Tensor, "batch n_kv k_pos d_head"],
+    v_BGSK: Float[Tensor, "batch n_kv k_pos d_head"],
     mask: MaskSpec,
 ) -> Float[Tensor, "batch q_pos n_heads d_head"]:
     """`torch.nn.functional.scaled_dot_product_attention`, GQA handled by torch (enable_gqa)."""
-    Q, S = q_BHQD.shape[2], k_BGSD.shape[2]
-    if mask.is_plain_causal and Q == S:
+    P, S = q_BHPK.shape[2], k_BGSK.shape[2]
+    if mask.is_plain_causal and P == S:
         attn_mask, is_causal = None, True
-    elif mask.is_plain_causal and Q == 1:
+    elif mask.is_plain_causal and P == 1:
         attn_mask, is_causal = None, False  # one new token sees the whole cache
     else:
-        attn_mask, is_causal = mask.bias(0, Q, 0, S, q_BHQD.device).to(q_BHQD.dtype), False
+        attn_mask, is_causal = mask.bias(0, P, 0, S, q_BHPK.device).to(q_BHPK.dtype), False
     z = F.scaled_dot_product_attention(
-        q_BHQD, k_BGSD, v_BGSD, attn_mask=attn_mask, is_causal=is_causal, scale=mask.scale,
-        enable_gqa=k_BGSD.shape[1] != q_BHQD.shape[1],
+        q_BHPK, k_BGSK, v_BGSK, attn_mask=attn_mask, is_causal=is_causal, scale=mask.scale,
+        enable_gqa=k_BGSK.shape[1] != q_BHPK.shape[1],
     )
     return z.transpose(1, 2)
 
 
 def tiled_flash_attention(
-    q_BHQD: Float[Tensor, "batch n_heads q_pos d_head"],
-    k_BGSD: Float[Tensor, "batch n_kv k_pos d_head"],
-    v_BGSD: Float[Tensor, "batch n_kv k_pos d_head"],
+    q_BHPK: Float[Tensor, "batch n_heads q_pos d_head"],
+    k_BGSK: Float[Tensor, "batch n_kv k_pos d_head"],
+    v_BGSK: Float[Tensor, "batch n_kv k_pos d_head"],
     mask: MaskSpec,
     block_q: int = 256,
     block_k: int = 256,
@@ -120,26 +119,26 @@ def tiled_flash_attention(
 
     Queries are processed in tiles of ``block_q`` against key tiles of ``block_k`` with a running
     max ``m`` and running sum ``l`` (online softmax), so at most [B, H, block_q, block_k] scores
-    exist at once, never [Q, S]. Key tiles that the causal mask or sliding window hides
+    exist at once, never [P, S]. Key tiles that the causal mask or sliding window hides
     entirely are skipped.
     """
-    B, H, Q, D = q_BHQD.shape
-    G, S = k_BGSD.shape[1], k_BGSD.shape[2]
+    B, H, P, K = q_BHPK.shape
+    G, S = k_BGSK.shape[1], k_BGSK.shape[2]
     g = H // G
-    q_BGgQD = q_BHQD.view(B, G, g, Q, D)
-    out_BGgQD = torch.empty(B, G, g, Q, D, dtype=q_BHQD.dtype, device=q_BHQD.device)
-    for q_start in range(0, Q, block_q):
-        q_end = min(q_start + block_q, Q)
+    q_BGgPK = q_BHPK.view(B, G, g, P, K)
+    out_BGgPK = torch.empty(B, G, g, P, K, dtype=q_BHPK.dtype, device=q_BHPK.device)
+    for q_start in range(0, P, block_q):
+        q_end = min(q_start + block_q, P)
         n_q = q_end - q_start
-        q_tile = q_BGgQD[:, :, :, q_start:q_end].reshape(B, G, g * n_q, D).float() * mask.scale
-        m = torch.full((B, G, g * n_q, 1), float("-inf"), device=q_BHQD.device)
-        l = torch.zeros(B, G, g * n_q, 1, device=q_BHQD.device)
-        acc = torch.zeros(B, G, g * n_q, D, device=q_BHQD.device)
+        q_tile = q_BGgPK[:, :, :, q_start:q_end].reshape(B, G, g * n_q, K).float() * mask.scale
+        m = torch.full((B, G, g * n_q, 1), float("-inf"), device=q_BHPK.device)
+        l = torch.zeros(B, G, g * n_q, 1, device=q_BHPK.device)
+        acc = torch.zeros(B, G, g * n_q, K, device=q_BHPK.device)
         lo, hi = mask.key_range(q_start, q_end, S)
         for k_start in range(lo, hi, block_k):
             k_end = min(k_start + block_k, hi)
-            s = q_tile @ k_BGSD[:, :, k_start:k_end].float().transpose(-1, -2)  # [B, G, g*n_q, n_k]
-            bias = mask.bias(q_start, n_q, k_start, k_end - k_start, q_BHQD.device)  # [1|H, n_q, n_k]
+            s = q_tile @ k_BGSK[:, :, k_start:k_end].float().transpose(-1, -2)  # [B, G, g*n_q, n_k]
+            bias = mask.bias(q_start, n_q, k_start, k_end - k_start, q_BHPK.device)  # [1|H, n_q, n_k]
             bias = bias.view(1, G, g, n_q, -1) if bias.shape[0] > 1 else bias.view(1, 1, 1, n_q, -1)
             s = (s.view(B, G, g, n_q, -1) + bias).view(B, G, g * n_q, -1)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
@@ -147,27 +146,27 @@ def tiled_flash_attention(
             p = torch.exp(s - m_safe)
             correction = torch.exp(m - m_safe)
             l = l * correction + p.sum(-1, keepdim=True)
-            acc = acc * correction + p @ v_BGSD[:, :, k_start:k_end].float()
+            acc = acc * correction + p @ v_BGSK[:, :, k_start:k_end].float()
             m = m_new
-        out_BGgQD[:, :, :, q_start:q_end] = (acc / l).view(B, G, g, n_q, D).to(q_BHQD.dtype)
-    return out_BGgQD.view(B, H, Q, D).transpose(1, 2)
+        out_BGgPK[:, :, :, q_start:q_end] = (acc / l).view(B, G, g, n_q, K).to(q_BHPK.dtype)
+    return out_BGgPK.view(B, H, P, K).transpose(1, 2)
 
 
 def flash_attention(
-    q_BHQD: Float[Tensor, "batch n_heads q_pos d_head"],
-    k_BGSD: Float[Tensor, "batch n_kv k_pos d_head"],
-    v_BGSD: Float[Tensor, "batch n_kv k_pos d_head"],
+    q_BHPK: Float[Tensor, "batch n_heads q_pos d_head"],
+    k_BGSK: Float[Tensor, "batch n_kv k_pos d_head"],
+    v_BGSK: Float[Tensor, "batch n_kv k_pos d_head"],
     mask: MaskSpec,
 ) -> Float[Tensor, "batch q_pos n_heads d_head"]:
     """``attn_impl="flash"``: the Triton kernel on CUDA where it applies, else the tiled torch path."""
-    if q_BHQD.is_cuda and mask.alibi_slopes_H is None and mask.q_offset == 0 and q_BHQD.shape[2] == k_BGSD.shape[2]:
+    if q_BHPK.is_cuda and mask.alibi_slopes_H is None and mask.q_offset == 0 and q_BHPK.shape[2] == k_BGSK.shape[2]:
         from workbench.kernels import triton_available, triton_flash_attention
 
         if triton_available():
-            z = triton_flash_attention(q_BHQD, k_BGSD, v_BGSD, causal=True,
+            z = triton_flash_attention(q_BHPK, k_BGSK, v_BGSK, causal=True,
                                        sliding_window=mask.sliding_window, scale=mask.scale)
             return z.transpose(1, 2)
-    return tiled_flash_attention(q_BHQD, k_BGSD, v_BGSD, mask)
+    return tiled_flash_attention(q_BHPK, k_BGSK, v_BGSK, mask)
 
 
 FAST_KERNELS = {"sdpa": sdpa_attention, "flash": flash_attention}

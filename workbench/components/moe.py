@@ -1,6 +1,6 @@
 """Top-k mixture of experts (Mixtral-style) with router hooks.
 
-Legend: B batch, P position, N = B*P tokens, D d_model, M d_mlp, E num_experts,
+Legend: B batch, P position, N flattened tokens, D d_model, M d_mlp, E num_experts,
 k experts_per_token.
 
 The router is a linear map ``W_router`` [E, D]; its softmax is taken over all experts, the top

@@ -1,6 +1,6 @@
 """Rotary position embedding (RoPE), full or partial, and ALiBi slopes.
 
-Legend: B batch, P position, H heads, K head dim (d_head), R rotary_dim.
+Legend: B batch, P position, H n_heads, K d_head, R rotary_dim.
 
 We use the "rotate half" pairing of GPT-NeoX / Llama in `transformers`: dimension i is paired
 with i + R/2. (GGUF files store llama Q/K rows permuted for llama.cpp's interleaved pairing; the

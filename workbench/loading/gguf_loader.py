@@ -1,6 +1,6 @@
 """GGUF files of the llama architecture (quantised or not) -> ``Decoder``.
 
-Legend: H query heads, G key/value heads, K d_head, D d_model, M d_mlp, E experts.
+Legend: H n_heads, G n_key_value_heads, K d_head, D d_model, M d_mlp, E num_experts.
 
 Metadata and tensors are read with the PyPI ``gguf`` package (``GGUFReader``), quantised
 blocks (Q4_0/Q4_1/Q8_0/K-quants ...) dequantised with its vectorised numpy code

@@ -1,6 +1,6 @@
 """The Llama family in HF format: Llama, Mistral (sliding window), Qwen2 (QKV bias), Mixtral (MoE).
 
-Legend: L layer, E experts, M d_mlp, D d_model.
+Legend: L n_layers, E num_experts, M d_mlp, D d_model.
 
 All four are pre-norm RMSNorm decoders with RoPE, grouped-query attention and a SwiGLU MLP;
 they differ only in config values, which ``Variant`` records, and in Mixtral's expert tensors.

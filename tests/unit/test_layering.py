@@ -1,0 +1,114 @@
+"""The package structure: layers only look down, no import cycles, no import-time side effects.
+
+Data flows one way: loading -> model -> experiments -> app. ``workbench`` never imports
+``experiments`` or ``app``; ``experiments`` never imports ``app`` or Streamlit. Imports are read
+from the source (every ``import`` statement, including those inside functions, which run just
+as surely, only later); only imports under ``if TYPE_CHECKING:`` are left out, since they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("workbench", "experiments", "app")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            inside |= {id(child) for stmt in node.body for child in ast.walk(stmt)}
+    return inside
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every module name ``path`` imports (our modules by their full name, others by their top-level name)."""
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_nodes(tree)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:  # `from pkg import module` imports the module
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in modules else node.module)
+    return {name if name in modules or name.split(".")[0] in PACKAGES else name.split(".")[0] for name in found}
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: imports_of(path, modules) for name, path in modules.items()}
+
+
+def test_the_reader_sees_imports_inside_functions_and_skips_type_checking_ones(tmp_path):
+    source = tmp_path / "probe.py"
+    source.write_text("from typing import TYPE_CHECKING\nimport os\nif TYPE_CHECKING:\n    import app.state\n"
+                      "def f():\n    from experiments import ablation\n    import streamlit as st\n")
+    modules = {"experiments.ablation": Path("x"), "app.state": Path("y")}
+    assert imports_of(source, modules) == {"typing", "os", "experiments.ablation", "streamlit"}
+
+
+def test_layers_only_look_down(graph):
+    forbidden = {"workbench": ("experiments", "app", "streamlit"), "experiments": ("app", "streamlit")}
+    wrong = [(module, target) for module, targets in graph.items() for target in targets
+             for layer, banned in forbidden.items()
+             if module.split(".")[0] == layer and target.split(".")[0] in banned]
+    assert not wrong, f"imports against the layering (module, what it imports): {wrong}"
+
+
+def test_no_import_cycles(graph):
+    ours = {name: {t for t in targets if t in graph and t != name} for name, targets in graph.items()}
+    # A package's __init__ runs before its submodules, so "pkg.sub imports pkg" is no cycle of ours to
+    # avoid; only edges between real modules count (an __init__ that imports a submodule is one).
+    visiting, done, cycles = [], set(), []
+
+    def visit(name: str) -> None:
+        visiting.append(name)
+        for target in sorted(ours[name]):
+            if target in visiting:
+                cycles.append(visiting[visiting.index(target):] + [target])
+            elif target not in done:
+                visit(target)
+        visiting.pop()
+        done.add(name)
+
+    for name in sorted(ours):
+        if name not in done:
+            visit(name)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_importing_the_library_and_experiments_changes_no_global_state():
+    probe = ("import json, os, sys, torch\n"
+             "before = (dict(os.environ), torch.get_num_threads())\n"
+             "import workbench, workbench.train, workbench.cli, workbench.kernels, workbench.hook_table\n"
+             "import experiments.ablation, experiments.attention, experiments.detectors, experiments.heads\n"
+             "import experiments.induction, experiments.lens, experiments.patching, experiments.router\n"
+             "import experiments.zoo, experiments._cli\n"
+             "after = (dict(os.environ), torch.get_num_threads())\n"
+             "print(json.dumps({'environ': sorted(set(after[0].items()) ^ set(before[0].items())),"
+             " 'threads': [before[1], after[1]]}))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    changes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert changes["environ"] == [] and changes["threads"][0] == changes["threads"][1], changes
