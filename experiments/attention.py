@@ -24,7 +24,7 @@ from workbench.errors import InputError
 
 
 @torch.no_grad()
-def attention_patterns(model, tokens: TokensLike) -> Float[Tensor, "n_layers n_heads q_pos k_pos"]:
+def attention_patterns(model, tokens: TokensLike) -> Float[Tensor, "n_layers n_heads pos key_pos"]:
     """Every head's attention pattern on one prompt (batch item 0), stacked over layers.
 
     Layers whose pattern is hooked run the eager kernel, so this works under every attn_impl.
@@ -44,7 +44,7 @@ def attention_patterns(model, tokens: TokensLike) -> Float[Tensor, "n_layers n_h
     return torch.stack(patterns)
 
 
-def previous_token_attention(pattern_PS: Float[Tensor, "... q_pos k_pos"]) -> Float[Tensor, "... q_pos_minus_1"]:
+def previous_token_attention(pattern_PS: Float[Tensor, "... pos key_pos"]) -> Float[Tensor, "... pos_minus_1"]:
     """Attention from each query q >= 1 to the key q - 1.
 
     Example:
@@ -77,7 +77,7 @@ def prev_token_share(model, tokens: TokensLike) -> Float[Tensor, "n_layers n_hea
 
 
 def head_statistics(
-    patterns_LHPS: Float[Tensor, "n_layers n_heads q_pos k_pos"],
+    patterns_LHPS: Float[Tensor, "n_layers n_heads pos key_pos"],
 ) -> dict[str, Float[Tensor, "n_layers n_heads"]]:
     """Entropy (nats), attention to position 0, previous-token share and mean distance per head.
 
@@ -104,7 +104,7 @@ def head_statistics(
 
 
 def head_summary(
-    patterns: Float[Tensor, "n_layers n_heads q_pos k_pos"],
+    patterns: Float[Tensor, "n_layers n_heads pos key_pos"],
     tokens: Optional[Int[Tensor, "pos"]] = None,
 ) -> pd.DataFrame:
     """One row per (layer, head): entropy, bos_attention, prev_token_share, mean_distance.
@@ -137,7 +137,7 @@ MAX_LABELLED_TOKENS = 40
 KEY_LABEL_PX = 75  # room under each row of subplots for the rotated key labels
 
 
-def pattern_figure(pattern_PS: Float[Tensor, "q_pos k_pos"], str_tokens: Sequence[str], title: str = "") -> go.Figure:
+def pattern_figure(pattern_PS: Float[Tensor, "pos key_pos"], str_tokens: Sequence[str], title: str = "") -> go.Figure:
     """One head's pattern as a heatmap: queries down, keys across, token labels on both axes.
 
     Example:
@@ -168,7 +168,7 @@ def _tile_labels(tile_names: Sequence[str], letter: str, size: int, gap: int) ->
 
 
 def pattern_grid_figure(
-    patterns_LHPS: Float[Tensor, "n_layers n_heads q_pos k_pos"],
+    patterns_LHPS: Float[Tensor, "n_layers n_heads pos key_pos"],
     str_tokens: Optional[Sequence[str]] = None,
     layers: Optional[Sequence[int]] = None,
     light: bool = False,
@@ -252,7 +252,7 @@ def _grid_customdata(layers: Sequence[int], n_heads: int, n_queries: int, n_keys
 
 
 def layer_patterns_figure(
-    patterns_HPS: Float[Tensor, "n_heads q_pos k_pos"], str_tokens: Sequence[str], layer: int,
+    patterns_HPS: Float[Tensor, "n_heads pos key_pos"], str_tokens: Sequence[str], layer: int,
     key_labels: bool = False,
 ) -> go.Figure:
     """Every head of one layer side by side (up to four per row), token labels on the axes.

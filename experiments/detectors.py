@@ -29,7 +29,7 @@ HeadKind = Literal["previous_token", "duplicate_token", "induction"]
 HEAD_KINDS: tuple[HeadKind, ...] = ("previous_token", "duplicate_token", "induction")
 
 
-def detection_patterns(kind: HeadKind, tokens_BP: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch q_pos k_pos"]:
+def detection_patterns(kind: HeadKind, tokens_BP: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos key_pos"]:
     """The 0/1 pattern a perfect head of ``kind`` would have, per sequence.
 
     previous_token: D[q, q-1] = 1. duplicate_token: D[q, k] = 1 for earlier k with the same
@@ -54,8 +54,8 @@ def detection_patterns(kind: HeadKind, tokens_BP: Int[Tensor, "batch pos"]) -> F
 
 
 def score_patterns(
-    pattern_BHPS: Float[Tensor, "batch n_heads q_pos k_pos"],
-    detection_BPS: Float[Tensor, "batch q_pos k_pos"],
+    pattern_BHPS: Float[Tensor, "batch n_heads pos key_pos"],
+    detection_BPS: Float[Tensor, "batch pos key_pos"],
     exclude_bos: bool = False,
     exclude_current_token: bool = False,
 ) -> Float[Tensor, "n_heads"]:

@@ -68,13 +68,13 @@ def _group_queries(q_BHPK: Tensor, n_kv: int) -> Tensor:
 
 
 def eager_attention(
-    q_BHPK: Float[Tensor, "batch n_heads q_pos d_head"],
-    k_BGSK: Float[Tensor, "batch n_kv k_pos d_head"],
-    v_BGSK: Float[Tensor, "batch n_kv k_pos d_head"],
+    q_BHPK: Float[Tensor, "batch n_heads pos d_head"],
+    k_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
+    v_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
     mask: MaskSpec,
     hook_scores: Hook = lambda t: t,
     hook_pattern: Hook = lambda t: t,
-) -> Float[Tensor, "batch q_pos n_heads d_head"]:
+) -> Float[Tensor, "batch pos n_heads d_head"]:
     """Materialises scores and pattern so hooks can read and edit them."""
     B, H, P, K = q_BHPK.shape
     G, S = k_BGSK.shape[1], k_BGSK.shape[2]
@@ -87,11 +87,11 @@ def eager_attention(
 
 
 def sdpa_attention(
-    q_BHPK: Float[Tensor, "batch n_heads q_pos d_head"],
-    k_BGSK: Float[Tensor, "batch n_kv k_pos d_head"],
-    v_BGSK: Float[Tensor, "batch n_kv k_pos d_head"],
+    q_BHPK: Float[Tensor, "batch n_heads pos d_head"],
+    k_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
+    v_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
     mask: MaskSpec,
-) -> Float[Tensor, "batch q_pos n_heads d_head"]:
+) -> Float[Tensor, "batch pos n_heads d_head"]:
     """`torch.nn.functional.scaled_dot_product_attention`, GQA handled by torch (enable_gqa)."""
     P, S = q_BHPK.shape[2], k_BGSK.shape[2]
     if mask.is_plain_causal and P == S:
@@ -108,13 +108,13 @@ def sdpa_attention(
 
 
 def tiled_flash_attention(
-    q_BHPK: Float[Tensor, "batch n_heads q_pos d_head"],
-    k_BGSK: Float[Tensor, "batch n_kv k_pos d_head"],
-    v_BGSK: Float[Tensor, "batch n_kv k_pos d_head"],
+    q_BHPK: Float[Tensor, "batch n_heads pos d_head"],
+    k_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
+    v_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
     mask: MaskSpec,
     block_q: int = 256,
     block_k: int = 256,
-) -> Float[Tensor, "batch q_pos n_heads d_head"]:
+) -> Float[Tensor, "batch pos n_heads d_head"]:
     """The FlashAttention algorithm in torch ops (the CPU path of ``attn_impl="flash"``).
 
     Queries are processed in tiles of ``block_q`` against key tiles of ``block_k`` with a running
@@ -153,11 +153,11 @@ def tiled_flash_attention(
 
 
 def flash_attention(
-    q_BHPK: Float[Tensor, "batch n_heads q_pos d_head"],
-    k_BGSK: Float[Tensor, "batch n_kv k_pos d_head"],
-    v_BGSK: Float[Tensor, "batch n_kv k_pos d_head"],
+    q_BHPK: Float[Tensor, "batch n_heads pos d_head"],
+    k_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
+    v_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
     mask: MaskSpec,
-) -> Float[Tensor, "batch q_pos n_heads d_head"]:
+) -> Float[Tensor, "batch pos n_heads d_head"]:
     """``attn_impl="flash"``: the Triton kernel on CUDA where it applies, else the tiled torch path."""
     if q_BHPK.is_cuda and mask.alibi_slopes_H is None and mask.q_offset == 0 and q_BHPK.shape[2] == k_BGSK.shape[2]:
         from workbench.kernels import triton_available, triton_flash_attention

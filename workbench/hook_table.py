@@ -1,0 +1,284 @@
+"""The hook-point table of ``docs/hooks.md``, generated from real models so it cannot go stale.
+
+A handful of small ``Decoder``s together exercise every kind of hook (absolute and rotary
+positions, LayerNorm and RMSNorm, pre- and post-norm, dense, gated and mixture-of-experts MLPs,
+attention-only blocks). Each runs ``run_with_cache`` on new tokens after a cached prefix, with
+every dimension given a size no other dimension has, so each axis of each cached tensor maps back
+to exactly one dimension name; ``key_pos`` differs from ``pos`` because the prefix sits in the KV
+cache. Caching every hook also attaches one to the opt-in ``attn.hook_result``, so it is listed.
+
+Regenerate the page with ``python -m workbench.hook_table > docs/hooks.md``;
+``tests/unit/test_docs.py`` fails while the committed page differs from what this prints.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from workbench.config import ModelConfig
+from workbench.generation import KVCache
+from workbench.model import Decoder
+
+# One size per dimension name, all different, so a tensor's shape names its own axes.
+# batch, pos and key_pos are set by the run below (key_pos = prefix + pos through the KV cache).
+DIMENSIONS: dict[str, int] = {
+    "1": 1,
+    "n_key_value_heads": 2,
+    "batch": 3,
+    "experts_per_token": 4,
+    "pos": 5,
+    "d_head": 6,
+    "key_pos": 7,
+    "n_heads": 8,
+    "num_experts": 9,
+    "d_model": 16,
+    "d_mlp": 24,
+}
+PREFIX = DIMENSIONS["key_pos"] - DIMENSIONS["pos"]  # positions already in the KV cache
+_D_VOCAB, _N_CTX = 11, 32  # not hook dimensions; kept apart from the sizes above anyway
+
+_SHARED = dict(n_layers=2, d_model=DIMENSIONS["d_model"], n_heads=DIMENSIONS["n_heads"],
+               n_key_value_heads=DIMENSIONS["n_key_value_heads"], d_head=DIMENSIONS["d_head"],
+               d_mlp=DIMENSIONS["d_mlp"], d_vocab=_D_VOCAB, n_ctx=_N_CTX)
+
+# The models the table is generated from. Every one uses GQA: with n_key_value_heads == n_heads
+# the K/V head axis could not be told apart from the query head axis.
+REFERENCE_CONFIGS: dict[str, dict] = {
+    "learned positions, LayerNorm, biases": dict(
+        positional="learned", normalization="LN", attn_bias=True, mlp_bias=True, act_fn="gelu"),
+    "rotary, RMSNorm, gated MLP": dict(
+        positional="rotary", normalization="RMS", gated_mlp=True, act_fn="silu"),
+    "mixture of experts": dict(
+        positional="rotary", normalization="RMS", gated_mlp=True, act_fn="silu",
+        num_experts=DIMENSIONS["num_experts"], experts_per_token=DIMENSIONS["experts_per_token"]),
+    "attention-only": dict(positional="rotary", attn_only=True),
+    "sinusoidal positions, post-norm": dict(
+        positional="sinusoidal", norm_placement="post", act_fn="relu"),
+}
+
+# How the "models" column names the set of models that have a hook. A hook's set of reference
+# models must equal exactly one label's set (checked), so the labels stay true as models change.
+WHICH_MODELS: list[tuple[str, Callable[[ModelConfig], bool]]] = [
+    ("all", lambda cfg: True),
+    ("pre-norm", lambda cfg: cfg.norm_placement == "pre"),
+    ("learned or sinusoidal positions", lambda cfg: cfg.positional in ("learned", "sinusoidal")),
+    ("rotary", lambda cfg: cfg.positional == "rotary"),
+    ("with an MLP (not attn_only)", lambda cfg: not cfg.attn_only),
+    ("dense MLP", lambda cfg: not cfg.attn_only and not cfg.is_moe),
+    ("gated dense MLP", lambda cfg: not cfg.attn_only and not cfg.is_moe and cfg.gated_mlp),
+    ("MoE", lambda cfg: cfg.is_moe),
+]
+
+# What shapes alone do not say. Keys must be names in the table (checked).
+NOTES: dict[str, str] = {
+    "hook_embed": "token embeddings, W_E[tokens]",
+    "hook_pos_embed": "absolute position embeddings, added to hook_embed",
+    "blocks.{l}.ln1.hook_scale": "the norm's divisor: sqrt(var + eps) for LN, sqrt(mean(x^2) + eps) for RMS",
+    "blocks.{l}.ln1.hook_normalized": "after the gain w (and LN's bias b); pre-norm: attention's input, "
+                                      "post-norm: resid + attention output",
+    "blocks.{l}.ln2.hook_scale": "as ln1, on the MLP side",
+    "blocks.{l}.ln2.hook_normalized": "as ln1, on the MLP side",
+    "ln_final.hook_scale": "as ln1, before the unembedding",
+    "ln_final.hook_normalized": "as ln1; the unembedding's input",
+    "blocks.{l}.attn.hook_q": "before RoPE",
+    "blocks.{l}.attn.hook_k": "before RoPE; only the new positions under a KV cache",
+    "blocks.{l}.attn.hook_rot_q": "after RoPE",
+    "blocks.{l}.attn.hook_rot_k": "after RoPE",
+    "blocks.{l}.attn.hook_attn_scores": "q.k * attn_scale + causal/sliding-window mask (-inf) + ALiBi bias; hooking it runs this layer eager",
+    "blocks.{l}.attn.hook_pattern": "softmax of the scores; hooking it runs this layer eager",
+    "blocks.{l}.attn.hook_result": "opt-in: computed only when hooked; per-head z_h W_O[h], sums (+ b_O) to hook_attn_out",
+    "blocks.{l}.hook_resid_mid": "between attention and MLP",
+    "blocks.{l}.mlp.hook_pre": "pre-activation; the gate's in a gated MLP",
+    "blocks.{l}.mlp.hook_pre_linear": "the gated MLP's linear (W_in) branch",
+    "blocks.{l}.mlp.hook_post": "after the activation (times the linear branch if gated): the input to W_out",
+    "blocks.{l}.mlp.hook_router_logits": "W_router x, before the softmax over experts",
+    "blocks.{l}.mlp.hook_expert_weights": "weights of the chosen experts; zeroing one ablates that expert",
+    "blocks.{l}.mlp.hook_expert_indices": "integer ids of the chosen experts",
+}
+
+_LAYER = re.compile(r"^blocks\.\d+\.")
+
+
+@dataclass(frozen=True)
+class HookRow:
+    """One line of the table: a hook name (layers collapsed), its axes, where it exists, a note."""
+
+    name: str
+    shape: tuple[str, ...]
+    models: str
+    note: str = ""
+
+
+def reference_models() -> dict[str, Decoder]:
+    """The small randomly initialised models the table is generated from, by description.
+
+    Example:
+        >>> models = reference_models()
+        >>> models["mixture of experts"].cfg.num_experts
+        9
+    """
+    torch.manual_seed(0)
+    return {label: Decoder(ModelConfig(**_SHARED, **extra)).eval() for label, extra in REFERENCE_CONFIGS.items()}
+
+
+def layer_pattern(hook_name: str) -> str:
+    """The hook name with its layer number replaced by ``{l}``.
+
+    Example:
+        >>> layer_pattern("blocks.12.attn.hook_z"), layer_pattern("hook_embed")
+        ('blocks.{l}.attn.hook_z', 'hook_embed')
+    """
+    return _LAYER.sub("blocks.{l}.", hook_name)
+
+
+def dimension_names(shape: tuple[int, ...], hook_name: str = "?") -> tuple[str, ...]:
+    """Names each axis of a tensor from the reference run by its size (see ``DIMENSIONS``).
+
+    Example:
+        >>> dimension_names((3, 8, 5, 7))
+        ('batch', 'n_heads', 'pos', 'key_pos')
+    """
+    by_size = {size: name for name, size in DIMENSIONS.items()}
+    unknown = [size for size in shape if size not in by_size]
+    if unknown:
+        raise ValueError(f"{hook_name}: axis size(s) {unknown} of shape {tuple(shape)} match no dimension "
+                         "in workbench.hook_table.DIMENSIONS; add the new dimension there")
+    return tuple(by_size[size] for size in shape)
+
+
+@torch.no_grad()
+def hook_shapes(model: Decoder) -> dict[str, tuple[str, ...]]:
+    """Every hook that fires in ``model``, layers collapsed, in firing order, with its axes.
+
+    The run feeds ``pos`` new tokens after a prefix already in a KV cache, so attention's key axis
+    (``key_pos``) is longer than its query axis (``pos``).
+
+    Example:
+        >>> shapes = hook_shapes(reference_models()["attention-only"])
+        >>> shapes["blocks.{l}.attn.hook_pattern"]
+        ('batch', 'n_heads', 'pos', 'key_pos')
+    """
+    batch = DIMENSIONS["batch"]
+    generator = torch.Generator().manual_seed(0)
+    prefix_BP = torch.randint(0, model.cfg.d_vocab, (batch, PREFIX), generator=generator)
+    new_BP = torch.randint(0, model.cfg.d_vocab, (batch, DIMENSIONS["pos"]), generator=generator)
+    kv_cache = KVCache(model.cfg.n_layers)
+    model(prefix_BP, kv_cache=kv_cache)
+    _, cache = model.run_with_cache(new_BP, kv_cache=kv_cache)
+
+    shapes: dict[str, tuple[str, ...]] = {}
+    for name, tensor in cache.items():
+        pattern, dims = layer_pattern(name), dimension_names(tuple(tensor.shape), name)
+        if shapes.setdefault(pattern, dims) != dims:
+            raise ValueError(f"{pattern}: shape differs between layers ({shapes[pattern]} vs {dims} at {name})")
+    return shapes
+
+
+def hook_table(models: dict[str, Decoder] | None = None) -> list[HookRow]:
+    """One row per hook name over all reference models, in firing order.
+
+    Example:
+        >>> rows = {row.name: row for row in hook_table()}
+        >>> rows["blocks.{l}.mlp.hook_router_logits"].shape, rows["blocks.{l}.mlp.hook_router_logits"].models
+        (('batch', 'pos', 'num_experts'), 'MoE')
+    """
+    models = reference_models() if models is None else models
+    per_model = {label: hook_shapes(model) for label, model in models.items()}
+    names = _merge_orders([list(shapes) for shapes in per_model.values()])
+
+    rows = []
+    for name in names:
+        having = {label for label, shapes in per_model.items() if name in shapes}
+        shape_set = {per_model[label][name] for label in having}
+        if len(shape_set) != 1:
+            raise ValueError(f"{name}: shape differs between models: {sorted(shape_set)}")
+        rows.append(HookRow(name, shape_set.pop(), _which_models(name, having, models), NOTES.get(name, "")))
+
+    stale = sorted(set(NOTES) - set(names))
+    if stale:
+        raise ValueError(f"NOTES names hook(s) no reference model has: {stale}")
+    return rows
+
+
+def render_markdown(rows: list[HookRow], models: dict[str, Decoder] | None = None) -> str:
+    """``docs/hooks.md``: the table, the models it was generated from, and how to read it.
+
+    Example:
+        >>> render_markdown(hook_table()).splitlines()[0]
+        '# Hook points'
+    """
+    models = reference_models() if models is None else models
+    lines = [
+        "# Hook points",
+        "",
+        "<!-- Generated by `python -m workbench.hook_table > docs/hooks.md`; do not edit by hand.",
+        "     tests/unit/test_docs.py fails while this file differs from what the generator prints. -->",
+        "",
+        "Every hook point a `workbench.Decoder` can expose, with the shape of the tensor the hook receives,",
+        "read off real models by `workbench.hook_table` (regenerate: `python -m workbench.hook_table > docs/hooks.md`).",
+        "Names are TransformerLens's; `{l}` is the layer. Shape names are the dimensions of",
+        "[shapes.md](shapes.md): `pos` is the query position, `key_pos` the key position (the same length",
+        "as `pos` in a plain forward, prefix + new tokens under a KV cache), `1` a kept axis of size one.",
+        "",
+        "A model can hold a `HookPoint` that never fires in its configuration (every `Attention` has",
+        "`hook_rot_q`, but only rotary models call it); the *models* column says where each one fires.",
+        "",
+        "| name | shape | models | note |",
+        "|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(f"| `{row.name}` | [{', '.join(row.shape)}] | {row.models} | {row.note} |")
+    lines += ["", "Generated from these configurations (n_layers=2, GQA; sizes: "
+              + ", ".join(f"{name}={size}" for name, size in DIMENSIONS.items() if name != "1") + "):", ""]
+    for label, model in models.items():
+        lines.append(f"- {label}: `{_config_summary(model.cfg)}`")
+    return "\n".join(lines) + "\n"
+
+
+def _config_summary(cfg: ModelConfig) -> str:
+    fields = ("positional", "normalization", "norm_placement", "gated_mlp", "attn_only", "num_experts",
+              "experts_per_token", "attn_bias", "mlp_bias", "act_fn")
+    return ", ".join(f"{f}={getattr(cfg, f)!r}" for f in fields)
+
+
+def _which_models(name: str, having: set[str], models: dict[str, Decoder]) -> str:
+    matches = [label for label, applies in WHICH_MODELS
+               if {m for m, model in models.items() if applies(model.cfg)} == having]
+    if len(matches) != 1:
+        raise ValueError(f"{name} fires in {sorted(having)}, which matches {len(matches)} WHICH_MODELS labels "
+                         f"({matches}); add a reference model or a label so exactly one describes it")
+    return matches[0]
+
+
+def _merge_orders(orders: list[list[str]]) -> list[str]:
+    """One list keeping each input's order: names new in a later list go just before the next known one."""
+    merged: list[str] = []
+    for order in orders:
+        pending: list[str] = []
+        for name in order:
+            if name not in merged:
+                pending.append(name)
+            elif pending:
+                at = merged.index(name)
+                merged[at:at] = pending
+                pending = []
+        merged += pending
+    return merged
+
+
+def main() -> None:
+    """Prints ``docs/hooks.md``.
+
+    Example:
+        python -m workbench.hook_table > docs/hooks.md
+    """
+    models = reference_models()
+    print(render_markdown(hook_table(models), models), end="")
+
+
+if __name__ == "__main__":
+    main()
