@@ -4,7 +4,8 @@ Legend: B batch, P position, D d_model, V d_vocab.
 
 It is a `transformer_lens.HookedRootModule`, so ``run_with_hooks``, ``hooks()``, ``add_hook``
 and ``reset_hooks`` are TransformerLens's own; ``run_with_cache`` returns a
-`transformer_lens.ActivationCache`. Parameter layout: see the component modules.
+`transformer_lens.ActivationCache`. Parameter layout: see the component modules. The token helpers
+live in ``workbench.tokens_api`` and the hook helpers in ``workbench.hooking`` (mixins of ``Decoder``).
 
 Besides the forward pass, the model offers the narrow surface experiments build on (so they
 never reach into components): ``as_tokens`` (checked token ids on the model's device),
@@ -15,14 +16,12 @@ never reach into components): ``as_tokens`` (checked token ids on the model's de
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Union
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
-from transformer_lens import ActivationCache
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
@@ -33,14 +32,15 @@ from workbench.config import AttnImpl, ModelConfig
 from workbench.errors import InputError
 from workbench.generation import KVCache, generate
 from workbench.loss import next_token_loss, token_losses_from_normed
+from workbench.hooking import HookMethods
 from workbench.saving import save_native
 from workbench.tokenizer import Tokenizer
+from workbench.tokens_api import TextOrTokens, TokenMethods
 
-TextOrTokens = Union[str, list[str], Int[Tensor, "batch pos"], Int[Tensor, "pos"]]
 ReturnType = Optional[Literal["logits", "loss", "both"]]
 
 
-class Decoder(HookedRootModule):
+class Decoder(TokenMethods, HookMethods, HookedRootModule):
     """A decoder-only transformer whose every activation sits on a named ``HookPoint``.
 
     Example:
@@ -157,40 +157,6 @@ class Decoder(HookedRootModule):
             return logits_BPV, loss
         raise InputError(f"return_type must be 'logits', 'loss', 'both' or None, got {return_type!r}")
 
-    def as_tokens(self, input: TextOrTokens, prepend_bos: Optional[bool] = None, offset: int = 0) -> Int[Tensor, "batch pos"]:
-        """Token ids [batch, pos] on the model's device from text, a list of texts, or ids ([pos] or [batch, pos]).
-
-        Checked: integer dtype, non-empty, every id in the vocabulary, ``offset + pos`` within n_ctx
-        (``offset``: positions already in a KV cache). The one place inputs are validated.
-
-        Example:
-            >>> model.as_tokens(torch.tensor([1, 2, 3])).shape   # doctest: +SKIP
-            torch.Size([1, 3])
-        """
-        if isinstance(input, (str, list)):
-            tokens = self.to_tokens(input, prepend_bos=prepend_bos)
-        elif isinstance(input, Tensor):
-            tokens = input
-        else:
-            raise InputError(f"expected text or a tensor of token ids, got {type(input).__name__}")
-        if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-            raise InputError(f"token ids must be an integer tensor, got dtype {tokens.dtype}")
-        if tokens.ndim == 1:
-            tokens = tokens[None]
-        if tokens.ndim != 2:
-            raise InputError(f"token ids must be [batch, pos] or [pos], got shape {tuple(tokens.shape)}")
-        if tokens.numel() == 0:
-            raise InputError(f"empty input: token ids have shape {tuple(tokens.shape)}")
-        low, high = int(tokens.min()), int(tokens.max())
-        if low < 0 or high >= self.cfg.d_vocab:
-            bad = low if low < 0 else high
-            raise InputError(f"token id {bad} is out of range for a vocabulary of {self.cfg.d_vocab} (0..{self.cfg.d_vocab - 1})")
-        if offset + tokens.shape[1] > self.cfg.n_ctx:
-            raise InputError(
-                f"sequence of {offset + tokens.shape[1]} tokens is longer than the model's context "
-                f"(n_ctx={self.cfg.n_ctx})")
-        return tokens.to(self.cfg.device)
-
     # ---- the output head, for experiments ------------------------------------------------------
     def apply_final_norm(
         self, resid_BPD: Float[Tensor, "... d_model"], frozen_scale: Optional[Float[Tensor, "... 1"]] = None
@@ -253,7 +219,7 @@ class Decoder(HookedRootModule):
         ids = torch.as_tensor(tokens, device=self.unembed.W_U.device)
         return self.unembed.W_U[ids]
 
-    # ---- kernels and hook names -----------------------------------------------------------------
+    # ---- kernels ----------------------------------------------------------------------------------
     def set_attn_impl(self, attn_impl: AttnImpl) -> "Decoder":
         """Switches every layer's attention kernel ("eager", "sdpa" or "flash") of this model, in place.
 
@@ -264,83 +230,6 @@ class Decoder(HookedRootModule):
         for block in self.blocks:
             block.attn.attn_impl = attn_impl
         return self
-
-    def layer_of(self, hook_name: str) -> Optional[int]:
-        """The block a hook point belongs to (``blocks.3.attn.hook_z`` -> 3), None outside the blocks.
-
-        Example:
-            >>> model.layer_of("blocks.3.attn.hook_z"), model.layer_of("hook_embed")   # doctest: +SKIP
-            (3, None)
-        """
-        if hook_name not in self.hook_dict:
-            close = [name for name in self.hook_dict if name.split(".")[-1] == hook_name.split(".")[-1]][:3]
-            raise InputError(f"no hook point named {hook_name!r} in this model"
-                             + (f" (same last part: {close})" if close else ""))
-        return self.hook_dict[hook_name].layer() if hook_name.startswith("blocks.") else None
-
-    # ---- hooks ------------------------------------------------------------------------------------
-    @contextmanager
-    def hooks(self, fwd_hooks=[], bwd_hooks=[], reset_hooks_end=True, clear_contexts=False):
-        """TransformerLens's ``hooks`` context, with each hook's errors annotated by its hook point.
-
-        Hooks are removed on exit even when a hook raises.
-        """
-        with super().hooks([(n, _annotate_errors(h)) for n, h in fwd_hooks],
-                           [(n, _annotate_errors(h)) for n, h in bwd_hooks],
-                           reset_hooks_end, clear_contexts) as model:
-            yield model
-
-    def run_with_cache(self, *model_args: Any, **kwargs: Any) -> tuple[Any, ActivationCache]:
-        """Runs the model and caches activations (all, or those ``names_filter`` selects).
-
-        Example:
-            >>> logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))  # doctest: +SKIP
-            >>> cache["pattern", 0].shape   # [batch, n_heads, query_pos, key_pos]           # doctest: +SKIP
-        """
-        out, cache_dict = super().run_with_cache(*model_args, **kwargs)
-        return out, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
-
-    # ---- tokenizer conveniences ---------------------------------------------------------------------
-    def _require_tokenizer(self) -> Tokenizer:
-        if self.tokenizer is None:
-            raise InputError("this model has no tokenizer: pass token ids instead of text")
-        return self.tokenizer
-
-    def to_tokens(self, text: Union[str, list[str]], prepend_bos: Optional[bool] = None) -> Int[Tensor, "batch pos"]:
-        """Text -> token ids [batch, pos] on the model's device (BOS per the model's tokenizer).
-
-        Example:
-            >>> model.to_tokens("Hello world").shape   # doctest: +SKIP
-            torch.Size([1, 2])
-        """
-        return self._require_tokenizer().to_tokens(text, prepend_bos).to(self.cfg.device)
-
-    def to_str_tokens(self, input: TextOrTokens, prepend_bos: Optional[bool] = None) -> list[str]:
-        """Each token of one text (or one row of ids) as its own string."""
-        tok = self._require_tokenizer()
-        if isinstance(input, str):
-            input = tok.to_tokens(input, prepend_bos)
-        if isinstance(input, Tensor):
-            if input.ndim == 2:
-                if input.shape[0] != 1:
-                    raise InputError(f"to_str_tokens takes one sequence, got a batch of {input.shape[0]}")
-                input = input[0]
-            input = input.tolist()
-        return tok.to_str_tokens(input)
-
-    def to_string(self, tokens: Union[Int[Tensor, "pos"], Int[Tensor, "batch pos"], list[int]]) -> Union[str, list[str]]:
-        """Token ids -> text (a list of texts for a batch)."""
-        tok = self._require_tokenizer()
-        if isinstance(tokens, Tensor) and tokens.ndim == 2:
-            return [tok.decode(row) for row in tokens]
-        return tok.decode(tokens)
-
-    def to_single_token(self, text: str) -> int:
-        """The id of a string that is exactly one token; an error otherwise."""
-        ids = self._require_tokenizer().encode(text, prepend_bos=False)
-        if len(ids) != 1:
-            raise InputError(f"{text!r} is {len(ids)} tokens, not one")
-        return ids[0]
 
     # ---- generation and persistence ---------------------------------------------------------------
     def generate(self, input: TextOrTokens, max_new_tokens: int = 20, **kwargs: Any) -> Union[str, list[str], Tensor]:
@@ -365,15 +254,3 @@ class Decoder(HookedRootModule):
     @property
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
-
-
-def _annotate_errors(hook_fn: Callable) -> Callable:
-    """Wraps a user hook so an exception it raises says which hook point it was on."""
-    def wrapped(tensor: Tensor, hook: HookPoint) -> Any:
-        try:
-            return hook_fn(tensor, hook=hook)
-        except Exception as error:
-            error.add_note(f"raised by the hook {getattr(hook_fn, '__name__', hook_fn)!s} on '{hook.name}'")
-            raise
-
-    return wrapped
