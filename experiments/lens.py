@@ -154,7 +154,7 @@ def direct_logit_attribution(model, tokens: TokensLike, target_token: int, basel
     for l in range(L):
         attn = model.blocks[l].attn
         z_HK = cache[f"blocks.{l}.attn.hook_z"][0, position].float()
-        result_HD = torch.einsum("hk,hkd->hd", z_HK, attn.W_O_heads.float())
+        result_HD = torch.einsum("hk,hkd->hd", z_HK, attn.W_O.float())
         rows += [("head", l, h, v) for h, v in enumerate(share(result_HD).tolist())]
         if attn.b_O is not None:
             rows.append(("attn_bias", l, -1, share(attn.b_O[None]).item()))

@@ -67,6 +67,7 @@ class ModelConfig:
     router_renormalize: bool = True  # rescale the top-k router weights to sum to one (Mixtral)
     sliding_window: Optional[int] = None  # a query sees the last `sliding_window` keys, itself included
     tie_embeddings: bool = False
+    unembed_bias: bool = False  # a b_U [d_vocab] (TransformerLens's; weight processing may add one)
     attn_bias: bool = False
     mlp_bias: bool = False
     attn_impl: AttnImpl = "sdpa"

@@ -8,6 +8,8 @@ their one implementation.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
@@ -40,9 +42,9 @@ def next_token_loss(
 
 def token_losses_from_normed(
     normed_BPD: Float[Tensor, "batch pos d_model"], W_U_VD: Float[Tensor, "d_vocab d_model"],
-    targets_BP: Int[Tensor, "batch pos"],
+    targets_BP: Int[Tensor, "batch pos"], b_U_V: Optional[Float[Tensor, "d_vocab"]] = None,
 ) -> Float[Tensor, "batch pos"]:
-    """-log softmax(normed @ W_U^T)[target] at every position, one cache-sized logits tile at a time.
+    """-log softmax(normed @ W_U^T + b_U)[target] at every position, one cache-sized logits tile at a time.
 
     Equal to ``F.cross_entropy`` of the full logits (within float rounding) without ever holding
     a [positions, d_vocab] block: each tile gives its log-sum-exp and any target logits it holds.
@@ -60,7 +62,8 @@ def token_losses_from_normed(
         target_logit = torch.empty(len(targets), device=normed_ND.device)
         tile_lse = []
         for col in range(0, W_U_VD.shape[0], TILE_VOCAB):
-            logits_NV = F.linear(x_ND, W_U_VD[col:col + TILE_VOCAB]).float()  # as the model's logits, then float
+            bias = None if b_U_V is None else b_U_V[col:col + TILE_VOCAB]
+            logits_NV = F.linear(x_ND, W_U_VD[col:col + TILE_VOCAB], bias).float()  # as the model's logits, then float
             tile_lse.append(torch.logsumexp(logits_NV, -1))
             here = (targets >= col) & (targets < col + logits_NV.shape[1])
             target_logit[here] = logits_NV[here, targets[here] - col]

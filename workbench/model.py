@@ -67,7 +67,7 @@ class Decoder(TokenMethods, HookMethods, HookedRootModule):
         self.ln_final = make_norm(cfg) if cfg.norm_placement == "pre" else None
         self.unembed = Unembed(cfg)
         if cfg.tie_embeddings:
-            self.unembed.W_U = self.embed.W_E  # one Parameter under two names
+            self.unembed._W_U_lin = self.embed.W_E  # one Parameter under two names (W_U is its transpose)
         if init_weights:
             self.init_weights()
         self.setup()
@@ -81,9 +81,9 @@ class Decoder(TokenMethods, HookMethods, HookedRootModule):
             leaf = name.rsplit(".", 1)[-1]
             if leaf == "w":
                 param.fill_(1.0)
-            elif leaf == "b" or leaf.startswith("b_"):
+            elif leaf == "b" or leaf.startswith(("b_", "_b_")):
                 param.zero_()
-            elif leaf in ("W_O", "W_out"):
+            elif leaf in ("_W_O_lin", "_W_out_lin"):
                 param.normal_(0.0, std / (2 * self.cfg.n_layers) ** 0.5)
             else:
                 param.normal_(0.0, std)
@@ -207,7 +207,8 @@ class Decoder(TokenMethods, HookMethods, HookedRootModule):
         Example:
             >>> losses = model.loss_from_resid(resid_final[:, :-1], tokens[:, 1:])   # doctest: +SKIP
         """
-        return token_losses_from_normed(self.apply_final_norm(resid_BPD), self.unembed.W_U, targets_BP)
+        return token_losses_from_normed(self.apply_final_norm(resid_BPD), self.unembed.W_U.T, targets_BP,
+                                        self.unembed.b_U)
 
     def tokens_to_residual_directions(self, tokens: Union[int, Int[Tensor, "..."]]) -> Float[Tensor, "... d_model"]:
         """The unembedding direction(s) of token id(s): ``W_U[:, token]`` in TransformerLens's [d_model, d_vocab] terms.
@@ -216,8 +217,8 @@ class Decoder(TokenMethods, HookMethods, HookedRootModule):
             >>> model.tokens_to_residual_directions(5).shape   # doctest: +SKIP
             torch.Size([576])
         """
-        ids = torch.as_tensor(tokens, device=self.unembed.W_U.device)
-        return self.unembed.W_U[ids]
+        W_U_VD = self.unembed.W_U.T
+        return W_U_VD[torch.as_tensor(tokens, device=W_U_VD.device)]
 
     # ---- kernels ----------------------------------------------------------------------------------
     def set_attn_impl(self, attn_impl: AttnImpl) -> "Decoder":

@@ -61,7 +61,7 @@ def weight_flops_per_token(model) -> tuple[float, float]:
 
     Attention scores and element-wise work are left out (under 2% of a block at these lengths).
     """
-    block = sum(p.numel() for name, p in model.blocks[0].named_parameters() if name.split(".")[-1].startswith("W_"))
+    block = sum(p.numel() for name, p in model.blocks[0].named_parameters() if name.split(".")[-1].startswith("_W_"))  # the weight matrices (their nn.Linear storage)
     return 2.0 * block, 2.0 * model.unembed.W_U.numel()
 
 

@@ -74,8 +74,8 @@ def test_swiglu_is_silu_gate_times_linear():
     for p in mlp.parameters():
         torch.nn.init.normal_(p, std=0.3)
     x = torch.randn(1, 2, 16)
-    gate, up = x @ mlp.W_gate.T, x @ mlp.W_in.T
-    expected = (gate * (1 / (1 + torch.exp(-gate))) * up) @ mlp.W_out.T
+    gate, up = x @ mlp.W_gate, x @ mlp.W_in  # TransformerLens layout: W_gate, W_in [d_model, d_mlp]
+    expected = (gate * (1 / (1 + torch.exp(-gate))) * up) @ mlp.W_out  # W_out [d_mlp, d_model]
     torch.testing.assert_close(mlp(x), expected)
 
 
@@ -100,14 +100,14 @@ def test_moe_equals_per_token_loop_over_chosen_experts(renormalize):
     for b in range(2):
         for t in range(5):
             xt = x[b, t]
-            probs = torch.softmax(moe.W_router @ xt, dim=-1)
+            probs = torch.softmax(xt @ moe.W_router, dim=-1)  # W_router [d_model, num_experts]
             chosen = sorted(range(4), key=lambda e: -probs[e].item())[:2]
             total = sum(probs[e] for e in chosen)
             expected = torch.zeros(16)
             for e in chosen:
-                hidden = F.silu(moe.W_gate[e] @ xt) * (moe.W_in[e] @ xt)
+                hidden = F.silu(xt @ moe.W_gate[e]) * (xt @ moe.W_in[e])  # [E, d_model, d_mlp]
                 weight = probs[e] / total if renormalize else probs[e]
-                expected += weight * (moe.W_out[e] @ hidden)
+                expected += weight * (hidden @ moe.W_out[e])  # [E, d_mlp, d_model]
             torch.testing.assert_close(out[b, t], expected, atol=1e-5, rtol=1e-5)
 
 

@@ -87,5 +87,7 @@ def test_residual_stream_decomposes_into_hooked_parts():
 
 def test_tied_embeddings_share_one_tensor():
     model = make_model("attn_only_tied")
-    assert model.unembed.W_U is model.embed.W_E
+    # one tensor under two names: W_U [d_model, d_vocab] is W_E [d_vocab, d_model] transposed, same storage
+    assert model.unembed.W_U.data_ptr() == model.embed.W_E.data_ptr() and model.unembed.W_U.shape == (32, 61)
+    assert len([p for p in model.parameters() if p.shape == (61, 32)]) == 1
     assert sum(1 for _ in model.parameters()) == len({id(p) for p in model.parameters()})

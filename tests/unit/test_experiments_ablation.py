@@ -60,7 +60,7 @@ def test_zero_ablating_layers_equals_zeroed_output_weights():
 def test_zero_ablating_a_neuron_equals_zeroing_its_output_column(model, tokens):
     edited = same_weights(model)
     with torch.no_grad():
-        edited.blocks[0].mlp.W_out[:, 7] = 0
+        edited.blocks[0].mlp.W_out[7] = 0  # W_out [d_mlp, d_model]: neuron 7's output row
     torch.testing.assert_close(run_ablated(model, tokens, [AblationTarget("neuron", 0, 7)]), edited(tokens),
                                rtol=0, atol=1e-5)
 

@@ -41,32 +41,32 @@ def induction_circuit_model(attn_impl: str = "eager") -> wb.Decoder:
         model.embed.W_E[torch.arange(V), TOK + torch.arange(V)] = 1.0
         model.pos_embed.W_pos.zero_()
         model.pos_embed.W_pos[torch.arange(N_CTX), POS + torch.arange(N_CTX)] = 1.0
+        # TransformerLens layout: W_Q/W_K/W_V [head, d_model, d_head], W_O [head, d_head, d_model].
         a0, a1 = model.blocks[0].attn, model.blocks[1].attn
-        head0, head1 = slice(0, D_HEAD), slice(D_HEAD, 2 * D_HEAD)
         for W in (a0.W_Q, a0.W_K, a0.W_V, a1.W_Q, a1.W_K):
-            W[head0] = 0
-        a0.W_O[:, head0] = 0
+            W[0] = 0
+        a0.W_O[0] = 0
         s = 2.0
         for i in range(1, N_CTX):
-            a0.W_Q[i - 1, POS + i] = s
+            a0.W_Q[0, POS + i, i - 1] = s
         for j in range(N_CTX):
-            a0.W_K[j, POS + j] = s
+            a0.W_K[0, POS + j, j] = s
         one_dim = (D_MODEL / 2) ** 0.5  # an active dimension after RMS norm (two of them are active)
         for t in range(V):
-            a0.W_V[t, TOK + t] = 1.0
-            a0.W_O[PREV + t, t] = 1.0 / one_dim
-        a0.W_Q[head1] = 0
-        a0.W_K[head1] = 0
-        a0.W_O[:, head1] = 0
+            a0.W_V[0, TOK + t, t] = 1.0
+            a0.W_O[0, t, PREV + t] = 1.0 / one_dim
+        a0.W_Q[1] = 0
+        a0.W_K[1] = 0
+        a0.W_O[1] = 0
         for t in range(V):
-            a0.W_Q[D_HEAD + t, TOK + t] = s
-            a0.W_K[D_HEAD + t, TOK + t] = s
+            a0.W_Q[1, TOK + t, t] = s
+            a0.W_K[1, TOK + t, t] = s
         s1, to_bos = 2.4, 1.7
         for t in range(V):
-            a1.W_Q[t, TOK + t] = s1
-            a1.W_K[t, PREV + t] = s1
-        a1.W_Q[D_HEAD - 1, POS:POS + N_CTX] = to_bos
-        a1.W_K[D_HEAD - 1, POS] = to_bos
+            a1.W_Q[0, TOK + t, t] = s1
+            a1.W_K[0, PREV + t, t] = s1
+        a1.W_Q[0, POS:POS + N_CTX, D_HEAD - 1] = to_bos
+        a1.W_K[0, POS, D_HEAD - 1] = to_bos
     return model.eval()
 
 

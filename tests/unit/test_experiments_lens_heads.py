@@ -65,8 +65,8 @@ def test_dla_of_a_head_is_its_output_read_through_the_frozen_norm(tokens):
     _, cache = model.run_with_cache(tokens)
     scale = cache["ln_final.hook_scale"][0, -1]
     z = cache["blocks.1.attn.hook_z"][0, -1, 3]  # [d_head]
-    head_out = model.blocks[1].attn.W_O[:, 3 * 8:4 * 8] @ z  # W_O columns of head 3 (d_head 8)
-    expected = (head_out / scale * model.ln_final.w) @ model.unembed.W_U[5]
+    head_out = z @ model.blocks[1].attn.W_O[3]  # W_O [n_heads, d_head, d_model]: head 3
+    expected = (head_out / scale * model.ln_final.w) @ model.unembed.W_U[:, 5]  # W_U [d_model, d_vocab]
     df = direct_logit_attribution(model, tokens, 5)
     row = df[(df.component == "head") & (df.layer == 1) & (df["head"] == 3)]
     assert row.attribution.item() == pytest.approx(expected.item(), abs=1e-5)
@@ -84,7 +84,7 @@ def test_dla_rejects_post_norm_models_and_bad_tokens(tokens):
 def test_composition_scores_match_transformer_lens(kind, variant):
     model = make_model(variant, n_layers=3)
     stack = lambda attr: torch.stack([getattr(b.attn, attr) for b in model.blocks]).detach()
-    W_Q, W_K, W_V, W_O = stack("W_Q_heads"), stack("W_K_heads"), stack("W_V_heads"), stack("W_O_heads")
+    W_Q, W_K, W_V, W_O = stack("W_Q"), stack("W_K"), stack("W_V"), stack("W_O")
     left = FactoredMatrix(W_V, W_O)
     right = {"Q": FactoredMatrix(W_Q, W_K.transpose(-2, -1)), "K": FactoredMatrix(W_Q, W_K.transpose(-2, -1)).T,
              "V": FactoredMatrix(W_V, W_O)}[kind]

@@ -27,7 +27,7 @@ def tokens():
 @pytest.fixture(scope="module")
 def router_probs(model, tokens):
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("ln2.hook_normalized"))
-    return [(cache[f"blocks.{l}.ln2.hook_normalized"] @ model.blocks[l].mlp.W_router.T).softmax(-1).detach()
+    return [(cache[f"blocks.{l}.ln2.hook_normalized"] @ model.blocks[l].mlp.W_router).softmax(-1).detach()
             for l in range(2)]
 
 

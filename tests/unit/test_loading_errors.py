@@ -208,14 +208,14 @@ def test_native_truncated_weights(native_dir):
 
 
 def test_native_wrong_shape(native_dir):
-    edit_tensors(native_dir, lambda t: t.__setitem__("blocks.0.attn.W_Q", torch.zeros(16, 17)))
-    with pytest.raises(wb.CheckpointError, match=r"model\.safetensors: tensor 'blocks\.0\.attn\.W_Q' has shape \(16, 17\)"):
+    edit_tensors(native_dir, lambda t: t.__setitem__("blocks.0.attn._W_Q_lin", torch.zeros(16, 17)))
+    with pytest.raises(wb.CheckpointError, match=r"model\.safetensors: tensor 'blocks\.0\.attn\._W_Q_lin' has shape \(16, 17\)"):
         wb.load_model(native_dir)
 
 
 def test_native_missing_tensor(native_dir):
-    edit_tensors(native_dir, lambda t: t.pop("blocks.0.mlp.W_out"))
-    with pytest.raises(wb.CheckpointError, match=r"model\.safetensors: missing tensor.*blocks\.0\.mlp\.W_out"):
+    edit_tensors(native_dir, lambda t: t.pop("blocks.0.mlp._W_out_lin"))
+    with pytest.raises(wb.CheckpointError, match=r"model\.safetensors: missing tensor.*blocks\.0\.mlp\._W_out_lin"):
         wb.load_model(native_dir)
 
 

@@ -33,7 +33,20 @@ def test_every_variant_round_trips_exactly(tmp_path, variant):
     with torch.no_grad():
         assert torch.equal(loaded(tokens), model(tokens))
     if model.cfg.tie_embeddings:
-        assert loaded.unembed.W_U is loaded.embed.W_E
+        assert loaded.unembed.W_U.data_ptr() == loaded.embed.W_E.data_ptr()  # still one tied tensor
+
+
+@pytest.mark.parametrize("variant", ["alibi_gelu_new", "moe_gqa", "attn_only_tied"])
+def test_a_file_saved_before_the_transformer_lens_names_still_loads(tmp_path, variant):
+    # Older files held the nn.Linear-layout storage under the public names (blocks.0.attn.W_Q [H*K, D], ...).
+    from safetensors.torch import load_file, save_file
+    model = make_model(variant)
+    weights = model.save(tmp_path / variant) / "model.safetensors"
+    legacy = {name.replace("._W_", ".W_").replace("._b_", ".b_").removesuffix("_lin"): tensor
+              for name, tensor in load_file(str(weights)).items()}
+    assert "blocks.0.attn.W_Q" in legacy and not any(name.endswith("_lin") for name in legacy)
+    save_file(legacy, str(weights))
+    assert_identical(model, wb.load_model(tmp_path / variant, attn_impl=model.cfg.attn_impl))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

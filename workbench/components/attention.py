@@ -2,17 +2,23 @@
 
 Legend: B batch, P position, H n_heads, G n_key_value_heads, K d_head, D d_model, S key position.
 
-Weights follow `torch.nn.Linear`'s layout so the projections are the same matmuls
-`transformers` runs: ``W_Q`` [H*K, D], ``W_K``/``W_V`` [G*K, D], ``W_O`` [D, H*K]; biases
-``b_Q`` [H*K], ``b_K``/``b_V`` [G*K], ``b_O`` [D] exist when ``cfg.attn_bias``.
-TransformerLens's per-head views ([H, D, K] and [H, K, D]) are the ``*_heads`` properties.
+Parameters under TransformerLens's names have TransformerLens's shapes and meaning: ``W_Q``
+[H, D, K], ``W_K``/``W_V`` [H, D, K] (for GQA expanded per query head; ``_W_K``/``_W_V`` are the
+[G, D, K] originals, as in TransformerLens), ``W_O`` [H, K, D], ``b_Q`` [H, K], ``b_K``/``b_V``
+[H, K] (``_b_K``/``_b_V`` [G, K]), ``b_O`` [D]; biases exist when ``cfg.attn_bias``. They are
+stored in `torch.nn.Linear`'s layout under private names (``_W_Q_lin`` [H*K, D],
+``_W_K_lin``/``_W_V_lin`` [G*K, D], ``_W_O_lin`` [D, H*K], ``_b_Q_lin`` [H*K], ``_b_K_lin``/
+``_b_V_lin`` [G*K]) so the projections are the single GEMMs `transformers` runs; the
+TransformerLens names are views of that storage (writing into ``W_Q``, ``_W_K``, ``_W_V``, ``W_O``,
+``b_Q``, ``_b_K`` or ``_b_V`` writes the weights; ``W_K``/``W_V``/``b_K``/``b_V`` of a GQA model are copies).
 
 The kernel is swappable (``attn_impl``, set from the config and switched by
 ``Decoder.set_attn_impl``). The module keeps the few config values it needs as plain attributes,
 never a copy of the config that ``.to()`` or a kernel switch would leave stale. A layer whose ``hook_attn_scores`` or
 ``hook_pattern`` has a hook attached runs the eager kernel for that call, so patterns can be
 read and edited under every kernel while the other layers keep the fast one. Likewise
-``hook_result`` (per-head outputs, [B, P, H, D]) is computed only when something hooks it.
+``hook_result`` (per-head outputs, [B, P, H, D]) is computed only when something hooks it or
+``use_attn_result`` is set (``Decoder.set_use_attn_result``).
 """
 
 from __future__ import annotations
@@ -39,17 +45,18 @@ class Attention(nn.Module):
         self.n_heads, self.n_key_value_heads, self.d_head, self.d_model = H, G, K, D
         self.scale, self.sliding_window = cfg.attn_scale, cfg.sliding_window
         self.attn_impl = cfg.attn_impl
-        self.W_Q = nn.Parameter(torch.empty(H * K, D, dtype=cfg.dtype))
-        self.W_K = nn.Parameter(torch.empty(G * K, D, dtype=cfg.dtype))
-        self.W_V = nn.Parameter(torch.empty(G * K, D, dtype=cfg.dtype))
-        self.W_O = nn.Parameter(torch.empty(D, H * K, dtype=cfg.dtype))
+        self.use_attn_result = False
+        self._W_Q_lin = nn.Parameter(torch.empty(H * K, D, dtype=cfg.dtype))
+        self._W_K_lin = nn.Parameter(torch.empty(G * K, D, dtype=cfg.dtype))
+        self._W_V_lin = nn.Parameter(torch.empty(G * K, D, dtype=cfg.dtype))
+        self._W_O_lin = nn.Parameter(torch.empty(D, H * K, dtype=cfg.dtype))
         if cfg.attn_bias:
-            self.b_Q = nn.Parameter(torch.zeros(H * K, dtype=cfg.dtype))
-            self.b_K = nn.Parameter(torch.zeros(G * K, dtype=cfg.dtype))
-            self.b_V = nn.Parameter(torch.zeros(G * K, dtype=cfg.dtype))
+            self._b_Q_lin = nn.Parameter(torch.zeros(H * K, dtype=cfg.dtype))
+            self._b_K_lin = nn.Parameter(torch.zeros(G * K, dtype=cfg.dtype))
+            self._b_V_lin = nn.Parameter(torch.zeros(G * K, dtype=cfg.dtype))
             self.b_O = nn.Parameter(torch.zeros(D, dtype=cfg.dtype))
         else:
-            self.b_Q = self.b_K = self.b_V = self.b_O = None
+            self._b_Q_lin = self._b_K_lin = self._b_V_lin = self.b_O = None
         self.rotary = Rotary(cfg) if cfg.positional == "rotary" else None
         if cfg.positional == "alibi":
             self.register_buffer("alibi_slopes_H", alibi_slopes(H), persistent=False)
@@ -74,9 +81,9 @@ class Attention(nn.Module):
     ) -> Float[Tensor, "batch pos d_model"]:
         B, P, _ = x_BPD.shape
         H, G, K = self.n_heads, self.n_key_value_heads, self.d_head
-        q_BPHK = self.hook_q(F.linear(x_BPD, self.W_Q, self.b_Q).view(B, P, H, K))
-        k_BPGK = self.hook_k(F.linear(x_BPD, self.W_K, self.b_K).view(B, P, G, K))
-        v_BPGK = self.hook_v(F.linear(x_BPD, self.W_V, self.b_V).view(B, P, G, K))
+        q_BPHK = self.hook_q(F.linear(x_BPD, self._W_Q_lin, self._b_Q_lin).view(B, P, H, K))
+        k_BPGK = self.hook_k(F.linear(x_BPD, self._W_K_lin, self._b_K_lin).view(B, P, G, K))
+        v_BPGK = self.hook_v(F.linear(x_BPD, self._W_V_lin, self._b_V_lin).view(B, P, G, K))
         if self.rotary is not None:
             q_BPHK = self.hook_rot_q(self.rotary(q_BPHK, positions_P))
             k_BPGK = self.hook_rot_k(self.rotary(k_BPGK, positions_P))
@@ -94,36 +101,65 @@ class Attention(nn.Module):
             z_BPHK = fast_kernel(q_BHPK, k_BGSK, v_BGSK, mask)
         z_BPHK = self.hook_z(z_BPHK)
 
-        if _is_hooked(self.hook_result):
-            W_O_HKD = self.W_O_heads
-            result_BPHD = self.hook_result(torch.einsum("bphk,hkd->bphd", z_BPHK, W_O_HKD))
+        if self.use_attn_result or _is_hooked(self.hook_result):
+            result_BPHD = self.hook_result(torch.einsum("bphk,hkd->bphd", z_BPHK, self.W_O))
             out = result_BPHD.sum(dim=2)
             return out if self.b_O is None else out + self.b_O
-        return F.linear(z_BPHK.reshape(B, P, H * K), self.W_O, self.b_O)
+        return F.linear(z_BPHK.reshape(B, P, H * K), self._W_O_lin, self.b_O)
 
     def pattern_is_hooked(self) -> bool:
         """True when a hook on scores or pattern needs them materialised (forces eager here)."""
         return _is_hooked(self.hook_attn_scores) or _is_hooked(self.hook_pattern)
 
-    # ---- TransformerLens-layout views, for composition scores and attribution -----------------
+    # ---- TransformerLens's names: views of the nn.Linear-layout storage ------------------------
     @property
-    def W_Q_heads(self) -> Float[Tensor, "n_heads d_model d_head"]:
-        return self.W_Q.view(self.n_heads, self.d_head, self.d_model).transpose(1, 2)
+    def W_Q(self) -> Float[Tensor, "n_heads d_model d_head"]:
+        return self._W_Q_lin.view(self.n_heads, self.d_head, self.d_model).transpose(1, 2)
 
     @property
-    def W_K_heads(self) -> Float[Tensor, "n_heads d_model d_head"]:
-        """Per *query* head (a K/V head is shared by its group, as TransformerLens's GQA view)."""
-        kv = self.W_K.view(self.n_key_value_heads, self.d_head, self.d_model).transpose(1, 2)
-        return kv.repeat_interleave(self.n_heads // self.n_key_value_heads, dim=0)
+    def _W_K(self) -> Float[Tensor, "n_key_value_heads d_model d_head"]:
+        return self._W_K_lin.view(self.n_key_value_heads, self.d_head, self.d_model).transpose(1, 2)
 
     @property
-    def W_V_heads(self) -> Float[Tensor, "n_heads d_model d_head"]:
-        kv = self.W_V.view(self.n_key_value_heads, self.d_head, self.d_model).transpose(1, 2)
-        return kv.repeat_interleave(self.n_heads // self.n_key_value_heads, dim=0)
+    def _W_V(self) -> Float[Tensor, "n_key_value_heads d_model d_head"]:
+        return self._W_V_lin.view(self.n_key_value_heads, self.d_head, self.d_model).transpose(1, 2)
 
     @property
-    def W_O_heads(self) -> Float[Tensor, "n_heads d_head d_model"]:
-        return self.W_O.view(self.d_model, self.n_heads, self.d_head).permute(1, 2, 0)
+    def W_K(self) -> Float[Tensor, "n_heads d_model d_head"]:
+        """Per query head: a GQA key head repeated for each query head of its group (a copy then)."""
+        return self._per_query_head(self._W_K)
+
+    @property
+    def W_V(self) -> Float[Tensor, "n_heads d_model d_head"]:
+        return self._per_query_head(self._W_V)
+
+    @property
+    def W_O(self) -> Float[Tensor, "n_heads d_head d_model"]:
+        return self._W_O_lin.view(self.d_model, self.n_heads, self.d_head).permute(1, 2, 0)
+
+    @property
+    def b_Q(self) -> Optional[Float[Tensor, "n_heads d_head"]]:
+        return None if self._b_Q_lin is None else self._b_Q_lin.view(self.n_heads, self.d_head)
+
+    @property
+    def _b_K(self) -> Optional[Float[Tensor, "n_key_value_heads d_head"]]:
+        return None if self._b_K_lin is None else self._b_K_lin.view(self.n_key_value_heads, self.d_head)
+
+    @property
+    def _b_V(self) -> Optional[Float[Tensor, "n_key_value_heads d_head"]]:
+        return None if self._b_V_lin is None else self._b_V_lin.view(self.n_key_value_heads, self.d_head)
+
+    @property
+    def b_K(self) -> Optional[Float[Tensor, "n_heads d_head"]]:
+        return None if self._b_K_lin is None else self._per_query_head(self._b_K)
+
+    @property
+    def b_V(self) -> Optional[Float[Tensor, "n_heads d_head"]]:
+        return None if self._b_V_lin is None else self._per_query_head(self._b_V)
+
+    def _per_query_head(self, kv_G: Tensor) -> Tensor:
+        groups = self.n_heads // self.n_key_value_heads
+        return kv_G if groups == 1 else kv_G.repeat_interleave(groups, dim=0)
 
 
 def _is_hooked(hook_point: HookPoint) -> bool:

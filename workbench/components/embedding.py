@@ -2,8 +2,9 @@
 
 Legend: B batch, P position, D d_model, V d_vocab.
 
-Weights use `torch.nn.Linear`'s layout where they feed `F.linear` (``W_U`` is [V, D]), so the
-hot path is the same matmul `transformers` runs.
+``W_E`` [V, D], ``W_pos`` [n_ctx, D] and ``W_U`` [D, V] are TransformerLens's names and shapes.
+The unembedding is stored in `torch.nn.Linear`'s layout (``_W_U_lin`` [V, D], ``W_U`` is its
+transposed view), so the hot path is the same matmul `transformers` runs.
 """
 
 from __future__ import annotations
@@ -77,15 +78,20 @@ def make_pos_embed(cfg: ModelConfig) -> Optional[nn.Module]:
 
 
 class Unembed(nn.Module):
-    """Residual -> logits with ``W_U`` [V, D].
+    """Residual -> logits: x @ ``W_U`` [D, V] (+ ``b_U`` [V] when ``cfg.unembed_bias``).
 
-    With tied embeddings the decoder points ``W_U`` at the embedding's own ``W_E`` Parameter
-    (one tensor, two names); ``Decoder.save`` writes it once.
+    With tied embeddings the decoder points the storage ``_W_U_lin`` at the embedding's own
+    ``W_E`` Parameter (one tensor, two names); ``Decoder.save`` writes it once.
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.W_U = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=cfg.dtype))
+        self._W_U_lin = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=cfg.dtype))
+        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab, dtype=cfg.dtype)) if cfg.unembed_bias else None
 
     def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-        return F.linear(x_BPD, self.W_U)
+        return F.linear(x_BPD, self._W_U_lin, self.b_U)
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        return self._W_U_lin.T

@@ -2,7 +2,10 @@
 
 Legend: B batch, P position, D d_model, M d_mlp.
 
-Layouts are `torch.nn.Linear`'s: ``W_in`` and ``W_gate`` [M, D], ``W_out`` [D, M].
+``W_in`` and ``W_gate`` [D, M], ``W_out`` [M, D] are TransformerLens's names, shapes and meaning;
+they are views of the weights stored in `torch.nn.Linear`'s layout under private names
+(``_W_in_lin``/``_W_gate_lin`` [M, D], ``_W_out_lin`` [D, M]), which feed ``F.linear`` as
+`transformers` does. ``b_in``, ``b_gate`` [M] and ``b_out`` [D] are stored as they are.
 Hooks follow TransformerLens: ``hook_pre`` is the pre-activation (the gate's, for a gated MLP),
 ``hook_pre_linear`` the gated MLP's linear branch, ``hook_post`` the input to ``W_out``.
 """
@@ -27,34 +30,46 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
-class MLP(nn.Module):
+class DenseWeights:
+    """TransformerLens's ``W_in`` [D, M] and ``W_out`` [M, D]: views of the nn.Linear-layout storage."""
+
+    @property
+    def W_in(self) -> Float[Tensor, "d_model d_mlp"]:
+        return self._W_in_lin.T
+
+    @property
+    def W_out(self) -> Float[Tensor, "d_mlp d_model"]:
+        return self._W_out_lin.T
+
+
+class MLP(DenseWeights, nn.Module):
     """out = W_out act(W_in x + b_in) + b_out."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.act = ACTIVATIONS[cfg.act_fn]
-        self.W_in = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=cfg.dtype))
-        self.W_out = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=cfg.dtype))
+        self._W_in_lin = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=cfg.dtype))
+        self._W_out_lin = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=cfg.dtype))
         self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp, dtype=cfg.dtype)) if cfg.mlp_bias else None
         self.b_out = nn.Parameter(torch.zeros(cfg.d_model, dtype=cfg.dtype)) if cfg.mlp_bias else None
         self.hook_pre = HookPoint()  # [B, P, M]
         self.hook_post = HookPoint()  # [B, P, M]
 
     def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        pre_BPM = self.hook_pre(F.linear(x_BPD, self.W_in, self.b_in))
+        pre_BPM = self.hook_pre(F.linear(x_BPD, self._W_in_lin, self.b_in))
         post_BPM = self.hook_post(self.act(pre_BPM))
-        return F.linear(post_BPM, self.W_out, self.b_out)
+        return F.linear(post_BPM, self._W_out_lin, self.b_out)
 
 
-class GatedMLP(nn.Module):
+class GatedMLP(DenseWeights, nn.Module):
     """out = W_out (act(W_gate x) * (W_in x)): SwiGLU with silu, GeGLU with gelu."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.act = ACTIVATIONS[cfg.act_fn]
-        self.W_gate = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=cfg.dtype))
-        self.W_in = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=cfg.dtype))
-        self.W_out = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=cfg.dtype))
+        self._W_gate_lin = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=cfg.dtype))
+        self._W_in_lin = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=cfg.dtype))
+        self._W_out_lin = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=cfg.dtype))
         self.b_gate = nn.Parameter(torch.zeros(cfg.d_mlp, dtype=cfg.dtype)) if cfg.mlp_bias else None
         self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp, dtype=cfg.dtype)) if cfg.mlp_bias else None
         self.b_out = nn.Parameter(torch.zeros(cfg.d_model, dtype=cfg.dtype)) if cfg.mlp_bias else None
@@ -63,7 +78,11 @@ class GatedMLP(nn.Module):
         self.hook_post = HookPoint()  # [B, P, M]
 
     def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        pre_BPM = self.hook_pre(F.linear(x_BPD, self.W_gate, self.b_gate))
-        pre_linear_BPM = self.hook_pre_linear(F.linear(x_BPD, self.W_in, self.b_in))
+        pre_BPM = self.hook_pre(F.linear(x_BPD, self._W_gate_lin, self.b_gate))
+        pre_linear_BPM = self.hook_pre_linear(F.linear(x_BPD, self._W_in_lin, self.b_in))
         post_BPM = self.hook_post(self.act(pre_BPM) * pre_linear_BPM)
-        return F.linear(post_BPM, self.W_out, self.b_out)
+        return F.linear(post_BPM, self._W_out_lin, self.b_out)
+
+    @property
+    def W_gate(self) -> Float[Tensor, "d_model d_mlp"]:
+        return self._W_gate_lin.T

@@ -3,9 +3,11 @@
 Legend: B batch, P position, N flattened tokens, D d_model, M d_mlp, E num_experts,
 k experts_per_token.
 
-The router is a linear map ``W_router`` [E, D]; its softmax is taken over all experts, the top
+The router is a linear map ``W_router`` [D, E]; its softmax is taken over all experts, the top
 k kept and (with ``cfg.router_renormalize``) rescaled to sum to one. Experts are gated or plain
-MLPs whose weights are stacked: ``W_gate``/``W_in`` [E, M, D], ``W_out`` [E, D, M]. Tokens are
+MLPs whose weights are stacked: ``W_gate``/``W_in`` [E, D, M], ``W_out`` [E, M, D], each
+expert in TransformerLens's dense-MLP layout. These are views of the nn.Linear-layout storage
+(``_W_router_lin`` [E, D], ``_W_gate_lin``/``_W_in_lin`` [E, M, D], ``_W_out_lin`` [E, D, M]). Tokens are
 grouped by expert and each expert runs once on its tokens: the Python loop is over the E
 experts, never over tokens.
 
@@ -14,6 +16,8 @@ e.g. zeroing one expert's weight, ablates that expert); ``hook_expert_indices`` 
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -33,17 +37,17 @@ class MixtureOfExperts(nn.Module):
         E, M, D = cfg.num_experts, cfg.d_mlp, cfg.d_model
         self.experts_per_token, self.renormalize = cfg.experts_per_token, cfg.router_renormalize
         self.act = ACTIVATIONS[cfg.act_fn]
-        self.W_router = nn.Parameter(torch.empty(E, D, dtype=cfg.dtype))
-        self.W_gate = nn.Parameter(torch.empty(E, M, D, dtype=cfg.dtype)) if cfg.gated_mlp else None
-        self.W_in = nn.Parameter(torch.empty(E, M, D, dtype=cfg.dtype))
-        self.W_out = nn.Parameter(torch.empty(E, D, M, dtype=cfg.dtype))
+        self._W_router_lin = nn.Parameter(torch.empty(E, D, dtype=cfg.dtype))
+        self._W_gate_lin = nn.Parameter(torch.empty(E, M, D, dtype=cfg.dtype)) if cfg.gated_mlp else None
+        self._W_in_lin = nn.Parameter(torch.empty(E, M, D, dtype=cfg.dtype))
+        self._W_out_lin = nn.Parameter(torch.empty(E, D, M, dtype=cfg.dtype))
         self.hook_router_logits = HookPoint()  # [B, P, E]
         self.hook_expert_weights = HookPoint()  # [B, P, k]
         self.hook_expert_indices = HookPoint()  # [B, P, k]
 
     def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         B, P, D = x_BPD.shape
-        logits_BPE = self.hook_router_logits(F.linear(x_BPD, self.W_router))
+        logits_BPE = self.hook_router_logits(F.linear(x_BPD, self._W_router_lin))
         probs_BPE = torch.softmax(logits_BPE.float(), dim=-1)
         weights_BPk, indices_BPk = torch.topk(probs_BPE, self.experts_per_token, dim=-1)
         if self.renormalize:
@@ -60,11 +64,28 @@ class MixtureOfExperts(nn.Module):
             out_ND.index_add_(0, token_idx, y * weights_Nk[token_idx, slot_idx, None])
         return out_ND.view(B, P, D)
 
-    def expert_forward(self, expert: int, x_TD: Float[Tensor, "tokens d_model"]) -> Float[Tensor, "tokens d_model"]:
+    def expert_forward(self, expert: int, x_ND: Float[Tensor, "tokens d_model"]) -> Float[Tensor, "tokens d_model"]:
         """One expert's MLP on the tokens routed to it."""
-        hidden_TM = F.linear(x_TD, self.W_in[expert])
-        if self.W_gate is not None:
-            hidden_TM = self.act(F.linear(x_TD, self.W_gate[expert])) * hidden_TM
+        hidden_NM = F.linear(x_ND, self._W_in_lin[expert])
+        if self._W_gate_lin is not None:
+            hidden_NM = self.act(F.linear(x_ND, self._W_gate_lin[expert])) * hidden_NM
         else:
-            hidden_TM = self.act(hidden_TM)
-        return F.linear(hidden_TM, self.W_out[expert])
+            hidden_NM = self.act(hidden_NM)
+        return F.linear(hidden_NM, self._W_out_lin[expert])
+
+    # ---- TransformerLens-layout views ----------------------------------------------------------
+    @property
+    def W_router(self) -> Float[Tensor, "d_model num_experts"]:
+        return self._W_router_lin.T
+
+    @property
+    def W_in(self) -> Float[Tensor, "num_experts d_model d_mlp"]:
+        return self._W_in_lin.transpose(1, 2)
+
+    @property
+    def W_gate(self) -> Optional[Float[Tensor, "num_experts d_model d_mlp"]]:
+        return None if self._W_gate_lin is None else self._W_gate_lin.transpose(1, 2)
+
+    @property
+    def W_out(self) -> Float[Tensor, "num_experts d_mlp d_model"]:
+        return self._W_out_lin.transpose(1, 2)

@@ -9,11 +9,12 @@ head so its RoPE can rotate adjacent pairs (x0, x1); we rotate halves (x_i, x_{i
 transformers does, so the permutation is undone here (transformers' ``reverse_permute``).
 Tensor names (GGUF dims are reversed; the arrays below are [rows, cols] as stored):
 
-    token_embd -> embed.W_E; output_norm -> ln_final.w; output -> unembed.W_U (absent: tied)
+    token_embd -> embed.W_E; output_norm -> ln_final.w; output -> unembed._W_U_lin (absent: tied)
     blk.{l}.attn_norm / ffn_norm                -> blocks.{l}.ln1.w / ln2.w
-    blk.{l}.attn_q / attn_k (un-permuted)       -> blocks.{l}.attn.W_Q / W_K; attn_v, attn_output -> W_V, W_O
-    blk.{l}.ffn_gate / ffn_up / ffn_down        -> blocks.{l}.mlp.W_gate / W_in / W_out
+    blk.{l}.attn_q / attn_k (un-permuted)       -> blocks.{l}.attn._W_Q_lin / _W_K_lin; attn_v, attn_output -> _W_V_lin, _W_O_lin
+    blk.{l}.ffn_gate / ffn_up / ffn_down        -> blocks.{l}.mlp._W_gate_lin / _W_in_lin / _W_out_lin
     blk.{l}.ffn_gate_inp, ffn_{gate,up,down}_exps -> MoE router and stacked experts
+    (our names are the nn.Linear-layout storage; W_Q, W_in ... are its TransformerLens views)
 """
 
 from __future__ import annotations
@@ -134,21 +135,21 @@ def _tensor_names(cfg: ModelConfig) -> dict[str, tuple[str, Optional[int]]]:
     """Our parameter name -> (GGUF tensor name, heads to un-permute by or None)."""
     names = {"embed.W_E": ("token_embd.weight", None), "ln_final.w": ("output_norm.weight", None)}
     if not cfg.tie_embeddings:
-        names["unembed.W_U"] = ("output.weight", None)
+        names["unembed._W_U_lin"] = ("output.weight", None)
     for layer in range(cfg.n_layers):
         blk, ours = f"blk.{layer}", f"blocks.{layer}"
         names[f"{ours}.ln1.w"] = (f"{blk}.attn_norm.weight", None)
         names[f"{ours}.ln2.w"] = (f"{blk}.ffn_norm.weight", None)
         for gguf_name, our_name, heads in (("attn_q", "Q", cfg.n_heads), ("attn_k", "K", cfg.n_key_value_heads),
                                            ("attn_v", "V", None), ("attn_output", "O", None)):
-            names[f"{ours}.attn.W_{our_name}"] = (f"{blk}.{gguf_name}.weight", heads)
+            names[f"{ours}.attn._W_{our_name}_lin"] = (f"{blk}.{gguf_name}.weight", heads)
             if cfg.attn_bias and our_name != "O":
-                names[f"{ours}.attn.b_{our_name}"] = (f"{blk}.{gguf_name}.bias", heads)
+                names[f"{ours}.attn._b_{our_name}_lin"] = (f"{blk}.{gguf_name}.bias", heads)
         suffix, prefix = ("_exps", f"{ours}.mlp") if cfg.is_moe else ("", f"{ours}.mlp")
-        for gguf_name, our_name in (("ffn_gate", "W_gate"), ("ffn_up", "W_in"), ("ffn_down", "W_out")):
+        for gguf_name, our_name in (("ffn_gate", "_W_gate_lin"), ("ffn_up", "_W_in_lin"), ("ffn_down", "_W_out_lin")):
             names[f"{prefix}.{our_name}"] = (f"{blk}.{gguf_name}{suffix}.weight", None)
         if cfg.is_moe:
-            names[f"{prefix}.W_router"] = (f"{blk}.ffn_gate_inp.weight", None)
+            names[f"{prefix}._W_router_lin"] = (f"{blk}.ffn_gate_inp.weight", None)
     return names
 
 

@@ -8,9 +8,10 @@ GPT-2 stores its projections as ``Conv1D`` weights, [in, out] -- the transpose o
 
     wte.weight -> embed.W_E;  wpe.weight -> pos_embed.W_pos;  ln_f -> ln_final
     h.{l}.ln_1 / ln_2              -> blocks.{l}.ln1 / ln2 (.w, .b)
-    h.{l}.attn.c_attn (w.T split)  -> blocks.{l}.attn.W_Q, W_K, W_V (+ b_Q, b_K, b_V)
-    h.{l}.attn.c_proj (w.T)        -> blocks.{l}.attn.W_O (+ b_O)
-    h.{l}.mlp.c_fc / c_proj (w.T)  -> blocks.{l}.mlp.W_in / W_out (+ b_in / b_out)
+    h.{l}.attn.c_attn (w.T split)  -> blocks.{l}.attn._W_{Q,K,V}_lin (+ _b_{Q,K,V}_lin)
+    h.{l}.attn.c_proj (w.T)        -> blocks.{l}.attn._W_O_lin (+ b_O)
+    h.{l}.mlp.c_fc / c_proj (w.T)  -> blocks.{l}.mlp._W_in_lin / _W_out_lin (+ b_in / b_out)
+    (our names are the nn.Linear-layout storage; W_Q, W_in ... are its TransformerLens views)
 
 ``h.{l}.attn.bias`` / ``masked_bias`` in old checkpoints are causal-mask buffers, not weights.
 """
@@ -59,7 +60,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig) -> dict[str, 
 
     Example:
         >>> tensors = convert_tensors(SafetensorsCheckpoint(Path("gpt2-dir")), cfg)   # doctest: +SKIP
-        >>> tensors["blocks.0.attn.W_Q"].shape   # [d_model, d_model], cut from c_attn.T   # doctest: +SKIP
+        >>> tensors["blocks.0.attn._W_Q_lin"].shape   # [d_model, d_model], cut from c_attn.T   # doctest: +SKIP
         torch.Size([768, 768])
     """
     prefix = "transformer." if ckpt.has("transformer.wte.weight") else ""
@@ -68,7 +69,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig) -> dict[str, 
     out = {"embed.W_E": take("wte.weight", (V, D)), "pos_embed.W_pos": take("wpe.weight", (cfg.n_ctx, D)),
            "ln_final.w": take("ln_f.weight", (D,)), "ln_final.b": take("ln_f.bias", (D,))}
     if not cfg.tie_embeddings:
-        out["unembed.W_U"] = ckpt.take("lm_head.weight", (V, D))
+        out["unembed._W_U_lin"] = ckpt.take("lm_head.weight", (V, D))
     elif ckpt.has("lm_head.weight"):
         ckpt.take("lm_head.weight")  # written twice by some savers; it is the tied wte
     for layer in range(cfg.n_layers):
@@ -79,12 +80,12 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig) -> dict[str, 
         qkv_3DD = take(f"{hf}.attn.c_attn.weight", (D, 3 * D)).T  # Conv1D [in, out] -> Linear [out, in]
         qkv_bias_3D = take(f"{hf}.attn.c_attn.bias", (3 * D,))
         for index, name in enumerate("QKV"):
-            out[f"{ours}.attn.W_{name}"] = qkv_3DD[index * D:(index + 1) * D]
-            out[f"{ours}.attn.b_{name}"] = qkv_bias_3D[index * D:(index + 1) * D]
-        out[f"{ours}.attn.W_O"] = take(f"{hf}.attn.c_proj.weight", (D, D)).T
+            out[f"{ours}.attn._W_{name}_lin"] = qkv_3DD[index * D:(index + 1) * D]
+            out[f"{ours}.attn._b_{name}_lin"] = qkv_bias_3D[index * D:(index + 1) * D]
+        out[f"{ours}.attn._W_O_lin"] = take(f"{hf}.attn.c_proj.weight", (D, D)).T
         out[f"{ours}.attn.b_O"] = take(f"{hf}.attn.c_proj.bias", (D,))
-        out[f"{ours}.mlp.W_in"] = take(f"{hf}.mlp.c_fc.weight", (D, M)).T
+        out[f"{ours}.mlp._W_in_lin"] = take(f"{hf}.mlp.c_fc.weight", (D, M)).T
         out[f"{ours}.mlp.b_in"] = take(f"{hf}.mlp.c_fc.bias", (M,))
-        out[f"{ours}.mlp.W_out"] = take(f"{hf}.mlp.c_proj.weight", (M, D)).T
+        out[f"{ours}.mlp._W_out_lin"] = take(f"{hf}.mlp.c_proj.weight", (M, D)).T
         out[f"{ours}.mlp.b_out"] = take(f"{hf}.mlp.c_proj.bias", (D,))
     return out

@@ -4,15 +4,16 @@ Legend: L n_layers, E num_experts, M d_mlp, D d_model.
 
 All four are pre-norm RMSNorm decoders with RoPE, grouped-query attention and a SwiGLU MLP;
 they differ only in config values, which ``Variant`` records, and in Mixtral's expert tensors.
-HF tensor names (transformers 5.23 ``save_pretrained``):
+HF tensor names (transformers 5.23 ``save_pretrained``) and ours (the nn.Linear-layout storage,
+whose TransformerLens views are ``W_Q``, ``W_in``, ``W_U`` ...):
 
     model.embed_tokens.weight                  -> embed.W_E
     model.layers.{l}.input_layernorm.weight    -> blocks.{l}.ln1.w   (post_attention_layernorm -> ln2.w)
-    model.layers.{l}.self_attn.{q,k,v,o}_proj  -> blocks.{l}.attn.W_{Q,K,V,O} (+ .bias -> b_*)
-    model.layers.{l}.mlp.{gate,up,down}_proj   -> blocks.{l}.mlp.W_{gate,in,out}
-    model.layers.{l}.block_sparse_moe.gate     -> blocks.{l}.mlp.W_router          (Mixtral)
-    ...block_sparse_moe.experts.{e}.w{1,3,2}   -> blocks.{l}.mlp.W_{gate,in,out}[e] (stacked over e)
-    model.norm.weight -> ln_final.w;  lm_head.weight -> unembed.W_U (absent when tied)
+    model.layers.{l}.self_attn.{q,k,v,o}_proj  -> blocks.{l}.attn._W_{Q,K,V,O}_lin (+ .bias -> _b_{Q,K,V}_lin, b_O)
+    model.layers.{l}.mlp.{gate,up,down}_proj   -> blocks.{l}.mlp._W_{gate,in,out}_lin
+    model.layers.{l}.block_sparse_moe.gate     -> blocks.{l}.mlp._W_router_lin          (Mixtral)
+    ...block_sparse_moe.experts.{e}.w{1,3,2}   -> blocks.{l}.mlp._W_{gate,in,out}_lin[e] (stacked over e)
+    model.norm.weight -> ln_final.w;  lm_head.weight -> unembed._W_U_lin (absent when tied)
 
 Mixtral's experts may also come fused, as transformers holds them in memory
 (``mlp.experts.gate_up_proj`` [E, 2M, D] with gate rows first, ``mlp.experts.down_proj``
@@ -114,7 +115,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig) -> dict[str, 
 
     Example:
         >>> tensors = convert_tensors(SafetensorsCheckpoint(Path("tiny-llama")), cfg)   # doctest: +SKIP
-        >>> tensors["blocks.0.attn.W_K"].shape                                         # doctest: +SKIP
+        >>> tensors["blocks.0.attn._W_K_lin"].shape                                    # doctest: +SKIP
         torch.Size([16, 48])
     """
     V, D, M = cfg.d_vocab, cfg.d_model, cfg.d_mlp
@@ -122,7 +123,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig) -> dict[str, 
     out = {"embed.W_E": ckpt.take("model.embed_tokens.weight", (V, D)),
            "ln_final.w": ckpt.take("model.norm.weight", (D,))}
     if not cfg.tie_embeddings:
-        out["unembed.W_U"] = ckpt.take("lm_head.weight", (V, D))
+        out["unembed._W_U_lin"] = ckpt.take("lm_head.weight", (V, D))
     elif ckpt.has("lm_head.weight"):
         ckpt.take("lm_head.weight")  # a tied checkpoint may still write the shared matrix twice
     attn_shapes = {"q": ((HK, D), (HK,)), "k": ((GK, D), (GK,)), "v": ((GK, D), (GK,)), "o": ((D, HK), (D,))}
@@ -132,18 +133,18 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig) -> dict[str, 
         out[f"{ours}.ln2.w"] = ckpt.take(f"{hf}.post_attention_layernorm.weight", (D,))
         for proj, (weight_shape, bias_shape) in attn_shapes.items():
             name = proj.upper()
-            out[f"{ours}.attn.W_{name}"] = ckpt.take(f"{hf}.self_attn.{proj}_proj.weight", weight_shape)
+            out[f"{ours}.attn._W_{name}_lin"] = ckpt.take(f"{hf}.self_attn.{proj}_proj.weight", weight_shape)
             if cfg.attn_bias:
                 bias_name = f"{hf}.self_attn.{proj}_proj.bias"
-                if proj == "o" and not ckpt.has(bias_name):  # Qwen2: QKV bias, no output bias
-                    out[f"{ours}.attn.b_O"] = torch.zeros(D)
+                if proj == "o":  # Qwen2: QKV bias, no output bias
+                    out[f"{ours}.attn.b_O"] = ckpt.take(bias_name, bias_shape) if ckpt.has(bias_name) else torch.zeros(D)
                 else:
-                    out[f"{ours}.attn.b_{name}"] = ckpt.take(bias_name, bias_shape)
+                    out[f"{ours}.attn._b_{name}_lin"] = ckpt.take(bias_name, bias_shape)
         if cfg.is_moe:
             out.update(_experts(ckpt, cfg, layer))
             continue
         for proj, name, shape in (("gate", "gate", (M, D)), ("up", "in", (M, D)), ("down", "out", (D, M))):
-            out[f"{ours}.mlp.W_{name}"] = ckpt.take(f"{hf}.mlp.{proj}_proj.weight", shape)
+            out[f"{ours}.mlp._W_{name}_lin"] = ckpt.take(f"{hf}.mlp.{proj}_proj.weight", shape)
             if cfg.mlp_bias:
                 out[f"{ours}.mlp.b_{name}"] = ckpt.take(f"{hf}.mlp.{proj}_proj.bias", shape[:1])
     return out
@@ -156,10 +157,12 @@ def _experts(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, layer: int) -> dict[
     fused = f"{hf}.mlp.experts.gate_up_proj"
     if ckpt.has(fused):
         gate_up_E2MD = ckpt.take(fused, (E, 2 * M, D))
-        return {f"{ours}.W_router": ckpt.take(f"{hf}.mlp.gate.weight", (E, D)),
-                f"{ours}.W_gate": gate_up_E2MD[:, :M], f"{ours}.W_in": gate_up_E2MD[:, M:],
-                f"{ours}.W_out": ckpt.take(f"{hf}.mlp.experts.down_proj", (E, D, M))}
+        return {f"{ours}._W_router_lin": ckpt.take(f"{hf}.mlp.gate.weight", (E, D)),
+                f"{ours}._W_gate_lin": gate_up_E2MD[:, :M], f"{ours}._W_in_lin": gate_up_E2MD[:, M:],
+                f"{ours}._W_out_lin": ckpt.take(f"{hf}.mlp.experts.down_proj", (E, D, M))}
     moe = f"{hf}.block_sparse_moe"
     stacked = {ours_name: torch.stack([ckpt.take(f"{moe}.experts.{e}.{w}.weight", shape) for e in range(E)])
-               for w, ours_name, shape in (("w1", "W_gate", (M, D)), ("w3", "W_in", (M, D)), ("w2", "W_out", (D, M)))}
-    return {f"{ours}.W_router": ckpt.take(f"{moe}.gate.weight", (E, D)), **{f"{ours}.{k}": v for k, v in stacked.items()}}
+               for w, ours_name, shape in (("w1", "_W_gate_lin", (M, D)), ("w3", "_W_in_lin", (M, D)),
+                                           ("w2", "_W_out_lin", (D, M)))}
+    return {f"{ours}._W_router_lin": ckpt.take(f"{moe}.gate.weight", (E, D)),
+            **{f"{ours}.{k}": v for k, v in stacked.items()}}

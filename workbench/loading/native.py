@@ -6,6 +6,7 @@ Nothing is unpickled: weights are safetensors, the config is JSON validated by `
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Union
 
@@ -21,6 +22,15 @@ from workbench.saving import CONFIG_FILE, FORMAT_TAG, WEIGHTS_FILE
 from workbench.tokenizer import Tokenizer
 
 __all__ = ["load_native", "FORMAT_TAG"]
+
+# Files saved before the weights took TransformerLens's names (as views of private nn.Linear-layout
+# storage) hold that same storage under the public names: renamed on reading, nothing reshaped.
+_LEGACY_NAMES = re.compile(r"(?P<module>attn|mlp|unembed)\.(?P<name>W_[QKVO]|b_[QKV]|W_in|W_gate|W_out|W_router|W_U)$")
+
+
+def _current_names(tensors: dict) -> dict:
+    """Tensor names of a file in today's layout (legacy public names -> their private storage names)."""
+    return {_LEGACY_NAMES.sub(r"\g<module>._\g<name>_lin", name): tensor for name, tensor in tensors.items()}
 
 
 def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype: torch.dtype | None = None,
@@ -51,5 +61,5 @@ def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype
         raise CheckpointError(f"{weights_path}: unreadable or truncated safetensors file ({error})") from error
     tokenizer = Tokenizer.from_directory(directory) if (directory / "tokenizer.json").exists() else None
     model = Decoder(cfg, tokenizer=tokenizer, init_weights=False)
-    assign_weights(model, tensors, str(weights_path))
+    assign_weights(model, _current_names(tensors), str(weights_path))
     return model.to(device)
