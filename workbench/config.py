@@ -23,6 +23,8 @@ NormPlacement = Literal["pre", "post"]
 Positional = Literal["rotary", "learned", "sinusoidal", "alibi"]
 ActFn = Literal["gelu", "gelu_new", "silu", "relu"]
 AttnImpl = Literal["eager", "sdpa", "flash"]
+# TransformerLens's weight processing, in the order it is applied (``Decoder.process_weights_``).
+WEIGHT_PROCESSING_STEPS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "normalization": ("LN", "RMS"),
@@ -68,6 +70,8 @@ class ModelConfig:
     sliding_window: Optional[int] = None  # a query sees the last `sliding_window` keys, itself included
     tie_embeddings: bool = False
     unembed_bias: bool = False  # a b_U [d_vocab] (TransformerLens's; weight processing may add one)
+    # What ``Decoder.process_weights_`` has done to the weights, in order ("fold_ln", ...); () = as loaded.
+    weight_processing: tuple[str, ...] = ()
     attn_bias: bool = False
     mlp_bias: bool = False
     attn_impl: AttnImpl = "sdpa"
@@ -116,6 +120,8 @@ class ModelConfig:
                      f"must be a positive integer or None, got {self.sliding_window!r}")
         _require(isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point, "dtype",
                  f"must be a floating-point torch.dtype, got {self.dtype!r}")
+        unknown = sorted(set(self.weight_processing) - set(WEIGHT_PROCESSING_STEPS))
+        _require(not unknown, "weight_processing", f"has unknown step(s) {unknown}; known: {WEIGHT_PROCESSING_STEPS}")
 
     def _set(self, name: str, value: Any) -> None:
         # Frozen dataclass: resolving a default in __post_init__ is the one place we write.
@@ -158,6 +164,8 @@ class ModelConfig:
         data = dict(data)
         if isinstance(data.get("dtype"), str):
             data["dtype"] = getattr(torch, data["dtype"])
+        if isinstance(data.get("weight_processing"), list):  # JSON has no tuples
+            data["weight_processing"] = tuple(data["weight_processing"])
         return cls(**data)
 
     def replace(self, **changes: Any) -> "ModelConfig":

@@ -36,11 +36,12 @@ from workbench.hooking import HookMethods
 from workbench.saving import save_native
 from workbench.tokenizer import Tokenizer
 from workbench.tokens_api import TextOrTokens, TokenMethods
+from workbench.weights_api import WeightMethods
 
 ReturnType = Optional[Literal["logits", "loss", "both"]]
 
 
-class Decoder(TokenMethods, HookMethods, HookedRootModule):
+class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
     """A decoder-only transformer whose every activation sits on a named ``HookPoint``.
 
     Example:
@@ -118,7 +119,8 @@ class Decoder(TokenMethods, HookMethods, HookedRootModule):
             loss_per_token: return the loss per position [batch, pos - 1] instead of the mean.
             tokens: the token ids, needed for the loss when ``input`` is a residual stream.
             start_at_layer / stop_at_layer: run blocks [start, stop) only; with ``stop_at_layer``
-                the residual stream entering that layer is returned.
+                the residual stream entering that layer is returned. Negative values count from
+                the end, as in TransformerLens (``stop_at_layer=-1``: every block but the last).
             kv_cache: a ``workbench.generation.KVCache``, extended in place (for generation).
 
         Example:
@@ -136,7 +138,11 @@ class Decoder(TokenMethods, HookMethods, HookedRootModule):
             resid_BPD = input
             positions_P = torch.arange(resid_BPD.shape[1], device=resid_BPD.device)
 
-        layers = range(start_at_layer or 0, self.cfg.n_layers if stop_at_layer is None else stop_at_layer)
+        L = self.cfg.n_layers
+        for name, value in (("start_at_layer", start_at_layer), ("stop_at_layer", stop_at_layer)):
+            if value is not None and not -L <= value <= L:
+                raise InputError(f"{name}={value} is outside -{L}..{L} for a model of {L} layers")
+        layers = range(L)[start_at_layer:stop_at_layer]  # Python's slice: negatives count from the end
         for layer in layers:
             layer_cache = kv_cache.layers[layer] if kv_cache is not None else None
             resid_BPD = self.blocks[layer](resid_BPD, positions_P, layer_cache)

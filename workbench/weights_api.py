@@ -1,0 +1,182 @@
+"""The model-level weight API of TransformerLens's ``HookedTransformer``, for the ``Decoder``.
+
+Legend: L n_layers, H n_heads, D d_model, K d_head, M d_mlp, V d_vocab.
+
+A mixin of ``workbench.model.Decoder``. ``model.W_Q`` is every layer's ``blocks[l].attn.W_Q``
+stacked [L, H, D, K], ``model.W_in`` every ``blocks[l].mlp.W_in`` [L, D, M], and so on, with
+TransformerLens's shapes and meaning; ``QK`` and ``OV`` are ``transformer_lens.FactoredMatrix``.
+Where a model has no such bias (a Llama has no ``b_Q``), the stacked bias is zeros, as in a
+TransformerLens model, so its recipes run unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from transformer_lens import FactoredMatrix
+
+from workbench.errors import InputError
+from workbench.processing import process_weights
+
+_ATTN_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
+_ATTN_BIASES = {"b_Q": "n_heads d_head", "b_K": "n_heads d_head", "b_V": "n_heads d_head", "b_O": "d_model"}
+
+
+class WeightMethods:
+    """TransformerLens's stacked weights, factored circuits and bias helpers for a ``Decoder``."""
+
+    # ---- embeddings and unembedding --------------------------------------------------------------
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        return self.embed.W_E
+
+    @property
+    def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
+        """Learned (or sinusoidal) position embeddings; a rotary or ALiBi model has none."""
+        if self.pos_embed is None:
+            raise InputError(f"this model has no absolute position embedding (positional={self.cfg.positional!r})")
+        return self.pos_embed.W_pos if hasattr(self.pos_embed, "W_pos") else self.pos_embed.table
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        return self.unembed.W_U
+
+    @property
+    def b_U(self) -> Float[Tensor, "d_vocab"]:
+        b_U = self.unembed.b_U
+        return b_U if b_U is not None else torch.zeros(self.cfg.d_vocab, dtype=self.cfg.dtype, device=self.cfg.device)
+
+    # ---- stacked attention weights -----------------------------------------------------------------
+    def _stack(self, module: str, name: str, zeros_shape: Optional[tuple[int, ...]] = None) -> Tensor:
+        """``blocks[l].<module>.<name>`` stacked over layers; zeros for a bias the model lacks."""
+        found = []
+        for block in self.blocks:
+            owner = getattr(block, module, None)
+            if owner is None:
+                raise InputError(f"this model's blocks have no {module} (attn_only={self.cfg.attn_only}), so no {name}")
+            value = getattr(owner, name, None)
+            if value is None:
+                if zeros_shape is None:
+                    raise InputError(f"this model has no {module}.{name}")
+                value = torch.zeros(zeros_shape, dtype=self.cfg.dtype, device=self.cfg.device)
+            found.append(value)
+        return torch.stack(found)
+
+    @property
+    def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        return self._stack("attn", "W_Q")
+
+    @property
+    def W_K(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        return self._stack("attn", "W_K")
+
+    @property
+    def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        return self._stack("attn", "W_V")
+
+    @property
+    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
+        return self._stack("attn", "W_O")
+
+    @property
+    def b_Q(self) -> Float[Tensor, "n_layers n_heads d_head"]:
+        return self._stack("attn", "b_Q", (self.cfg.n_heads, self.cfg.d_head))
+
+    @property
+    def b_K(self) -> Float[Tensor, "n_layers n_heads d_head"]:
+        return self._stack("attn", "b_K", (self.cfg.n_heads, self.cfg.d_head))
+
+    @property
+    def b_V(self) -> Float[Tensor, "n_layers n_heads d_head"]:
+        return self._stack("attn", "b_V", (self.cfg.n_heads, self.cfg.d_head))
+
+    @property
+    def b_O(self) -> Float[Tensor, "n_layers d_model"]:
+        return self._stack("attn", "b_O", (self.cfg.d_model,))
+
+    # ---- stacked MLP weights (dense MLPs: [L, D, M]; mixtures of experts: [L, E, D, M]) --------------
+    @property
+    def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
+        return self._stack("mlp", "W_in")
+
+    @property
+    def W_gate(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
+        return self._stack("mlp", "W_gate")
+
+    @property
+    def W_out(self) -> Float[Tensor, "n_layers d_mlp d_model"]:
+        return self._stack("mlp", "W_out")
+
+    @property
+    def b_in(self) -> Float[Tensor, "n_layers d_mlp"]:
+        return self._stack("mlp", "b_in", (self.cfg.d_mlp,))
+
+    @property
+    def b_out(self) -> Float[Tensor, "n_layers d_model"]:
+        return self._stack("mlp", "b_out", (self.cfg.d_model,))
+
+    # ---- factored circuits -------------------------------------------------------------------------
+    @property
+    def QK(self) -> FactoredMatrix:
+        """Every head's QK circuit W_Q W_K^T [L, H, D, D], as TransformerLens's ``FactoredMatrix``.
+
+        Example:
+            >>> model.QK[1, 4].eigenvalues   # doctest: +SKIP
+        """
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        """Every head's OV circuit W_V W_O [L, H, D, D], as TransformerLens's ``FactoredMatrix``.
+
+        Example:
+            >>> (model.W_E @ model.OV[0, 2] @ model.W_U).eigenvalues   # copying score of L0H2   # doctest: +SKIP
+        """
+        return FactoredMatrix(self.W_V, self.W_O)
+
+    # ---- biases and switches ---------------------------------------------------------------------
+    def accumulated_bias(self, layer: int, mlp_input: bool = False,
+                         include_mlp_biases: bool = True) -> Float[Tensor, "d_model"]:
+        """The sum of the output biases the residual stream holds entering ``layer``
+        (attention ``b_O`` and, with ``include_mlp_biases``, MLP ``b_out`` of every earlier layer;
+        ``mlp_input`` adds this layer's ``b_O``, for the stream entering its MLP). TransformerLens's.
+
+        Example:
+            >>> model.accumulated_bias(model.cfg.n_layers)   # every bias written to the final stream   # doctest: +SKIP
+        """
+        if not 0 <= layer <= self.cfg.n_layers or (mlp_input and layer == self.cfg.n_layers):
+            raise InputError(f"layer must be in 0..{self.cfg.n_layers}{' - 1 with mlp_input' if mlp_input else ''}, "
+                             f"got {layer}")
+        total = torch.zeros(self.cfg.d_model, dtype=self.cfg.dtype, device=self.cfg.device)
+        for block in self.blocks[:layer]:
+            if block.attn.b_O is not None:
+                total = total + block.attn.b_O
+            if include_mlp_biases and block.has_mlp and getattr(block.mlp, "b_out", None) is not None:
+                total = total + block.mlp.b_out
+        if mlp_input and self.blocks[layer].attn.b_O is not None:
+            total = total + self.blocks[layer].attn.b_O
+        return total
+
+    def process_weights_(self, fold_ln: bool = True, center_writing_weights: bool = True,
+                         center_unembed: bool = True, fold_value_biases: bool = True):
+        """TransformerLens's weight processing, in place (see ``workbench.processing``); returns the model.
+
+        Example:
+            >>> model.process_weights_(fold_ln=True, center_writing_weights=True, center_unembed=True)   # doctest: +SKIP
+        """
+        return process_weights(self, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                               center_unembed=center_unembed, fold_value_biases=fold_value_biases)
+
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """Always compute ``attn.hook_result`` (per-head outputs [batch, pos, n_heads, d_model]),
+        as TransformerLens's flag. Without it the result is computed only for layers whose
+        ``hook_result`` is hooked (``run_with_cache`` hooks it), which is faster.
+
+        Example:
+            >>> model.set_use_attn_result(True)   # doctest: +SKIP
+        """
+        for block in self.blocks:
+            block.attn.use_attn_result = bool(use_attn_result)
