@@ -70,6 +70,8 @@ class ModelConfig:
     sliding_window: Optional[int] = None  # a query sees the last `sliding_window` keys, itself included
     tie_embeddings: bool = False
     unembed_bias: bool = False  # a b_U [d_vocab] (TransformerLens's; weight processing may add one)
+    # TransformerLens's: tokenizing text puts BOS first (when the tokenizer has one) unless told otherwise.
+    default_prepend_bos: bool = True
     # What ``Decoder.process_weights_`` has done to the weights, in order ("fold_ln", ...); () = as loaded.
     weight_processing: tuple[str, ...] = ()
     attn_bias: bool = False

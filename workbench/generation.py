@@ -103,13 +103,19 @@ def sample_next(
 
 
 def generate(
-    model: "Decoder", input: Union[str, list[str], Tensor], max_new_tokens: int = 20, **kwargs
+    model: "Decoder", input: Union[str, list[str], Tensor], max_new_tokens: int = 20,
+    prepend_bos: Optional[bool] = None, **kwargs
 ) -> Union[str, list[str], Tensor]:
-    """Text in -> text out (prompt plus continuation); token ids in -> token ids out."""
+    """Text in -> text out (prompt plus continuation, without the BOS the tokenizer added, as
+    TransformerLens); token ids in -> token ids out.
+
+    Example:
+        >>> generate(model, "The capital of France is", 5)   # doctest: +SKIP
+    """
     as_text = isinstance(input, (str, list))
-    tokens_BP = model.to_tokens(input) if as_text else input
+    tokens_BP = model.to_tokens(input, prepend_bos=prepend_bos) if as_text else input
     out_BP, _ = generate_tokens(model, tokens_BP, max_new_tokens, **kwargs)
     if not as_text:
         return out_BP
-    texts = model.to_string(out_BP)
+    texts = model.to_string(out_BP[:, 1:] if model.bos_first(prepend_bos) else out_BP)
     return texts[0] if isinstance(input, str) else texts

@@ -2,12 +2,25 @@
 ``run_with_cache`` returning an ``ActivationCache``, and the layer of a hook name.
 
 A mixin of ``workbench.model.Decoder``, placed before ``HookedRootModule`` in its bases so these
-methods wrap TransformerLens's own.
+methods wrap TransformerLens's own. What it adds to TransformerLens's behaviour:
+
+- a hook name that is not a hook point of the model (``run_with_hooks``/``hooks``, forward or
+  backward, ``add_hook`` with a string, ``run_with_cache(names_filter=...)`` as a string or a
+  list) is an ``InputError`` naming it and the nearest real names, instead of a bare ``KeyError``
+  or a silently empty cache. Callable names and filters are left as they are.
+- a hook that raises gets a note naming its hook point; a hook that returns a tensor of another
+  shape or dtype than it received is an ``InputError`` naming the hook point and both. Hooks are
+  removed after any error (TransformerLens's context manager does this).
+
+The per-call cost is one Python call and a shape/dtype comparison per hook; names are checked
+once, when hooks are added.
 """
 
 from __future__ import annotations
 
+import difflib
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, Callable, Optional
 
 from torch import Tensor
@@ -18,21 +31,44 @@ from workbench.errors import InputError
 
 
 class HookMethods:
-    """``hooks``, ``run_with_cache`` and ``layer_of`` for a ``HookedRootModule``."""
+    """``hooks``, ``add_hook``, ``run_with_cache``, ``get_caching_hooks`` and ``layer_of`` for a ``HookedRootModule``."""
 
     @contextmanager
     def hooks(self, fwd_hooks=[], bwd_hooks=[], reset_hooks_end=True, clear_contexts=False):
-        """TransformerLens's ``hooks`` context, with each hook's errors annotated by its hook point.
+        """TransformerLens's ``hooks`` context, with hook names checked and each hook checked
+        (its errors name the hook point; its result must keep the shape and dtype it received).
 
         Hooks are removed on exit even when a hook raises.
+
+        Example:
+            >>> with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: z * 0)]):   # doctest: +SKIP
+            ...     loss = model(tokens, return_type="loss")
         """
-        with super().hooks([(n, _annotate_errors(h)) for n, h in fwd_hooks],
-                           [(n, _annotate_errors(h)) for n, h in bwd_hooks],
-                           reset_hooks_end, clear_contexts) as model:
+        fwd_hooks = self._checked_hook_list(fwd_hooks, "fwd_hooks")
+        bwd_hooks = self._checked_hook_list(bwd_hooks, "bwd_hooks")
+        with super().hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts) as model:
             yield model
+
+    def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False) -> None:
+        """TransformerLens's ``add_hook`` (the hook stays until ``reset_hooks``), with a string name
+        checked and the hook checked as in ``hooks``.
+
+        Example:
+            >>> model.add_hook("blocks.1.hook_resid_pre", lambda g, hook: print(g.norm()), dir="bwd")   # doctest: +SKIP
+        """
+        if isinstance(name, str):
+            self.check_hook_names([name])
+        elif not callable(name):
+            raise InputError(f"a hook's name must be a hook point name or a function of the name, got {name!r}")
+        if not callable(hook):
+            raise InputError(f"the hook for {name!r} must be a function (tensor, hook) -> tensor or None, got {hook!r}")
+        super().add_hook(name, _checked_hook(hook), dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
 
     def run_with_cache(self, *model_args: Any, **kwargs: Any) -> tuple[Any, ActivationCache]:
         """Runs the model and caches activations (all, or those ``names_filter`` selects).
+
+        ``names_filter``: None (all), a hook name, a list of hook names (each must exist:
+        ``InputError`` otherwise) or a function of the name.
 
         Example:
             >>> logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))  # doctest: +SKIP
@@ -41,6 +77,43 @@ class HookMethods:
         out, cache_dict = super().run_with_cache(*model_args, **kwargs)
         return out, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 
+    def get_caching_hooks(self, names_filter=None, *args: Any, **kwargs: Any):
+        """TransformerLens's ``get_caching_hooks`` (what ``run_with_cache`` uses), with a string or
+        list ``names_filter`` checked against the model's hook points.
+
+        Example:
+            >>> cache, fwd, bwd = model.get_caching_hooks(["blocks.0.attn.hook_z"])   # doctest: +SKIP
+        """
+        return super().get_caching_hooks(self._checked_names_filter(names_filter), *args, **kwargs)
+
+    def add_caching_hooks(self, names_filter=None, *args: Any, **kwargs: Any) -> dict:
+        """TransformerLens's ``add_caching_hooks``, with a string or list ``names_filter`` checked.
+
+        Example:
+            >>> cache = model.add_caching_hooks("blocks.0.attn.hook_z"); model(tokens); model.reset_hooks()   # doctest: +SKIP
+        """
+        return super().add_caching_hooks(self._checked_names_filter(names_filter), *args, **kwargs)
+
+    def check_hook_names(self, names) -> None:
+        """``InputError`` naming each of ``names`` that is not a hook point, with the nearest real names.
+
+        Example:
+            >>> model.check_hook_names(["blocks.0.attn.hook_zz"])   # doctest: +SKIP
+            InputError: no hook point named 'blocks.0.attn.hook_zz' in this model (did you mean 'blocks.0.attn.hook_z', ...?)
+        """
+        unknown = [name for name in names if not (isinstance(name, str) and name in self.hook_dict)]
+        if not unknown:
+            return
+        problems = []
+        for name in unknown:
+            if not isinstance(name, str):
+                problems.append(f"{name!r} is not a hook name (a string)")
+                continue
+            close = difflib.get_close_matches(name, list(self.hook_dict), n=3, cutoff=0.6)
+            problems.append(f"no hook point named {name!r} in this model"
+                            + (f" (did you mean {', '.join(map(repr, close))}?)" if close else ""))
+        raise InputError("; ".join(problems) + f". model.hook_dict lists its {len(self.hook_dict)} hook points.")
+
     def layer_of(self, hook_name: str) -> Optional[int]:
         """The block a hook point belongs to (``blocks.3.attn.hook_z`` -> 3), None outside the blocks.
 
@@ -48,20 +121,66 @@ class HookMethods:
             >>> model.layer_of("blocks.3.attn.hook_z"), model.layer_of("hook_embed")   # doctest: +SKIP
             (3, None)
         """
-        if hook_name not in self.hook_dict:
-            close = [name for name in self.hook_dict if name.split(".")[-1] == hook_name.split(".")[-1]][:3]
-            raise InputError(f"no hook point named {hook_name!r} in this model"
-                             + (f" (same last part: {close})" if close else ""))
+        self.check_hook_names([hook_name])
         return self.hook_dict[hook_name].layer() if hook_name.startswith("blocks.") else None
 
+    # ---- helpers --------------------------------------------------------------------------------
+    def _checked_hook_list(self, hooks: Any, argument: str) -> list[tuple[Any, Callable]]:
+        """``hooks`` as a list of (name, checked hook), every string name a hook point of the model."""
+        if isinstance(hooks, tuple) and len(hooks) == 2 and isinstance(hooks[0], str) and callable(hooks[1]):
+            raise InputError(f"{argument} is a list of (name, hook) pairs: wrap the single pair in a list, "
+                             f"{argument}=[({hooks[0]!r}, ...)]")
+        pairs = list(hooks)
+        for pair in pairs:
+            if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+                raise InputError(f"each entry of {argument} must be a (name, hook) pair, got {pair!r}")
+            name, hook = pair
+            if not (isinstance(name, str) or callable(name)):
+                raise InputError(f"a hook's name in {argument} must be a hook point name or a function of the "
+                                 f"name, got {name!r}")
+            if not callable(hook):
+                raise InputError(f"the hook for {name!r} in {argument} must be a function (tensor, hook) -> tensor "
+                                 f"or None, got {hook!r}")
+        self.check_hook_names([name for name, _ in pairs if isinstance(name, str)])
+        return [(name, _checked_hook(hook)) for name, hook in pairs]
 
-def _annotate_errors(hook_fn: Callable) -> Callable:
-    """Wraps a user hook so an exception it raises says which hook point it was on."""
-    def wrapped(tensor: Tensor, hook: HookPoint) -> Any:
+    def _checked_names_filter(self, names_filter: Any) -> Any:
+        """A string or list ``names_filter`` checked (a tuple or set becomes a list); others unchanged."""
+        if isinstance(names_filter, str):
+            self.check_hook_names([names_filter])
+        elif isinstance(names_filter, (list, tuple, set, frozenset)):
+            names_filter = list(names_filter)
+            self.check_hook_names(names_filter)
+        return names_filter
+
+
+def _hook_label(hook_fn: Callable) -> str:
+    """A short name for a hook in messages (a partial's repr can be huge: it shows its arguments)."""
+    if isinstance(hook_fn, partial):
+        return f"partial({_hook_label(hook_fn.func)}, ...)"
+    return getattr(hook_fn, "__qualname__", None) or getattr(hook_fn, "__name__", None) or type(hook_fn).__name__
+
+
+def _checked_hook(hook_fn: Callable) -> Callable:
+    """Wraps a user hook: an exception it raises gets a note naming its hook point, and a result
+    of another shape or dtype than the tensor it received is an ``InputError`` naming both."""
+    def checked(tensor: Tensor, hook: HookPoint) -> Any:
         try:
-            return hook_fn(tensor, hook=hook)
+            result = hook_fn(tensor, hook=hook)
         except Exception as error:
-            error.add_note(f"raised by the hook {getattr(hook_fn, '__name__', hook_fn)!s} on '{hook.name}'")
+            error.add_note(f"raised by the hook {_hook_label(hook_fn)} on '{hook.name}'")
             raise
+        if result is None or result is tensor:
+            return result
+        returned = result[0] if isinstance(result, tuple) and len(result) == 1 else result  # a bwd hook's (grad,)
+        if not isinstance(returned, Tensor):
+            raise InputError(f"the hook {_hook_label(hook_fn)} on '{hook.name}' returned a {type(result).__name__}: "
+                             "a hook returns a tensor of the shape and dtype it received, or None")
+        if returned.shape != tensor.shape or returned.dtype != tensor.dtype:
+            raise InputError(f"the hook {_hook_label(hook_fn)} on '{hook.name}' returned shape "
+                             f"{tuple(returned.shape)} {returned.dtype} but received shape {tuple(tensor.shape)} "
+                             f"{tensor.dtype}: a hook returns a tensor of the shape and dtype it received, or None")
+        return result
 
-    return wrapped
+    checked.__name__ = checked.__qualname__ = f"checked({_hook_label(hook_fn)})"
+    return checked

@@ -242,7 +242,8 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
     def generate(self, input: TextOrTokens, max_new_tokens: int = 20, **kwargs: Any) -> Union[str, list[str], Tensor]:
         """Continues a prompt (greedy by default; ``temperature``/``top_k``/``top_p`` sample).
 
-        Returns text for text input and token ids for token input. See
+        Returns text for text input (prompt plus continuation, without the BOS that tokenizing
+        added) and token ids for token input. ``prepend_bos`` as in ``to_tokens``. See
         ``workbench.generation.generate`` for every option.
 
         Example:

@@ -1,7 +1,12 @@
 """A thin wrapper over a `tokenizers.Tokenizer` that knows the model's special tokens.
 
-It carries what `tokenizer.json` alone does not: which token is BOS/EOS/padding and whether
-this model expects BOS prepended (GPT-2 and SmolLM2 do not by default; Llama does).
+It carries what `tokenizer.json` alone does not: which token is BOS/EOS/padding, and whether the
+checkpoint's own tokenizer puts BOS first (Llama's does; GPT-2's and SmolLM2's do not).
+
+``prepend_bos=None`` means TransformerLens's default, the same for every model: prepend BOS when
+the tokenizer has a BOS token (``Tokenizer.default_prepend_bos``), as ``HookedTransformer`` does
+for GPT-2. ``prepend_bos=False``/``True`` overrides it; ``SpecialTokens.prepend_bos`` records the
+checkpoint's own convention (pass it to reproduce `transformers`' or llama.cpp's ids exactly).
 """
 
 from __future__ import annotations
@@ -23,7 +28,13 @@ SPECIALS_FILE = "special_tokens.json"
 
 @dataclass(frozen=True)
 class SpecialTokens:
-    """Special-token strings and the BOS policy, saved beside tokenizer.json by ``Decoder.save``."""
+    """Special-token strings, saved beside tokenizer.json by ``Decoder.save``.
+
+    ``prepend_bos`` records whether the checkpoint's own tokenizer puts BOS first (`transformers`'
+    ``add_special_tokens=True``, llama.cpp's ``add_bos_token``). It is not the workbench's default,
+    which is TransformerLens's (``Tokenizer.default_prepend_bos``); pass it as ``prepend_bos=`` to
+    get the ids those libraries give.
+    """
 
     bos_token: Optional[str] = None
     eos_token: Optional[str] = None
@@ -74,12 +85,27 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size()
 
+    @property
+    def default_prepend_bos(self) -> bool:
+        """What ``prepend_bos=None`` means: TransformerLens's default, True when there is a BOS token.
+
+        Example:
+            >>> tok.default_prepend_bos, tok.encode("a")[0] == tok.bos_token_id   # doctest: +SKIP
+            (True, True)
+        """
+        return self.bos_token_id is not None
+
     def encode(self, text: str, prepend_bos: Optional[bool] = None) -> list[int]:
-        """Token ids of one string, BOS first where the model (or ``prepend_bos``) asks for it."""
+        """Token ids of one string, BOS first when ``prepend_bos`` (default: ``default_prepend_bos``).
+
+        Example:
+            >>> tok.encode("a b", prepend_bos=False), tok.encode("a b")   # doctest: +SKIP
+            ([64, 65], [0, 64, 65])
+        """
         if not isinstance(text, str):
             raise InputError(f"expected a string to tokenize, got {type(text).__name__}")
         ids = self.backend.encode(text, add_special_tokens=False).ids
-        use_bos = self.specials.prepend_bos if prepend_bos is None else prepend_bos
+        use_bos = self.default_prepend_bos if prepend_bos is None else prepend_bos
         if use_bos:
             if self.bos_token_id is None:
                 raise InputError("prepend_bos=True but this tokenizer has no BOS token")

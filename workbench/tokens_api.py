@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
+import numpy as np
 import torch
 from jaxtyping import Int
 from torch import Tensor
@@ -21,7 +22,10 @@ TextOrTokens = Union[str, list[str], Int[Tensor, "batch pos"], Int[Tensor, "pos"
 
 
 class TokenMethods:
-    """``as_tokens``, ``to_tokens``, ``to_str_tokens``, ``to_string``, ``to_single_token`` for a model with ``cfg`` and ``tokenizer``."""
+    """TransformerLens's token helpers (``to_tokens``, ``to_str_tokens``, ``to_string``, ``to_single_token``,
+    ``to_single_str_token``, ``get_token_position``) and the checked ``as_tokens``, for a model with
+    ``cfg`` and ``tokenizer``. ``prepend_bos=None`` everywhere is TransformerLens's default: BOS first
+    when the tokenizer has a BOS token."""
 
     def as_tokens(self, input: TextOrTokens, prepend_bos: Optional[bool] = None, offset: int = 0) -> Int[Tensor, "batch pos"]:
         """Token ids [batch, pos] on the model's device from text, a list of texts, or ids ([pos] or [batch, pos]).
@@ -62,38 +66,174 @@ class TokenMethods:
             raise InputError("this model has no tokenizer: pass token ids instead of text")
         return self.tokenizer
 
-    def to_tokens(self, text: Union[str, list[str]], prepend_bos: Optional[bool] = None) -> Int[Tensor, "batch pos"]:
-        """Text -> token ids [batch, pos] on the model's device (BOS per the model's tokenizer).
+    def bos_first(self, prepend_bos: Optional[bool] = None) -> bool:
+        """Whether tokenizing text puts BOS first: ``prepend_bos`` when given, else TransformerLens's
+        default (``cfg.default_prepend_bos``, True) where the tokenizer has a BOS token.
 
         Example:
-            >>> model.to_tokens("Hello world").shape   # doctest: +SKIP
+            >>> model.bos_first(), model.bos_first(False)   # doctest: +SKIP
+            (True, False)
+        """
+        if prepend_bos is not None:
+            return prepend_bos
+        return self.cfg.default_prepend_bos and self._require_tokenizer().bos_token_id is not None
+
+    def to_tokens(self, text: Union[str, list[str]], prepend_bos: Optional[bool] = None) -> Int[Tensor, "batch pos"]:
+        """Text (or a list of texts, right-padded) -> token ids [batch, pos] on the model's device.
+
+        ``prepend_bos=None`` is TransformerLens's default: BOS first when the tokenizer has one
+        (``tokenizer.default_prepend_bos``); ``False``/``True`` overrides it.
+
+        Example:
+            >>> model.to_tokens("Hello world").shape                     # BOS, "Hello", " world"  # doctest: +SKIP
+            torch.Size([1, 3])
+            >>> model.to_tokens("Hello world", prepend_bos=False).shape  # doctest: +SKIP
             torch.Size([1, 2])
         """
-        return self._require_tokenizer().to_tokens(text, prepend_bos).to(self.cfg.device)
+        return self._require_tokenizer().to_tokens(text, self.bos_first(prepend_bos)).to(self.cfg.device)
 
-    def to_str_tokens(self, input: TextOrTokens, prepend_bos: Optional[bool] = None) -> list[str]:
-        """Each token of one text (or one row of ids) as its own string."""
+    def to_str_tokens(self, input: Union[TextOrTokens, list, int], prepend_bos: Optional[bool] = None
+                      ) -> Union[list[str], list[list[str]]]:
+        """Each token as its own string, as TransformerLens's ``to_str_tokens``.
+
+        ``input``: a text (``prepend_bos`` as in ``to_tokens``), ids as a 1-D tensor or a list of
+        ints, an int or a 0-d tensor (a one-element list), a [1, pos] tensor (one list, as
+        TransformerLens), a [batch, pos] tensor or a list of texts / id rows (a list of lists).
+
+        Example:
+            >>> model.to_str_tokens("Hello world")               # doctest: +SKIP
+            ['<|endoftext|>', 'Hello', ' world']
+            >>> model.to_str_tokens(["a b", "c"], prepend_bos=False)   # doctest: +SKIP
+            [['a', ' b'], ['c']]
+        """
         tok = self._require_tokenizer()
         if isinstance(input, str):
-            input = tok.to_tokens(input, prepend_bos)
-        if isinstance(input, Tensor):
-            if input.ndim == 2:
-                if input.shape[0] != 1:
-                    raise InputError(f"to_str_tokens takes one sequence, got a batch of {input.shape[0]}")
-                input = input[0]
-            input = input.tolist()
-        return tok.to_str_tokens(input)
+            return tok.to_str_tokens(tok.encode(input, self.bos_first(prepend_bos)))
+        if _is_int(input):
+            return tok.to_str_tokens([int(input)])
+        if isinstance(input, (list, tuple)):
+            if all(_is_int(i) for i in input):
+                return tok.to_str_tokens([int(i) for i in input])
+            return [self.to_str_tokens(item, prepend_bos) for item in input]
+        ids = _id_tensor(input, "to_str_tokens")
+        if ids.ndim == 0:
+            return tok.to_str_tokens([int(ids)])
+        if ids.ndim == 1:
+            return tok.to_str_tokens(ids.tolist())
+        if ids.ndim == 2:
+            rows = [tok.to_str_tokens(row) for row in ids.tolist()]
+            return rows[0] if len(rows) == 1 else rows
+        raise InputError(f"to_str_tokens takes ids of shape [pos] or [batch, pos], got {tuple(ids.shape)}")
 
-    def to_string(self, tokens: Union[Int[Tensor, "pos"], Int[Tensor, "batch pos"], list[int]]) -> Union[str, list[str]]:
-        """Token ids -> text (a list of texts for a batch)."""
+    def to_string(self, tokens: Union[Int[Tensor, "pos"], Int[Tensor, "batch pos"], list, int]) -> Union[str, list[str]]:
+        """Token ids -> text, as TransformerLens's ``to_string``: one string for an int, a 0-d or 1-d
+        tensor or a list of ints; a list of strings for [batch, pos] (or a list of id rows).
+
+        Example:
+            >>> model.to_string(torch.tensor([15496, 995]))   # doctest: +SKIP
+            'Hello world'
+            >>> model.to_string(logits[0, -1].argmax())       # one id (0-d tensor) -> its text   # doctest: +SKIP
+            ' Paris'
+        """
         tok = self._require_tokenizer()
-        if isinstance(tokens, Tensor) and tokens.ndim == 2:
-            return [tok.decode(row) for row in tokens]
-        return tok.decode(tokens)
+        if _is_int(tokens):
+            return tok.decode([int(tokens)])
+        if isinstance(tokens, (list, tuple)):
+            if all(_is_int(i) for i in tokens):
+                return tok.decode([int(i) for i in tokens])
+            return [self.to_string(row) for row in tokens]
+        ids = _id_tensor(tokens, "to_string")
+        if ids.ndim == 0:
+            return tok.decode([int(ids)])
+        if ids.ndim == 1:
+            return tok.decode(ids.tolist())
+        if ids.ndim == 2:
+            return [tok.decode(row) for row in ids.tolist()]
+        raise InputError(f"to_string takes ids of shape [], [pos] or [batch, pos], got {tuple(ids.shape)}")
 
-    def to_single_token(self, text: str) -> int:
-        """The id of a string that is exactly one token; an error otherwise."""
-        ids = self._require_tokenizer().encode(text, prepend_bos=False)
+    def to_single_token(self, string: str) -> int:
+        """The id of a string that is exactly one token (no BOS); ``InputError`` otherwise.
+
+        Example:
+            >>> model.to_single_token(" Paris")   # doctest: +SKIP
+            6342
+        """
+        ids = self._require_tokenizer().encode(string, prepend_bos=False)
         if len(ids) != 1:
-            raise InputError(f"{text!r} is {len(ids)} tokens, not one")
+            raise InputError(f"{string!r} is {len(ids)} tokens, not one: {self._require_tokenizer().to_str_tokens(ids)}")
         return ids[0]
+
+    def to_single_str_token(self, int_token: int) -> str:
+        """The string of one token id (the inverse of ``to_single_token``).
+
+        Example:
+            >>> model.to_single_str_token(6342)   # doctest: +SKIP
+            ' Paris'
+        """
+        if not _is_int(int_token):
+            raise InputError(f"to_single_str_token takes one token id (an int), got {type(int_token).__name__}")
+        return self._require_tokenizer().to_str_tokens([int(int_token)])[0]
+
+    def get_token_position(self, single_token: Union[str, int, Tensor], input: Union[str, Int[Tensor, "pos"],
+                           Int[Tensor, "1 pos"], list[int]], mode: str = "first",
+                           prepend_bos: Optional[bool] = None) -> int:
+        """The position of ``single_token`` in ``input``, as TransformerLens's ``get_token_position``.
+
+        Args:
+            single_token: a string that is exactly one token, or a token id.
+            input: a text (tokenized with ``prepend_bos``, default as ``to_tokens``, so BOS counts
+                as position 0), or ids [pos] / [1, pos] / a list of ints.
+            mode: "first" or "last" occurrence.
+
+        ``InputError`` when the token does not occur in the input.
+
+        Example:
+            >>> model.get_token_position(" Mary", "When Mary and John went to the store, John gave a drink to")  # doctest: +SKIP
+            2
+            >>> model.get_token_position(" John", "When Mary and John went to the store, John gave a drink to", mode="last")  # doctest: +SKIP
+            10
+        """
+        if mode not in ("first", "last"):
+            raise InputError(f"mode must be 'first' or 'last', not {mode!r}")
+        if isinstance(input, str):
+            ids = torch.tensor(self._require_tokenizer().encode(input, self.bos_first(prepend_bos)))
+        elif isinstance(input, (list, tuple)) and all(_is_int(i) for i in input):
+            ids = torch.tensor([int(i) for i in input], dtype=torch.long)
+        else:
+            ids = _id_tensor(input, "get_token_position")
+            if ids.ndim == 2:
+                if ids.shape[0] != 1:
+                    raise InputError(f"get_token_position takes one sequence: ids of shape [pos] or [1, pos], "
+                                     f"got {tuple(ids.shape)}")
+                ids = ids[0]
+            elif ids.ndim != 1:
+                raise InputError(f"get_token_position takes ids of shape [pos] or [1, pos], got {tuple(ids.shape)}")
+        if isinstance(single_token, str):
+            token_id = self.to_single_token(single_token)
+        elif isinstance(single_token, Tensor) and single_token.numel() == 1:
+            token_id = int(single_token.item())
+        elif _is_int(single_token):
+            token_id = int(single_token)
+        else:
+            raise InputError(f"single_token must be a one-token string or a token id, got {type(single_token).__name__}")
+        positions = (ids == token_id).nonzero().flatten()
+        if positions.numel() == 0:
+            shown = repr(single_token) if isinstance(single_token, str) else f"id {token_id}"
+            raise InputError(f"the token {shown} does not occur in the input ({ids.numel()} tokens)")
+        return int(positions[0] if mode == "first" else positions[-1])
+
+
+def _is_int(value: object) -> bool:
+    """A Python or NumPy integer (not a bool)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _id_tensor(value: object, caller: str) -> Int[Tensor, "..."]:
+    """``value`` as an integer tensor of ids (a NumPy array is converted); ``InputError`` otherwise."""
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
+    if not isinstance(value, Tensor):
+        raise InputError(f"{caller} takes text, token ids (a tensor, a list of ints or an int), got {type(value).__name__}")
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise InputError(f"{caller}: token ids must be integers, got dtype {value.dtype}")
+    return value

@@ -41,12 +41,12 @@ def _prompts(lengths: tuple[int, ...], variants: int) -> list[tuple[int, str]]:
     import workbench as wb
 
     model = wb.load_model(MODEL, progress=False)
-    ids = model.to_tokens(PASSAGE)[0]
+    ids = model.to_tokens(PASSAGE, prepend_bos=False)[0]
     prompts = []
     for n in lengths:
         for variant in range(variants):
             start = 5 * variant + n % 7  # different starting points give different texts
-            for cut in range(n, n + 8):  # decoding a cut can re-tokenize a little differently; find one that fits
+            for cut in range(n - 1, n + 8):  # the prompt box adds BOS: n - 1 text tokens may be the n-token prompt  # decoding a cut can re-tokenize a little differently; find one that fits
                 text = model.to_string(ids[start:start + cut])
                 if model.to_tokens(text).shape[1] == n:
                     prompts.append((n, text))

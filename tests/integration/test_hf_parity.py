@@ -127,8 +127,9 @@ def test_tokenizer_json_is_used_with_bos_as_transformers_adds_it(saved):
     # The fast-tokenizer class reads tokenizer.json as saved (AutoTokenizer would swap in e.g. Qwen2's own class).
     hf_tokenizer = PreTrainedTokenizerFast.from_pretrained(directory)
     model = wb.load_model(directory)
-    for text in ["t5 t7 t9", "t100 t3", "t42"]:
-        assert model.to_tokens(text)[0].tolist() == hf_tokenizer(text)["input_ids"], name
+    for text in ["t5 t7 t9", "t100 t3", "t42"]:  # the checkpoint's own BOS convention, as transformers follows it
+        ids = model.to_tokens(text, prepend_bos=model.tokenizer.specials.prepend_bos)[0].tolist()
+        assert ids == hf_tokenizer(text)["input_ids"], name
 
 
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_1", "F16"])
@@ -150,7 +151,8 @@ def test_tiny_gguf_matches_transformers_gguf_loader(tmp_path, quant):
         if quant == "F16":  # near-lossless: the un-permuted weights are the source model's own
             assert (model(tokens) - source(tokens).logits).abs().max() < 0.05
     for text in ["the thin then", " in the  the", "héllo <|im_start|> x"]:
-        assert model.to_tokens(text)[0].tolist() == hf_tokenizer(text)["input_ids"]
+        ids = model.to_tokens(text, prepend_bos=model.tokenizer.specials.prepend_bos)[0].tolist()
+        assert ids == hf_tokenizer(text)["input_ids"]
 
 
 def test_tiny_moe_gguf_matches_its_source_mixtral(tmp_path):
@@ -185,5 +187,5 @@ def test_sentencepiece_gguf_tokenizer_matches_transformers(tmp_path):
     assert model.tokenizer.specials.prepend_bos
     for text in ["the and in", " the  an", "héllo x\nthe", "<s>the</s>", "x<unk>y", "\t\t", "ünïcödé 東京 🤖", "   "]:
         ids = hf_tokenizer(text)["input_ids"]
-        assert model.to_tokens(text)[0].tolist() == ids, text
+        assert model.to_tokens(text, prepend_bos=model.tokenizer.specials.prepend_bos)[0].tolist() == ids, text
         assert model.to_string(torch.tensor(ids)) == hf_tokenizer.decode(ids), text

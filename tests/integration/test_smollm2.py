@@ -56,9 +56,11 @@ def test_config_matches_the_file(ours, reference):
 
 @pytest.mark.parametrize("text", TEXTS)
 def test_token_ids_match_transformers(ours, reference, text):
+    # transformers' ids follow the checkpoint's own BOS convention (ours default to TransformerLens's)
+    as_checkpoint = ours.tokenizer.specials.prepend_bos
     hf_ids = reference[0](text, add_special_tokens=True)["input_ids"]
-    assert ours.to_tokens(text)[0].tolist() == hf_ids
-    assert ours.to_string(ours.to_tokens(text)[0]) == reference[0].decode(hf_ids)
+    assert ours.to_tokens(text, prepend_bos=as_checkpoint)[0].tolist() == hf_ids
+    assert ours.to_string(ours.to_tokens(text, prepend_bos=as_checkpoint)[0]) == reference[0].decode(hf_ids)
 
 
 def test_logits_match_transformers(ours, reference):

@@ -116,8 +116,8 @@ def test_text_without_tokenizer_and_empty_text():
     model.tokenizer = word_tokenizer()
     with pytest.raises(InputError, match="empty"):
         model.tokenizer.to_tokens("", prepend_bos=False)
-    with pytest.raises(InputError, match="one sequence"):
-        model.to_str_tokens(torch.zeros(2, 3, dtype=torch.long))
+    # a batch gives one list per row, as TransformerLens (id 0 is WORDS[0], "<bos>")
+    assert model.to_str_tokens(torch.zeros(2, 3, dtype=torch.long)) == [["<bos>"] * 3] * 2
 
 
 def test_return_types():

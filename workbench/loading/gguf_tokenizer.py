@@ -11,7 +11,7 @@ so ids agree exactly. Two tokenizer models:
   (Llama-3, Qwen2 ...), else GPT-2's own, which is what SmolLM2's ``pre = "smollm"`` gets.
 - ``llama`` (sentencepiece-style BPE; Llama 2, Mistral 7B): "▁" marks spaces, unknown bytes
   fall back to ``<0xNN>`` tokens, and merges missing from the file are rebuilt from the token
-  scores; BOS is prepended unless the file says otherwise.
+  scores; the file's BOS convention is "prepend" unless it says otherwise.
 
 In both, CONTROL tokens (type 3) and the BOS/EOS/UNK/PAD tokens become special added tokens,
 USER_DEFINED ones (type 4) plain added tokens, so they are matched whole in text.
@@ -102,6 +102,7 @@ def tokenizer_from_gguf(field: Callable[[str, Any], Any], source: str) -> Option
                 (("bos_token", "bos"), ("eos_token", "eos"), ("unk", "unknown"), ("pad_token", "padding"))}
     _add_special_tokens(backend, tokens, token_types, alphabet, [t for t in specials.values() if t is not None])
     # llama.cpp prepends BOS to a sentencepiece vocabulary unless the file says not to (so does transformers).
+    # Recorded as the file's own convention; ``prepend_bos=None`` is TransformerLens's default (BOS when there is one).
     prepend_bos = bool(field("tokenizer.ggml.add_bos_token", kind == "llama")) and specials["bos_token"] is not None
     return WorkbenchTokenizer(backend, SpecialTokens(bos_token=specials["bos_token"], eos_token=specials["eos_token"],
                                                      pad_token=specials["pad_token"], prepend_bos=prepend_bos))

@@ -1,9 +1,11 @@
 """The tokenizer of an HF directory: ``tokenizer.json`` plus the special tokens it does not state.
 
 ``tokenizer.json`` holds the vocabulary, merges, pre-tokenizer and decoder; which token is
-BOS/EOS/padding and whether BOS is prepended live in ``tokenizer_config.json`` /
+BOS/EOS/padding and whether the checkpoint prepends BOS live in ``tokenizer_config.json`` /
 ``special_tokens_map.json`` (or, failing those, as ids in ``config.json``). Older configs have no
-``add_bos_token``; then the tokenizer's own post-processor tells us (Llama's adds BOS).
+``add_bos_token``; then the tokenizer's own post-processor tells us (Llama's adds BOS). That
+convention is recorded in ``SpecialTokens.prepend_bos``; ``prepend_bos=None`` is TransformerLens's
+default (BOS whenever there is a BOS token), see ``workbench.tokenizer``.
 """
 
 from __future__ import annotations
