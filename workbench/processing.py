@@ -1,8 +1,292 @@
-"""TransformerLens's weight processing for a ``Decoder`` (being written: see the issue)."""
+"""TransformerLens's weight processing for a ``Decoder``: fold_ln, center_writing_weights, center_unembed,
+fold_value_biases (what ``HookedTransformer.from_pretrained`` applies by default).
+
+Legend: D d_model, V d_vocab, H n_heads, K d_head, M d_mlp, E num_experts.
+
+Each step rewrites the weights so the model computes the same function (logits equal; with
+``center_unembed`` equal up to a constant per position, so log-probabilities are equal) in a form
+that is easier to read:
+
+- ``fold_ln``: every pre-norm LayerNorm/RMSNorm's gain ``w`` (and a LayerNorm's bias ``b``) moves
+  into the weights that read the norm's output: ``ln1`` into ``W_Q``/``_W_K``/``_W_V`` (+ ``b_Q``,
+  ``_b_K``, ``_b_V``), ``ln2`` into the MLP's ``W_in``/``W_gate`` (+ ``b_in``/``b_gate``) or a mixture's
+  ``W_router``/``W_in``/``W_gate``, ``ln_final`` into ``W_U`` (+ ``b_U``). Under a LayerNorm those
+  reading weights are also centred over d_model (their input is then mean-zero, so that is exact).
+  The norms stay with ``w = 1`` (``b = 0``): their output is TransformerLens's LNPre / RMSPre, so
+  ``cache.apply_ln_to_stack`` and direct logit attribution read the model exactly.
+- ``center_writing_weights`` (LayerNorm only): everything that writes to the residual stream
+  (``W_E``, ``W_pos``, ``W_O``, ``b_O``, ``W_out``, ``b_out``, experts' ``W_out``) loses its mean over
+  d_model; every reader is a LayerNorm, which subtracts that mean anyway.
+- ``center_unembed``: ``W_U`` (and ``b_U``) lose their mean over the vocabulary: each position's logits
+  move by one constant, which softmax ignores.
+- ``fold_value_biases``: ``b_O += sum_h b_V[h] @ W_O[h]`` and ``b_V = 0`` (attention rows sum to one,
+  so the value bias always reaches the output as that constant).
+
+The steps run in that order, each recorded in ``cfg.weight_processing``; a step already recorded
+is skipped (applying it twice is harmless). Everything that can refuse is checked before any
+weight changes, so a refusal leaves the model as it was. bf16/fp16 weights are processed in
+float32 and rounded back once at the end, as TransformerLens does.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Optional
 
-def process_weights(model, fold_ln: bool = True, center_writing_weights: bool = True, center_unembed: bool = True,
-                    fold_value_biases: bool = True):
-    raise NotImplementedError
+import torch
+from torch import Tensor, nn
+
+from workbench.config import WEIGHT_PROCESSING_STEPS
+from workbench.errors import ConfigError
+
+if TYPE_CHECKING:  # annotations only: the model imports this module (through weights_api)
+    from workbench.model import Decoder
+
+__all__ = ["process_weights"]
+
+
+def process_weights(model: "Decoder", fold_ln: bool = True, center_writing_weights: bool = True,
+                    center_unembed: bool = True, fold_value_biases: bool = True) -> "Decoder":
+    """Applies TransformerLens's weight processing to ``model`` in place and returns it.
+
+    Args:
+        model: a ``Decoder``.
+        fold_ln: fold each pre-norm norm's gain (and LayerNorm bias) into the weights reading it.
+            A post-norm model is refused (its norms sit after the residual sums). Biases the fold
+            needs and the model lacks are created (``attn_bias``/``mlp_bias``/``unembed_bias`` set);
+            a mixture of experts cannot take a nonzero ``ln2`` bias (no router/expert biases) and is
+            refused; tied embeddings are untied (``W_U`` changes, ``W_E`` must not).
+        center_writing_weights: centre what writes to the residual stream over d_model
+            (pre-norm LayerNorm models only, as TransformerLens; otherwise refused).
+        center_unembed: centre ``W_U`` and ``b_U`` over the vocabulary (logits shift per position).
+        fold_value_biases: fold ``b_V`` into ``b_O``; ``b_V`` becomes zero.
+
+    Raises:
+        ConfigError: a requested step cannot be applied to this model (the message says why);
+            nothing has been changed then.
+
+    Example:
+        >>> import workbench as wb
+        >>> model = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=10, n_ctx=8))
+        >>> tokens = torch.tensor([[1, 2, 3]])
+        >>> before = model(tokens).log_softmax(-1)
+        >>> model = process_weights(model)
+        >>> model.cfg.weight_processing
+        ('fold_ln', 'center_writing_weights', 'center_unembed', 'fold_value_biases')
+        >>> torch.allclose(model(tokens).log_softmax(-1), before, atol=1e-5)
+        True
+    """
+    requested = dict(zip(WEIGHT_PROCESSING_STEPS, (fold_ln, center_writing_weights, center_unembed,
+                                                   fold_value_biases)))
+    todo = [step for step, wanted in requested.items() if wanted and step not in model.cfg.weight_processing]
+    _check(model, todo)
+    if not todo:
+        return model
+    with torch.no_grad():
+        # Low-precision weights are processed in float32 and rounded once at the end (as TransformerLens
+        # does); bf16/fp16 -> float32 -> bf16/fp16 is exact, so the round trip itself changes nothing.
+        original_dtype = {id(param): param.dtype for param in model.parameters()}
+        for param in model.parameters():
+            param.data = param.data.float()
+        try:
+            for step in todo:
+                _STEPS[step](model)
+                model.cfg = model.cfg.replace(weight_processing=model.cfg.weight_processing + (step,))
+        finally:
+            for param in model.parameters():  # biases created on the way take the model's dtype
+                param.data = param.data.to(original_dtype.get(id(param), model.cfg.dtype))
+    return model
+
+
+# ---- checks: everything that can refuse, before anything changes ----------------------------------------
+def _check(model: "Decoder", todo: list[str]) -> None:
+    cfg = model.cfg
+    if "fold_ln" in todo:
+        if cfg.norm_placement == "post":
+            raise ConfigError(
+                "fold_ln: this is a post-norm model (norm_placement='post'): each norm sits after the "
+                "residual sum, ln(x + f(x)), so its gain and bias scale the residual stream itself rather "
+                "than the input of one linear layer, and there are no reading weights to fold them into")
+        if cfg.normalization == "LN" and cfg.is_moe:
+            layers = [i for i, block in enumerate(model.blocks) if bool(block.ln2.b.detach().any())]
+            if layers:
+                raise ConfigError(
+                    f"fold_ln: a mixture of experts has no router or expert biases, so the LayerNorm bias "
+                    f"ln2.b (nonzero in layer(s) {layers}) cannot be folded into W_router / the experts' "
+                    f"W_in and W_gate; this model cannot be processed with fold_ln=True")
+        if cfg.normalization == "LN" and "fold_value_biases" in cfg.weight_processing:
+            layers = [i for i, block in enumerate(model.blocks) if bool(block.ln1.b.detach().any())]
+            if layers:
+                raise ConfigError(
+                    f"fold_ln after fold_value_biases would put ln1's bias (nonzero in layer(s) {layers}) back "
+                    f"into b_V; apply the steps in TransformerLens's order {WEIGHT_PROCESSING_STEPS} "
+                    f"(e.g. all in one process_weights_ call on a freshly loaded model)")
+    if "center_writing_weights" in todo:
+        if cfg.normalization != "LN":
+            raise ConfigError(
+                f"center_writing_weights needs LayerNorm (normalization='LN'), this model has "
+                f"normalization={cfg.normalization!r}: RMSNorm does not subtract the mean, so centring the "
+                f"weights that write to the residual stream would change the model (TransformerLens skips "
+                f"this step for such models; pass center_writing_weights=False)")
+        if cfg.norm_placement == "post":
+            raise ConfigError(
+                "center_writing_weights: this is a post-norm model (norm_placement='post'): the first "
+                "attention layer reads the embeddings before any norm, so centring W_E would change the "
+                "model; pass center_writing_weights=False")
+
+
+# ---- helpers ------------------------------------------------------------------------------------------
+def _write(dst: Tensor, value: Tensor) -> None:
+    """``dst`` (a parameter or a writable view of one) takes ``value`` cast to its dtype."""
+    dst.copy_(value.to(dst.dtype))
+
+
+def _new_zeros(numel: int, like: Tensor) -> nn.Parameter:
+    return nn.Parameter(torch.zeros(numel, dtype=like.dtype, device=like.device), requires_grad=like.requires_grad)
+
+
+def _untie(model: "Decoder") -> None:
+    """Gives ``unembed`` its own copy of the shared embedding matrix (``tie_embeddings=False``)."""
+    if not model.cfg.tie_embeddings:
+        return
+    W_E = model.embed.W_E
+    model.unembed._W_U_lin = nn.Parameter(W_E.detach().clone(), requires_grad=W_E.requires_grad)
+    model.cfg = model.cfg.replace(tie_embeddings=False)
+
+
+def _center(param: Tensor, dim: int) -> None:
+    """``param -= param.mean(dim)`` (in float32)."""
+    value = param.float()
+    _write(param, value - value.mean(dim, keepdim=True))
+
+
+def _has_nonzero_bias(norms: list) -> bool:
+    return any(getattr(norm, "b", None) is not None and bool(norm.b.detach().any()) for norm in norms)
+
+
+def _fold_norm_into(W_lin: Tensor, b_lin: Optional[Tensor], norm: nn.Module, center: bool) -> None:
+    """Folds ``norm``'s gain (and bias) into a linear map stored as ``[..., out, D]`` (+ bias ``[..., out]``).
+
+    ``W (n * w + b) + c = (W * w) n + (W b + c)``; with ``center`` each row is then centred over D
+    (exact when ``n`` is mean-zero, i.e. the LayerNorm's normalised input).
+    """
+    W = W_lin.float()
+    ln_b = getattr(norm, "b", None)
+    if ln_b is not None and bool(ln_b.detach().any()):
+        if b_lin is None:  # _check and the bias creation in _fold_ln make this unreachable
+            raise ConfigError("fold_ln: internal error: a nonzero norm bias has no bias to fold into")
+        _write(b_lin, b_lin.float() + W @ ln_b.float())
+    W = W * norm.w.float()
+    if center:
+        W = W - W.mean(-1, keepdim=True)
+    _write(W_lin, W)
+
+
+def _reset_norm(norm: nn.Module) -> None:
+    norm.w.fill_(1.0)
+    if getattr(norm, "b", None) is not None:
+        norm.b.zero_()
+
+
+# ---- the steps -------------------------------------------------------------------------------------------
+def _add_missing_biases(model: "Decoder") -> None:
+    """Creates (zero) the biases a nonzero LayerNorm bias must fold into, and sets the config flags."""
+    cfg = model.cfg
+    if cfg.normalization != "LN":
+        return
+    changes = {}
+    if not cfg.attn_bias and _has_nonzero_bias([block.ln1 for block in model.blocks]):
+        for block in model.blocks:
+            attn, like = block.attn, block.attn._W_Q_lin
+            attn._b_Q_lin = _new_zeros(attn._W_Q_lin.shape[0], like)
+            attn._b_K_lin = _new_zeros(attn._W_K_lin.shape[0], like)
+            attn._b_V_lin = _new_zeros(attn._W_V_lin.shape[0], like)
+            attn.b_O = _new_zeros(cfg.d_model, like)
+        changes["attn_bias"] = True
+    dense = [block for block in model.blocks if block.has_mlp and not cfg.is_moe]
+    if not cfg.mlp_bias and dense and _has_nonzero_bias([block.ln2 for block in dense]):
+        for block in dense:
+            mlp, like = block.mlp, block.mlp._W_in_lin
+            mlp.b_in = _new_zeros(cfg.d_mlp, like)
+            if cfg.gated_mlp:
+                mlp.b_gate = _new_zeros(cfg.d_mlp, like)
+            mlp.b_out = _new_zeros(cfg.d_model, like)
+        changes["mlp_bias"] = True
+    if not cfg.unembed_bias and model.ln_final is not None and _has_nonzero_bias([model.ln_final]):
+        model.unembed.b_U = _new_zeros(cfg.d_vocab, model.unembed._W_U_lin)
+        changes["unembed_bias"] = True
+    if changes:
+        model.cfg = cfg.replace(**changes)
+
+
+def _fold_ln(model: "Decoder") -> None:
+    _untie(model)  # folding ln_final into W_U must leave W_E alone
+    _add_missing_biases(model)
+    center = model.cfg.normalization == "LN"
+    for block in model.blocks:
+        attn = block.attn
+        for W_lin, b_lin in ((attn._W_Q_lin, attn._b_Q_lin), (attn._W_K_lin, attn._b_K_lin),
+                             (attn._W_V_lin, attn._b_V_lin)):
+            _fold_norm_into(W_lin, b_lin, block.ln1, center)
+        _reset_norm(block.ln1)
+        if not block.has_mlp:
+            continue
+        mlp = block.mlp
+        if model.cfg.is_moe:  # [E, D] router, [E, M, D] experts: no biases (checked: ln2.b is zero)
+            readers = [(mlp._W_router_lin, None), (mlp._W_in_lin, None)]
+            if mlp._W_gate_lin is not None:
+                readers.append((mlp._W_gate_lin, None))
+        else:
+            readers = [(mlp._W_in_lin, mlp.b_in)]
+            if model.cfg.gated_mlp:
+                readers.append((mlp._W_gate_lin, mlp.b_gate))
+        for W_lin, b_lin in readers:
+            _fold_norm_into(W_lin, b_lin, block.ln2, center)
+        _reset_norm(block.ln2)
+    if model.ln_final is not None:
+        _fold_norm_into(model.unembed._W_U_lin, model.unembed.b_U, model.ln_final, center)
+        _reset_norm(model.ln_final)
+
+
+def _center_writing_weights(model: "Decoder") -> None:
+    _untie(model)  # centring W_E must not change W_U
+    _center(model.embed.W_E, -1)  # [V, D]
+    W_pos = getattr(model.pos_embed, "W_pos", None)  # learned positions; a sinusoidal table is no weight
+    if isinstance(W_pos, nn.Parameter):
+        _center(W_pos, -1)  # [n_ctx, D]
+    for block in model.blocks:
+        _center(block.attn._W_O_lin, 0)  # [D, H*K]
+        if block.attn.b_O is not None:
+            _center(block.attn.b_O, 0)
+        if not block.has_mlp:
+            continue
+        mlp = block.mlp
+        _center(mlp._W_out_lin, -2)  # dense [D, M]; experts [E, D, M]
+        if getattr(mlp, "b_out", None) is not None:
+            _center(mlp.b_out, 0)
+
+
+def _center_unembed(model: "Decoder") -> None:
+    _untie(model)  # centring W_U must not change W_E
+    _center(model.unembed._W_U_lin, 0)  # [V, D]: over the vocabulary
+    if model.unembed.b_U is not None:
+        _center(model.unembed.b_U, 0)
+
+
+def _fold_value_biases(model: "Decoder") -> None:
+    for block in model.blocks:
+        attn = block.attn
+        if attn._b_V_lin is None:  # no attention biases: nothing to fold
+            continue
+        b_V_HK = attn.b_V.float()  # per query head (a GQA value head repeated over its group)
+        folded_D = torch.einsum("hk,hkd->d", b_V_HK, attn.W_O.float())
+        _write(attn.b_O, attn.b_O.float() + folded_D)
+        attn._b_V_lin.zero_()
+
+
+_STEPS = {
+    "fold_ln": _fold_ln,
+    "center_writing_weights": _center_writing_weights,
+    "center_unembed": _center_unembed,
+    "fold_value_biases": _fold_value_biases,
+}
+assert tuple(_STEPS) == WEIGHT_PROCESSING_STEPS

@@ -47,12 +47,16 @@ def test_direct_logit_attribution_with_decompose_resid_and_logit_attrs(setup):
     model = wb.load_model(directory, **processing)  # the load line: everything below is TransformerLens's recipe
     hf_logits, answer, wrong = _top_two(hf_model, tokens)
     _, cache = model.run_with_cache(tokens)
-    residual_stack, labels = cache.decompose_resid(layer=-1, pos_slice=-1, apply_ln=True, return_labels=True)
-    attrs = cache.logit_attrs(residual_stack, tokens=answer, incorrect_tokens=wrong, pos_slice=-1)
+    residual_stack, labels = cache.decompose_resid(layer=-1, pos_slice=-1, return_labels=True)
+    attrs = cache.logit_attrs(residual_stack, tokens=answer, incorrect_tokens=wrong, pos_slice=-1)  # applies ln_final
     # The stack's components add up to the logit difference; a folded LayerNorm bias lives in b_U.
     bias_term = model.b_U[answer] - model.b_U[wrong]
     expected = hf_logits.gather(1, answer[:, None])[:, 0] - hf_logits.gather(1, wrong[:, None])[:, 0]
     torch.testing.assert_close(attrs.sum(0) + bias_term, expected, rtol=0, atol=1e-4)
+    # The same by hand: the normed stack read along W_U[:, a] - W_U[:, b].
+    normed = cache.decompose_resid(layer=-1, pos_slice=-1, apply_ln=True)  # [components, batch, d_model]
+    by_hand = torch.einsum("cbd,db->b", normed, model.W_U[:, answer] - model.W_U[:, wrong])
+    torch.testing.assert_close(by_hand + bias_term, expected, rtol=0, atol=1e-4)
     assert labels[0] == "embed" and labels[-1] == f"{model.cfg.n_layers - 1}_mlp_out"
     assert (expected.abs() > 1e-3).all()  # a real difference, not two equal logits
 

@@ -28,7 +28,7 @@ def make_model(variant: str, seed: int = 0, **overrides) -> wb.Decoder:
     # Random (not default) norm gains and biases, so formulas are exercised with non-trivial values.
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith((".w", ".b")) or ".b_" in name:
+            if name.endswith((".w", ".b")) or ".b_" in name or "._b_" in name:  # _b_*_lin: Q/K/V bias storage
                 param.normal_(1.0 if name.endswith(".w") else 0.0, 0.1)
     return model.eval()
 

@@ -26,8 +26,15 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 
 def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtype = torch.float32,
-               device: str = "cpu", progress: Optional[bool] = None):
+               device: str = "cpu", progress: Optional[bool] = None, *, fold_ln: bool = False,
+               center_writing_weights: bool = False, center_unembed: bool = False, fold_value_biases: bool = False):
     """Loads a model from a registered name, an HF directory, a .gguf file or a saved directory.
+
+    By default the weights are as in the checkpoint (logits equal `transformers`'). The four
+    processing options apply TransformerLens's weight processing after loading
+    (``workbench.processing.process_weights``; recorded in ``cfg.weight_processing``): all four on
+    is what ``HookedTransformer.from_pretrained`` gave. ``center_writing_weights`` needs a pre-norm
+    LayerNorm model (GPT-2) and ``fold_ln`` a pre-norm one: otherwise ``ConfigError``.
 
     Args:
         source: a name from ``wb.list_models()``, an HF-format directory (config.json +
@@ -36,12 +43,31 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.d
         dtype: torch.float32, torch.bfloat16 or torch.float16.
         device: where the weights go.
         progress: progress bar while reading tensors (None: only for checkpoints over 64 MiB).
+        fold_ln: fold every norm's gain (and LayerNorm bias) into the weights that read it; the
+            norms then compute TransformerLens's LNPre / RMSPre.
+        center_writing_weights: centre W_E, W_pos, W_O, b_O, W_out, b_out over d_model (LayerNorm only).
+        center_unembed: centre W_U (and b_U) over the vocabulary (log-probabilities unchanged).
+        fold_value_biases: fold b_V into b_O.
 
     Example:
         >>> import workbench as wb
         >>> model = wb.load_model("smollm2-135m", attn_impl="sdpa")   # doctest: +SKIP
         >>> model = wb.load_model("runs/my-model", attn_impl="flash")  # doctest: +SKIP
+        >>> gpt2 = wb.load_model("checkpoints/gpt2", fold_ln=True, center_writing_weights=True,
+        ...                      center_unembed=True, fold_value_biases=True)   # doctest: +SKIP
+        >>> gpt2.cfg.weight_processing   # doctest: +SKIP
+        ('fold_ln', 'center_writing_weights', 'center_unembed', 'fold_value_biases')
+        >>> llama = wb.load_model("smollm2-135m", fold_ln=True, center_unembed=True)   # doctest: +SKIP
     """
+    model = _load(source, attn_impl, dtype, device, progress)
+    if fold_ln or center_writing_weights or center_unembed or fold_value_biases:
+        model.process_weights_(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                               center_unembed=center_unembed, fold_value_biases=fold_value_biases)
+    return model
+
+
+def _load(source: Union[str, Path], attn_impl: str, dtype: torch.dtype, device: str, progress: Optional[bool]):
+    """The model exactly as the checkpoint holds it, by whichever loader ``source`` calls for."""
     options = dict(attn_impl=attn_impl, dtype=dtype, device=device)
     if isinstance(source, str) and source in REGISTRY:
         source = REGISTRY[source].path()

@@ -1,0 +1,397 @@
+"""TransformerLens's weight processing (``Decoder.process_weights_``, ``workbench.processing``).
+
+References, never the code under test: the unprocessed model's own logits (each step must leave
+them, or with ``center_unembed`` the log-probabilities, equal within 1e-4 in fp32); hand formulas
+(means over d_model / the vocabulary, ``b_O + sum_h b_V[h] @ W_O[h]``, the logit difference read
+off the residual stream); and TransformerLens's own ``ProcessWeights.process_weights`` run on the
+same weights in TransformerLens's state-dict layout.
+
+Every unit-test variant of tests/unit/helpers.py is processed with each step alone and with all
+of them; a step the variant rightly refuses (fold_ln on a post-norm model, centring the writing
+weights without LayerNorm) is tested for its message and for leaving the model untouched.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from transformer_lens.weight_processing import ProcessWeights
+
+import workbench as wb
+from tests.unit.helpers import BASE, VARIANTS, make_model
+from workbench.config import WEIGHT_PROCESSING_STEPS
+from workbench.errors import ConfigError
+
+TOL = 1e-4
+TOKENS = torch.randint(0, BASE["d_vocab"], (2, 12), generator=torch.Generator().manual_seed(0))
+# Beyond helpers.VARIANTS: biased GQA/MQA (value biases folded per query head), a pre-norm model with a
+# sinusoidal table, and a LayerNorm mixture of experts whose ln2 biases are zero (nothing to refuse).
+EXTRA = {
+    "gqa_rms_biased": ("gqa_rotary_rms_swiglu", dict(attn_bias=True, mlp_bias=True, unembed_bias=True)),
+    "mqa_ln_biased": ("mqa_partial_rotary", dict(attn_bias=True)),
+    "sinusoidal_prenorm": ("sinusoidal_postnorm", dict(norm_placement="pre")),
+    "moe_ln": ("moe_gqa", dict(normalization="LN")),
+}
+ALL_VARIANTS = sorted(VARIANTS) + sorted(EXTRA)
+OFF = dict.fromkeys(WEIGHT_PROCESSING_STEPS, False)
+
+
+def build(name: str, seed: int = 0) -> wb.Decoder:
+    """A helpers variant with spread-out weights: matrices ~N(0, 0.2), every bias (Q/K/V too) random.
+
+    At make_model's N(0, 0.02) the log-probabilities hardly move from -log(d_vocab), so a wrong fold
+    could hide under the tolerance; here attention is peaked and log-probabilities span ~7 nats.
+    """
+    variant, overrides = EXTRA.get(name, (name, {}))
+    model = make_model(variant, seed=seed, **overrides)
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            leaf = param_name.rsplit(".", 1)[-1]
+            if leaf in ("_b_Q_lin", "_b_K_lin", "_b_V_lin"):
+                param.normal_(0.0, 0.3)
+            elif leaf not in ("w", "b") and not leaf.startswith("b_"):
+                param.mul_(10.0)
+        if name == "moe_ln":
+            for block in model.blocks:
+                block.ln2.b.zero_()
+    return model
+
+
+def expected_refusal(cfg: wb.ModelConfig, steps: list[str]):
+    """The message a step must be refused with on this config (hand knowledge), or None."""
+    if "fold_ln" in steps and cfg.norm_placement == "post":
+        return r"fold_ln: this is a post-norm model .*sits after the residual sum"
+    if "center_writing_weights" in steps and cfg.normalization != "LN":
+        return r"center_writing_weights needs LayerNorm .*normalization='RMS'.*RMSNorm does not subtract the mean"
+    if "center_writing_weights" in steps and cfg.norm_placement == "post":
+        return r"center_writing_weights: this is a post-norm model .*reads the embeddings before any norm"
+    return None
+
+
+def allowed_steps(cfg: wb.ModelConfig) -> list[str]:
+    return [s for s in WEIGHT_PROCESSING_STEPS if expected_refusal(cfg, [s]) is None]
+
+
+def snapshot(model: wb.Decoder) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+
+
+def assert_untouched(model: wb.Decoder, before: dict, cfg: wb.ModelConfig) -> None:
+    assert model.cfg == cfg
+    after = model.state_dict()
+    assert set(after) == set(before)
+    assert all(torch.equal(after[name], before[name]) for name in before)
+
+
+def run(model: wb.Decoder) -> torch.Tensor:
+    with torch.no_grad():
+        return model(TOKENS)
+
+
+def norms(model: wb.Decoder) -> list:
+    found = [block.ln1 for block in model.blocks] + [block.ln2 for block in model.blocks if block.has_mlp]
+    return found + ([model.ln_final] if model.ln_final is not None else [])
+
+
+def writing_weights(model: wb.Decoder) -> dict[str, torch.Tensor]:
+    """Everything that writes to the residual stream, each with d_model last."""
+    out = {"W_E": model.W_E}
+    if model.cfg.positional == "learned":
+        out["W_pos"] = model.W_pos
+    for layer, block in enumerate(model.blocks):
+        out[f"{layer}.W_O"] = block.attn.W_O
+        if block.attn.b_O is not None:
+            out[f"{layer}.b_O"] = block.attn.b_O
+        if block.has_mlp:
+            out[f"{layer}.W_out"] = block.mlp.W_out  # dense [M, D]; experts [E, M, D]
+            if getattr(block.mlp, "b_out", None) is not None:
+                out[f"{layer}.b_out"] = block.mlp.b_out
+    return out
+
+
+# ---- each step alone, then all of them ------------------------------------------------------------------
+@pytest.mark.parametrize("step", WEIGHT_PROCESSING_STEPS)
+@pytest.mark.parametrize("name", ALL_VARIANTS)
+def test_each_step_alone_keeps_the_model(name, step):
+    model = build(name)
+    before, cfg = snapshot(model), model.cfg
+    reference = run(model)
+    assert reference.log_softmax(-1).min() < -5, "log-probabilities too flat to discriminate"
+    refusal = expected_refusal(cfg, [step])
+    if refusal is not None:
+        with pytest.raises(ConfigError, match=refusal):
+            model.process_weights_(**{**OFF, step: True})
+        assert_untouched(model, before, cfg)
+        return
+
+    old_writers = {k: v.detach().clone() for k, v in writing_weights(model).items()}
+    old_b_V = [None if b.attn.b_V is None else b.attn.b_V.detach().clone() for b in model.blocks]
+    old_W_O = [b.attn.W_O.detach().clone() for b in model.blocks]
+    old_b_O = [None if b.attn.b_O is None else b.attn.b_O.detach().clone() for b in model.blocks]
+    assert model.process_weights_(**{**OFF, step: True}) is model
+    assert model.cfg.weight_processing == (step,)
+    logits = run(model)
+    if step == "center_unembed":
+        assert (logits.log_softmax(-1) - reference.log_softmax(-1)).abs().max().item() < TOL
+        # a per-position constant: the logits of one position all moved by the same amount
+        shift = logits - reference
+        assert (shift - shift[..., :1]).abs().max().item() < TOL
+        W_U = model.W_U
+        assert W_U.mean(-1).abs().max().item() < 1e-6
+        if model.unembed.b_U is not None:
+            assert abs(model.unembed.b_U.mean().item()) < 1e-6
+    else:
+        assert (logits - reference).abs().max().item() < TOL
+
+    if step == "fold_ln":
+        for norm in norms(model):
+            assert torch.equal(norm.w, torch.ones_like(norm.w))
+            if hasattr(norm, "b"):
+                assert torch.equal(norm.b, torch.zeros_like(norm.b))
+        if cfg.normalization == "LN":  # reading weights centred over d_model, as TransformerLens does
+            assert model.W_Q.mean(-2).abs().max().item() < 1e-5
+            assert model.W_U.mean(0).abs().max().item() < 1e-5
+    elif step == "center_writing_weights":
+        for key, tensor in writing_weights(model).items():
+            assert tensor.mean(-1).abs().max().item() < 1e-5, key
+            assert old_writers[key].mean(-1).abs().max().item() > 1e-3, f"{key} was centred already: vacuous"
+    elif step == "fold_value_biases":
+        for layer, block in enumerate(model.blocks):
+            if old_b_V[layer] is None:
+                assert block.attn.b_V is None and block.attn.b_O is None
+                continue
+            assert old_b_V[layer].abs().max() > 0.1, "no value bias to fold: vacuous"
+            assert torch.equal(block.attn.b_V, torch.zeros_like(block.attn.b_V))
+            by_hand = old_b_O[layer].clone()
+            for head in range(model.cfg.n_heads):  # b_V per query head (a GQA head repeated over its group)
+                by_hand += old_b_V[layer][head] @ old_W_O[layer][head]
+            assert (block.attn.b_O - by_hand).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("name", ALL_VARIANTS)
+def test_all_steps_together(name):
+    model = build(name)
+    before, cfg = snapshot(model), model.cfg
+    reference = run(model).log_softmax(-1)
+    refusal = expected_refusal(cfg, list(WEIGHT_PROCESSING_STEPS))
+    if refusal is not None:
+        # One refused step refuses the call before any step runs: nothing half-processed.
+        with pytest.raises(ConfigError, match=refusal):
+            model.process_weights_()
+        assert_untouched(model, before, cfg)
+    steps = allowed_steps(cfg)
+    model.process_weights_(**{s: s in steps for s in WEIGHT_PROCESSING_STEPS})
+    assert model.cfg.weight_processing == tuple(steps)
+    assert (run(model).log_softmax(-1) - reference).abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("name", ALL_VARIANTS)
+def test_processed_model_saves_and_reloads(name, tmp_path):
+    model = build(name)
+    steps = allowed_steps(model.cfg)
+    model.process_weights_(**{s: s in steps for s in WEIGHT_PROCESSING_STEPS})
+    model.save(tmp_path)
+    reloaded = wb.load_model(tmp_path)
+    assert reloaded.cfg == model.cfg
+    assert reloaded.cfg.weight_processing == tuple(steps)
+    assert (run(reloaded) - run(model)).abs().max().item() < 1e-6
+    # Loading a processed model with the options again changes nothing (each step is recorded).
+    again = wb.load_model(tmp_path, **{s: True for s in steps})
+    assert again.cfg == model.cfg and (run(again) - run(model)).abs().max().item() < 1e-6
+
+
+# ---- the recipe that motivated it -------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["mha_learned_ln", "alibi_gelu_new", "attn_only_tied", "mqa_ln_biased"])
+def test_decompose_resid_gives_the_logit_difference_after_fold_ln(name):
+    """sum over components of cache.decompose_resid(apply_ln=True) . (W_U[:, a] - W_U[:, b]) + b_U diff
+    equals the true logit difference only once the final LayerNorm's gain and bias are folded."""
+    a, b = 3, 7
+
+    def read_off(model):
+        logits, cache = model.run_with_cache(TOKENS)
+        stack = cache.decompose_resid(apply_ln=True, pos_slice=-1)  # [components, batch, d_model]
+        assert stack.shape[0] >= 3
+        direction = model.W_U[:, a] - model.W_U[:, b]
+        estimate = stack.sum(0) @ direction + (model.b_U[a] - model.b_U[b])
+        true = logits[:, -1, a] - logits[:, -1, b]
+        assert true.abs().max() > 0.3, "a near-zero logit difference would not discriminate"
+        return (estimate - true).abs().max().item()
+
+    raw = build(name)
+    assert read_off(raw) > 1e-2  # unprocessed, ln_final's w and b are missing from the reading
+    folded = build(name).process_weights_(**{**OFF, "fold_ln": True})
+    assert read_off(folded) < TOL
+    everything = build(name).process_weights_()
+    assert read_off(everything) < TOL
+
+
+# ---- TransformerLens's own implementation as the reference ----------------------------------------------------
+def transformer_lens_state(model: wb.Decoder):
+    """The model's weights as a HookedTransformer state dict (missing biases as zeros) and a TL-style cfg."""
+    cfg = model.cfg
+    gqa = "_" if cfg.n_key_value_heads != cfg.n_heads else ""
+
+    def take(tensor, *zeros_shape):
+        return torch.zeros(zeros_shape) if tensor is None else tensor.detach().clone()
+
+    state = {"embed.W_E": take(model.W_E), "unembed.W_U": take(model.W_U), "unembed.b_U": take(model.b_U),
+             "ln_final.w": take(model.ln_final.w)}
+    if cfg.positional == "learned":
+        state["pos_embed.W_pos"] = take(model.W_pos)
+    if cfg.normalization == "LN":
+        state["ln_final.b"] = take(model.ln_final.b)
+    H, G, K, D, M = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model, cfg.d_mlp
+    for layer, block in enumerate(model.blocks):
+        p, attn = f"blocks.{layer}.", block.attn
+        state.update({p + "ln1.w": take(block.ln1.w), p + "attn.W_Q": take(attn.W_Q),
+                      p + f"attn.{gqa}W_K": take(attn._W_K), p + f"attn.{gqa}W_V": take(attn._W_V),
+                      p + "attn.W_O": take(attn.W_O), p + "attn.b_Q": take(attn.b_Q, H, K),
+                      p + f"attn.{gqa}b_K": take(attn._b_K, G, K), p + f"attn.{gqa}b_V": take(attn._b_V, G, K),
+                      p + "attn.b_O": take(attn.b_O, D)})
+        if cfg.normalization == "LN":
+            state[p + "ln1.b"] = take(block.ln1.b)
+        if block.has_mlp:
+            mlp = block.mlp
+            state.update({p + "ln2.w": take(block.ln2.w), p + "mlp.W_in": take(mlp.W_in),
+                          p + "mlp.b_in": take(mlp.b_in, M), p + "mlp.W_out": take(mlp.W_out),
+                          p + "mlp.b_out": take(mlp.b_out, D)})
+            if cfg.gated_mlp:
+                state.update({p + "mlp.W_gate": take(mlp.W_gate), p + "mlp.b_gate": take(mlp.b_gate, M)})
+            if cfg.normalization == "LN":
+                state[p + "ln2.b"] = take(block.ln2.b)
+    tl_cfg = types.SimpleNamespace(
+        n_layers=cfg.n_layers, n_heads=H, d_head=K, d_model=D, d_vocab=cfg.d_vocab, d_mlp=M,
+        normalization_type=cfg.normalization, n_key_value_heads=G if gqa else None,
+        # our sinusoidal table is a fixed buffer, no weight: TransformerLens is told there is no W_pos
+        positional_embedding_type={"learned": "standard", "sinusoidal": "none"}.get(cfg.positional, cfg.positional),
+        attn_only=cfg.attn_only, gated_mlp=cfg.gated_mlp, num_experts=None, act_fn=cfg.act_fn, final_rms=False)
+    return state, tl_cfg
+
+
+@pytest.mark.parametrize("name", ["mha_learned_ln", "alibi_gelu_new", "attn_only_tied", "mqa_ln_biased",
+                                  "gqa_rms_biased", "gqa_rotary_rms_swiglu", "sinusoidal_prenorm"])
+def test_weights_equal_transformer_lens_process_weights(name):
+    model = build(name)
+    state, tl_cfg = transformer_lens_state(model)
+    layer_norm = model.cfg.normalization == "LN"
+    expected = ProcessWeights.process_weights(state, tl_cfg, fold_ln=True, center_writing_weights=layer_norm,
+                                              center_unembed=True, fold_value_biases=True)
+    model.process_weights_(center_writing_weights=layer_norm)
+    ours, _ = transformer_lens_state(model)
+    assert set(ours) == set(expected)
+    changed = [k for k in expected if not torch.allclose(expected[k], state[k])]
+    assert len(changed) > len(expected) // 3, "TransformerLens changed too little for this to discriminate"
+    worst = {k: (ours[k] - expected[k]).abs().max().item() for k in expected}
+    assert max(worst.values()) < 1e-5, sorted(worst.items(), key=lambda kv: -kv[1])[:3]
+
+
+# ---- what fold_ln must do to the model's structure -----------------------------------------------------------
+def test_fold_ln_creates_the_biases_a_layernorm_bias_needs():
+    model = build("mha_learned_ln")
+    assert not (model.cfg.attn_bias or model.cfg.mlp_bias or model.cfg.unembed_bias)
+    ln1_b, W_Q = model.blocks[0].ln1.b.detach().clone(), model.blocks[0].attn.W_Q.detach().clone()
+    ln_final_b, W_U = model.ln_final.b.detach().clone(), model.W_U.detach().clone()
+    model.process_weights_(**{**OFF, "fold_ln": True})
+    assert model.cfg.attn_bias and model.cfg.mlp_bias and model.cfg.unembed_bias
+    # b_Q[h] = ln1.b @ W_Q[h] (the bias was zero), b_U = ln_final.b @ W_U: by hand
+    assert (model.blocks[0].attn.b_Q - torch.einsum("d,hdk->hk", ln1_b, W_Q)).abs().max() < 1e-5
+    assert (model.unembed.b_U - ln_final_b @ W_U).abs().max() < 1e-5
+    assert model.blocks[1].mlp.b_in.abs().max() > 0 and model.blocks[1].attn.b_O.abs().max() == 0
+
+
+def test_rms_fold_ln_adds_no_biases_and_only_scales():
+    model = build("gqa_rotary_rms_swiglu")
+    w, W_K = model.blocks[1].ln1.w.detach().clone(), model.blocks[1].attn._W_K.detach().clone()
+    model.process_weights_(**{**OFF, "fold_ln": True})
+    assert not (model.cfg.attn_bias or model.cfg.mlp_bias or model.cfg.unembed_bias)
+    assert torch.allclose(model.blocks[1].attn._W_K, W_K * w[None, :, None])  # [G, D, K], no centring
+
+
+def test_tied_embeddings_are_untied_and_W_E_kept():
+    model = build("attn_only_tied")
+    W_E = model.W_E.detach().clone()
+    assert model.unembed._W_U_lin is model.embed.W_E
+    model.process_weights_(**{**OFF, "fold_ln": True})
+    assert not model.cfg.tie_embeddings
+    assert model.unembed._W_U_lin is not model.embed.W_E
+    assert torch.equal(model.W_E, W_E)
+    assert not torch.allclose(model.W_U, W_E.T)
+    assert model.n_params == sum(p.numel() for p in model.parameters())
+
+
+def test_layernorm_mixture_of_experts_with_a_bias_is_refused_untouched():
+    model = make_model("moe_gqa", normalization="LN")  # make_model draws ln2.b ~ N(0, 0.1)
+    before, cfg = snapshot(model), model.cfg
+    with pytest.raises(ConfigError, match=r"mixture of experts has no router or expert biases.*ln2\.b "
+                                          r"\(nonzero in layer\(s\) \[0, 1\]\)"):
+        model.process_weights_()
+    assert_untouched(model, before, cfg)
+    model.process_weights_(**{**OFF, "center_unembed": True})  # the other steps still apply
+    assert model.cfg.weight_processing == ("center_unembed",)
+
+
+def test_layernorm_mixture_of_experts_folds_its_router():
+    model = build("moe_ln")  # ln2.b zero
+    w, router = model.blocks[0].ln2.w.detach().clone(), model.blocks[0].mlp.W_router.detach().clone()
+    model.process_weights_(**{**OFF, "fold_ln": True})
+    by_hand = router * w[:, None]
+    assert torch.allclose(model.blocks[0].mlp.W_router, by_hand - by_hand.mean(0, keepdim=True), atol=1e-6)
+
+
+# ---- repetition, order, loading ----------------------------------------------------------------------------
+def test_applying_steps_twice_is_harmless():
+    model = build("alibi_gelu_new").process_weights_()
+    once = snapshot(model)
+    model.process_weights_()
+    model.process_weights_(**{**OFF, "fold_value_biases": True})
+    assert model.cfg.weight_processing == WEIGHT_PROCESSING_STEPS
+    assert all(torch.equal(model.state_dict()[k], once[k]) for k in once)
+
+
+def test_fold_ln_after_fold_value_biases_is_refused():
+    model = build("alibi_gelu_new").process_weights_(**{**OFF, "fold_value_biases": True})
+    before, cfg = snapshot(model), model.cfg
+    with pytest.raises(ConfigError, match=r"fold_ln after fold_value_biases would put ln1's bias .* back into b_V"):
+        model.process_weights_(**{**OFF, "fold_ln": True})
+    assert_untouched(model, before, cfg)
+
+
+def test_steps_in_separate_calls_match_one_call():
+    together = build("mha_learned_ln").process_weights_()
+    apart = build("mha_learned_ln")
+    for step in WEIGHT_PROCESSING_STEPS:
+        apart.process_weights_(**{**OFF, step: True})
+    assert apart.cfg == together.cfg
+    assert all(torch.allclose(apart.state_dict()[k], v, atol=1e-6) for k, v in together.state_dict().items())
+
+
+def test_load_model_applies_what_was_asked(tmp_path):
+    build("mha_learned_ln").save(tmp_path)
+    plain = wb.load_model(tmp_path)
+    assert plain.cfg.weight_processing == ()
+    assert plain.blocks[0].ln1.w.sub(1).abs().max() > 0.01  # default: the checkpoint as it is
+    processed = wb.load_model(tmp_path, fold_ln=True, center_writing_weights=True, center_unembed=True,
+                              fold_value_biases=True)
+    assert processed.cfg.weight_processing == WEIGHT_PROCESSING_STEPS
+    assert (run(processed).log_softmax(-1) - run(plain).log_softmax(-1)).abs().max().item() < TOL
+    partial = wb.load_model(tmp_path, center_unembed=True)
+    assert partial.cfg.weight_processing == ("center_unembed",)
+
+
+def test_load_model_refuses_what_the_model_cannot_take(tmp_path):
+    build("gqa_rotary_rms_swiglu").save(tmp_path)
+    with pytest.raises(ConfigError, match=r"center_writing_weights needs LayerNorm"):
+        wb.load_model(tmp_path, fold_ln=True, center_writing_weights=True)
+
+
+def test_low_precision_is_processed_in_float32():
+    model16 = build("mha_learned_ln").to(torch.bfloat16)
+    model32 = build("mha_learned_ln").to(torch.bfloat16).to(torch.float32)  # the same bf16 values, in fp32
+    model32.process_weights_()
+    model16.process_weights_()
+    for name, tensor in model16.state_dict().items():
+        assert tensor.dtype == torch.bfloat16
+        # one rounding of the float32 result, not an accumulation of bf16 roundings
+        assert torch.equal(tensor, model32.state_dict()[name].to(torch.bfloat16)), name
