@@ -120,8 +120,9 @@ def direct_logit_attribution(model, tokens: TokensLike, target_token: int, basel
     """Each component's direct contribution to logit[target] (minus logit[baseline]) at ``position``.
 
     Returns DataFrame[component, layer, head, attribution] with component in {"embed",
-    "pos_embed", "head", "attn_bias", "mlp", "ln_final_bias"} (layer/head -1 where they do not
-    apply); the rows sum to the logit (difference), stored in ``df.attrs["logit_diff"]``.
+    "pos_embed", "head", "attn_bias", "mlp", "ln_final_bias", "unembed_bias"} (layer/head -1 where
+    they do not apply); the rows sum to the logit (difference), stored in ``df.attrs["logit_diff"]``,
+    with processed weights or without (``df.attrs["weights"]`` says which).
 
     Example:
         >>> dla = direct_logit_attribution(model, tokens, model.to_single_token(" Paris"), model.to_single_token(" Rome"))   # doctest: +SKIP
@@ -163,7 +164,12 @@ def direct_logit_attribution(model, tokens: TokensLike, target_token: int, basel
     if cfg.normalization == "LN":  # the bias is the norm of a zero vector
         bias_D = model.apply_final_norm(torch.zeros(1, cfg.d_model, dtype=cfg.dtype, device=cfg.device))[0]
         rows.append(("ln_final_bias", -1, -1, float(bias_D.float() @ direction_D)))
+    if cfg.unembed_bias:  # where fold_ln put the final LayerNorm's bias
+        b_U = model.b_U.float()
+        rows.append(("unembed_bias", -1, -1, float(b_U[target_token] - (b_U[baseline_token] if baseline_token is not None else 0))))
     table = pd.DataFrame(rows, columns=["component", "layer", "head", "attribution"])
+    # Exact with processed or unprocessed weights (the final norm's gain is read from the model); say which.
+    table.attrs["weights"] = ("processed: " + ", ".join(cfg.weight_processing)) if cfg.weight_processing else "as loaded"
     final = logits[0, position].float()
     table.attrs["logit_diff"] = float(final[target_token] - (final[baseline_token] if baseline_token is not None else 0.0))
     return table

@@ -40,6 +40,8 @@ def _attribution(loaded: LoadedModel, prompt: Prompt, table: pd.DataFrame) -> No
     st.caption(f"Top predictions here: {', '.join(repr(t) for t in top_tokens)}")
     dla = results.direct_logit_attribution(loaded, prompt.ids, target, baseline, position)
     downloads.figure(lens.dla_figure(dla, title), "direct_logit_attribution", key="dla")
+    st.caption(f"The components sum exactly to the logit difference {dla.attrs['logit_diff']:.4f}; "
+               f"weights: {dla.attrs['weights']} (the final norm is read from the model either way).")
     downloads.table(dla.sort_values("attribution", key=abs, ascending=False), "direct_logit_attribution",
                     key="dla_table", height=250)
 

@@ -60,6 +60,21 @@ def test_direct_logit_attribution_sums_to_the_logit_difference(variant, baseline
     assert dla_figure(df).data
 
 
+@pytest.mark.parametrize("variant", ["mha_learned_ln", "alibi_gelu_new", "gqa_rotary_rms_swiglu"])
+def test_direct_logit_attribution_is_exact_on_processed_weights_too(variant, tokens):
+    model = make_model(variant)
+    steps = dict(fold_ln=True, center_unembed=True, fold_value_biases=True,
+                 center_writing_weights=model.cfg.normalization == "LN")
+    model.process_weights_(**steps)
+    logits = model(tokens)[0, -1]
+    df = direct_logit_attribution(model, tokens, 5, 11)
+    assert df.attribution.sum() == pytest.approx((logits[5] - logits[11]).item(), abs=1e-4)
+    assert df.attrs["weights"] == "processed: " + ", ".join(step for step in
+                                                            ("fold_ln", "center_writing_weights", "center_unembed",
+                                                             "fold_value_biases") if steps[step])
+    assert direct_logit_attribution(make_model(variant), tokens, 5).attrs["weights"] == "as loaded"
+
+
 def test_dla_of_a_head_is_its_output_read_through_the_frozen_norm(tokens):
     model = make_model("gqa_rotary_rms_swiglu")
     _, cache = model.run_with_cache(tokens)
