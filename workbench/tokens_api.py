@@ -82,7 +82,7 @@ class TokenMethods:
         """Text (or a list of texts, right-padded) -> token ids [batch, pos] on the model's device.
 
         ``prepend_bos=None`` is TransformerLens's default: BOS first when the tokenizer has one
-        (``tokenizer.default_prepend_bos``); ``False``/``True`` overrides it.
+        (``cfg.default_prepend_bos``, see ``bos_first``); ``False``/``True`` overrides it.
 
         Example:
             >>> model.to_tokens("Hello world").shape                     # BOS, "Hello", " world"  # doctest: +SKIP
@@ -109,21 +109,11 @@ class TokenMethods:
         tok = self._require_tokenizer()
         if isinstance(input, str):
             return tok.to_str_tokens(tok.encode(input, self.bos_first(prepend_bos)))
-        if _is_int(input):
-            return tok.to_str_tokens([int(input)])
-        if isinstance(input, (list, tuple)):
-            if all(_is_int(i) for i in input):
-                return tok.to_str_tokens([int(i) for i in input])
+        if isinstance(input, (list, tuple)) and input and all(isinstance(item, str) for item in input):
             return [self.to_str_tokens(item, prepend_bos) for item in input]
-        ids = _id_tensor(input, "to_str_tokens")
-        if ids.ndim == 0:
-            return tok.to_str_tokens([int(ids)])
-        if ids.ndim == 1:
-            return tok.to_str_tokens(ids.tolist())
-        if ids.ndim == 2:
-            rows = [tok.to_str_tokens(row) for row in ids.tolist()]
-            return rows[0] if len(rows) == 1 else rows
-        raise InputError(f"to_str_tokens takes ids of shape [pos] or [batch, pos], got {tuple(ids.shape)}")
+        rows, batched = _id_rows(input, "to_str_tokens")
+        texts = [tok.to_str_tokens(row) for row in rows]
+        return texts if batched and len(texts) > 1 else texts[0]  # a [1, pos] tensor is one sequence, as TL
 
     def to_string(self, tokens: Union[Int[Tensor, "pos"], Int[Tensor, "batch pos"], list, int]) -> Union[str, list[str]]:
         """Token ids -> text, as TransformerLens's ``to_string``: one string for an int, a 0-d or 1-d
@@ -135,21 +125,9 @@ class TokenMethods:
             >>> model.to_string(logits[0, -1].argmax())       # one id (0-d tensor) -> its text   # doctest: +SKIP
             ' Paris'
         """
-        tok = self._require_tokenizer()
-        if _is_int(tokens):
-            return tok.decode([int(tokens)])
-        if isinstance(tokens, (list, tuple)):
-            if all(_is_int(i) for i in tokens):
-                return tok.decode([int(i) for i in tokens])
-            return [self.to_string(row) for row in tokens]
-        ids = _id_tensor(tokens, "to_string")
-        if ids.ndim == 0:
-            return tok.decode([int(ids)])
-        if ids.ndim == 1:
-            return tok.decode(ids.tolist())
-        if ids.ndim == 2:
-            return [tok.decode(row) for row in ids.tolist()]
-        raise InputError(f"to_string takes ids of shape [], [pos] or [batch, pos], got {tuple(ids.shape)}")
+        rows, batched = _id_rows(tokens, "to_string")
+        texts = [self._require_tokenizer().decode(row) for row in rows]
+        return texts if batched else texts[0]
 
     def to_single_token(self, string: str) -> int:
         """The id of a string that is exactly one token (no BOS); ``InputError`` otherwise.
@@ -237,3 +215,19 @@ def _id_tensor(value: object, caller: str) -> Int[Tensor, "..."]:
     if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
         raise InputError(f"{caller}: token ids must be integers, got dtype {value.dtype}")
     return value
+
+
+def _id_rows(ids: object, caller: str) -> tuple[list[list[int]], bool]:
+    """Token ids in any of TransformerLens's spellings as rows of ints, and whether they came as a
+    batch: an int / 0-d tensor or a [pos] tensor / list of ints is one row, a [batch, pos] tensor or
+    a list of id rows is a batch."""
+    if _is_int(ids):
+        return [[int(ids)]], False
+    if isinstance(ids, (list, tuple)):
+        if all(_is_int(i) for i in ids):
+            return [[int(i) for i in ids]], False
+        return [row for item in ids for row in _id_rows(item, caller)[0]], True
+    tensor = _id_tensor(ids, caller)
+    if tensor.ndim > 2:
+        raise InputError(f"{caller} takes ids of shape [], [pos] or [batch, pos], got {tuple(tensor.shape)}")
+    return tensor.reshape(-1, tensor.shape[-1] if tensor.ndim else 1).tolist(), tensor.ndim == 2
