@@ -70,6 +70,10 @@ class ModelConfig:
     sliding_window: Optional[int] = None  # a query sees the last `sliding_window` keys, itself included
     tie_embeddings: bool = False
     unembed_bias: bool = False  # a b_U [d_vocab] (TransformerLens's; weight processing may add one)
+    # TransformerLens's switches: always compute attn.hook_result (per-head outputs); give each head its own
+    # copy of the attention input (hook_q_input / hook_k_input / hook_v_input [batch, pos, heads, d_model]).
+    use_attn_result: bool = False
+    use_split_qkv_input: bool = False
     # TransformerLens's: tokenizing text puts BOS first (when the tokenizer has one) unless told otherwise.
     default_prepend_bos: bool = True
     # What ``Decoder.process_weights_`` has done to the weights, in order ("fold_ln", ...); () = as loaded.
@@ -122,6 +126,9 @@ class ModelConfig:
                      f"must be a positive integer or None, got {self.sliding_window!r}")
         _require(isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point, "dtype",
                  f"must be a floating-point torch.dtype, got {self.dtype!r}")
+        _require(not (self.use_split_qkv_input and self.norm_placement == "post"), "use_split_qkv_input",
+                 "needs a pre-norm model: a post-norm block feeds attention the residual stream itself, "
+                 "with no per-head norm to split its input into")
         unknown = sorted(set(self.weight_processing) - set(WEIGHT_PROCESSING_STEPS))
         _require(not unknown, "weight_processing", f"has unknown step(s) {unknown}; known: {WEIGHT_PROCESSING_STEPS}")
 

@@ -58,6 +58,8 @@ REFERENCE_CONFIGS: dict[str, dict] = {
     "attention-only": dict(positional="rotary", attn_only=True),
     "sinusoidal positions, post-norm": dict(
         positional="sinusoidal", norm_placement="post", act_fn="relu"),
+    "rotary, RMSNorm, gated MLP, split qkv input": dict(
+        positional="rotary", normalization="RMS", gated_mlp=True, act_fn="silu", use_split_qkv_input=True),
 }
 
 # How the "models" column names the set of models that have a hook. A hook's set of reference
@@ -71,16 +73,23 @@ WHICH_MODELS: list[tuple[str, Callable[[ModelConfig], bool]]] = [
     ("dense MLP", lambda cfg: not cfg.attn_only and not cfg.is_moe),
     ("gated dense MLP", lambda cfg: not cfg.attn_only and not cfg.is_moe and cfg.gated_mlp),
     ("MoE", lambda cfg: cfg.is_moe),
+    ("use_split_qkv_input", lambda cfg: cfg.use_split_qkv_input),
 ]
 
 # What shapes alone do not say. Keys must be names in the table (checked).
 NOTES: dict[str, str] = {
     "hook_embed": "token embeddings, W_E[tokens]",
     "hook_pos_embed": "absolute position embeddings, added to hook_embed",
-    "blocks.{l}.ln1.hook_scale": "the norm's divisor: sqrt(var + eps) for LN, sqrt(mean(x^2) + eps) for RMS",
+    "blocks.{l}.ln1.hook_scale": "the norm's divisor: sqrt(var + eps) for LN, sqrt(mean(x^2) + eps) for RMS; "
+                                 "with use_split_qkv_input one per head copy ([batch, pos, heads, 1])",
     "blocks.{l}.ln1.hook_normalized": "after the gain w (and LN's bias b); pre-norm: attention's input, "
-                                      "post-norm: resid + attention output",
-    "blocks.{l}.ln2.hook_scale": "as ln1, on the MLP side",
+                                      "post-norm: resid + attention output; with use_split_qkv_input one per "
+                                      "head copy ([batch, pos, heads, d_model])",
+    "blocks.{l}.hook_q_input": "use_split_qkv_input: each query head's own copy of resid_pre, normed by ln1 "
+                               "on its own; patch one head's input here",
+    "blocks.{l}.hook_k_input": "as hook_q_input, one copy per key/value head",
+    "blocks.{l}.hook_v_input": "as hook_q_input, one copy per key/value head",
+    "blocks.{l}.ln2.hook_scale": "as ln1, on the MLP side (never split)",
     "blocks.{l}.ln2.hook_normalized": "as ln1, on the MLP side",
     "ln_final.hook_scale": "as ln1, before the unembedding",
     "ln_final.hook_normalized": "as ln1; the unembedding's input",
@@ -188,6 +197,11 @@ def hook_table(models: dict[str, Decoder] | None = None) -> list[HookRow]:
     """
     models = reference_models() if models is None else models
     per_model = {label: hook_shapes(model) for label, model in models.items()}
+    for label, model in models.items():  # a split-input model: its twin's rows, plus the hooks only it has
+        twin = next((other for other, m in models.items()
+                     if model.cfg.use_split_qkv_input and m.cfg == model.cfg.replace(use_split_qkv_input=False)), None)
+        if twin is not None:  # (in its own firing order; ln1's shapes are the twin's, its split ones in NOTES)
+            per_model[label] = {n: per_model[twin].get(n, d) for n, d in per_model[label].items()}
     names = _merge_orders([list(shapes) for shapes in per_model.values()])
 
     rows = []

@@ -178,5 +178,21 @@ class WeightMethods:
         Example:
             >>> model.set_use_attn_result(True)   # doctest: +SKIP
         """
+        self.cfg = self.cfg.replace(use_attn_result=bool(use_attn_result))
         for block in self.blocks:
-            block.attn.use_attn_result = bool(use_attn_result)
+            block.attn.use_attn_result = self.cfg.use_attn_result
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """Give each attention head its own copy of the residual stream it reads, on the hook points
+        ``blocks.{l}.hook_q_input`` [batch, pos, n_heads, d_model] and ``hook_k_input``/``hook_v_input``
+        [batch, pos, n_key_value_heads, d_model] (each normed by ln1 on its own), as TransformerLens's
+        flag: patching one head's input then leaves the others alone. Slower (one matmul per head);
+        pre-norm models only.
+
+        Example:
+            >>> model.set_use_split_qkv_input(True)   # doctest: +SKIP
+            >>> model.run_with_hooks(tokens, fwd_hooks=[("blocks.2.hook_q_input", patch_head_5)])   # doctest: +SKIP
+        """
+        self.cfg = self.cfg.replace(use_split_qkv_input=bool(use_split_qkv_input))  # validates (pre-norm)
+        for block in self.blocks:
+            block.use_split_qkv_input = self.cfg.use_split_qkv_input

@@ -96,3 +96,43 @@ def test_set_use_attn_result_keeps_the_output_and_negative_stop_at_layer():
     with pytest.raises(wb.InputError, match="stop_at_layer=3"):
         model(TOKENS, stop_at_layer=3)
     torch.testing.assert_close(F.log_softmax(model(TOKENS), -1), F.log_softmax(logits, -1), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("variant", ["mha_learned_ln", "gqa_rotary_rms_swiglu"])
+def test_split_qkv_input_gives_each_head_its_own_input(variant):
+    model = make_model(variant)
+    logits = model(TOKENS)
+    model.set_use_split_qkv_input(True)
+    assert model.cfg.use_split_qkv_input and all(block.use_split_qkv_input for block in model.blocks)
+    out, cache = model.run_with_cache(TOKENS)
+    torch.testing.assert_close(out, logits, atol=1e-5, rtol=0)  # the same model, per-head inputs
+    H, G = model.cfg.n_heads, model.cfg.n_key_value_heads
+    assert cache["blocks.1.hook_q_input"].shape == (2, 6, H, 32) and cache["blocks.1.hook_k_input"].shape == (2, 6, G, 32)
+
+    nudge = torch.linspace(-2.0, 3.0, 32)  # not constant: a LayerNorm would centre a constant away
+
+    def nudge_head_2(q_input, hook):  # patch query head 2's input only
+        q_input = q_input.clone()
+        q_input[:, :, 2] += nudge
+        return q_input
+
+    seen = {}
+    keep = lambda name: (lambda act, hook: seen.__setitem__(name, act.clone()))  # noqa: E731
+    model.run_with_hooks(TOKENS, fwd_hooks=[("blocks.1.hook_q_input", nudge_head_2),
+                                            ("blocks.1.attn.hook_q", keep("q")), ("blocks.1.attn.hook_k", keep("k"))])
+    others = [h for h in range(H) if h != 2]
+    torch.testing.assert_close(seen["q"][:, :, others], cache["blocks.1.attn.hook_q"][:, :, others], atol=1e-6, rtol=0)
+    torch.testing.assert_close(seen["k"], cache["blocks.1.attn.hook_k"], atol=1e-6, rtol=0)
+    # by hand: head 2's query is ln1 of its own (nudged) copy, read by W_Q[2]
+    attn, ln1 = model.blocks[1].attn, model.blocks[1].ln1
+    x = cache["blocks.1.hook_resid_pre"] + nudge
+    b_Q = attn.b_Q[2] if attn.b_Q is not None else 0
+    torch.testing.assert_close(seen["q"][:, :, 2], ln1(x) @ attn.W_Q[2] + b_Q, atol=1e-5, rtol=0)
+    assert (seen["q"][:, :, 2] - cache["blocks.1.attn.hook_q"][:, :, 2]).abs().max() > 1e-3
+
+
+def test_split_qkv_input_needs_a_pre_norm_model():
+    model = make_model("sinusoidal_postnorm")
+    with pytest.raises(wb.ConfigError, match="use_split_qkv_input"):
+        model.set_use_split_qkv_input(True)
+    assert not model.cfg.use_split_qkv_input and not any(block.use_split_qkv_input for block in model.blocks)

@@ -45,7 +45,7 @@ class Attention(nn.Module):
         self.n_heads, self.n_key_value_heads, self.d_head, self.d_model = H, G, K, D
         self.scale, self.sliding_window = cfg.attn_scale, cfg.sliding_window
         self.attn_impl = cfg.attn_impl
-        self.use_attn_result = False
+        self.use_attn_result = cfg.use_attn_result
         self._W_Q_lin = nn.Parameter(torch.empty(H * K, D, dtype=cfg.dtype))
         self._W_K_lin = nn.Parameter(torch.empty(G * K, D, dtype=cfg.dtype))
         self._W_V_lin = nn.Parameter(torch.empty(G * K, D, dtype=cfg.dtype))
@@ -78,12 +78,16 @@ class Attention(nn.Module):
         x_BPD: Float[Tensor, "batch pos d_model"],
         positions_P: Int[Tensor, "pos"],
         kv_cache: Optional["LayerKVCache"] = None,
+        split_inputs: Optional[tuple[Tensor, Tensor, Tensor]] = None,
     ) -> Float[Tensor, "batch pos d_model"]:
+        """``split_inputs``: per-head inputs (q [B, P, H, D], k and v [B, P, G, D]) that replace
+        ``x_BPD`` (``use_split_qkv_input``); each head then reads its own copy."""
         B, P, _ = x_BPD.shape
         H, G, K = self.n_heads, self.n_key_value_heads, self.d_head
-        q_BPHK = self.hook_q(F.linear(x_BPD, self._W_Q_lin, self._b_Q_lin).view(B, P, H, K))
-        k_BPGK = self.hook_k(F.linear(x_BPD, self._W_K_lin, self._b_K_lin).view(B, P, G, K))
-        v_BPGK = self.hook_v(F.linear(x_BPD, self._W_V_lin, self._b_V_lin).view(B, P, G, K))
+        q_in, k_in, v_in = split_inputs if split_inputs is not None else (x_BPD, x_BPD, x_BPD)
+        q_BPHK = self.hook_q(_project(q_in, self._W_Q_lin, self._b_Q_lin, H, K))
+        k_BPGK = self.hook_k(_project(k_in, self._W_K_lin, self._b_K_lin, G, K))
+        v_BPGK = self.hook_v(_project(v_in, self._W_V_lin, self._b_V_lin, G, K))
         if self.rotary is not None:
             q_BPHK = self.hook_rot_q(self.rotary(q_BPHK, positions_P))
             k_BPGK = self.hook_rot_k(self.rotary(k_BPGK, positions_P))
@@ -160,6 +164,15 @@ class Attention(nn.Module):
     def _per_query_head(self, kv_G: Tensor) -> Tensor:
         groups = self.n_heads // self.n_key_value_heads
         return kv_G if groups == 1 else kv_G.repeat_interleave(groups, dim=0)
+
+
+def _project(x: Tensor, W_lin: Tensor, b_lin: Optional[Tensor], n: int, K: int) -> Tensor:
+    """[B, P, D] through one GEMM (the usual path), or per-head inputs [B, P, n, D], each head
+    through its own [D, K] slice -> [B, P, n, K]."""
+    if x.ndim == 3:
+        return F.linear(x, W_lin, b_lin).view(*x.shape[:2], n, K)
+    out = torch.einsum("bpnd,ndk->bpnk", x, W_lin.view(n, K, -1).transpose(1, 2))
+    return out if b_lin is None else out + b_lin.view(n, K)
 
 
 def _is_hooked(hook_point: HookPoint) -> bool:
