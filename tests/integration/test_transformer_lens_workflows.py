@@ -140,3 +140,26 @@ def test_transformer_lens_patching_functions(setup, patch):
         expected = getattr(tl_patching, patch)(bridge, corrupt, reference_cache, metric)
     torch.testing.assert_close(ours, expected, rtol=0, atol=1e-4)
     assert expected.abs().max() > 1e-3
+
+
+def test_every_cache_helper_matches_transformer_lens(setup):
+    _, directory, _, bridge, tokens = setup
+    model = wb.load_model(directory)
+    with torch.no_grad():
+        _, reference = bridge.run_with_cache(tokens)
+        _, cache = model.run_with_cache(tokens)
+        _, without_result = model.run_with_cache(tokens, names_filter=lambda name: not name.endswith("hook_result"))
+    L = model.cfg.n_layers
+    close = lambda ours, expected: torch.testing.assert_close(ours, expected, rtol=0, atol=1e-4)  # noqa: E731
+    close(cache.accumulated_resid(apply_ln=True, pos_slice=-1), reference.accumulated_resid(apply_ln=True, pos_slice=-1))
+    close(cache.accumulated_resid(layer=1, incl_mid=True), reference.accumulated_resid(layer=1, incl_mid=True))
+    heads, labels = cache.stack_head_results(layer=L, pos_slice=-1, return_labels=True)
+    close(heads, reference.stack_head_results(layer=L, pos_slice=-1))
+    assert labels[:2] == ["L0H0", "L0H1"] and len(labels) == L * model.cfg.n_heads
+    close(without_result.stack_head_results(layer=L, pos_slice=-1), heads)  # computed from hook_z and W_O
+    stack = cache.decompose_resid(pos_slice=-1)
+    close(cache.apply_ln_to_stack(stack, pos_slice=-1), reference.apply_ln_to_stack(stack, pos_slice=-1))
+    close(cache.get_neuron_results(1, pos_slice=-1), reference.get_neuron_results(1, pos_slice=-1))
+    close(cache.stack_activation("z"), reference.stack_activation("z"))
+    without_result.compute_head_results()
+    close(without_result["blocks.1.attn.hook_result"], reference["blocks.1.attn.hook_result"])
