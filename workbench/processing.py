@@ -98,6 +98,11 @@ def process_weights(model: "Decoder", fold_ln: bool = True, center_writing_weigh
 
 
 # ---- checks: everything that can refuse, before anything changes ----------------------------------------
+def _layers_with_nonzero_bias(model: "Decoder", norm: str) -> list[int]:
+    """The layers whose LayerNorm ``norm`` ("ln1" or "ln2") has a nonzero bias."""
+    return [i for i, block in enumerate(model.blocks) if bool(getattr(block, norm).b.detach().any())]
+
+
 def _check(model: "Decoder", todo: list[str]) -> None:
     cfg = model.cfg
     if "fold_ln" in todo:
@@ -107,14 +112,14 @@ def _check(model: "Decoder", todo: list[str]) -> None:
                 "residual sum, ln(x + f(x)), so its gain and bias scale the residual stream itself rather "
                 "than the input of one linear layer, and there are no reading weights to fold them into")
         if cfg.normalization == "LN" and cfg.is_moe:
-            layers = [i for i, block in enumerate(model.blocks) if bool(block.ln2.b.detach().any())]
+            layers = _layers_with_nonzero_bias(model, "ln2")
             if layers:
                 raise ConfigError(
                     f"fold_ln: a mixture of experts has no router or expert biases, so the LayerNorm bias "
                     f"ln2.b (nonzero in layer(s) {layers}) cannot be folded into W_router / the experts' "
                     f"W_in and W_gate; this model cannot be processed with fold_ln=True")
         if cfg.normalization == "LN" and "fold_value_biases" in cfg.weight_processing:
-            layers = [i for i, block in enumerate(model.blocks) if bool(block.ln1.b.detach().any())]
+            layers = _layers_with_nonzero_bias(model, "ln1")
             if layers:
                 raise ConfigError(
                     f"fold_ln after fold_value_biases would put ln1's bias (nonzero in layer(s) {layers}) back "
