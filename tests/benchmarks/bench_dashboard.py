@@ -46,7 +46,9 @@ def _prompts(lengths: tuple[int, ...], variants: int) -> list[tuple[int, str]]:
     for n in lengths:
         for variant in range(variants):
             start = 5 * variant + n % 7  # different starting points give different texts
-            for cut in range(n - 1, n + 8):  # the prompt box adds BOS: n - 1 text tokens may be the n-token prompt  # decoding a cut can re-tokenize a little differently; find one that fits
+            # n - 1 text tokens plus the BOS the prompt box adds; decoding a cut can re-tokenize a little
+            # differently, so a few lengths are tried until one gives exactly n tokens
+            for cut in range(n - 1, n + 8):
                 text = model.to_string(ids[start:start + cut])
                 if model.to_tokens(text).shape[1] == n:
                     prompts.append((n, text))
