@@ -98,9 +98,14 @@ def process_weights(model: "Decoder", fold_ln: bool = True, center_writing_weigh
 
 
 # ---- checks: everything that can refuse, before anything changes ----------------------------------------
+def _nonzero_bias(norm: nn.Module) -> bool:
+    """Whether ``norm`` is a LayerNorm whose bias is not all zero (an RMSNorm has none)."""
+    return getattr(norm, "b", None) is not None and bool(norm.b.detach().any())
+
+
 def _layers_with_nonzero_bias(model: "Decoder", norm: str) -> list[int]:
-    """The layers whose LayerNorm ``norm`` ("ln1" or "ln2") has a nonzero bias."""
-    return [i for i, block in enumerate(model.blocks) if bool(getattr(block, norm).b.detach().any())]
+    """The layers whose ``norm`` ("ln1" or "ln2") has a nonzero bias."""
+    return [i for i, block in enumerate(model.blocks) if _nonzero_bias(getattr(block, norm))]
 
 
 def _check(model: "Decoder", todo: list[str]) -> None:
@@ -164,10 +169,6 @@ def _center(param: Tensor, dim: int) -> None:
     _write(param, value - value.mean(dim, keepdim=True))
 
 
-def _has_nonzero_bias(norms: list) -> bool:
-    return any(getattr(norm, "b", None) is not None and bool(norm.b.detach().any()) for norm in norms)
-
-
 def _fold_norm_into(W_lin: Tensor, b_lin: Optional[Tensor], norm: nn.Module, center: bool) -> None:
     """Folds ``norm``'s gain (and bias) into a linear map stored as ``[..., out, D]`` (+ bias ``[..., out]``).
 
@@ -175,11 +176,10 @@ def _fold_norm_into(W_lin: Tensor, b_lin: Optional[Tensor], norm: nn.Module, cen
     (exact when ``n`` is mean-zero, i.e. the LayerNorm's normalised input).
     """
     W = W_lin.float()
-    ln_b = getattr(norm, "b", None)
-    if ln_b is not None and bool(ln_b.detach().any()):
+    if _nonzero_bias(norm):
         if b_lin is None:  # _check and the bias creation in _fold_ln make this unreachable
             raise ConfigError("fold_ln: internal error: a nonzero norm bias has no bias to fold into")
-        _write(b_lin, b_lin.float() + W @ ln_b.float())
+        _write(b_lin, b_lin.float() + W @ norm.b.float())
     W = W * norm.w.float()
     if center:
         W = W - W.mean(-1, keepdim=True)
@@ -199,7 +199,7 @@ def _add_missing_biases(model: "Decoder") -> None:
     if cfg.normalization != "LN":
         return
     changes = {}
-    if not cfg.attn_bias and _has_nonzero_bias([block.ln1 for block in model.blocks]):
+    if not cfg.attn_bias and _layers_with_nonzero_bias(model, "ln1"):
         for block in model.blocks:
             attn, like = block.attn, block.attn._W_Q_lin
             attn._b_Q_lin = _new_zeros(attn._W_Q_lin.shape[0], like)
@@ -208,7 +208,7 @@ def _add_missing_biases(model: "Decoder") -> None:
             attn.b_O = _new_zeros(cfg.d_model, like)
         changes["attn_bias"] = True
     dense = [block for block in model.blocks if block.has_mlp and not cfg.is_moe]
-    if not cfg.mlp_bias and dense and _has_nonzero_bias([block.ln2 for block in dense]):
+    if not cfg.mlp_bias and dense and any(_nonzero_bias(block.ln2) for block in dense):
         for block in dense:
             mlp, like = block.mlp, block.mlp._W_in_lin
             mlp.b_in = _new_zeros(cfg.d_mlp, like)
@@ -216,7 +216,7 @@ def _add_missing_biases(model: "Decoder") -> None:
                 mlp.b_gate = _new_zeros(cfg.d_mlp, like)
             mlp.b_out = _new_zeros(cfg.d_model, like)
         changes["mlp_bias"] = True
-    if not cfg.unembed_bias and model.ln_final is not None and _has_nonzero_bias([model.ln_final]):
+    if not cfg.unembed_bias and model.ln_final is not None and _nonzero_bias(model.ln_final):
         model.unembed.b_U = _new_zeros(cfg.d_vocab, model.unembed._W_U_lin)
         changes["unembed_bias"] = True
     if changes:
