@@ -34,6 +34,12 @@ def setup(request, tmp_path_factory):
     return request.param, directory, hf_model, bridge, tokens
 
 
+def _caches(model, bridge, tokens):
+    """Our cache and TransformerLens's (on the bridge) for the same tokens."""
+    with torch.no_grad():
+        return model.run_with_cache(tokens)[1], bridge.run_with_cache(tokens)[1]
+
+
 def _top_two(hf_model, tokens):
     with torch.no_grad():
         logits = hf_model(tokens).logits[:, -1].float()
@@ -65,9 +71,7 @@ def test_full_residual_decomposition_sums_to_the_final_residual(setup):
     _, directory, _, bridge, tokens = setup
     model = wb.load_model(directory)
     final = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-    with torch.no_grad():
-        _, reference = bridge.run_with_cache(tokens)
-        _, cache = model.run_with_cache(tokens)
+    cache, reference = _caches(model, bridge, tokens)
     parts = cache.get_full_resid_decomposition(expand_neurons=True, pos_slice=-1)
     torch.testing.assert_close(parts.sum(0), reference[final][:, -1], rtol=0, atol=1e-4)
     reference_parts = reference.get_full_resid_decomposition(expand_neurons=True, pos_slice=-1)
@@ -90,9 +94,7 @@ def test_ov_and_qk_circuit_eigenvalue_scores(setup):
 def test_neuron_attribution_with_stack_neuron_results(setup):
     _, directory, _, bridge, tokens = setup
     model = wb.load_model(directory)
-    with torch.no_grad():
-        _, reference = bridge.run_with_cache(tokens)
-        _, cache = model.run_with_cache(tokens)
+    cache, reference = _caches(model, bridge, tokens)
     direction = model.W_U[:, 7] - model.W_U[:, 9]
     neurons, labels = cache.stack_neuron_results(layer=model.cfg.n_layers, pos_slice=-1, return_labels=True)
     expected = reference.stack_neuron_results(layer=model.cfg.n_layers, pos_slice=-1)
@@ -145,9 +147,8 @@ def test_transformer_lens_patching_functions(setup, patch):
 def test_every_cache_helper_matches_transformer_lens(setup):
     _, directory, _, bridge, tokens = setup
     model = wb.load_model(directory)
+    cache, reference = _caches(model, bridge, tokens)
     with torch.no_grad():
-        _, reference = bridge.run_with_cache(tokens)
-        _, cache = model.run_with_cache(tokens)
         _, without_result = model.run_with_cache(tokens, names_filter=lambda name: not name.endswith("hook_result"))
     L = model.cfg.n_layers
     close = lambda ours, expected: torch.testing.assert_close(ours, expected, rtol=0, atol=1e-4)  # noqa: E731
