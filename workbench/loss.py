@@ -16,6 +16,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from workbench.errors import InputError
+from workbench.components.embedding import soft_capped
 
 # loss_from_resid makes logits one tile at a time: 2048 positions x 1024 vocabulary entries (8 MB
 # of float32) stay in a small CPU's caches, where a full-vocabulary row block ran the unembedding
@@ -43,8 +44,10 @@ def next_token_loss(
 def token_losses_from_normed(
     normed_BPD: Float[Tensor, "batch pos d_model"], W_U_VD: Float[Tensor, "d_vocab d_model"],
     targets_BP: Int[Tensor, "batch pos"], b_U_V: Optional[Float[Tensor, "d_vocab"]] = None,
+    soft_cap: Optional[float] = None,
 ) -> Float[Tensor, "batch pos"]:
-    """-log softmax(normed @ W_U^T + b_U)[target] at every position, one cache-sized logits tile at a time.
+    """-log softmax(normed @ W_U^T + b_U)[target] at every position, one cache-sized logits tile at a time
+    (the logits soft-capped first when ``soft_cap`` is given, as ``Unembed`` does).
 
     Equal to ``F.cross_entropy`` of the full logits (within float rounding) without ever holding
     a [positions, d_vocab] block: each tile gives its log-sum-exp and any target logits it holds.
@@ -63,7 +66,7 @@ def token_losses_from_normed(
         tile_lse = []
         for col in range(0, W_U_VD.shape[0], TILE_VOCAB):
             bias = None if b_U_V is None else b_U_V[col:col + TILE_VOCAB]
-            logits_NV = F.linear(x_ND, W_U_VD[col:col + TILE_VOCAB], bias).float()  # as the model's logits, then float
+            logits_NV = soft_capped(F.linear(x_ND, W_U_VD[col:col + TILE_VOCAB], bias), soft_cap).float()  # as the model's
             tile_lse.append(torch.logsumexp(logits_NV, -1))
             here = (targets >= col) & (targets < col + logits_NV.shape[1])
             target_logit[here] = logits_NV[here, targets[here] - col]

@@ -60,12 +60,12 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
         self.tokenizer = tokenizer
         self.embed = Embed(cfg)
         self.hook_embed = HookPoint()  # [B, P, D]
+        self.ln_embed = make_norm(cfg) if cfg.embed_norm else None  # BLOOM's norm on the embeddings
         self.pos_embed = make_pos_embed(cfg)
         if self.pos_embed is not None:
             self.hook_pos_embed = HookPoint()  # [B, P, D]
-        self.blocks = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
-        # Post-norm blocks already end in a norm; only pre-norm models have a final one.
-        self.ln_final = make_norm(cfg) if cfg.norm_placement == "pre" else None
+        self.blocks = nn.ModuleList(TransformerBlock(cfg.for_layer(layer)) for layer in range(cfg.n_layers))
+        self.ln_final = make_norm(cfg) if cfg.has_final_norm else None
         self.unembed = Unembed(cfg)
         if cfg.tie_embeddings:
             self.unembed._W_U_lin = self.embed.W_E  # one Parameter under two names (W_U is its transpose)
@@ -132,6 +132,8 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
             B, P = tokens.shape
             positions_P = torch.arange(offset, offset + P, device=tokens.device)
             resid_BPD = self.hook_embed(self.embed(tokens))
+            if self.ln_embed is not None:
+                resid_BPD = self.ln_embed(resid_BPD)
             if self.pos_embed is not None:
                 resid_BPD = resid_BPD + self.hook_pos_embed(self.pos_embed(positions_P).expand(B, P, -1))
         else:
@@ -214,7 +216,7 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
             >>> losses = model.loss_from_resid(resid_final[:, :-1], tokens[:, 1:])   # doctest: +SKIP
         """
         return token_losses_from_normed(self.apply_final_norm(resid_BPD), self.unembed.W_U.T, targets_BP,
-                                        self.unembed.b_U)
+                                        self.unembed.b_U, self.unembed.soft_cap)
 
     def tokens_to_residual_directions(self, tokens: Union[int, Int[Tensor, "..."]]) -> Float[Tensor, "... d_model"]:
         """The unembedding direction(s) of token id(s): ``W_U[:, token]`` in TransformerLens's [d_model, d_vocab] terms.

@@ -116,6 +116,10 @@ def _check(model: "Decoder", todo: list[str]) -> None:
                 "fold_ln: this is a post-norm model (norm_placement='post'): each norm sits after the "
                 "residual sum, ln(x + f(x)), so its gain and bias scale the residual stream itself rather "
                 "than the input of one linear layer, and there are no reading weights to fold them into")
+        if cfg.norm_placement == "sublayer_output":
+            raise ConfigError(
+                "fold_ln: this model norms each sublayer's output (norm_placement='sublayer_output', OLMo 2), "
+                "x + ln(f(x)); no norm sits in front of a linear layer, so there is nothing to fold")
         if cfg.normalization == "LN" and cfg.is_moe:
             layers = _layers_with_nonzero_bias(model, "ln2")
             if layers:
@@ -142,6 +146,16 @@ def _check(model: "Decoder", todo: list[str]) -> None:
                 "center_writing_weights: this is a post-norm model (norm_placement='post'): the first "
                 "attention layer reads the embeddings before any norm, so centring W_E would change the "
                 "model; pass center_writing_weights=False")
+        if cfg.norm_placement != "pre":
+            raise ConfigError(
+                f"center_writing_weights: with norm_placement={cfg.norm_placement!r} the sublayer outputs pass "
+                f"through a norm of their own before the residual stream, so centring W_O / W_out would change "
+                f"that norm's input; pass center_writing_weights=False")
+    if "center_unembed" in todo and cfg.output_logits_soft_cap is not None:
+        raise ConfigError(
+            f"center_unembed: this model soft-caps its logits (output_logits_soft_cap="
+            f"{cfg.output_logits_soft_cap}), and cap * tanh(logits / cap) changes when a constant is subtracted "
+            f"from the logits; pass center_unembed=False (TransformerLens also skips it)")
 
 
 # ---- helpers ------------------------------------------------------------------------------------------

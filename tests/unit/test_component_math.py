@@ -127,7 +127,7 @@ def test_alibi_scores_carry_linear_distance_penalty():
     _, cache = model.run_with_cache(torch.randint(0, 61, (1, 6)))
     attn = model.blocks[0].attn
     q, k = cache["blocks.0.attn.hook_q"][0], cache["blocks.0.attn.hook_k"][0]  # [P, H, K]
-    raw = torch.einsum("qhk,shk->hqs", q, k) * model.cfg.attn_scale
+    raw = torch.einsum("qhk,shk->hqs", q, k) / model.cfg.attn_scale
     i, j = torch.arange(6)[:, None], torch.arange(6)[None, :]
     expected = raw - attn.alibi_slopes_H[:, None, None] * (i - j)
     scores = cache["blocks.0.attn.hook_attn_scores"][0]

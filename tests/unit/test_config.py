@@ -10,7 +10,7 @@ BASE = dict(n_layers=2, d_model=64, n_heads=4, d_vocab=100, n_ctx=32)
 def test_derived_defaults_resolved_once():
     cfg = wb.ModelConfig(**BASE, n_key_value_heads=2)
     assert (cfg.d_head, cfg.d_mlp, cfg.rotary_dim, cfg.n_query_groups) == (16, 256, 16, 2)
-    assert cfg.attn_scale == pytest.approx(0.25)
+    assert cfg.attn_scale == pytest.approx(4.0)  # TransformerLens: scores are q.k / attn_scale = q.k / sqrt(d_head)
 
 
 def test_round_trip_through_dict():
@@ -33,7 +33,13 @@ def test_explicit_d_head_may_differ_from_d_model_over_heads():
     (dict(positional="relative"), "positional"),
     (dict(act_fn="swish"), "act_fn"),
     (dict(attn_impl="xformers"), "attn_impl"),
-    (dict(norm_placement="sandwich"), "norm_placement"),
+    (dict(norm_placement="peri"), "norm_placement"),
+    (dict(qk_norm="global"), "qk_norm"),
+    (dict(rotary_scaling={"rope_type": "longrope", "factor": 2.0}), "rotary_scaling"),
+    (dict(rotary_scaling={"rope_type": "llama3", "factor": 8.0}), "rotary_scaling"),
+    (dict(layer_overrides=({"d_model": 8}, {})), "layer_overrides"),
+    (dict(layer_overrides=({},)), "layer_overrides"),
+    (dict(parallel_attn_mlp=True, norm_placement="post"), "parallel_attn_mlp"),
     (dict(sliding_window=0), "sliding_window"),
     (dict(n_layers=0), "n_layers"),
     (dict(attn_only=True, num_experts=2, experts_per_token=1), "num_experts"),

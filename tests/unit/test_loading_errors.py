@@ -105,8 +105,9 @@ def test_unknown_architecture(broken):
 
 
 @pytest.mark.parametrize("field, value, culprit", [
-    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}, "rope_parameters.rope_type"),
-    ("rope_scaling", {"type": "linear", "factor": 2.0}, "rope_scaling.rope_type"),
+    ("rope_parameters", {"rope_type": "longrope", "rope_theta": 10000.0, "factor": 4.0}, "rope_parameters.rope_type"),
+    ("rope_scaling", {"type": "su", "factor": 2.0}, "rope_scaling.rope_type"),
+    ("rope_parameters", {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}, "rotary_scaling"),
     ("hidden_act", "mish", "hidden_act"),
     ("num_key_value_heads", 4, "n_key_value_heads"),
 ])

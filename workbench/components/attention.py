@@ -19,6 +19,12 @@ never a copy of the config that ``.to()`` or a kernel switch would leave stale. 
 read and edited under every kernel while the other layers keep the fast one. Likewise
 ``hook_result`` (per-head outputs, [B, P, H, D]) is computed only when something hooks it or
 ``use_attn_result`` is set (``Decoder.set_use_attn_result``).
+
+Order of operations, each on its hook: projections (clamped to ``clip_qkv`` when set) ->
+``hook_q``/``hook_k``/``hook_v`` -> QK norm (``q_norm``/``k_norm``, per head or over the whole
+projection, when ``qk_norm`` is set) -> RoPE (``hook_rot_q``/``hook_rot_k``) -> scores q.k /
+attn_scale, soft-capped when ``attn_scores_soft_cap`` is set, plus mask and ALiBi bias
+(``hook_attn_scores``) -> ``hook_pattern`` -> ``hook_z`` -> output projection.
 """
 
 from __future__ import annotations
@@ -32,18 +38,21 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from workbench.components.attention_kernels import FAST_KERNELS, MaskSpec, eager_attention
+from workbench.components.norm import make_norm
 from workbench.components.rotary import Rotary, alibi_slopes
 from workbench.config import ModelConfig
 
 
 class Attention(nn.Module):
-    """Causal self-attention (MHA / GQA / MQA) with optional RoPE, ALiBi and sliding window."""
+    """Causal self-attention (MHA / GQA / MQA) with optional RoPE, ALiBi, sliding window, QK norm
+    and soft-capping; built from one layer's config (``ModelConfig.for_layer``)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         H, G, K, D = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model
         self.n_heads, self.n_key_value_heads, self.d_head, self.d_model = H, G, K, D
-        self.scale, self.sliding_window = cfg.attn_scale, cfg.sliding_window
+        self.scale, self.sliding_window = 1.0 / cfg.attn_scale, cfg.sliding_window
+        self.soft_cap, self.clip_qkv = cfg.attn_scores_soft_cap, cfg.clip_qkv
         self.attn_impl = cfg.attn_impl
         self.use_attn_result = cfg.use_attn_result
         self._W_Q_lin = nn.Parameter(torch.empty(H * K, D, dtype=cfg.dtype))
@@ -57,6 +66,13 @@ class Attention(nn.Module):
             self.b_O = nn.Parameter(torch.zeros(D, dtype=cfg.dtype))
         else:
             self._b_Q_lin = self._b_K_lin = self._b_V_lin = self.b_O = None
+        # QK norm gains: [heads, d_head] per head, or [heads * d_head] over the whole projection.
+        self.qk_norm_over_projection = cfg.qk_norm == "projection"
+        if cfg.qk_norm is not None:
+            q_shape, k_shape = ((H * K,), (G * K,)) if self.qk_norm_over_projection else ((H, K), (G, K))
+            self.q_norm, self.k_norm = make_norm(cfg, q_shape), make_norm(cfg, k_shape)
+        else:
+            self.q_norm = self.k_norm = None
         self.rotary = Rotary(cfg) if cfg.positional == "rotary" else None
         if cfg.positional == "alibi":
             self.register_buffer("alibi_slopes_H", alibi_slopes(H), persistent=False)
@@ -85,9 +101,11 @@ class Attention(nn.Module):
         B, P, _ = x_BPD.shape
         H, G, K = self.n_heads, self.n_key_value_heads, self.d_head
         q_in, k_in, v_in = split_inputs if split_inputs is not None else (x_BPD, x_BPD, x_BPD)
-        q_BPHK = self.hook_q(_project(q_in, self._W_Q_lin, self._b_Q_lin, H, K))
-        k_BPGK = self.hook_k(_project(k_in, self._W_K_lin, self._b_K_lin, G, K))
-        v_BPGK = self.hook_v(_project(v_in, self._W_V_lin, self._b_V_lin, G, K))
+        q_BPHK = self.hook_q(self._clip(_project(q_in, self._W_Q_lin, self._b_Q_lin, H, K)))
+        k_BPGK = self.hook_k(self._clip(_project(k_in, self._W_K_lin, self._b_K_lin, G, K)))
+        v_BPGK = self.hook_v(self._clip(_project(v_in, self._W_V_lin, self._b_V_lin, G, K)))
+        if self.q_norm is not None:
+            q_BPHK, k_BPGK = self._qk_normed(self.q_norm, q_BPHK), self._qk_normed(self.k_norm, k_BPGK)
         if self.rotary is not None:
             q_BPHK = self.hook_rot_q(self.rotary(q_BPHK, positions_P))
             k_BPGK = self.hook_rot_k(self.rotary(k_BPGK, positions_P))
@@ -95,8 +113,8 @@ class Attention(nn.Module):
         q_BHPK, k_BGSK, v_BGSK = q_BPHK.transpose(1, 2), k_BPGK.transpose(1, 2), v_BPGK.transpose(1, 2)
         if kv_cache is not None:
             k_BGSK, v_BGSK = kv_cache.append(k_BGSK, v_BGSK)
-        mask = MaskSpec(scale=self.scale, q_offset=k_BGSK.shape[2] - P,
-                        sliding_window=self.sliding_window, alibi_slopes_H=self.alibi_slopes_H)
+        mask = MaskSpec(scale=self.scale, q_offset=k_BGSK.shape[2] - P, sliding_window=self.sliding_window,
+                        alibi_slopes_H=self.alibi_slopes_H, soft_cap=self.soft_cap)
 
         fast_kernel = FAST_KERNELS.get(self.attn_impl)  # None for "eager"
         if fast_kernel is None or self.pattern_is_hooked():
@@ -110,6 +128,15 @@ class Attention(nn.Module):
             out = result_BPHD.sum(dim=2)
             return out if self.b_O is None else out + self.b_O
         return F.linear(z_BPHK.reshape(B, P, H * K), self._W_O_lin, self.b_O)
+
+    def _clip(self, x: Tensor) -> Tensor:
+        return x if self.clip_qkv is None else x.clamp(-self.clip_qkv, self.clip_qkv)
+
+    def _qk_normed(self, norm: nn.Module, x_BPnK: Tensor) -> Tensor:
+        """Per head (over d_head), or over the whole projection (heads * d_head) and back."""
+        if self.qk_norm_over_projection:
+            return norm(x_BPnK.flatten(-2)).view(x_BPnK.shape)
+        return norm(x_BPnK)
 
     def pattern_is_hooked(self) -> bool:
         """True when a hook on scores or pattern needs them materialised (forces eager here)."""

@@ -26,18 +26,26 @@ class MaskSpec:
 
     Queries sit at absolute positions ``q_offset .. q_offset + P - 1`` (non-zero while decoding
     with a KV cache); keys at ``0 .. S - 1``. Query i sees key j iff j <= i and, with a sliding
-    window w, i - j < w. ALiBi adds -slope_h * (i - j).
+    window w, i - j < w. ALiBi adds -slope_h * (i - j). With ``soft_cap`` c the scaled scores
+    become c * tanh(scores / c) before the mask and bias are added (Gemma 2).
     """
 
     scale: float
     q_offset: int = 0
     sliding_window: Optional[int] = None
     alibi_slopes_H: Optional[Tensor] = None
+    soft_cap: Optional[float] = None
 
     @property
     def is_plain_causal(self) -> bool:
         """True when a bottom-right-aligned causal mask is all there is."""
         return self.sliding_window is None and self.alibi_slopes_H is None
+
+    def capped(self, scaled_scores: Tensor) -> Tensor:
+        """Soft-capping of scaled scores (identity without ``soft_cap``)."""
+        if self.soft_cap is None:
+            return scaled_scores
+        return torch.tanh(scaled_scores / self.soft_cap) * self.soft_cap
 
     def bias(self, q_start: int, q_len: int, k_start: int, k_len: int, device: torch.device) -> Tensor:
         """Additive bias [1 or H, q_len, k_len] in float32: 0 where visible, -inf where masked."""
@@ -79,7 +87,7 @@ def eager_attention(
     B, H, P, K = q_BHPK.shape
     G, S = k_BGSK.shape[1], k_BGSK.shape[2]
     scores_BGxS = _group_queries(q_BHPK, G) @ k_BGSK.transpose(-1, -2)
-    scores_BHPS = scores_BGxS.view(B, H, P, S) * mask.scale
+    scores_BHPS = mask.capped(scores_BGxS.view(B, H, P, S) * mask.scale)
     scores_BHPS = hook_scores(scores_BHPS + mask.bias(0, P, 0, S, q_BHPK.device).to(scores_BHPS.dtype))
     pattern_BHPS = hook_pattern(torch.softmax(scores_BHPS.float(), dim=-1).to(q_BHPK.dtype))
     z_BGxK = pattern_BHPS.reshape(B, G, (H // G) * P, S) @ v_BGSK
@@ -92,7 +100,11 @@ def sdpa_attention(
     v_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
     mask: MaskSpec,
 ) -> Float[Tensor, "batch pos n_heads d_head"]:
-    """`torch.nn.functional.scaled_dot_product_attention`, GQA handled by torch (enable_gqa)."""
+    """`torch.nn.functional.scaled_dot_product_attention`, GQA handled by torch (enable_gqa).
+
+    SDPA has no soft-capping, so a capped layer runs the eager computation (without hooks)."""
+    if mask.soft_cap is not None:
+        return eager_attention(q_BHPK, k_BGSK, v_BGSK, mask)
     P, S = q_BHPK.shape[2], k_BGSK.shape[2]
     if mask.is_plain_causal and P == S:
         attn_mask, is_causal = None, True
@@ -137,7 +149,7 @@ def tiled_flash_attention(
         lo, hi = mask.key_range(q_start, q_end, S)
         for k_start in range(lo, hi, block_k):
             k_end = min(k_start + block_k, hi)
-            s = q_tile @ k_BGSK[:, :, k_start:k_end].float().transpose(-1, -2)  # [B, G, g*n_q, n_k]
+            s = mask.capped(q_tile @ k_BGSK[:, :, k_start:k_end].float().transpose(-1, -2))  # [B, G, g*n_q, n_k]
             bias = mask.bias(q_start, n_q, k_start, k_end - k_start, q_BHPK.device)  # [1|H, n_q, n_k]
             bias = bias.view(1, G, g, n_q, -1) if bias.shape[0] > 1 else bias.view(1, 1, 1, n_q, -1)
             s = (s.view(B, G, g, n_q, -1) + bias).view(B, G, g * n_q, -1)
@@ -159,7 +171,8 @@ def flash_attention(
     mask: MaskSpec,
 ) -> Float[Tensor, "batch pos n_heads d_head"]:
     """``attn_impl="flash"``: the Triton kernel on CUDA where it applies, else the tiled torch path."""
-    if q_BHPK.is_cuda and mask.alibi_slopes_H is None and mask.q_offset == 0 and q_BHPK.shape[2] == k_BGSK.shape[2]:
+    if (q_BHPK.is_cuda and mask.alibi_slopes_H is None and mask.soft_cap is None and mask.q_offset == 0
+            and q_BHPK.shape[2] == k_BGSK.shape[2]):
         from workbench.kernels import triton_available, triton_flash_attention
 
         if triton_available():

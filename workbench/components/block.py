@@ -2,8 +2,13 @@
 
 Legend: B batch, P position, D d_model.
 
-Pre-norm (GPT-2, Llama): x + attn(ln1(x)), then + mlp(ln2(.)).
-Post-norm (the original transformer): ln1(x + attn(x)), then ln2(. + mlp(.)).
+Where the norms sit (``norm_placement``; f is attention, then the MLP; ln is ln1, then ln2):
+    pre:             x + f(ln(x))                          GPT-2, Llama and most others
+    post:            ln(x + f(x))                          the original transformer, OPT-350m
+    sandwich:        x + ln_post(f(ln(x)))                 Gemma 2 and 3 (ln1_post, ln2_post)
+    sublayer_output: x + ln_post(f(x))                     OLMo 2
+With ``parallel_attn_mlp`` (GPT-J, GPT-NeoX, Phi-1/2) both read the block input:
+x + attn(ln1(x)) + mlp(ln2(x)), and there is no ``hook_resid_mid``.
 With ``use_split_qkv_input`` (TransformerLens's switch, pre-norm only) each query head and each
 key/value head reads its own copy of the residual stream (``hook_q_input`` [B, P, H, D],
 ``hook_k_input``/``hook_v_input`` [B, P, G, D]), normed by ln1, so one head's input can be patched.
@@ -11,7 +16,7 @@ key/value head reads its own copy of the residual stream (``hook_q_input`` [B, P
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from jaxtyping import Float, Int
 from torch import Tensor, nn
@@ -31,14 +36,22 @@ def make_mlp(cfg: ModelConfig) -> nn.Module:
     return GatedMLP(cfg) if cfg.gated_mlp else MLP(cfg)
 
 
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
 class TransformerBlock(nn.Module):
-    """Maps the residual stream [B, P, D] to itself."""
+    """Maps the residual stream [B, P, D] to itself; built from one layer's config (``cfg.for_layer``)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.pre_norm = cfg.norm_placement == "pre"
+        self.norm_placement = cfg.norm_placement
+        self.parallel = cfg.parallel_attn_mlp
         self.use_split_qkv_input = cfg.use_split_qkv_input
-        self.ln1 = make_norm(cfg)
+        sublayer_output = cfg.norm_placement == "sublayer_output"
+        post_norms = cfg.norm_placement in ("sandwich", "sublayer_output")
+        self.ln1 = None if sublayer_output else make_norm(cfg)
+        self.ln1_post = make_norm(cfg) if post_norms else None
         self.attn = Attention(cfg)
         self.hook_resid_pre = HookPoint()  # [B, P, D]
         self.hook_q_input = HookPoint()  # [B, P, H, D], only with use_split_qkv_input
@@ -48,9 +61,11 @@ class TransformerBlock(nn.Module):
         self.hook_resid_post = HookPoint()  # [B, P, D]
         self.has_mlp = not cfg.attn_only
         if self.has_mlp:
-            self.ln2 = make_norm(cfg)
+            self.ln2 = None if sublayer_output else make_norm(cfg)
+            self.ln2_post = make_norm(cfg) if post_norms else None
             self.mlp = make_mlp(cfg)
-            self.hook_resid_mid = HookPoint()  # [B, P, D]
+            if not self.parallel:
+                self.hook_resid_mid = HookPoint()  # [B, P, D]
             self.hook_mlp_out = HookPoint()  # [B, P, D]
 
     def forward(
@@ -64,16 +79,24 @@ class TransformerBlock(nn.Module):
             heads = (self.attn.n_heads, self.attn.n_key_value_heads, self.attn.n_key_value_heads)
             split = tuple(self.ln1(hook(resid[:, :, None].repeat(1, 1, n, 1)))  # a copy per head
                           for hook, n in zip((self.hook_q_input, self.hook_k_input, self.hook_v_input), heads))
-            resid = resid + self.hook_attn_out(self.attn(resid, positions_P, kv_cache, split_inputs=split))
-        elif self.pre_norm:
-            resid = resid + self.hook_attn_out(self.attn(self.ln1(resid), positions_P, kv_cache))
+            attn_out = self.hook_attn_out(self.attn(resid, positions_P, kv_cache, split_inputs=split))
+            resid_mid = resid + attn_out
         else:
-            resid = self.ln1(resid + self.hook_attn_out(self.attn(resid, positions_P, kv_cache)))
+            attend = lambda x: self.attn(x, positions_P, kv_cache)  # noqa: E731
+            resid_mid, attn_out = self._sublayer(resid, attend, self.ln1, self.ln1_post, self.hook_attn_out)
         if not self.has_mlp:
-            return self.hook_resid_post(resid)
-        resid = self.hook_resid_mid(resid)
-        if self.pre_norm:
-            resid = resid + self.hook_mlp_out(self.mlp(self.ln2(resid)))
-        else:
-            resid = self.ln2(resid + self.hook_mlp_out(self.mlp(resid)))
-        return self.hook_resid_post(resid)
+            return self.hook_resid_post(resid_mid)
+        if self.parallel:  # the MLP reads the block input too
+            return self.hook_resid_post(resid_mid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
+        resid_mid = self.hook_resid_mid(resid_mid)
+        resid_post, _ = self._sublayer(resid_mid, self.mlp, self.ln2, self.ln2_post, self.hook_mlp_out)
+        return self.hook_resid_post(resid_post)
+
+    def _sublayer(self, resid: Tensor, f: Callable[[Tensor], Tensor], ln: Optional[nn.Module],
+                  ln_post: Optional[nn.Module], hook_out: HookPoint) -> tuple[Tensor, Tensor]:
+        """(new residual, the sublayer's output as hooked) for this block's norm placement."""
+        if self.norm_placement == "post":
+            out = hook_out(f(resid))
+            return ln(resid + out), out
+        out = hook_out((ln_post or _identity)(f((ln or _identity)(resid))))
+        return resid + out, out

@@ -21,14 +21,19 @@ from workbench.config import ModelConfig
 
 
 class Embed(nn.Module):
-    """Token id -> vector: ``W_E`` [V, D]."""
+    """Token id -> vector: ``W_E`` [V, D], times ``embed_scale`` (Gemma's sqrt(d_model))."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=cfg.dtype))
+        self.embed_scale = cfg.embed_scale
 
     def forward(self, tokens_BP: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
-        return F.embedding(tokens_BP, self.W_E)
+        embedded = F.embedding(tokens_BP, self.W_E)
+        if self.embed_scale == 1.0:
+            return embedded
+        # The scale rounded to the weights' dtype first, as transformers' Gemma does.
+        return embedded * torch.tensor(self.embed_scale, dtype=embedded.dtype)
 
 
 class LearnedPosEmbed(nn.Module):
@@ -78,7 +83,8 @@ def make_pos_embed(cfg: ModelConfig) -> Optional[nn.Module]:
 
 
 class Unembed(nn.Module):
-    """Residual -> logits: x @ ``W_U`` [D, V] (+ ``b_U`` [V] when ``cfg.unembed_bias``).
+    """Residual -> logits: x @ ``W_U`` [D, V] (+ ``b_U`` [V] when ``cfg.unembed_bias``), soft-capped
+    to cap * tanh(logits / cap) when ``output_logits_soft_cap`` is set (Gemma 2).
 
     With tied embeddings the decoder points the storage ``_W_U_lin`` at the embedding's own
     ``W_E`` Parameter (one tensor, two names); ``Decoder.save`` writes it once.
@@ -88,10 +94,21 @@ class Unembed(nn.Module):
         super().__init__()
         self._W_U_lin = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=cfg.dtype))
         self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab, dtype=cfg.dtype)) if cfg.unembed_bias else None
+        self.soft_cap = cfg.output_logits_soft_cap
 
     def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-        return F.linear(x_BPD, self._W_U_lin, self.b_U)
+        return soft_capped(F.linear(x_BPD, self._W_U_lin, self.b_U), self.soft_cap)
 
     @property
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
         return self._W_U_lin.T
+
+
+def soft_capped(x: Tensor, cap: Optional[float]) -> Tensor:
+    """cap * tanh(x / cap), or x itself when ``cap`` is None.
+
+    Example:
+        >>> round(soft_capped(torch.tensor([100.0]), 30.0).item(), 3)
+        29.963
+    """
+    return x if cap is None else torch.tanh(x / cap) * cap

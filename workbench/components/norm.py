@@ -5,9 +5,16 @@ Legend: B batch, P position, D d_model.
 ``hook_scale`` sees the per-position divisor [B, P, 1]; ``hook_normalized`` sees the output
 after the learned gain (and bias), [B, P, D], as in TransformerLens. Low-precision inputs are
 normalised in float32 and cast back, as `transformers` does, so bf16/fp16 match it.
+
+A norm normalises over the last dimension; its gain (and bias) has ``shape`` (default
+[d_model]). The per-head QK norms of attention use [heads, d_head] gains (one per head, as
+StableLM has; a shared one is repeated by the loader) on [B, P, heads, d_head], and then
+``hook_scale`` is [B, P, heads, 1].
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from jaxtyping import Float
@@ -20,11 +27,11 @@ from workbench.config import ModelConfig
 class LayerNorm(nn.Module):
     """(x - mean) / sqrt(var + eps) * w + b."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, shape: Optional[tuple[int, ...]] = None):
         super().__init__()
         self.eps = cfg.norm_eps
-        self.w = nn.Parameter(torch.ones(cfg.d_model, dtype=cfg.dtype))
-        self.b = nn.Parameter(torch.zeros(cfg.d_model, dtype=cfg.dtype))
+        self.w = nn.Parameter(torch.ones(shape or (cfg.d_model,), dtype=cfg.dtype))
+        self.b = nn.Parameter(torch.zeros(shape or (cfg.d_model,), dtype=cfg.dtype))
         self.hook_scale = HookPoint()  # [B, P, 1]
         self.hook_normalized = HookPoint()  # [B, P, D]
 
@@ -50,10 +57,10 @@ class LayerNorm(nn.Module):
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * w (no centring, no bias)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, shape: Optional[tuple[int, ...]] = None):
         super().__init__()
         self.eps = cfg.norm_eps
-        self.w = nn.Parameter(torch.ones(cfg.d_model, dtype=cfg.dtype))
+        self.w = nn.Parameter(torch.ones(shape or (cfg.d_model,), dtype=cfg.dtype))
         self.hook_scale = HookPoint()  # [B, P, 1]
         self.hook_normalized = HookPoint()  # [B, P, D]
 
@@ -76,6 +83,6 @@ class RMSNorm(nn.Module):
 NORMS: dict[str, type[nn.Module]] = {"LN": LayerNorm, "RMS": RMSNorm}
 
 
-def make_norm(cfg: ModelConfig) -> nn.Module:
-    """The normalisation layer ``cfg.normalization`` names."""
-    return NORMS[cfg.normalization](cfg)
+def make_norm(cfg: ModelConfig, shape: Optional[tuple[int, ...]] = None) -> nn.Module:
+    """The normalisation layer ``cfg.normalization`` names, with gains of ``shape`` (default [d_model])."""
+    return NORMS[cfg.normalization](cfg, shape)

@@ -1,16 +1,24 @@
-"""Rotary position embedding (RoPE), full or partial, and ALiBi slopes.
+"""Rotary position embedding (RoPE): full or partial, halves or adjacent pairs, scaled; ALiBi slopes.
 
 Legend: B batch, P position, H n_heads, K d_head, R rotary_dim.
 
-We use the "rotate half" pairing of GPT-NeoX / Llama in `transformers`: dimension i is paired
-with i + R/2. (GGUF files store llama Q/K rows permuted for llama.cpp's interleaved pairing; the
-GGUF loader undoes that permutation so this one convention serves every checkpoint.)
+By default dimension i is paired with i + R/2 ("rotate half", GPT-NeoX / Llama in `transformers`).
+With ``rotary_adjacent_pairs`` (GPT-J) dimension 2i is paired with 2i + 1. (GGUF files store llama
+Q/K rows permuted for llama.cpp's interleaved pairing; the GGUF loader undoes that permutation.)
+
+``rotary_scaling`` follows `transformers`' ``rope_type`` values and formulas
+(``modeling_rope_utils``): ``linear`` divides every frequency by ``factor``; ``llama3`` divides the
+low frequencies by ``factor`` and blends the middle band; ``yarn`` blends interpolated and
+extrapolated frequencies over a correction range and multiplies cos and sin by an attention
+factor; ``dynamic`` (NTK) raises the base once a sequence runs past ``n_ctx``, from the longest
+position of the current call (as `transformers` recomputes it per forward).
 """
 
 from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Any, Optional
 
 import torch
 from jaxtyping import Float, Int
@@ -18,46 +26,141 @@ from torch import Tensor, nn
 
 from workbench.config import ModelConfig
 
+Scaling = Optional[tuple[tuple[str, Any], ...]]  # rotary_scaling as a hashable, sorted tuple of items
+
 
 class Rotary(nn.Module):
     """Rotates the first ``rotary_dim`` dimensions of each head by position-dependent angles."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.rotary_dim = cfg.rotary_dim
-        cos, sin = rotary_table(cfg.n_ctx, cfg.rotary_dim, cfg.rotary_base)
+        self.rotary_dim, self.base, self.n_ctx = cfg.rotary_dim, cfg.rotary_base, cfg.n_ctx
+        self.adjacent_pairs = cfg.rotary_adjacent_pairs
+        self.scaling: Scaling = None if cfg.rotary_scaling is None else tuple(sorted(cfg.rotary_scaling.items()))
+        cos, sin = rotary_table(cfg.n_ctx, cfg.rotary_dim, cfg.rotary_base, self.scaling)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
     def forward(
         self, x_BPHK: Float[Tensor, "batch pos heads d_head"], positions_P: Int[Tensor, "pos"]
     ) -> Float[Tensor, "batch pos heads d_head"]:
-        cos_P1R = self.cos[positions_P][:, None, :].to(x_BPHK.dtype)
-        sin_P1R = self.sin[positions_P][:, None, :].to(x_BPHK.dtype)
+        cos_PR, sin_PR = self._angles(positions_P)
+        cos_P1R, sin_P1R = cos_PR[:, None, :].to(x_BPHK.dtype), sin_PR[:, None, :].to(x_BPHK.dtype)
+        rotate = rotate_adjacent if self.adjacent_pairs else rotate_half
         if self.rotary_dim == x_BPHK.shape[-1]:
-            return x_BPHK * cos_P1R + rotate_half(x_BPHK) * sin_P1R
+            return x_BPHK * cos_P1R + rotate(x_BPHK) * sin_P1R
         rot, rest = x_BPHK[..., : self.rotary_dim], x_BPHK[..., self.rotary_dim :]
-        return torch.cat([rot * cos_P1R + rotate_half(rot) * sin_P1R, rest], dim=-1)
+        return torch.cat([rot * cos_P1R + rotate(rot) * sin_P1R, rest], dim=-1)
+
+    def _angles(self, positions_P: Tensor) -> tuple[Tensor, Tensor]:
+        seq_len = int(positions_P.max()) + 1 if positions_P.numel() else 0
+        dynamic = self.scaling is not None and dict(self.scaling)["rope_type"] == "dynamic"
+        if dynamic and seq_len > self.n_ctx:  # NTK: a base fitted to this call's longest position
+            cos, sin = rotary_table(seq_len, self.rotary_dim, self.base, self.scaling, seq_len)
+            cos, sin = cos.to(self.cos.device), sin.to(self.sin.device)
+        else:
+            cos, sin = self.cos, self.sin
+        if self.adjacent_pairs:  # the table holds each frequency twice, as (f0..fn, f0..fn)
+            half = self.rotary_dim // 2
+            cos, sin = (t[:, :half].repeat_interleave(2, dim=-1) for t in (cos, sin))
+        return cos[positions_P], sin[positions_P]
 
 
-@lru_cache(maxsize=8)
-def rotary_table(n_ctx: int, rotary_dim: int, base: float) -> tuple[Tensor, Tensor]:
-    """cos and sin [n_ctx, R] of the rotation angles (float32; computed in float64).
+def inverse_frequencies(rotary_dim: int, base: float, scaling: Scaling = None, n_ctx: int = 0,
+                        seq_len: int = 0) -> tuple[Float[Tensor, "half_rotary_dim"], float]:
+    """RoPE's inverse frequencies (float64) and the factor cos/sin are multiplied by.
+
+    ``n_ctx`` is the model's context (transformers' ``max_position_embeddings``), which ``dynamic``
+    scaling compares ``seq_len`` with.
+
+    Example:
+        >>> inv, factor = inverse_frequencies(4, 10000.0, (("factor", 2.0), ("rope_type", "linear")))
+        >>> inv.tolist(), factor
+        ([0.5, 0.005], 1.0)
+    """
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim
+    spec = dict(scaling or ())
+    kind, factor = spec.get("rope_type"), spec.get("factor", 1.0)
+    if kind == "dynamic" and seq_len > n_ctx:
+        base = base * ((factor * seq_len / n_ctx) - (factor - 1)) ** (rotary_dim / (rotary_dim - 2))
+    inv_freq = 1.0 / base ** exponents
+    if kind == "linear":
+        return inv_freq / factor, 1.0
+    if kind == "llama3":
+        return _llama3(inv_freq, spec), 1.0
+    if kind == "yarn":
+        return _yarn(inv_freq, base, rotary_dim, spec, n_ctx)
+    return inv_freq, 1.0
+
+
+def _llama3(inv_freq: Tensor, spec: dict[str, Any]) -> Tensor:
+    factor, low, high = spec["factor"], spec["low_freq_factor"], spec["high_freq_factor"]
+    old_context = spec["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    medium = (wavelen >= old_context / high) & (wavelen <= old_context / low)
+    return torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+
+
+def _yarn(inv_freq: Tensor, base: float, dim: int, spec: dict[str, Any], n_ctx: int) -> tuple[Tensor, float]:
+    original = spec["original_max_position_embeddings"]
+    factor = spec.get("factor") or n_ctx / original
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = spec.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = spec.get("mscale"), spec.get("mscale_all_dim")
+        attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(spec.get("beta_fast") or 32), correction_dim(spec.get("beta_slow") or 1)
+    if spec.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1 - ramp  # 1: keep the original frequency, 0: interpolate (divide by factor)
+    return inv_freq / factor * (1 - extrapolation) + inv_freq * extrapolation, float(attention_factor)
+
+
+@lru_cache(maxsize=16)
+def rotary_table(n_ctx: int, rotary_dim: int, base: float, scaling: Scaling = None,
+                 seq_len: int = 0) -> tuple[Tensor, Tensor]:
+    """cos and sin [n_ctx, R] of the rotation angles (float32; computed in float64), the attention
+    factor of ``yarn`` included. ``seq_len`` > ``n_ctx`` only for ``dynamic`` scaling.
 
     Cached: every layer of a model shares one table (float64 cos/sin over 8192 x 64 angles takes
     ~0.1 s on a small CPU; recomputed per layer it dominated loading a 30-layer model). Buffers
     are never written in place, so sharing is safe; ``.to()`` gives each module its own copy.
     """
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
-    angles = torch.arange(n_ctx, dtype=torch.float64)[:, None] * inv_freq[None, :]  # [n_ctx, R/2]
+    inv_freq, attention_factor = inverse_frequencies(rotary_dim, base, scaling, n_ctx, seq_len)
+    length = max(n_ctx, seq_len)
+    angles = torch.arange(length, dtype=torch.float64)[:, None] * inv_freq[None, :]  # [n_ctx, R/2]
     angles = torch.cat([angles, angles], dim=-1)  # [n_ctx, R]
-    return angles.cos().float(), angles.sin().float()
+    return (angles.cos() * attention_factor).float(), (angles.sin() * attention_factor).float()
 
 
 def rotate_half(x: Float[Tensor, "... dim"]) -> Float[Tensor, "... dim"]:
     """(x1, x2) -> (-x2, x1) on the two halves of the last dimension."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([-x2, x1], dim=-1)
+
+
+def rotate_adjacent(x: Float[Tensor, "... dim"]) -> Float[Tensor, "... dim"]:
+    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...): GPT-J's rotation of adjacent pairs.
+
+    Example:
+        >>> rotate_adjacent(torch.tensor([1.0, 2.0, 3.0, 4.0])).tolist()
+        [-2.0, 1.0, -4.0, 3.0]
+    """
+    pairs = x.unflatten(-1, (-1, 2))
+    return torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
 
 
 def alibi_slopes(n_heads: int) -> Float[Tensor, "n_heads"]:

@@ -25,7 +25,7 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """``source`` is neither a registered name nor an existing path (catchable as either base)."""
 
 
-def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtype = torch.float32,
+def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optional[torch.dtype] = None,
                device: str = "cpu", progress: Optional[bool] = None, *, fold_ln: bool = False,
                center_writing_weights: bool = False, center_unembed: bool = False, fold_value_biases: bool = False):
     """Loads a model from a registered name, an HF directory, a .gguf file or a saved directory.
@@ -40,7 +40,9 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.d
         source: a name from ``wb.list_models()``, an HF-format directory (config.json +
             *.safetensors), a ``.gguf`` file, or a directory written by ``model.save()``.
         attn_impl: "eager", "sdpa" or "flash".
-        dtype: torch.float32, torch.bfloat16 or torch.float16.
+        dtype: torch.float32, torch.bfloat16 or torch.float16; None: the checkpoint's own (an HF or
+            saved directory's weights are read straight into it; a GGUF file's dequantised blocks
+            become float32).
         device: where the weights go.
         progress: progress bar while reading tensors (None: only for checkpoints over 64 MiB).
         fold_ln: fold every norm's gain (and LayerNorm bias) into the weights that read it; the
@@ -66,7 +68,8 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.d
     return model
 
 
-def _load(source: Union[str, Path], attn_impl: str, dtype: torch.dtype, device: str, progress: Optional[bool]):
+def _load(source: Union[str, Path], attn_impl: str, dtype: Optional[torch.dtype], device: str,
+          progress: Optional[bool]):
     """The model exactly as the checkpoint holds it, by whichever loader ``source`` calls for."""
     options = dict(attn_impl=attn_impl, dtype=dtype, device=device)
     if isinstance(source, str) and source in REGISTRY:
@@ -78,7 +81,7 @@ def _load(source: Union[str, Path], attn_impl: str, dtype: torch.dtype, device: 
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise CheckpointError(f"{path}: a file must be a .gguf checkpoint; for safetensors pass its directory")
-        return load_gguf(path, progress=progress, **options)
+        return load_gguf(path, progress=progress, **{**options, "dtype": dtype or torch.float32})
     config_path = path / "config.json"
     if not config_path.exists():
         raise CheckpointError(f"{config_path}: not found; a model directory needs config.json "

@@ -88,14 +88,26 @@ def architecture_of(data: dict, source: str) -> str:
         f"supported: {sorted(ARCHITECTURES)}")
 
 
-def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtype = torch.float32,
+def checkpoint_dtype(tensors: dict[str, torch.Tensor]) -> torch.dtype:
+    """The dtype a checkpoint's weights are stored in: that of its first floating-point tensor.
+
+    Example:
+        >>> checkpoint_dtype({"w": torch.zeros(2, dtype=torch.bfloat16)})
+        torch.bfloat16
+    """
+    return next((t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
+
+
+def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtype: Optional[torch.dtype] = None,
                       device: str = "cpu", progress: Optional[bool] = None):
     """Builds a ``Decoder`` from an HF-format checkpoint directory.
 
     Args:
         directory: holds config.json, model.safetensors (or shards + model.safetensors.index.json)
             and optionally tokenizer.json / tokenizer_config.json.
-        attn_impl, dtype, device: as ``workbench.load_model``.
+        attn_impl, device: as ``workbench.load_model``.
+        dtype: the weights' dtype; None: the checkpoint's own (the first floating-point tensor's),
+            so a bf16 checkpoint is read straight into bf16 with no float32 copy on the way.
         progress: show a progress bar over tensors (None: only for checkpoints over 64 MiB).
 
     Example:
@@ -107,7 +119,7 @@ def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtyp
     architecture = architecture_of(data, str(config_path))
     family = ARCHITECTURES[architecture]
     cfg = family.model_config(HFConfig(data, str(config_path)), architecture)
-    cfg = cfg.replace(attn_impl=attn_impl, dtype=dtype, model_name=directory.name)
+    cfg = cfg.replace(attn_impl=attn_impl, model_name=directory.name)
 
     ckpt = SafetensorsCheckpoint(directory, progress=progress)
     try:
@@ -119,6 +131,7 @@ def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtyp
     finally:
         ckpt.close()
     tokenizer = tokenizer_from_hf_directory(directory, data)
+    cfg = cfg.replace(dtype=dtype or checkpoint_dtype(tensors))
     model = Decoder(cfg, tokenizer=tokenizer, init_weights=False)
     assign_weights(model, tensors, ckpt.source, move=True)
     return model.to(device).eval()

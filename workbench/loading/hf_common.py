@@ -7,13 +7,16 @@ everywhere: ``ConfigError("<file>: field 'rope_scaling' ...")``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
-from workbench.config import ModelConfig
+from workbench.config import PER_LAYER_FIELDS, ROTARY_SCALINGS, ModelConfig
 from workbench.errors import ConfigError
 from workbench.loading.common import cannot_honour
 
 _MISSING = object()
+# Keys of a RoPE scaling spec that ModelConfig.rotary_scaling keeps (transformers' names).
+_ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+                      "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")
 
 # HF activation names (transformers' ACT2FN keys) -> ours. Anything else is refused by name.
 HF_ACTIVATIONS = {
@@ -64,28 +67,106 @@ class HFConfig:
             raise self.refuse(field, name, f"supported activations are {sorted(HF_ACTIVATIONS)}")
         return HF_ACTIVATIONS[name]
 
-    def rotary(self, head_dim: int, default_base: float = 10000.0) -> dict[str, Any]:
-        """``rotary_base``/``rotary_dim`` from ``rope_parameters`` (transformers 5) or the older
+    def rotary(self, head_dim: int, default_base: float = 10000.0, layer_type: Optional[str] = None) -> dict[str, Any]:
+        """``positional``, ``rotary_base``, ``rotary_dim`` and ``rotary_scaling`` from ``rope_parameters``
+        (transformers 5; per layer type when keyed by it, as Gemma 3's is) or the older
         ``rope_theta``/``rope_scaling``/``partial_rotary_factor`` fields.
 
-        Only plain RoPE is supported; a scaled variant (linear, dynamic, yarn, llama3, ...) is an
-        error naming the field rather than a model that silently diverges at long range.
+        Scalings ``linear``, ``dynamic``, ``llama3`` and ``yarn`` are honoured; any other (``longrope``,
+        ...) is an error naming the field rather than a model that silently diverges at long range.
+
+        Example:
+            >>> hf = HFConfig({"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4},
+            ...                "max_position_embeddings": 64}, "config.json")
+            >>> hf.rotary(8)["rotary_scaling"]
+            {'rope_type': 'linear', 'factor': 4.0}
         """
-        params = self.get("rope_parameters", {})
-        scaling = self.get("rope_scaling")
-        for field, spec in (("rope_parameters", params), ("rope_scaling", scaling)):
-            if isinstance(spec, dict):
-                kind = spec.get("rope_type", spec.get("type", "default"))
-                if kind not in ("default", None):
-                    raise self.refuse(f"{field}.rope_type", kind, "only unscaled ('default') RoPE is supported")
-            elif spec is not None:
-                raise self.refuse(field, spec, "expected a mapping")
-        base = params.get("rope_theta", self.get("rope_theta", default_base))
-        factor = params.get("partial_rotary_factor", self.get("partial_rotary_factor", 1.0))
+        params, field = self.get("rope_parameters", {}), "rope_parameters"
+        if not isinstance(params, dict):
+            raise self.refuse(field, params, "expected a mapping")
+        if layer_type is not None and isinstance(params.get(layer_type), dict):
+            params, field = params[layer_type], f"rope_parameters.{layer_type}"
+        legacy = self.get("rope_scaling") or {}
+        if not isinstance(legacy, dict):
+            raise self.refuse("rope_scaling", legacy, "expected a mapping")
+        kind = params.get("rope_type", "default")
+        legacy_kind = legacy.get("rope_type") or legacy.get("type") or "default"
+        if kind == "default" and legacy_kind != "default":  # a scaling written the older way is never ignored
+            kind, field = legacy_kind, "rope_scaling"
+        spec = {**params, **legacy} if field == "rope_scaling" else {**legacy, **params}
+        base = float(spec.get("rope_theta", self.get("rope_theta", default_base)))
+        factor = spec.get("partial_rotary_factor", self.get("partial_rotary_factor", 1.0))
         rotary_dim = int(head_dim * factor)
         if rotary_dim <= 0 or rotary_dim % 2:
             raise self.refuse("partial_rotary_factor", factor, f"gives an odd or empty rotary dimension for head_dim={head_dim}")
-        return {"positional": "rotary", "rotary_base": float(base), "rotary_dim": rotary_dim}
+        out = {"positional": "rotary", "rotary_base": base, "rotary_dim": rotary_dim, "rotary_scaling": None}
+        if kind == "default":
+            return out
+        if kind not in ROTARY_SCALINGS:
+            raise self.refuse(f"{field}.rope_type", kind, f"supported RoPE types are {['default', *ROTARY_SCALINGS]}")
+        scaling = {"rope_type": kind, **{key: spec[key] for key in _ROPE_SCALING_KEYS if spec.get(key) is not None}}
+        if "original_max_position_embeddings" in ROTARY_SCALINGS[kind]:
+            scaling.setdefault("original_max_position_embeddings",
+                               self.get("original_max_position_embeddings", self.get("max_position_embeddings")))
+        if kind == "yarn" and scaling.get("factor") is None:  # transformers: the context's growth
+            scaling["factor"] = self.require("max_position_embeddings") / scaling["original_max_position_embeddings"]
+        out["rotary_scaling"] = scaling
+        return out
+
+    def layer_types(self, n_layers: int) -> Optional[list[str]]:
+        """transformers' per-layer attention kinds ("full_attention" / "sliding_attention"), or None.
+
+        Example:
+            >>> HFConfig({"layer_types": ["sliding_attention", "full_attention"]}, "c.json").layer_types(2)
+            ['sliding_attention', 'full_attention']
+        """
+        kinds = self.get("layer_types")
+        if kinds is None:
+            return None
+        unknown = sorted(set(kinds) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise self.refuse("layer_types", unknown, "supported layer types are 'full_attention' and 'sliding_attention'")
+        if len(kinds) != n_layers:
+            raise self.refuse("layer_types", f"{len(kinds)} entries", f"expected one per layer ({n_layers})")
+        return list(kinds)
+
+    def attention_layers(self, n_layers: int, head_dim: int) -> dict[str, Any]:
+        """Per-layer attention fields (``sliding_window``, the RoPE fields, NoPE layers) as
+        ``ModelConfig`` fields, ``layer_overrides`` included.
+
+        Reads ``layer_types`` (a sliding layer gets ``sliding_window``), else the older
+        ``use_sliding_window``/``max_window_layers`` pair (Qwen2: sliding from that layer on), else
+        one ``sliding_window`` for every layer (Mistral); the RoPE of each layer type
+        (``rope_parameters`` keyed by it: Gemma 3's local base) and ``no_rope_layers`` (SmolLM3:
+        0 = no RoPE in that layer).
+
+        Example:
+            >>> hf = HFConfig({"sliding_window": 4, "layer_types": ["sliding_attention", "full_attention"]}, "c.json")
+            >>> hf.attention_layers(2, 8)["layer_overrides"]
+            ({}, {'sliding_window': None})
+        """
+        window = self.get("sliding_window")
+        kinds = self.layer_types(n_layers)
+        if kinds is None:
+            if "use_sliding_window" in self.data:
+                first = int(self.get("max_window_layers", 0))
+                on = bool(self.get("use_sliding_window", False)) and window is not None
+                kinds = ["sliding_attention" if on and i >= first else "full_attention" for i in range(n_layers)]
+            else:
+                kinds = ["full_attention" if window is None else "sliding_attention"] * n_layers
+        if "sliding_attention" in kinds and window is None:
+            raise self.refuse("sliding_window", None, "layer_types has sliding-window layers but no window size")
+        no_rope = self.get("no_rope_layers")
+        if no_rope is not None and len(no_rope) != n_layers:
+            raise self.refuse("no_rope_layers", no_rope, f"expected one entry per layer ({n_layers})")
+        layers = []
+        for layer, kind in enumerate(kinds):
+            fields = {"sliding_window": int(window) if kind == "sliding_attention" else None,
+                      **self.rotary(head_dim, layer_type=kind)}
+            if no_rope is not None and not no_rope[layer]:
+                fields["positional"] = "none"
+            layers.append(fields)
+        return per_layer_config(layers)
 
     def model_config(self, **fields: Any) -> ModelConfig:
         """``ModelConfig(**fields)``, with a validation failure re-raised naming this file."""
@@ -94,3 +175,20 @@ class HFConfig:
         except ConfigError as error:
             raise ConfigError(f"{self.source}: {error}") from error
 
+
+
+def per_layer_config(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """ModelConfig fields from one mapping of per-layer values per layer: a field every layer agrees
+    on is set once; one that differs takes layer 0's value for the model and ``layer_overrides``
+    for the layers that differ.
+
+    Example:
+        >>> per_layer_config([{"sliding_window": 4}, {"sliding_window": None}])
+        {'sliding_window': 4, 'layer_overrides': ({}, {'sliding_window': None})}
+    """
+    unknown = sorted({key for layer in layers for key in layer} - set(PER_LAYER_FIELDS))
+    if unknown:
+        raise ValueError(f"not per-layer fields: {unknown}")
+    base = dict(layers[0])
+    overrides = tuple({key: value for key, value in layer.items() if value != base[key]} for layer in layers)
+    return {**base, "layer_overrides": overrides if any(overrides) else ()}

@@ -66,6 +66,7 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
     """
     variant = VARIANTS[architecture]
     d_model, n_heads = int(hf.require("hidden_size")), int(hf.require("num_attention_heads"))
+    n_layers = int(hf.require("num_hidden_layers"))
     head_dim = int(hf.get("head_dim", d_model // n_heads))
     attn_bias = variant.qkv_bias_always or bool(variant.qkv_bias_field and hf.get(variant.qkv_bias_field, False))
     moe = {}
@@ -73,40 +74,23 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
         moe = dict(num_experts=int(hf.require("num_local_experts")),
                    experts_per_token=int(hf.require("num_experts_per_tok")), router_renormalize=True)
     return hf.model_config(
-        n_layers=int(hf.require("num_hidden_layers")), d_model=d_model, n_heads=n_heads,
+        n_layers=n_layers, d_model=d_model, n_heads=n_heads,
         n_key_value_heads=int(hf.get("num_key_value_heads", n_heads)), d_head=head_dim,
         d_mlp=int(hf.require("intermediate_size")), d_vocab=int(hf.require("vocab_size")),
         n_ctx=int(hf.require("max_position_embeddings")),
         normalization="RMS", norm_eps=float(hf.get("rms_norm_eps", 1e-6)), act_fn=hf.activation("hidden_act"),
         gated_mlp=True, attn_bias=attn_bias, mlp_bias=bool(hf.get("mlp_bias", False)),
-        sliding_window=_sliding_window(hf, variant), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        **hf.rotary(head_dim), **moe,
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        **_attention_layers(hf, variant, n_layers, head_dim), **moe,
     )
 
 
-def _sliding_window(hf: HFConfig, variant: Variant) -> int | None:
-    """One window for every layer, or None. Per-layer mixes (Qwen2's max_window_layers) are refused."""
+def _attention_layers(hf: HFConfig, variant: Variant, n_layers: int, head_dim: int) -> dict:
+    """Sliding windows and RoPE per layer (``HFConfig.attention_layers``); a window on a Llama is refused."""
     window = hf.get("sliding_window")
-    layer_types = hf.get("layer_types")
-    if layer_types is not None:
-        kinds = set(layer_types)
-        if kinds == {"full_attention"}:
-            return None
-        if kinds == {"sliding_attention"} and window is not None:
-            return int(window)
-        raise hf.refuse("layer_types", sorted(kinds), "every layer must use the same attention (full, or one sliding window)")
-    if "use_sliding_window" in hf.data:  # Qwen2 before layer_types: sliding from max_window_layers on
-        if not hf.get("use_sliding_window", False) or window is None:
-            return None
-        first_sliding = int(hf.get("max_window_layers", 0))
-        if first_sliding >= int(hf.require("num_hidden_layers")):
-            return None
-        if first_sliding != 0:
-            raise hf.refuse("max_window_layers", first_sliding, "a sliding window on only some layers is not supported")
-        return int(window)
-    if window is not None and not variant.honours_sliding_window:
+    if window is not None and not variant.honours_sliding_window and hf.get("layer_types") is None:
         raise hf.refuse("sliding_window", window, "this architecture has no sliding-window attention")
-    return None if window is None else int(window)
+    return hf.attention_layers(n_layers, head_dim)
 
 
 def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig) -> dict[str, Tensor]:

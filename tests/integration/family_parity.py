@@ -1,0 +1,182 @@
+"""The parity checks every HF family must pass, as pytest tests a family's test module takes over.
+
+A family test module lists its config variants and takes the tests:
+
+    CASES = {"pythia": Case(lambda: GPTNeoXConfig(**tiny, use_parallel_residual=True)), ...}
+    globals().update(family_parity_tests(CASES))
+
+For every case, transformers builds a random tiny model from the config (``from_config``), its
+weights are re-drawn so no norm gain is 1 and no bias 0 (``hf_tiny.randomize``), and
+``save_pretrained`` writes it. We load the directory and compare with transformers' own eager run
+(expected values come from transformers only):
+
+- logits within 1e-4 in float32 under every attention kernel (eager, sdpa, flash);
+- ``blocks.{l}.hook_resid_pre`` against transformers' hidden state entering layer l, every
+  ``hook_resid_post`` against the one leaving it (the last through the final norm, as
+  transformers reports it), within 1e-4;
+- ``hook_pattern`` of every layer against transformers' attention weights under every kernel,
+  and editable there: a hook that rescales the patterns gives the eager kernel's edited logits;
+- greedy generation with the KV cache equals generation re-running the whole prefix;
+- a bfloat16 checkpoint loads straight into bfloat16 and agrees with transformers' bfloat16 run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, PretrainedConfig
+
+import workbench as wb
+from tests.integration.hf_tiny import randomize, word_tokenizer
+from workbench.generation import generate_tokens
+
+KERNELS = ["eager", "sdpa", "flash"]
+TOLERANCE = 1e-4
+SEQ_LEN = 24  # longer than the tests' sliding windows, so windows mask real keys
+BATCH = 2
+
+
+@dataclass(frozen=True)
+class Case:
+    """One config variant of a family.
+
+    ``config`` builds the transformers config (tiny: a few layers, d_model <= 64, vocab 101).
+    ``exact_kv_cache=False`` for the one case where KV-cached decoding differs from re-running the
+    prefix in transformers too (dynamic NTK RoPE past ``max_position_embeddings``: each step's
+    keys keep the base of the step that made them).
+    """
+
+    config: Callable[[], PretrainedConfig]
+    exact_kv_cache: bool = True
+    seq_len: int = SEQ_LEN
+
+
+@dataclass
+class Saved:
+    """A case built, saved and run by transformers once per test module."""
+
+    name: str
+    case: Case
+    directory: Path
+    hf_model: Any
+    tokens: torch.Tensor
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...]
+    attentions: tuple[torch.Tensor, ...]
+
+
+def build_and_save(config: PretrainedConfig, directory: Path, seed: int = 1, dtype: torch.dtype = torch.float32):
+    """A randomised eager transformers model of ``config``, saved with a word tokenizer to ``directory``."""
+    torch.manual_seed(seed)
+    model = randomize(AutoModelForCausalLM.from_config(config, attn_implementation="eager"), seed=seed).eval()
+    model = model.to(dtype)
+    model.save_pretrained(directory)
+    word_tokenizer().save_pretrained(directory)
+    return model
+
+
+def save_case(name: str, case: Case, directory: Path) -> Saved:
+    hf_model = build_and_save(case.config(), directory)
+    vocab = hf_model.config.vocab_size
+    tokens = torch.randint(0, vocab, (BATCH, case.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = hf_model(tokens, output_hidden_states=True, output_attentions=True)
+    assert out.logits.abs().max() > 1.0, f"{name}: the reference logits are too flat to discriminate"
+    return Saved(name, case, directory, hf_model, tokens, out.logits, out.hidden_states, out.attentions)
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return (a.float() - b.float()).abs().max().item()
+
+
+def logit_differences(saved: Saved) -> dict[str, float]:
+    """Max |our logits - transformers'| under each kernel (for the closing note's table)."""
+    out = {}
+    for kernel in KERNELS:
+        model = wb.load_model(saved.directory, attn_impl=kernel)
+        with torch.no_grad():
+            out[kernel] = max_diff(model(saved.tokens), saved.logits)
+    return out
+
+
+def _rescale_patterns(pattern: torch.Tensor, hook) -> torch.Tensor:
+    """A visible edit: head 0's pattern halved (rows no longer sum to one)."""
+    pattern = pattern.clone()
+    pattern[:, 0] *= 0.5
+    return pattern
+
+
+def family_parity_tests(cases: dict[str, Case]) -> dict[str, Any]:
+    """The module-scoped fixture and the tests, for a family module's ``globals().update(...)``."""
+
+    @pytest.fixture(scope="module", params=sorted(cases))
+    def family(request, tmp_path_factory) -> Saved:
+        return save_case(request.param, cases[request.param], tmp_path_factory.mktemp(request.param))
+
+    @pytest.mark.parametrize("attn_impl", KERNELS)
+    def test_logits_and_hidden_states_match_transformers(family: Saved, attn_impl: str):
+        model = wb.load_model(family.directory, attn_impl=attn_impl)
+        assert model.cfg.dtype == torch.float32 and model.cfg.attn_impl == attn_impl
+        L = model.cfg.n_layers
+        names = [f"blocks.{l}.hook_resid_{kind}" for l in range(L) for kind in ("pre", "post")]
+        with torch.no_grad():
+            logits, cache = model.run_with_cache(family.tokens, names_filter=lambda n: n in names)
+        assert max_diff(logits, family.logits) < TOLERANCE, family.name
+        hidden = family.hidden_states
+        assert len(hidden) == L + 1
+        for layer in range(L):
+            assert max_diff(cache[f"blocks.{layer}.hook_resid_pre"], hidden[layer]) < TOLERANCE, (family.name, layer)
+            leaving = cache[f"blocks.{layer}.hook_resid_post"]
+            if layer == L - 1:  # transformers reports the last hidden state after the final norm
+                leaving = model.apply_final_norm(leaving)
+            assert max_diff(leaving, hidden[layer + 1]) < TOLERANCE, (family.name, layer)
+
+    @pytest.mark.parametrize("attn_impl", KERNELS)
+    def test_patterns_match_transformers_and_are_editable(family: Saved, attn_impl: str):
+        model = wb.load_model(family.directory, attn_impl=attn_impl)
+        L = model.cfg.n_layers
+        with torch.no_grad():
+            _, cache = model.run_with_cache(family.tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+            for layer in range(L):
+                assert max_diff(cache[f"blocks.{layer}.attn.hook_pattern"], family.attentions[layer]) < TOLERANCE
+            hooks = [(f"blocks.{layer}.attn.hook_pattern", _rescale_patterns) for layer in range(L)]
+            edited = model.run_with_hooks(family.tokens, fwd_hooks=hooks)
+            eager = wb.load_model(family.directory, attn_impl="eager")
+            expected = eager.run_with_hooks(family.tokens, fwd_hooks=hooks)
+        assert max_diff(edited, expected) < TOLERANCE
+        assert max_diff(edited, family.logits) > 100 * TOLERANCE, "the pattern edit should change the logits"
+        assert all(not block.attn.hook_pattern._forward_hooks for block in model.blocks), "hooks left attached"
+
+    def test_kv_cached_generation_equals_uncached(family: Saved):
+        model = wb.load_model(family.directory, attn_impl="sdpa")
+        prompt = family.tokens[:, : family.case.seq_len // 2]
+        cached, cached_logits = generate_tokens(model, prompt, 8, use_kv_cache=True, stop_at_eos=False)
+        uncached, uncached_logits = generate_tokens(model, prompt, 8, use_kv_cache=False, stop_at_eos=False)
+        if family.case.exact_kv_cache:
+            assert torch.equal(cached, uncached)
+            assert max_diff(cached_logits, uncached_logits) < TOLERANCE
+        else:  # within the original context they still agree
+            assert max_diff(cached_logits[:, :1], uncached_logits[:, :1]) < TOLERANCE
+
+    def test_bf16_checkpoint_loads_in_bf16_and_agrees_with_transformers(family: Saved, tmp_path):
+        hf_bf16 = build_and_save(family.case.config(), tmp_path, dtype=torch.bfloat16)
+        model = wb.load_model(tmp_path, attn_impl="eager")  # no dtype: the checkpoint's own
+        assert model.cfg.dtype == torch.bfloat16
+        assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+        with torch.no_grad():
+            reference = hf_bf16(family.tokens).logits.float()
+            logits = model(family.tokens).float()
+        # Both round every op to bf16's 8 mantissa bits, in slightly different orders.
+        assert max_diff(logits, reference) < 0.06 * reference.abs().max().item()
+
+    return {"family": family,
+            "test_logits_and_hidden_states_match_transformers": test_logits_and_hidden_states_match_transformers,
+            "test_patterns_match_transformers_and_are_editable": test_patterns_match_transformers_and_are_editable,
+            "test_kv_cached_generation_equals_uncached": test_kv_cached_generation_equals_uncached,
+            "test_bf16_checkpoint_loads_in_bf16_and_agrees_with_transformers":
+                test_bf16_checkpoint_loads_in_bf16_and_agrees_with_transformers}
