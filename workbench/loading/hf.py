@@ -16,7 +16,7 @@ from typing import Optional, Union
 import torch
 
 from workbench.errors import CheckpointError
-from workbench.loading import hf_gpt2, hf_llama
+from workbench.loading import hf_gemma, hf_gpt2, hf_llama, hf_neox, hf_opt_bloom, hf_phi
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
 from workbench.loading.hf_tokenizer import tokenizer_from_hf_directory
@@ -25,18 +25,14 @@ from workbench.model import Decoder
 
 CONFIG_FILE = "config.json"
 
+# Each family module names the architectures it loads: {architecture: (model_type, models)}.
+FAMILIES: tuple[ModuleType, ...] = (hf_gpt2, hf_llama, hf_neox, hf_gemma, hf_phi, hf_opt_bloom)
+
 # architectures[0] in config.json -> the module that knows its config fields and tensor names.
-ARCHITECTURES: dict[str, ModuleType] = {
-    "GPT2LMHeadModel": hf_gpt2,
-    "LlamaForCausalLM": hf_llama,
-    "MistralForCausalLM": hf_llama,
-    "Qwen2ForCausalLM": hf_llama,
-    "MixtralForCausalLM": hf_llama,
-}
+ARCHITECTURES: dict[str, ModuleType] = {arch: module for module in FAMILIES for arch in module.ARCHITECTURES}
 
 # model_type -> architecture, for configs that lack the "architectures" list.
-MODEL_TYPES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-               "qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM"}
+MODEL_TYPES = {model_type: arch for module in FAMILIES for arch, (model_type, _) in module.ARCHITECTURES.items()}
 
 
 def is_hf_directory(path: Path) -> bool:
@@ -123,7 +119,7 @@ def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtyp
 
     ckpt = SafetensorsCheckpoint(directory, progress=progress)
     try:
-        tensors = family.convert_tensors(ckpt, cfg)
+        tensors = family.convert_tensors(ckpt, cfg, architecture)
         leftover = [n for n in ckpt.untaken() if not family.IGNORED_TENSORS.fullmatch(n)]
         if leftover:
             raise CheckpointError(f"{ckpt.source}: unexpected tensor(s) {leftover[:5]}"

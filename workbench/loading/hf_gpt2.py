@@ -27,6 +27,9 @@ from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
 
 # Buffers some GPT-2 checkpoints carry that are not parameters (the causal mask).
+# The architectures this module loads: {architecture: (model_type, models)}.
+ARCHITECTURES = {"GPT2LMHeadModel": ("gpt2", "GPT-2")}
+
 IGNORED_TENSORS = re.compile(r"(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)$")
 
 
@@ -54,7 +57,7 @@ def model_config(hf: HFConfig, architecture: str = "GPT2LMHeadModel") -> ModelCo
     )
 
 
-def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig) -> dict[str, Tensor]:
+def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture: str = "") -> dict[str, Tensor]:
     """Reads every tensor the model needs, transposed and split into our layout; a missing or
     mis-shaped one is a ``CheckpointError`` naming the HF tensor and its file.
 

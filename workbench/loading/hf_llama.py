@@ -33,6 +33,14 @@ from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
 
 # Buffers older checkpoints carry that are not parameters (RoPE's inverse frequencies are recomputed).
+# The architectures this module loads: {architecture: (model_type, models)}.
+ARCHITECTURES = {
+    "LlamaForCausalLM": ("llama", "Llama 1-3 (RoPE scaling: linear, dynamic, llama3, yarn)"),
+    "MistralForCausalLM": ("mistral", "Mistral"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2, Qwen2.5"),
+    "MixtralForCausalLM": ("mixtral", "Mixtral"),
+}
+
 IGNORED_TENSORS = re.compile(r".*rotary_emb\.inv_freq$")
 
 
@@ -93,7 +101,7 @@ def _attention_layers(hf: HFConfig, variant: Variant, n_layers: int, head_dim: i
     return hf.attention_layers(n_layers, head_dim)
 
 
-def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig) -> dict[str, Tensor]:
+def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture: str = "") -> dict[str, Tensor]:
     """Reads every tensor the model needs, renamed to ours; a missing or mis-shaped one is a
     ``CheckpointError`` naming the HF tensor and its file.
 
