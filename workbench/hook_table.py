@@ -35,8 +35,10 @@ DIMENSIONS: dict[str, int] = {
     "key_pos": 7,
     "n_heads": 8,
     "num_experts": 9,
+    "n_key_value_heads*d_head": 12,  # a QK norm over the whole key projection
     "d_model": 16,
     "d_mlp": 24,
+    "n_heads*d_head": 48,  # ... over the whole query projection
 }
 PREFIX = DIMENSIONS["key_pos"] - DIMENSIONS["pos"]  # positions already in the KV cache
 _D_VOCAB, _N_CTX = 11, 32  # not hook dimensions; kept apart from the sizes above anyway
@@ -60,13 +62,29 @@ REFERENCE_CONFIGS: dict[str, dict] = {
         positional="sinusoidal", norm_placement="post", act_fn="relu"),
     "rotary, RMSNorm, gated MLP, split qkv input": dict(
         positional="rotary", normalization="RMS", gated_mlp=True, act_fn="silu", use_split_qkv_input=True),
+    "sandwich norms, per-head QK norm, soft-caps (Gemma 2/3)": dict(
+        positional="rotary", normalization="RMS", gated_mlp=True, act_fn="gelu_new", norm_placement="sandwich",
+        qk_norm="head", attn_scores_soft_cap=50.0, output_logits_soft_cap=30.0, embed_scale=4.0),
+    "norms after the sublayers, QK norm over the projection (OLMo 2)": dict(
+        positional="rotary", normalization="RMS", gated_mlp=True, act_fn="silu", norm_placement="sublayer_output",
+        qk_norm="projection"),
+    "ALiBi, embedding norm, parallel attention and MLP (BLOOM, GPT-J)": dict(
+        positional="alibi", normalization="LN", embed_norm=True, parallel_attn_mlp=True, attn_bias=True,
+        mlp_bias=True, act_fn="gelu_new"),
 }
 
 # How the "models" column names the set of models that have a hook. A hook's set of reference
 # models must equal exactly one label's set (checked), so the labels stay true as models change.
 WHICH_MODELS: list[tuple[str, Callable[[ModelConfig], bool]]] = [
     ("all", lambda cfg: True),
-    ("pre-norm", lambda cfg: cfg.norm_placement == "pre"),
+    ("with a norm before attention (not sublayer_output)", lambda cfg: cfg.norm_placement != "sublayer_output"),
+    ("with a norm before the MLP", lambda cfg: not cfg.attn_only and cfg.norm_placement != "sublayer_output"),
+    ("with a final norm (not post-norm)", lambda cfg: cfg.has_final_norm),
+    ("sandwich or sublayer_output norms", lambda cfg: cfg.norm_placement in ("sandwich", "sublayer_output")),
+    ("qk_norm='head'", lambda cfg: cfg.qk_norm == "head"),
+    ("qk_norm='projection'", lambda cfg: cfg.qk_norm == "projection"),
+    ("embed_norm", lambda cfg: cfg.embed_norm),
+    ("sequential blocks with an MLP", lambda cfg: not cfg.attn_only and not cfg.parallel_attn_mlp),
     ("learned or sinusoidal positions", lambda cfg: cfg.positional in ("learned", "sinusoidal")),
     ("rotary", lambda cfg: cfg.positional == "rotary"),
     ("with an MLP (not attn_only)", lambda cfg: not cfg.attn_only),
@@ -80,6 +98,7 @@ WHICH_MODELS: list[tuple[str, Callable[[ModelConfig], bool]]] = [
 NOTES: dict[str, str] = {
     "hook_embed": "token embeddings, W_E[tokens]",
     "hook_pos_embed": "absolute position embeddings, added to hook_embed",
+    "ln_embed.hook_normalized": "embed_norm (BLOOM): the normed embeddings, which enter the residual stream",
     "blocks.{l}.ln1.hook_scale": "the norm's divisor: sqrt(var + eps) for LN, sqrt(mean(x^2) + eps) for RMS; "
                                  "with use_split_qkv_input one per head copy ([batch, pos, heads, 1])",
     "blocks.{l}.ln1.hook_normalized": "after the gain w (and LN's bias b); pre-norm: attention's input, "
@@ -93,11 +112,18 @@ NOTES: dict[str, str] = {
     "blocks.{l}.ln2.hook_normalized": "as ln1, on the MLP side",
     "ln_final.hook_scale": "as ln1, before the unembedding",
     "ln_final.hook_normalized": "as ln1; the unembedding's input",
-    "blocks.{l}.attn.hook_q": "before RoPE",
-    "blocks.{l}.attn.hook_k": "before RoPE; only the new positions under a KV cache",
+    "blocks.{l}.attn.hook_q": "the projection (clamped with clip_qkv), before QK norm and RoPE",
+    "blocks.{l}.attn.hook_k": "the projection, before QK norm and RoPE; only the new positions under a KV cache",
+    "blocks.{l}.attn.q_norm.hook_normalized": "QK norm: per head over d_head (qk_norm='head') or over the "
+                                             "whole projection ('projection'); RoPE's input",
+    "blocks.{l}.attn.k_norm.hook_normalized": "as q_norm, for the keys",
+    "blocks.{l}.ln1_post.hook_normalized": "the norm of attention's output (sandwich, sublayer_output); "
+                                           "hook_attn_out sees the same tensor",
+    "blocks.{l}.ln2_post.hook_normalized": "the norm of the MLP's output; hook_mlp_out sees the same tensor",
     "blocks.{l}.attn.hook_rot_q": "after RoPE",
     "blocks.{l}.attn.hook_rot_k": "after RoPE",
-    "blocks.{l}.attn.hook_attn_scores": "q.k * attn_scale + causal/sliding-window mask (-inf) + ALiBi bias; hooking it runs this layer eager",
+    "blocks.{l}.attn.hook_attn_scores": "q.k / attn_scale (soft-capped with attn_scores_soft_cap) + causal/sliding-window "
+                                        "mask (-inf) + ALiBi bias; hooking it runs this layer eager",
     "blocks.{l}.attn.hook_pattern": "softmax of the scores; hooking it runs this layer eager",
     "blocks.{l}.attn.hook_result": "opt-in: computed only when hooked; per-head z_h W_O[h], sums (+ b_O) to hook_attn_out",
     "blocks.{l}.hook_resid_mid": "between attention and MLP",
@@ -205,12 +231,11 @@ def hook_table(models: dict[str, Decoder] | None = None) -> list[HookRow]:
     names = _merge_orders([list(shapes) for shapes in per_model.values()])
 
     rows = []
-    for name in names:
+    for name in names:  # one row per shape the hook has (a QK norm per head or over the projection)
         having = {label for label, shapes in per_model.items() if name in shapes}
-        shape_set = {per_model[label][name] for label in having}
-        if len(shape_set) != 1:
-            raise ValueError(f"{name}: shape differs between models: {sorted(shape_set)}")
-        rows.append(HookRow(name, shape_set.pop(), _which_models(name, having, models), NOTES.get(name, "")))
+        for shape in sorted({per_model[label][name] for label in having}):
+            models_with_shape = {label for label in having if per_model[label][name] == shape}
+            rows.append(HookRow(name, shape, _which_models(name, models_with_shape, models), NOTES.get(name, "")))
 
     stale = sorted(set(NOTES) - set(names))
     if stale:
@@ -256,7 +281,9 @@ def render_markdown(rows: list[HookRow], models: dict[str, Decoder] | None = Non
 def _config_summary(cfg: ModelConfig) -> str:
     fields = ("positional", "normalization", "norm_placement", "gated_mlp", "attn_only", "num_experts",
               "experts_per_token", "attn_bias", "mlp_bias", "act_fn")
-    return ", ".join(f"{f}={getattr(cfg, f)!r}" for f in fields)
+    optional = ("qk_norm", "attn_scores_soft_cap", "output_logits_soft_cap", "embed_norm", "parallel_attn_mlp")
+    shown = [f for f in fields] + [f for f in optional if getattr(cfg, f) not in (None, False)]
+    return ", ".join(f"{f}={getattr(cfg, f)!r}" for f in shown)
 
 
 def _which_models(name: str, having: set[str], models: dict[str, Decoder]) -> str:

@@ -146,8 +146,11 @@ def test_hook_shapes_match_hand_knowledge(committed_rows, name, shape):
     ("blocks.{l}.mlp.hook_router_logits", "MoE"),
     ("blocks.{l}.mlp.hook_pre_linear", "gated dense MLP"),
     ("blocks.{l}.mlp.hook_post", "dense MLP"),
-    ("blocks.{l}.hook_resid_mid", "with an MLP (not attn_only)"),
-    ("ln_final.hook_normalized", "pre-norm"),
+    ("blocks.{l}.hook_resid_mid", "sequential blocks with an MLP"),
+    ("ln_final.hook_normalized", "with a final norm (not post-norm)"),
+    ("blocks.{l}.ln1.hook_normalized", "with a norm before attention (not sublayer_output)"),
+    ("blocks.{l}.ln2_post.hook_normalized", "sandwich or sublayer_output norms"),
+    ("ln_embed.hook_normalized", "embed_norm"),
 ])
 def test_which_models_have_a_hook_match_hand_knowledge(committed_rows, name, models):
     assert committed_rows[name][1] == models
