@@ -130,8 +130,12 @@ def direct_logit_attribution(model, tokens: TokensLike, target_token: int, basel
     """
     cfg = model.cfg
     if cfg.norm_placement != "pre":
-        raise InputError("direct logit attribution needs a pre-norm model: a post-norm model's last block norm "
-                         "mixes every component non-linearly")
+        raise InputError(f"direct logit attribution needs a pre-norm model (norm_placement='pre', this one has "
+                         f"{cfg.norm_placement!r}): a norm after a sublayer or after the residual sum mixes the "
+                         f"components it sees non-linearly")
+    if cfg.output_logits_soft_cap is not None or cfg.embed_norm:
+        raise InputError("direct logit attribution needs logits linear in the residual stream and embeddings "
+                         "entering it as they are: this model soft-caps its logits or norms its embeddings")
     for name, token in (("target_token", target_token), ("baseline_token", baseline_token)):
         if token is not None and not 0 <= int(token) < cfg.d_vocab:
             raise InputError(f"{name}={token} is outside the vocabulary (0..{cfg.d_vocab - 1})")

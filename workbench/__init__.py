@@ -9,8 +9,8 @@ Example:
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError, InputError
-from workbench.loading import default_model_name, list_models, load_model
+from workbench.loading import default_model_name, list_models, load_model, supported_architectures
 from workbench.model import Decoder
 
-__all__ = ["ModelConfig", "Decoder", "load_model", "list_models", "default_model_name", "ConfigError", "InputError",
-           "CheckpointError"]
+__all__ = ["ModelConfig", "Decoder", "load_model", "list_models", "default_model_name", "supported_architectures",
+           "ConfigError", "InputError", "CheckpointError"]

@@ -5,6 +5,7 @@
 
 Example:
     workbench models
+    workbench models --architectures
     workbench train --recipe toy-attn-2l --out runs/toy-attn-2l
     workbench run --port 8502
 """
@@ -42,9 +43,12 @@ def train_command(arguments: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "experiments.zoo", *arguments]
 
 
-def _models(_: argparse.Namespace) -> int:
-    from workbench.loading import registry
+def _models(args: argparse.Namespace) -> int:
+    from workbench.loading import registry, supported_architectures
 
+    if args.architectures:
+        print(supported_architectures().to_string(index=False))
+        return 0
     table = registry.list_models()
     print(table.to_string(index=False))
     print(f"\ndefault: {registry.default_model_name()}")
@@ -76,8 +80,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run.add_argument("--port", type=int, default=8501)
     run.add_argument("--address", default="127.0.0.1")
     run.set_defaults(handler=_run)
-    commands.add_parser("models", help="list registered models and whether they are installed").set_defaults(
-        handler=_models)
+    models = commands.add_parser("models", help="list registered models and whether they are installed")
+    models.add_argument("--architectures", action="store_true",
+                        help="list the checkpoint architectures that load instead")
+    models.set_defaults(handler=_models)
     args = parser.parse_args(argv)
     return args.handler(args)
 

@@ -10,15 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Union
 
+import pandas as pd
 import torch
 
 from workbench.errors import CheckpointError
-from workbench.loading.gguf_loader import load_gguf
-from workbench.loading.hf import is_hf_directory, load_hf_directory, read_config
+from workbench.loading.gguf_loader import GGUF_MODELS, load_gguf
+from workbench.loading.hf import FAMILIES, is_hf_directory, load_hf_directory, read_config
 from workbench.loading.native import FORMAT_TAG, load_native
 from workbench.loading.registry import REGISTRY, default_model_name, list_models
 
-__all__ = ["load_model", "list_models", "default_model_name", "CheckpointNotFoundError"]
+__all__ = ["load_model", "list_models", "default_model_name", "supported_architectures", "CheckpointNotFoundError"]
 
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
@@ -92,3 +93,20 @@ def _load(source: Union[str, Path], attn_impl: str, dtype: Optional[torch.dtype]
         return load_hf_directory(path, progress=progress, **options)
     raise CheckpointError(f"{config_path}: neither an HF config (no field 'architectures' or 'model_type') "
                           f"nor one written by model.save() (no field 'format': '{FORMAT_TAG}')")
+
+
+def supported_architectures() -> pd.DataFrame:
+    """Every architecture ``load_model`` reads: format, architecture (as config.json or the GGUF
+    file names it), model_type, and the models it covers.
+
+    Example:
+        >>> import workbench as wb
+        >>> table = wb.supported_architectures()
+        >>> "LlamaForCausalLM" in set(table.architecture), table.columns.tolist()
+        (True, ['format', 'architecture', 'model_type', 'models'])
+    """
+    rows = [{"format": "HF directory", "architecture": architecture, "model_type": model_type, "models": models}
+            for family in FAMILIES for architecture, (model_type, models) in family.ARCHITECTURES.items()]
+    rows += [{"format": "GGUF", "architecture": arch, "model_type": arch, "models": models}
+             for arch, models in GGUF_MODELS.items()]
+    return pd.DataFrame(rows, columns=["format", "architecture", "model_type", "models"])

@@ -35,7 +35,10 @@ from workbench.loading.gguf_tokenizer import tokenizer_from_gguf
 from workbench.loading.weights import assign_weights
 from workbench.model import Decoder
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+# general.architecture values we read, and the models they cover.
+GGUF_MODELS = {"llama": "Llama-architecture GGUF files (SmolLM2, Llama, Mistral; Mixtral-style experts); "
+                        "float and quantised blocks, dequantised"}
+SUPPORTED_ARCHITECTURES = tuple(GGUF_MODELS)
 _MISSING = object()
 
 

@@ -35,6 +35,13 @@ ARCHITECTURES: dict[str, ModuleType] = {arch: module for module in FAMILIES for 
 MODEL_TYPES = {model_type: arch for module in FAMILIES for arch, (model_type, _) in module.ARCHITECTURES.items()}
 
 
+# Name fragments of architectures that are not decoder-only transformers, and what they are.
+_NOT_DECODERS = {"Mamba": "a state-space model", "Rwkv": "a recurrent model",
+                 "ForConditionalGeneration": "an encoder-decoder or multimodal model",
+                 "ForSeq2SeqLM": "an encoder-decoder model", "ForMaskedLM": "an encoder (masked LM)",
+                 "Vision": "a vision model", "ForImageClassification": "a vision model"}
+
+
 def is_hf_directory(path: Path) -> bool:
     """A directory whose config.json says which transformers architecture it holds.
 
@@ -79,9 +86,11 @@ def architecture_of(data: dict, source: str) -> str:
     if not names and data.get("model_type") in MODEL_TYPES:  # configs written without "architectures"
         return MODEL_TYPES[data["model_type"]]
     stated = names or data.get("model_type")
+    kind = next((why for marker, why in _NOT_DECODERS.items() if marker.lower() in str(stated).lower()), "")
     raise CheckpointError(
-        f"{source}: unknown architecture {stated!r} (field '{'architectures' if names else 'model_type'}'); "
-        f"supported: {sorted(ARCHITECTURES)}")
+        f"{source}: unknown architecture {stated!r} (field '{'architectures' if names else 'model_type'}')"
+        f"{f': {kind}, and only decoder-only transformers load' if kind else ''}; "
+        f"supported: {sorted(ARCHITECTURES)} (see wb.supported_architectures())")
 
 
 def checkpoint_dtype(tensors: dict[str, torch.Tensor]) -> torch.dtype:

@@ -1,0 +1,56 @@
+"""``wb.supported_architectures()``, ``workbench models --architectures``, the README's table, and the
+refusal of checkpoints that are not decoder-only transformers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import workbench as wb
+from workbench.cli import main
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_every_family_module_is_listed_once():
+    table = wb.supported_architectures()
+    assert not table.duplicated(["format", "architecture"]).any()
+    hf = set(table[table.format == "HF directory"].architecture)
+    assert {"GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+            "MixtralForCausalLM"} <= hf
+    assert (table.models.str.len() > 0).all()
+
+
+def test_cli_prints_the_architectures(capsys):
+    assert main(["models", "--architectures"]) == 0
+    printed = capsys.readouterr().out
+    for architecture in wb.supported_architectures().architecture:
+        assert architecture in printed
+
+
+def test_readme_table_lists_every_architecture():
+    rows = [line for line in README.read_text().splitlines() if line.startswith("| `")]
+    listed = {match for line in rows for match in re.findall(r"`([A-Za-z0-9]+(?:ForCausalLM|LMHeadModel))`", line)}
+    hf = set(wb.supported_architectures().query("format == 'HF directory'").architecture)
+    assert hf <= listed, f"README lacks {sorted(hf - listed)}"
+
+
+@pytest.mark.parametrize("model_type, kind", [("mamba", "state-space"), ("t5", "encoder-decoder")])
+def test_non_decoder_checkpoints_are_refused_by_name(tmp_path, model_type, kind):
+    """Real checkpoints written by transformers, of models that are not decoder-only transformers."""
+    from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+    small = dict(vocab_size=50, hidden_size=16, d_model=16, d_ff=32, num_layers=1, num_hidden_layers=1,
+                 num_heads=2, d_kv=8, state_size=4)
+    config = AutoConfig.for_model(model_type, **{k: v for k, v in small.items() if hasattr(
+        AutoConfig.for_model(model_type), k)})
+    builder = AutoModelForSeq2SeqLM if model_type == "t5" else AutoModel
+    model = builder.from_config(config)
+    config.architectures = [type(model).__name__.replace("Model", "ForCausalLM") if model_type == "mamba"
+                            else type(model).__name__]
+    model.save_pretrained(tmp_path)
+    with pytest.raises(wb.CheckpointError, match=rf"unknown architecture.*{kind}.*LlamaForCausalLM"):
+        wb.load_model(tmp_path)
