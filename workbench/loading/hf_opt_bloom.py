@@ -1,6 +1,6 @@
 """OPT and BLOOM in HF format (``OPTForCausalLM``, ``BloomForCausalLM``).
 
-Legend: H n_heads, K d_head, D d_model, M d_mlp, V d_vocab, E word_embed_proj_dim (OPT), L n_layers.
+Legend: H n_heads, K d_head, D d_model, M d_mlp, V d_vocab, F word_embed_proj_dim, L n_layers.
 
 Both are LayerNorm decoders with biased multi-head attention and a plain (ungated) MLP; they
 differ in positions, norms and tensor names, which ``Variant`` and the two tensor maps record.
@@ -8,20 +8,20 @@ differ in positions, norms and tensor names, which ``Variant`` and the two tenso
 OPT (transformers 5.23 ``modeling_opt.py``): learned positions looked up at ``position + 2``
 (fairseq's padding offset; without padding the first two rows are never read, so ``W_pos`` is
 rows 2.. of ``embed_positions``), ReLU, ``do_layer_norm_before`` False (OPT-350m) is post-norm
-with no final norm. ``word_embed_proj_dim`` E != D adds bias-free ``project_in`` [D, E] after the
-token embedding and ``project_out`` [E, D] before ``lm_head`` [V, E]; both are linear maps next to
+with no final norm. ``word_embed_proj_dim`` F != D adds bias-free ``project_in`` [D, F] after the
+token embedding and ``project_out`` [F, D] before ``lm_head`` [V, F]; both are linear maps next to
 another linear map, so they are folded in at load time (``W_E = embed_tokens @ project_in.T``,
 ``W_U = lm_head @ project_out``) and the model is then untied::
 
-    model.decoder.embed_tokens.weight [V, E]         -> embed.W_E (@ project_in.weight.T when E != D)
+    model.decoder.embed_tokens.weight [V, F]         -> embed.W_E (@ project_in.weight.T when F != D)
     model.decoder.embed_positions.weight [n_ctx+2, D] -> pos_embed.W_pos (rows 2..)
     model.decoder.layers.{l}.self_attn_layer_norm    -> blocks.{l}.ln1 (.w, .b; ones/zeros without affine)
     model.decoder.layers.{l}.final_layer_norm        -> blocks.{l}.ln2
     model.decoder.layers.{l}.self_attn.{q,k,v,out}_proj -> blocks.{l}.attn._W_{Q,K,V,O}_lin (+ _b_{Q,K,V}_lin, b_O)
     model.decoder.layers.{l}.fc1 / fc2               -> blocks.{l}.mlp._W_in_lin / _W_out_lin (+ b_in / b_out)
     model.decoder.final_layer_norm                   -> ln_final (pre-norm only)
-    lm_head.weight [V, E]                            -> unembed._W_U_lin (@ project_out.weight when E != D;
-                                                        absent when tied and E == D)
+    lm_head.weight [V, F]                            -> unembed._W_U_lin (@ project_out.weight when F != D;
+                                                        absent when tied and F == D)
 
 BLOOM (``modeling_bloom.py``): ALiBi (our ``alibi_slopes`` equal transformers'
 ``_get_alibi_slopes``, non-powers of two included), a LayerNorm on the embeddings, tanh GELU
@@ -157,22 +157,22 @@ def opt_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig) -> dict[str, Tens
 
 
 def _opt_embeddings(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, prefix: str) -> dict[str, Tensor]:
-    """W_E, W_pos and (when untied) W_U, with project_in / project_out folded in when E != D."""
+    """W_E, W_pos and (when untied) W_U, with project_in / project_out folded in when F != D."""
     V, D = cfg.d_vocab, cfg.d_model
-    embed_VE = _embed_tokens(ckpt, f"{prefix}.embed_tokens.weight", V)
-    E = embed_VE.shape[1]  # word_embed_proj_dim, as the checkpoint stores it
+    embed_VF = _embed_tokens(ckpt, f"{prefix}.embed_tokens.weight", V)
+    F = embed_VF.shape[1]  # word_embed_proj_dim, as the checkpoint stores it
     positions = ckpt.take(f"{prefix}.embed_positions.weight", (cfg.n_ctx + OPT_POSITION_OFFSET, D))
-    out = {"embed.W_E": embed_VE, "pos_embed.W_pos": positions[OPT_POSITION_OFFSET:]}
-    if E == D:
+    out = {"embed.W_E": embed_VF, "pos_embed.W_pos": positions[OPT_POSITION_OFFSET:]}
+    if F == D:
         if not cfg.tie_embeddings:
             out["unembed._W_U_lin"] = ckpt.take("lm_head.weight", (V, D))
         elif ckpt.has("lm_head.weight"):
             ckpt.take("lm_head.weight")  # a tied checkpoint may still write the shared matrix twice
         return out
     # A tied lm_head is not saved (it is embed_tokens); an untied one is.
-    lm_head_VE = ckpt.take("lm_head.weight", (V, E)) if ckpt.has("lm_head.weight") else embed_VE
-    out["embed.W_E"] = _fold(embed_VE, ckpt.take(f"{prefix}.project_in.weight", (D, E)).T)
-    out["unembed._W_U_lin"] = _fold(lm_head_VE, ckpt.take(f"{prefix}.project_out.weight", (E, D)))
+    lm_head_VF = ckpt.take("lm_head.weight", (V, F)) if ckpt.has("lm_head.weight") else embed_VF
+    out["embed.W_E"] = _fold(embed_VF, ckpt.take(f"{prefix}.project_in.weight", (D, F)).T)
+    out["unembed._W_U_lin"] = _fold(lm_head_VF, ckpt.take(f"{prefix}.project_out.weight", (F, D)))
     return out
 
 
@@ -182,7 +182,7 @@ def _fold(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _embed_tokens(ckpt: SafetensorsCheckpoint, name: str, V: int) -> Tensor:
-    """OPT's token embedding [V, E]; its width E is word_embed_proj_dim, read off the tensor itself."""
+    """OPT's token embedding [V, F]; its width F is word_embed_proj_dim, read off the tensor itself."""
     embed = ckpt.take(name)
     if embed.ndim != 2 or embed.shape[0] != V:
         raise CheckpointError(f"{ckpt.file_of[name]}: tensor '{name}' has shape {tuple(embed.shape)}, "
