@@ -244,6 +244,27 @@ class ModelConfig:
         return self.norm_placement != "post"
 
     @property
+    def context_limit(self) -> Optional[int]:
+        """The longest sequence the positions cover: ``n_ctx``, or None where they extend past it.
+
+        Dynamic (NTK) RoPE refits its base to a call that runs past ``n_ctx`` (as `transformers`
+        recomputes it per forward), so a model whose every layer has it, or has no positions at all,
+        takes longer inputs, as `transformers` does; a learned table or a fixed RoPE table ends at ``n_ctx``.
+
+        Example:
+            >>> cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=16, positional="rotary",
+            ...                   rotary_scaling={"rope_type": "dynamic", "factor": 2.0})
+            >>> cfg.context_limit, cfg.replace(rotary_scaling=None).context_limit
+            (None, 16)
+        """
+        kinds = [(positional, (scaling or {}).get("rope_type")) for positional, scaling
+                 in zip(self.layer_values("positional"), self.layer_values("rotary_scaling"))]
+        dynamic = [positional == "rotary" and kind == "dynamic" for positional, kind in kinds]
+        if any(dynamic) and all(d or positional == "none" for d, (positional, _) in zip(dynamic, kinds)):
+            return None
+        return self.n_ctx
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 

@@ -53,7 +53,8 @@ def generate_tokens(
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     tokens_BP = model.as_tokens(tokens_BP)
-    if tokens_BP.shape[1] + max_new_tokens > model.cfg.n_ctx:
+    limit = model.cfg.context_limit  # None: dynamic RoPE extends the context, as in transformers
+    if limit is not None and tokens_BP.shape[1] + max_new_tokens > limit:
         raise InputError(f"prompt ({tokens_BP.shape[1]} tokens) plus max_new_tokens={max_new_tokens} "
                          f"exceeds the model's context (n_ctx={model.cfg.n_ctx})")
     generator = torch.Generator(device=tokens_BP.device).manual_seed(seed) if seed is not None else None

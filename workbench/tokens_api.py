@@ -31,7 +31,8 @@ class TokenMethods:
         """Token ids [batch, pos] on the model's device from text, a list of texts, or ids ([pos] or [batch, pos]).
 
         Checked: integer dtype, non-empty, every id in the vocabulary, ``offset + pos`` within n_ctx
-        (``offset``: positions already in a KV cache). The one place inputs are validated.
+        (``offset``: positions already in a KV cache; ``cfg.context_limit`` None: no limit, dynamic
+        RoPE). The one place inputs are validated.
 
         Example:
             >>> model.as_tokens(torch.tensor([1, 2, 3])).shape   # doctest: +SKIP
@@ -55,7 +56,7 @@ class TokenMethods:
         if low < 0 or high >= self.cfg.d_vocab:
             bad = low if low < 0 else high
             raise InputError(f"token id {bad} is out of range for a vocabulary of {self.cfg.d_vocab} (0..{self.cfg.d_vocab - 1})")
-        if offset + tokens.shape[1] > self.cfg.n_ctx:
+        if self.cfg.context_limit is not None and offset + tokens.shape[1] > self.cfg.context_limit:
             raise InputError(
                 f"sequence of {offset + tokens.shape[1]} tokens is longer than the model's context "
                 f"(n_ctx={self.cfg.n_ctx})")

@@ -53,10 +53,11 @@ class Rotary(nn.Module):
         return torch.cat([rot * cos_P1R + rotate(rot) * sin_P1R, rest], dim=-1)
 
     def _angles(self, positions_P: Tensor) -> tuple[Tensor, Tensor]:
-        seq_len = int(positions_P.max()) + 1 if positions_P.numel() else 0
         dynamic = self.scaling is not None and dict(self.scaling)["rope_type"] == "dynamic"
-        if dynamic and seq_len > self.n_ctx:  # NTK: a base fitted to this call's longest position
-            cos, sin = rotary_table(seq_len, self.rotary_dim, self.base, self.scaling, seq_len)
+        # Only dynamic scaling reads the longest position (a device sync on GPU).
+        seq_len = int(positions_P.max()) + 1 if dynamic and positions_P.numel() else 0
+        if seq_len > self.n_ctx:  # NTK: a base fitted to this call's longest position
+            cos, sin = rotary_table(self.n_ctx, self.rotary_dim, self.base, self.scaling, seq_len)
             cos, sin = cos.to(self.cos.device), sin.to(self.sin.device)
         else:
             cos, sin = self.cos, self.sin

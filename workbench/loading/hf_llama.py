@@ -1,16 +1,37 @@
-"""The Llama family in HF format: Llama, Mistral (sliding window), Qwen2 (QKV bias), Mixtral (MoE).
+"""The Llama family in HF format: Llama 1-3 (RoPE scalings), Mistral, Mixtral, Qwen2/2.5, Qwen3,
+SmolLM3, OLMo and OLMo 2.
 
-Legend: L n_layers, E num_experts, M d_mlp, D d_model.
+Legend: E num_experts, H n_heads, G n_key_value_heads, K d_head, M d_mlp, D d_model, V d_vocab.
 
-All four are pre-norm RMSNorm decoders with RoPE, grouped-query attention and a SwiGLU MLP;
-they differ only in config values, which ``Variant`` records, and in Mixtral's expert tensors.
+All are decoders with RoPE, grouped-query attention and a SwiGLU MLP. They differ only in config
+values, which ``Variant`` records (read off transformers 5.23's ``modeling_*.py``):
+
+    Llama     attention_bias (q, k, v and o) and mlp_bias switches; RoPE scaling linear/dynamic/llama3/yarn
+    Mistral   one sliding window on every layer (when ``sliding_window`` is set)
+    Mixtral   Mistral with a mixture of experts
+    Qwen2     q, k, v always biased (o never); sliding windows on the layers ``layer_types`` names
+              (older configs: from ``max_window_layers`` on, when ``use_sliding_window``)
+    Qwen3     Qwen2's windows; attention_bias on all four; an RMS QK norm over d_head with one [K]
+              gain shared by every head (``qk_norm="head"``, repeated to [H, K] / [G, K])
+    SmolLM3   Llama plus layers without RoPE (``no_rope_layers``: 0 = NoPE), windows on NoPE layers
+    OLMo      LayerNorm without parameters (eps 1e-5: gains of one and biases of zero are filled in);
+              q, k and v clamped to ``clip_qkv``
+    OLMo 2    RMSNorm after each sublayer only, before the residual add (``norm_placement=
+              "sublayer_output"``); QK norm over the whole q / k projection (``qk_norm="projection"``)
+
+A field missing from config.json takes the architecture's transformers default (Qwen3's head_dim
+is 128, SmolLM3's rope_theta 2e6 and its NoPE layers every 4th, Mistral's window 4096, ...).
 HF tensor names (transformers 5.23 ``save_pretrained``) and ours (the nn.Linear-layout storage,
 whose TransformerLens views are ``W_Q``, ``W_in``, ``W_U`` ...):
 
     model.embed_tokens.weight                  -> embed.W_E
     model.layers.{l}.input_layernorm.weight    -> blocks.{l}.ln1.w   (post_attention_layernorm -> ln2.w)
+        OLMo 2: post_attention_layernorm -> ln1_post.w, post_feedforward_layernorm -> ln2_post.w
+        OLMo: no norm tensors; ln1/ln2/ln_final .w = 1, .b = 0
     model.layers.{l}.self_attn.{q,k,v,o}_proj  -> blocks.{l}.attn._W_{Q,K,V,O}_lin (+ .bias -> _b_{Q,K,V}_lin, b_O)
-    model.layers.{l}.mlp.{gate,up,down}_proj   -> blocks.{l}.mlp._W_{gate,in,out}_lin
+    model.layers.{l}.self_attn.{q,k}_norm      -> blocks.{l}.attn.{q,k}_norm.w   (Qwen3 [K] -> [H, K] / [G, K];
+                                                                                  OLMo 2 [H*K] / [G*K])
+    model.layers.{l}.mlp.{gate,up,down}_proj   -> blocks.{l}.mlp._W_{gate,in,out}_lin (+ .bias -> b_{gate,in,out})
     model.layers.{l}.block_sparse_moe.gate     -> blocks.{l}.mlp._W_router_lin          (Mixtral)
     ...block_sparse_moe.experts.{e}.w{1,3,2}   -> blocks.{l}.mlp._W_{gate,in,out}_lin[e] (stacked over e)
     model.norm.weight -> ln_final.w;  lm_head.weight -> unembed._W_U_lin (absent when tied)
@@ -23,7 +44,8 @@ Mixtral's experts may also come fused, as transformers holds them in memory
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -32,33 +54,72 @@ from workbench.config import ModelConfig
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
 
-# Buffers older checkpoints carry that are not parameters (RoPE's inverse frequencies are recomputed).
 # The architectures this module loads: {architecture: (model_type, models)}.
 ARCHITECTURES = {
     "LlamaForCausalLM": ("llama", "Llama 1-3 (RoPE scaling: linear, dynamic, llama3, yarn)"),
     "MistralForCausalLM": ("mistral", "Mistral"),
-    "Qwen2ForCausalLM": ("qwen2", "Qwen2, Qwen2.5"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2, Qwen2.5 (yarn, sliding windows on some layers)"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3"),
+    "SmolLM3ForCausalLM": ("smollm3", "SmolLM3"),
     "MixtralForCausalLM": ("mixtral", "Mixtral"),
+    "OlmoForCausalLM": ("olmo", "OLMo"),
+    "Olmo2ForCausalLM": ("olmo2", "OLMo 2"),
 }
 
+# Buffers older checkpoints carry that are not parameters (RoPE's inverse frequencies are recomputed).
 IGNORED_TENSORS = re.compile(r".*rotary_emb\.inv_freq$")
+
+OLMO_LAYER_NORM_EPS = 1e-5  # OlmoLayerNorm's eps is fixed; its config has no field for it
 
 
 @dataclass(frozen=True)
 class Variant:
     """What distinguishes one member of the family, as data rather than branches on a name."""
 
-    qkv_bias_field: str | None  # config field switching q/k/v (and o) bias on; None: qkv_bias_always
+    qkv_bias_field: Optional[str] = None  # config field switching q/k/v/o biases on (Llama: attention_bias)
     qkv_bias_always: bool = False  # Qwen2: q/k/v always biased, o_proj never
-    honours_sliding_window: bool = False
+    mlp_bias_field: Optional[str] = None  # config field switching the MLP biases on (Llama: mlp_bias)
+    # Which layers have a sliding window (a key of SLIDING_RULES).
+    sliding: str = "none"
+    nope_layers: bool = False  # honours no_rope_layers (SmolLM3)
     moe: bool = False
+    normalization: str = "RMS"
+    norm_params: bool = True  # False: OLMo's LayerNorm has no gain or bias
+    norm_eps_field: Optional[str] = "rms_norm_eps"  # None: the eps is fixed at ``norm_eps``
+    norm_eps: float = 1e-6  # the default (or fixed) eps
+    norm_placement: str = "pre"
+    qk_norm: Optional[str] = None  # "head" (Qwen3) or "projection" (OLMo 2)
+    clip_qkv_field: Optional[str] = None  # OLMo: clip_qkv
+    # transformers' defaults for fields missing from config.json, where they differ from Llama's.
+    defaults: dict[str, Any] = field(default_factory=dict)
 
+
+_QWEN_DEFAULTS = {"num_key_value_heads": 32, "max_window_layers": 28, "sliding_window": 4096,
+                  "use_sliding_window": False}
 
 VARIANTS = {
-    "LlamaForCausalLM": Variant(qkv_bias_field="attention_bias"),
-    "MistralForCausalLM": Variant(qkv_bias_field=None, honours_sliding_window=True),
-    "Qwen2ForCausalLM": Variant(qkv_bias_field=None, qkv_bias_always=True, honours_sliding_window=True),
-    "MixtralForCausalLM": Variant(qkv_bias_field=None, honours_sliding_window=True, moe=True),
+    "LlamaForCausalLM": Variant(qkv_bias_field="attention_bias", mlp_bias_field="mlp_bias"),
+    "MistralForCausalLM": Variant(sliding="every_layer", defaults={"num_key_value_heads": 8, "sliding_window": 4096}),
+    "MixtralForCausalLM": Variant(sliding="every_layer", moe=True, norm_eps=1e-5,
+                                  defaults={"num_key_value_heads": 8}),
+    "Qwen2ForCausalLM": Variant(qkv_bias_always=True, sliding="from_max_window_layers", defaults=_QWEN_DEFAULTS),
+    "Qwen3ForCausalLM": Variant(qkv_bias_field="attention_bias", sliding="from_max_window_layers", qk_norm="head",
+                                defaults={**_QWEN_DEFAULTS, "head_dim": 128}),
+    "SmolLM3ForCausalLM": Variant(qkv_bias_field="attention_bias", mlp_bias_field="mlp_bias", sliding="nope_layers",
+                                  nope_layers=True,
+                                  defaults={"num_key_value_heads": 4, "tie_word_embeddings": True,
+                                            "rope_theta": 2000000.0, "no_rope_layer_interval": 4,
+                                            "use_sliding_window": False}),
+    "OlmoForCausalLM": Variant(qkv_bias_field="attention_bias", normalization="LN", norm_params=False,
+                               norm_eps_field=None, norm_eps=OLMO_LAYER_NORM_EPS, clip_qkv_field="clip_qkv"),
+    "Olmo2ForCausalLM": Variant(qkv_bias_field="attention_bias", norm_eps=1e-5, norm_placement="sublayer_output",
+                                qk_norm="projection"),
+}
+
+# Our norm -> the HF norm of a decoder layer, per norm placement.
+LAYER_NORMS = {
+    "pre": (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm")),
+    "sublayer_output": (("ln1_post", "post_attention_layernorm"), ("ln2_post", "post_feedforward_layernorm")),
 }
 
 
@@ -73,10 +134,14 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
         3
     """
     variant = VARIANTS[architecture]
+    hf = HFConfig({**variant.defaults, **hf.data}, hf.source)  # a missing field: transformers' default
     d_model, n_heads = int(hf.require("hidden_size")), int(hf.require("num_attention_heads"))
     n_layers = int(hf.require("num_hidden_layers"))
     head_dim = int(hf.get("head_dim", d_model // n_heads))
+    _refuse_partial_rotary(hf)
     attn_bias = variant.qkv_bias_always or bool(variant.qkv_bias_field and hf.get(variant.qkv_bias_field, False))
+    norm_eps = float(hf.get(variant.norm_eps_field, variant.norm_eps)) if variant.norm_eps_field else variant.norm_eps
+    clip_qkv = hf.get(variant.clip_qkv_field) if variant.clip_qkv_field else None
     moe = {}
     if variant.moe:
         moe = dict(num_experts=int(hf.require("num_local_experts")),
@@ -86,22 +151,89 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
         n_key_value_heads=int(hf.get("num_key_value_heads", n_heads)), d_head=head_dim,
         d_mlp=int(hf.require("intermediate_size")), d_vocab=int(hf.require("vocab_size")),
         n_ctx=int(hf.require("max_position_embeddings")),
-        normalization="RMS", norm_eps=float(hf.get("rms_norm_eps", 1e-6)), act_fn=hf.activation("hidden_act"),
-        gated_mlp=True, attn_bias=attn_bias, mlp_bias=bool(hf.get("mlp_bias", False)),
+        normalization=variant.normalization, norm_eps=norm_eps, norm_placement=variant.norm_placement,
+        qk_norm=variant.qk_norm, clip_qkv=None if clip_qkv is None else float(clip_qkv),
+        act_fn=hf.activation("hidden_act"), gated_mlp=True, attn_bias=attn_bias,
+        mlp_bias=bool(variant.mlp_bias_field and hf.get(variant.mlp_bias_field, False)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         **_attention_layers(hf, variant, n_layers, head_dim), **moe,
     )
 
 
-def _attention_layers(hf: HFConfig, variant: Variant, n_layers: int, head_dim: int) -> dict:
-    """Sliding windows and RoPE per layer (``HFConfig.attention_layers``); a window on a Llama is refused."""
+def _refuse_partial_rotary(hf: HFConfig) -> None:
+    """These architectures rotate the whole head: transformers ignores ``partial_rotary_factor``
+    with plain RoPE and fails on it with a scaled one, so a checkpoint asking for it is refused."""
+    specs = [("", hf.data), ("rope_parameters.", hf.get("rope_parameters", {})),
+             ("rope_scaling.", hf.get("rope_scaling", {}))]
+    for prefix, spec in specs:
+        factor = spec.get("partial_rotary_factor") if isinstance(spec, dict) else None
+        if factor is not None and float(factor) != 1.0:
+            raise hf.refuse(f"{prefix}partial_rotary_factor", factor,
+                            "this architecture applies RoPE to the whole head in transformers")
+
+
+def _attention_layers(hf: HFConfig, variant: Variant, n_layers: int, head_dim: int) -> dict[str, Any]:
+    """Sliding windows, RoPE and NoPE per layer (``HFConfig.attention_layers``), from the layer
+    kinds this architecture's transformers code masks with."""
+    kinds, window = SLIDING_RULES[variant.sliding](hf, n_layers)
+    data = {**hf.data, "layer_types": kinds, "sliding_window": window}
+    if variant.nope_layers:
+        data["no_rope_layers"] = _no_rope_layers(hf, n_layers)
+    else:
+        data.pop("no_rope_layers", None)  # transformers' code for these has no NoPE layers
+    return HFConfig(data, hf.source).attention_layers(n_layers, head_dim)
+
+
+def _no_sliding(hf: HFConfig, n_layers: int) -> tuple[list[str], None]:
+    """Llama, OLMo, OLMo 2: transformers masks causally only, so a window is refused, not dropped."""
     window = hf.get("sliding_window")
-    if window is not None and not variant.honours_sliding_window and hf.get("layer_types") is None:
+    if window is not None:
         raise hf.refuse("sliding_window", window, "this architecture has no sliding-window attention")
-    return hf.attention_layers(n_layers, head_dim)
+    return ["full_attention"] * n_layers, None
 
 
-def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture: str = "") -> dict[str, Tensor]:
+def _every_layer(hf: HFConfig, n_layers: int) -> tuple[list[str], Optional[int]]:
+    """Mistral, Mixtral: ``sliding_window`` (if set) on every layer; ``layer_types`` is ignored there."""
+    window = hf.get("sliding_window")
+    return ["full_attention" if window is None else "sliding_attention"] * n_layers, window
+
+
+def _from_max_window_layers(hf: HFConfig, n_layers: int) -> tuple[list[str], Optional[int]]:
+    """Qwen2, Qwen3: the window exists only with ``use_sliding_window``; ``layer_types`` (default:
+    sliding from ``max_window_layers`` on) says which layers use it."""
+    window = hf.get("sliding_window") if hf.get("use_sliding_window", False) else None
+    first = int(hf.get("max_window_layers", 0))
+    default = ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(n_layers)]
+    return hf.layer_types(n_layers) or default, window
+
+
+def _nope_layers(hf: HFConfig, n_layers: int) -> tuple[list[str], Optional[int]]:
+    """SmolLM3: ``layer_types`` (default: sliding on the NoPE layers, with ``use_sliding_window``)."""
+    window = hf.get("sliding_window")
+    has_rope = _no_rope_layers(hf, n_layers)
+    on = bool(hf.get("use_sliding_window", False)) and window is not None
+    default = ["sliding_attention" if on and not has_rope[i] else "full_attention" for i in range(n_layers)]
+    return hf.layer_types(n_layers) or default, window
+
+
+def _no_rope_layers(hf: HFConfig, n_layers: int) -> list[int]:
+    """SmolLM3's RoPE switch per layer (1: RoPE, 0: none); default: none in every
+    ``no_rope_layer_interval``-th layer."""
+    interval = int(hf.get("no_rope_layer_interval", 4))
+    layers = hf.get("no_rope_layers", [int((i + 1) % interval != 0) for i in range(n_layers)])
+    if len(layers) != n_layers:
+        raise hf.refuse("no_rope_layers", layers, f"expected one entry per layer ({n_layers})")
+    return list(layers)
+
+
+SLIDING_RULES: dict[str, Callable[[HFConfig, int], tuple[list[str], Optional[int]]]] = {
+    "none": _no_sliding, "every_layer": _every_layer, "from_max_window_layers": _from_max_window_layers,
+    "nope_layers": _nope_layers,
+}
+
+
+def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig,
+                    architecture: str = "LlamaForCausalLM") -> dict[str, Tensor]:
     """Reads every tensor the model needs, renamed to ours; a missing or mis-shaped one is a
     ``CheckpointError`` naming the HF tensor and its file.
 
@@ -110,28 +242,20 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
         >>> tensors["blocks.0.attn._W_K_lin"].shape                                    # doctest: +SKIP
         torch.Size([16, 48])
     """
+    variant = VARIANTS[architecture]
     V, D, M = cfg.d_vocab, cfg.d_model, cfg.d_mlp
-    HK, GK = cfg.n_heads * cfg.d_head, cfg.n_key_value_heads * cfg.d_head
-    out = {"embed.W_E": ckpt.take("model.embed_tokens.weight", (V, D)),
-           "ln_final.w": ckpt.take("model.norm.weight", (D,))}
+    out = {"embed.W_E": ckpt.take("model.embed_tokens.weight", (V, D))}
+    like = out["embed.W_E"]
+    out.update(_norm(ckpt, cfg, variant, "model.norm", "ln_final", like))
     if not cfg.tie_embeddings:
         out["unembed._W_U_lin"] = ckpt.take("lm_head.weight", (V, D))
     elif ckpt.has("lm_head.weight"):
         ckpt.take("lm_head.weight")  # a tied checkpoint may still write the shared matrix twice
-    attn_shapes = {"q": ((HK, D), (HK,)), "k": ((GK, D), (GK,)), "v": ((GK, D), (GK,)), "o": ((D, HK), (D,))}
     for layer in range(cfg.n_layers):
         hf, ours = f"model.layers.{layer}", f"blocks.{layer}"
-        out[f"{ours}.ln1.w"] = ckpt.take(f"{hf}.input_layernorm.weight", (D,))
-        out[f"{ours}.ln2.w"] = ckpt.take(f"{hf}.post_attention_layernorm.weight", (D,))
-        for proj, (weight_shape, bias_shape) in attn_shapes.items():
-            name = proj.upper()
-            out[f"{ours}.attn._W_{name}_lin"] = ckpt.take(f"{hf}.self_attn.{proj}_proj.weight", weight_shape)
-            if cfg.attn_bias:
-                bias_name = f"{hf}.self_attn.{proj}_proj.bias"
-                if proj == "o":  # Qwen2: QKV bias, no output bias
-                    out[f"{ours}.attn.b_O"] = ckpt.take(bias_name, bias_shape) if ckpt.has(bias_name) else torch.zeros(D)
-                else:
-                    out[f"{ours}.attn._b_{name}_lin"] = ckpt.take(bias_name, bias_shape)
+        for our_norm, hf_norm in LAYER_NORMS[variant.norm_placement]:
+            out.update(_norm(ckpt, cfg, variant, f"{hf}.{hf_norm}", f"{ours}.{our_norm}", like))
+        out.update(_attention(ckpt, cfg, variant, layer))
         if cfg.is_moe:
             out.update(_experts(ckpt, cfg, layer))
             continue
@@ -139,6 +263,44 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
             out[f"{ours}.mlp._W_{name}_lin"] = ckpt.take(f"{hf}.mlp.{proj}_proj.weight", shape)
             if cfg.mlp_bias:
                 out[f"{ours}.mlp.b_{name}"] = ckpt.take(f"{hf}.mlp.{proj}_proj.bias", shape[:1])
+    return out
+
+
+def _norm(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, variant: Variant, hf: str, ours: str,
+          like: Tensor) -> dict[str, Tensor]:
+    """One [D] norm: its HF gain, or (OLMo's parameter-free LayerNorm) a gain of one and bias of zero."""
+    if variant.norm_params:
+        return {f"{ours}.w": ckpt.take(f"{hf}.weight", (cfg.d_model,))}
+    out = {f"{ours}.w": torch.ones(cfg.d_model, dtype=like.dtype)}
+    if cfg.normalization == "LN":
+        out[f"{ours}.b"] = torch.zeros(cfg.d_model, dtype=like.dtype)
+    return out
+
+
+def _attention(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, variant: Variant, layer: int) -> dict[str, Tensor]:
+    """Projections, biases and QK-norm gains of one layer's attention."""
+    H, G, K, D = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model
+    hf, ours = f"model.layers.{layer}.self_attn", f"blocks.{layer}.attn"
+    shapes = {"q": ((H * K, D), (H * K,)), "k": ((G * K, D), (G * K,)), "v": ((G * K, D), (G * K,)),
+              "o": ((D, H * K), (D,))}
+    out = {}
+    for proj, (weight_shape, bias_shape) in shapes.items():
+        name = proj.upper()
+        out[f"{ours}._W_{name}_lin"] = ckpt.take(f"{hf}.{proj}_proj.weight", weight_shape)
+        if not cfg.attn_bias:
+            continue
+        if proj != "o":
+            out[f"{ours}._b_{name}_lin"] = ckpt.take(f"{hf}.{proj}_proj.bias", bias_shape)
+        elif variant.qkv_bias_always:  # Qwen2: q/k/v biased, o_proj never; ours is then zero
+            out[f"{ours}.b_O"] = torch.zeros(D, dtype=out[f"{ours}._W_O_lin"].dtype)
+        else:
+            out[f"{ours}.b_O"] = ckpt.take(f"{hf}.o_proj.bias", bias_shape)
+    if cfg.qk_norm == "head":  # one [K] gain shared by every head, as ours per head
+        out[f"{ours}.q_norm.w"] = ckpt.take(f"{hf}.q_norm.weight", (K,)).expand(H, K).clone()
+        out[f"{ours}.k_norm.w"] = ckpt.take(f"{hf}.k_norm.weight", (K,)).expand(G, K).clone()
+    elif cfg.qk_norm == "projection":
+        out[f"{ours}.q_norm.w"] = ckpt.take(f"{hf}.q_norm.weight", (H * K,))
+        out[f"{ours}.k_norm.w"] = ckpt.take(f"{hf}.k_norm.weight", (G * K,))
     return out
 
 
