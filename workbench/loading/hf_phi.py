@@ -54,7 +54,7 @@ from workbench.loading.hf_common import HFConfig
 # The architectures this module loads: {architecture: (model_type, models)}.
 ARCHITECTURES = {
     "PhiForCausalLM": ("phi", "Phi-1, Phi-1.5, Phi-2"),
-    "Phi3ForCausalLM": ("phi3", "Phi-3, Phi-3.5, Phi-4 (unscaled RoPE; longrope is refused)"),
+    "Phi3ForCausalLM": ("phi3", "Phi-3 4k-context, Phi-4 (unscaled RoPE; the longrope of the 128k and Phi-3.5 checkpoints is refused)"),
     "StableLmForCausalLM": ("stablelm", "StableLM-3B-4E1T, StableLM 2, StableCode"),
 }
 
