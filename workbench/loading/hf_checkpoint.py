@@ -77,6 +77,19 @@ class SafetensorsCheckpoint:
         self._bar.update(1)
         return tensor
 
+    def take_unembedding(self, name: str, shape: tuple[int, int], tied: bool) -> dict[str, Tensor]:
+        """``{"unembed._W_U_lin": tensor}`` for an untied model; ``{}`` for a tied one, whose
+        checkpoint may still hold the shared matrix a second time (then marked used, not loaded).
+
+        Example:
+            >>> out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))   # doctest: +SKIP
+        """
+        if not tied:
+            return {"unembed._W_U_lin": self.take(name, shape)}
+        if self.has(name):
+            self.take(name)
+        return {}
+
     def untaken(self) -> list[str]:
         """Names present in the checkpoint that no loader step has read."""
         return sorted(set(self.file_of) - self._taken)

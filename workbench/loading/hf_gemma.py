@@ -249,10 +249,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
     V, D = cfg.d_vocab, cfg.d_model
     out = {"embed.W_E": ckpt.take("model.embed_tokens.weight", (V, D)),
            "ln_final.w": _gain(ckpt.take("model.norm.weight", (D,)))}
-    if not cfg.tie_embeddings:
-        out["unembed._W_U_lin"] = ckpt.take("lm_head.weight", (V, D))
-    elif ckpt.has("lm_head.weight"):
-        ckpt.take("lm_head.weight")  # a tied checkpoint may still write the shared matrix twice
+    out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))
     for layer in range(cfg.n_layers):
         out.update(_block(ckpt, cfg, variant, layer))
     return out

@@ -71,10 +71,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
     V, D, M = cfg.d_vocab, cfg.d_model, cfg.d_mlp
     out = {"embed.W_E": take("wte.weight", (V, D)), "pos_embed.W_pos": take("wpe.weight", (cfg.n_ctx, D)),
            "ln_final.w": take("ln_f.weight", (D,)), "ln_final.b": take("ln_f.bias", (D,))}
-    if not cfg.tie_embeddings:
-        out["unembed._W_U_lin"] = ckpt.take("lm_head.weight", (V, D))
-    elif ckpt.has("lm_head.weight"):
-        ckpt.take("lm_head.weight")  # written twice by some savers; it is the tied wte
+    out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))
     for layer in range(cfg.n_layers):
         hf, ours = f"h.{layer}", f"blocks.{layer}"
         for hf_ln, our_ln in (("ln_1", "ln1"), ("ln_2", "ln2")):

@@ -247,10 +247,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig,
     out = {"embed.W_E": ckpt.take("model.embed_tokens.weight", (V, D))}
     like = out["embed.W_E"]
     out.update(_norm(ckpt, cfg, variant, "model.norm", "ln_final", like))
-    if not cfg.tie_embeddings:
-        out["unembed._W_U_lin"] = ckpt.take("lm_head.weight", (V, D))
-    elif ckpt.has("lm_head.weight"):
-        ckpt.take("lm_head.weight")  # a tied checkpoint may still write the shared matrix twice
+    out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))
     for layer in range(cfg.n_layers):
         hf, ours = f"model.layers.{layer}", f"blocks.{layer}"
         for our_norm, hf_norm in LAYER_NORMS[variant.norm_placement]:

@@ -246,10 +246,7 @@ def _unembed(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, layout: Layout) -> d
     dropped) and GPT-J's bias."""
     out = {}
     name = next((n for n in layout.unembed if ckpt.has(n)), layout.unembed[0])
-    if not cfg.tie_embeddings:
-        out["unembed._W_U_lin"] = ckpt.take(name, (cfg.d_vocab, cfg.d_model))
-    elif ckpt.has(name):
-        ckpt.take(name)
+    out.update(ckpt.take_unembedding(name, (cfg.d_vocab, cfg.d_model), cfg.tie_embeddings))
     if layout.unembed_bias is not None:
         out["unembed.b_U"] = ckpt.take(layout.unembed_bias, (cfg.d_vocab,))
     return out

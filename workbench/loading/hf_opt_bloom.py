@@ -164,10 +164,7 @@ def _opt_embeddings(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, prefix: str) 
     positions = ckpt.take(f"{prefix}.embed_positions.weight", (cfg.n_ctx + OPT_POSITION_OFFSET, D))
     out = {"embed.W_E": embed_VF, "pos_embed.W_pos": positions[OPT_POSITION_OFFSET:]}
     if F == D:
-        if not cfg.tie_embeddings:
-            out["unembed._W_U_lin"] = ckpt.take("lm_head.weight", (V, D))
-        elif ckpt.has("lm_head.weight"):
-            ckpt.take("lm_head.weight")  # a tied checkpoint may still write the shared matrix twice
+        out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))
         return out
     # A tied lm_head is not saved (it is embed_tokens); an untied one is.
     lm_head_VF = ckpt.take("lm_head.weight", (V, F)) if ckpt.has("lm_head.weight") else embed_VF
@@ -242,10 +239,7 @@ def bloom_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig) -> dict[str, Te
            "ln_embed.w": take("word_embeddings_layernorm.weight", (D,)),
            "ln_embed.b": take("word_embeddings_layernorm.bias", (D,)),
            "ln_final.w": take("ln_f.weight", (D,)), "ln_final.b": take("ln_f.bias", (D,))}
-    if not cfg.tie_embeddings:
-        out["unembed._W_U_lin"] = ckpt.take("lm_head.weight", (V, D))
-    elif ckpt.has("lm_head.weight"):
-        ckpt.take("lm_head.weight")  # a tied checkpoint may still write the shared matrix twice
+    out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))
     for layer in range(cfg.n_layers):
         hf, ours = f"h.{layer}", f"blocks.{layer}"
         for hf_ln, our_ln in (("input_layernorm", "ln1"), ("post_attention_layernorm", "ln2")):

@@ -189,10 +189,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
     V, D = cfg.d_vocab, cfg.d_model
     out = {"embed.W_E": ckpt.take("model.embed_tokens.weight", (V, D)),
            **_norm(ckpt, cfg, variant.final_norm, "ln_final")}
-    if not cfg.tie_embeddings:
-        out["unembed._W_U_lin"] = ckpt.take("lm_head.weight", (V, D))
-    elif ckpt.has("lm_head.weight"):
-        ckpt.take("lm_head.weight")  # a tied checkpoint may still write the shared matrix twice
+    out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))
     if cfg.unembed_bias:
         out["unembed.b_U"] = ckpt.take("lm_head.bias", (V,))
     for layer in range(cfg.n_layers):
