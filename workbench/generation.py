@@ -20,10 +20,12 @@ if TYPE_CHECKING:
 
 
 class KVCache:
-    """One ``LayerKVCache`` per layer; ``length`` is the number of positions already seen."""
+    """One ``LayerKVCache`` per layer; ``length`` is the number of positions already seen; ``mask_BS``
+    which of them are real tokens (padded batches; None: every one)."""
 
     def __init__(self, n_layers: int):
         self.layers = [LayerKVCache() for _ in range(n_layers)]
+        self.mask_BS: Optional[Tensor] = None  # which cached positions are real tokens (None: all)
 
     @property
     def length(self) -> int:

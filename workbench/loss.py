@@ -25,9 +25,13 @@ TILE_POSITIONS, TILE_VOCAB = 2048, 1024
 
 
 def next_token_loss(
-    logits_BPV: Float[Tensor, "batch pos d_vocab"], tokens_BP: Int[Tensor, "batch pos"], per_token: bool = False
+    logits_BPV: Float[Tensor, "batch pos d_vocab"], tokens_BP: Int[Tensor, "batch pos"], per_token: bool = False,
+    attention_mask: Optional[Tensor] = None,
 ) -> Tensor:
     """Cross-entropy of predicting token p+1 from position p: the mean, or [batch, pos - 1] with ``per_token``.
+
+    With ``attention_mask`` [batch, pos] (1 = real token) only pairs of two real tokens count: the
+    mean is over them, and the other entries of the per-token loss are 0.
 
     Example:
         >>> logits = torch.zeros(1, 3, 4)                     # uniform over 4 tokens
@@ -38,7 +42,13 @@ def next_token_loss(
         raise InputError("the loss needs at least two tokens (it predicts each next one)")
     losses = F.cross_entropy(logits_BPV[:, :-1].flatten(0, 1).float(), tokens_BP[:, 1:].flatten(), reduction="none")
     losses = losses.view(tokens_BP.shape[0], -1)
-    return losses if per_token else losses.mean()
+    if attention_mask is None:
+        return losses if per_token else losses.mean()
+    counted = (attention_mask[:, :-1].bool() & attention_mask[:, 1:].bool()).to(losses.device)
+    if not bool(counted.any()):
+        raise InputError("the attention mask leaves no pair of consecutive real tokens to score")
+    losses = losses.masked_fill(~counted, 0.0)
+    return losses if per_token else losses.sum() / counted.sum()
 
 
 def token_losses_from_normed(

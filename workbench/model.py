@@ -108,6 +108,8 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
         start_at_layer: Optional[int] = None,
         stop_at_layer: Optional[int] = None,
         kv_cache: Optional[KVCache] = None,
+        attention_mask: Optional[Int[Tensor, "batch pos"]] = None,
+        padding_side: Literal["right", "left"] = "right",
     ) -> Any:
         """Runs the model.
 
@@ -122,23 +124,31 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
                 the residual stream entering that layer is returned. Negative values count from
                 the end, as in TransformerLens (``stop_at_layer=-1``: every block but the last).
             kv_cache: a ``workbench.generation.KVCache``, extended in place (for generation).
+            attention_mask: [batch, pos], 1 for a real token and 0 for padding (left or right). Pads
+                are invisible to every real token, positions count from each row's first real token,
+                and the loss skips pads and the positions that predict one. A list of texts builds
+                its own, padded on ``padding_side``.
 
         Example:
             >>> loss = model(tokens, return_type="loss")   # doctest: +SKIP
         """
         offset = kv_cache.length if kv_cache is not None else 0
         if start_at_layer is None:
-            tokens = self.as_tokens(input, prepend_bos, offset)
+            tokens, mask_BP = self.as_tokens_and_mask(input, prepend_bos, offset, attention_mask, padding_side)
             B, P = tokens.shape
-            positions_P = torch.arange(offset, offset + P, device=tokens.device)
+            key_mask_BS, positions = self._positions(mask_BP, kv_cache, B, P, tokens.device)
             resid_BPD = self.hook_embed(self.embed(tokens))
             if self.ln_embed is not None:
                 resid_BPD = self.ln_embed(resid_BPD)
             if self.pos_embed is not None:
-                resid_BPD = resid_BPD + self.hook_pos_embed(self.pos_embed(positions_P).expand(B, P, -1))
+                resid_BPD = resid_BPD + self.hook_pos_embed(self.pos_embed(positions).expand(B, P, -1))
         else:
             resid_BPD = input
-            positions_P = torch.arange(resid_BPD.shape[1], device=resid_BPD.device)
+            B, P = resid_BPD.shape[:2]
+            mask_BP = None
+            if attention_mask is not None:
+                _, mask_BP = self.as_tokens_and_mask(torch.zeros(B, P, dtype=torch.long), attention_mask=attention_mask)
+            key_mask_BS, positions = self._positions(mask_BP, kv_cache, B, P, resid_BPD.device)
 
         L = self.cfg.n_layers
         for name, value in (("start_at_layer", start_at_layer), ("stop_at_layer", stop_at_layer)):
@@ -147,7 +157,7 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
         layers = range(L)[start_at_layer:stop_at_layer]  # Python's slice: negatives count from the end
         for layer in layers:
             layer_cache = kv_cache.layers[layer] if kv_cache is not None else None
-            resid_BPD = self.blocks[layer](resid_BPD, positions_P, layer_cache)
+            resid_BPD = self.blocks[layer](resid_BPD, positions, layer_cache, key_mask_BS)
         if stop_at_layer is not None:
             return resid_BPD
 
@@ -158,12 +168,32 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
             return None
         if tokens is None:
             raise InputError("the loss needs token ids: pass tokens= when starting from a residual stream")
-        loss = self.loss_fn(logits_BPV, tokens, per_token=loss_per_token)
+        loss = self.loss_fn(logits_BPV, tokens, per_token=loss_per_token, attention_mask=mask_BP)
         if return_type == "loss":
             return loss
         if return_type == "both":
             return logits_BPV, loss
         raise InputError(f"return_type must be 'logits', 'loss', 'both' or None, got {return_type!r}")
+
+    @staticmethod
+    def _positions(mask_BP: Optional[Tensor], kv_cache: Optional[KVCache], B: int, P: int,
+                   device: torch.device) -> tuple[Optional[Tensor], Tensor]:
+        """(key mask [B, S] over every position so far, or None when nothing is padding; positions
+        [P], or [B, P] counted from each row's first real token). Keeps the KV cache's mask current."""
+        offset = kv_cache.length if kv_cache is not None else 0
+        prior_BS = kv_cache.mask_BS if kv_cache is not None else None
+        if prior_BS is None and (mask_BP is None or bool(mask_BP.all())):
+            return None, torch.arange(offset, offset + P, device=device)
+        new_BP = mask_BP if mask_BP is not None else torch.ones(B, P, dtype=torch.bool, device=device)
+        if prior_BS is None:
+            prior_BS = torch.ones(B, offset, dtype=torch.bool, device=device)
+        key_mask_BS = torch.cat([prior_BS.to(device), new_BP], dim=1)
+        padding_rows = (~key_mask_BS.any(dim=1)).nonzero().flatten().tolist()
+        if padding_rows:
+            raise InputError(f"row(s) {padding_rows} of attention_mask are all padding: nothing to run")
+        if kv_cache is not None:
+            kv_cache.mask_BS = key_mask_BS
+        return key_mask_BS, (key_mask_BS.long().cumsum(dim=1) - 1).clamp(min=0)[:, -P:]
 
     # ---- the output head, for experiments ------------------------------------------------------
     def apply_final_norm(
@@ -196,13 +226,15 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
         return self.unembed(self.apply_final_norm(resid_BPD))
 
     def loss_fn(self, logits_BPV: Float[Tensor, "batch pos d_vocab"], tokens_BP: Int[Tensor, "batch pos"],
-                per_token: bool = False) -> Tensor:
+                per_token: bool = False, attention_mask: Optional[Tensor] = None) -> Tensor:
         """Next-token cross-entropy of ``logits`` on ``tokens``: the mean, or [batch, pos - 1] with ``per_token``.
+        With ``attention_mask`` the pads and the positions predicting a pad are left out of the mean
+        (and are 0 per token).
 
         TransformerLens's ``loss_fn``. Example:
             >>> model.loss_fn(model(tokens), tokens)   # == model(tokens, return_type="loss")   # doctest: +SKIP
         """
-        return next_token_loss(logits_BPV, tokens_BP, per_token=per_token)
+        return next_token_loss(logits_BPV, tokens_BP, per_token=per_token, attention_mask=attention_mask)
 
     def loss_from_resid(self, resid_BPD: Float[Tensor, "batch pos d_model"],
                         targets_BP: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos"]:

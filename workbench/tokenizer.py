@@ -112,8 +112,22 @@ class Tokenizer:
             ids = [self.bos_token_id] + ids
         return ids
 
-    def to_tokens(self, text: Union[str, list[str]], prepend_bos: Optional[bool] = None) -> Int[Tensor, "batch pos"]:
-        """[batch, pos] ids; a list of strings is right-padded with the pad token."""
+    def to_tokens(self, text: Union[str, list[str]], prepend_bos: Optional[bool] = None,
+                  padding_side: str = "right") -> Int[Tensor, "batch pos"]:
+        """[batch, pos] ids; a list of strings is padded with the pad token on ``padding_side``."""
+        return self.to_tokens_and_mask(text, prepend_bos, padding_side)[0]
+
+    def to_tokens_and_mask(self, text: Union[str, list[str]], prepend_bos: Optional[bool] = None,
+                           padding_side: str = "right") -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+        """Ids [batch, pos] padded on ``padding_side`` ("right" or "left"), and the attention mask
+        [batch, pos] (1 = a real token, 0 = padding).
+
+        Example:
+            >>> tok.to_tokens_and_mask(["a b", "a"], prepend_bos=False, padding_side="left")[1].tolist()   # doctest: +SKIP
+            [[1, 1], [0, 1]]
+        """
+        if padding_side not in ("right", "left"):
+            raise InputError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
         texts = [text] if isinstance(text, str) else list(text)
         if not texts:
             raise InputError("no text given: an empty list has nothing to tokenize")
@@ -121,7 +135,17 @@ class Tokenizer:
         width = max(len(r) for r in rows)
         if width == 0:
             raise InputError("the text is empty: it tokenizes to zero tokens")
-        return torch.tensor([r + [self.pad_token_id] * (width - len(r)) for r in rows], dtype=torch.long)
+        empty = [index for index, row in enumerate(rows) if not row]
+        if empty:
+            raise InputError(f"text(s) {empty} tokenize to zero tokens: a row would be all padding")
+        pads = [[self.pad_token_id] * (width - len(r)) for r in rows]
+        masks = [[1] * len(r) for r in rows]
+        zeros = [[0] * (width - len(r)) for r in rows]
+        if padding_side == "right":
+            ids, mask = [r + p for r, p in zip(rows, pads)], [m + z for m, z in zip(masks, zeros)]
+        else:
+            ids, mask = [p + r for r, p in zip(rows, pads)], [z + m for m, z in zip(masks, zeros)]
+        return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
 
     def decode(self, ids: Union[list[int], Tensor]) -> str:
         if isinstance(ids, Tensor):

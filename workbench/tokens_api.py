@@ -79,8 +79,12 @@ class TokenMethods:
             return prepend_bos
         return self.cfg.default_prepend_bos and self._require_tokenizer().bos_token_id is not None
 
-    def to_tokens(self, text: Union[str, list[str]], prepend_bos: Optional[bool] = None) -> Int[Tensor, "batch pos"]:
-        """Text (or a list of texts, right-padded) -> token ids [batch, pos] on the model's device.
+    def to_tokens(self, text: Union[str, list[str]], prepend_bos: Optional[bool] = None,
+                  padding_side: str = "right") -> Int[Tensor, "batch pos"]:
+        """Text (or a list of texts, padded on ``padding_side``) -> token ids [batch, pos] on the model's device.
+
+        Running the model on the list of texts itself (``model(texts)``) also builds the attention
+        mask that keeps the pads out; with these ids pass ``attention_mask=`` (see ``to_tokens_and_mask``).
 
         ``prepend_bos=None`` is TransformerLens's default: BOS first when the tokenizer has one
         (``cfg.default_prepend_bos``, see ``bos_first``); ``False``/``True`` overrides it.
@@ -91,7 +95,44 @@ class TokenMethods:
             >>> model.to_tokens("Hello world", prepend_bos=False).shape  # doctest: +SKIP
             torch.Size([1, 2])
         """
-        return self._require_tokenizer().to_tokens(text, self.bos_first(prepend_bos)).to(self.cfg.device)
+        return self.to_tokens_and_mask(text, prepend_bos, padding_side)[0]
+
+    def to_tokens_and_mask(self, text: Union[str, list[str]], prepend_bos: Optional[bool] = None,
+                           padding_side: str = "right") -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+        """Token ids [batch, pos] and the attention mask [batch, pos] (1 = real token, 0 = pad) of a
+        text or a list of texts padded on ``padding_side`` ("right" or "left").
+
+        Example:
+            >>> tokens, mask = model.to_tokens_and_mask(["a b c", "a"], padding_side="left")   # doctest: +SKIP
+            >>> logits = model(tokens, attention_mask=mask)                                     # doctest: +SKIP
+        """
+        tokens, mask = self._require_tokenizer().to_tokens_and_mask(text, self.bos_first(prepend_bos), padding_side)
+        return tokens.to(self.cfg.device), mask.to(self.cfg.device)
+
+    def as_tokens_and_mask(self, input: TextOrTokens, prepend_bos: Optional[bool] = None, offset: int = 0,
+                           attention_mask: Optional[Tensor] = None, padding_side: str = "right"
+                           ) -> tuple[Int[Tensor, "batch pos"], Optional[Tensor]]:
+        """``as_tokens``, and the attention mask as a bool [batch, pos] (True = real token) or None
+        when nothing is padding. A list of texts builds its own mask; a given mask is checked: its
+        shape must be the tokens', every row must hold a real token.
+
+        Example:
+            >>> tokens, mask = model.as_tokens_and_mask(["a b c", "a"], padding_side="left")   # doctest: +SKIP
+        """
+        texts = isinstance(input, list) and input and all(isinstance(item, str) for item in input)
+        if texts and attention_mask is None and len(input) > 1:
+            input, attention_mask = self.to_tokens_and_mask(input, prepend_bos, padding_side)
+        tokens = self.as_tokens(input, prepend_bos, offset)
+        if attention_mask is None:
+            return tokens, None
+        mask = attention_mask if attention_mask.ndim == 2 else attention_mask[None]
+        if tuple(mask.shape) != tuple(tokens.shape):
+            raise InputError(f"attention_mask has shape {tuple(attention_mask.shape)} but the tokens have "
+                             f"{tuple(tokens.shape)}; they must match")
+        if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+            raise InputError("attention_mask must hold only 1 (a real token) and 0 (padding)")
+        mask = mask.to(device=tokens.device, dtype=torch.bool)
+        return tokens, mask
 
     def to_str_tokens(self, input: Union[TextOrTokens, list, int], prepend_bos: Optional[bool] = None
                       ) -> Union[list[str], list[list[str]]]:

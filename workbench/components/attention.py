@@ -92,12 +92,15 @@ class Attention(nn.Module):
     def forward(
         self,
         x_BPD: Float[Tensor, "batch pos d_model"],
-        positions_P: Int[Tensor, "pos"],
+        positions: Int[Tensor, "*batch pos"],
         kv_cache: Optional["LayerKVCache"] = None,
         split_inputs: Optional[tuple[Tensor, Tensor, Tensor]] = None,
+        key_mask_BS: Optional[Tensor] = None,
     ) -> Float[Tensor, "batch pos d_model"]:
-        """``split_inputs``: per-head inputs (q [B, P, H, D], k and v [B, P, G, D]) that replace
-        ``x_BPD`` (``use_split_qkv_input``); each head then reads its own copy."""
+        """``positions``: [P], or [B, P] when rows are padded (each row counts from its first real
+        token). ``split_inputs``: per-head inputs (q [B, P, H, D], k and v [B, P, G, D]) that replace
+        ``x_BPD`` (``use_split_qkv_input``); each head then reads its own copy. ``key_mask_BS``:
+        True for real tokens over every key position (cached ones included), None when none is padding."""
         B, P, _ = x_BPD.shape
         H, G, K = self.n_heads, self.n_key_value_heads, self.d_head
         q_in, k_in, v_in = split_inputs if split_inputs is not None else (x_BPD, x_BPD, x_BPD)
@@ -107,14 +110,14 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q_BPHK, k_BPGK = self._qk_normed(self.q_norm, q_BPHK), self._qk_normed(self.k_norm, k_BPGK)
         if self.rotary is not None:
-            q_BPHK = self.hook_rot_q(self.rotary(q_BPHK, positions_P))
-            k_BPGK = self.hook_rot_k(self.rotary(k_BPGK, positions_P))
+            q_BPHK = self.hook_rot_q(self.rotary(q_BPHK, positions))
+            k_BPGK = self.hook_rot_k(self.rotary(k_BPGK, positions))
 
         q_BHPK, k_BGSK, v_BGSK = q_BPHK.transpose(1, 2), k_BPGK.transpose(1, 2), v_BPGK.transpose(1, 2)
         if kv_cache is not None:
             k_BGSK, v_BGSK = kv_cache.append(k_BGSK, v_BGSK)
         mask = MaskSpec(scale=self.scale, q_offset=k_BGSK.shape[2] - P, sliding_window=self.sliding_window,
-                        alibi_slopes_H=self.alibi_slopes_H, soft_cap=self.soft_cap)
+                        alibi_slopes_H=self.alibi_slopes_H, soft_cap=self.soft_cap, key_mask_BS=key_mask_BS)
 
         fast_kernel = FAST_KERNELS.get(self.attn_impl)  # None for "eager"
         if fast_kernel is None or self.pattern_is_hooked():

@@ -28,6 +28,10 @@ class MaskSpec:
     with a KV cache); keys at ``0 .. S - 1``. Query i sees key j iff j <= i and, with a sliding
     window w, i - j < w. ALiBi adds -slope_h * (i - j). With ``soft_cap`` c the scaled scores
     become c * tanh(scores / c) before the mask and bias are added (Gemma 2).
+
+    ``key_mask_BS`` (True = a real token, False = padding; over every key position, cached ones
+    included) hides padding keys from every query. A padding query, which then might see nothing,
+    sees itself only, so no row of a pattern is empty (no NaN) and no real token ever reads a pad.
     """
 
     scale: float
@@ -35,11 +39,12 @@ class MaskSpec:
     sliding_window: Optional[int] = None
     alibi_slopes_H: Optional[Tensor] = None
     soft_cap: Optional[float] = None
+    key_mask_BS: Optional[Tensor] = None
 
     @property
     def is_plain_causal(self) -> bool:
         """True when a bottom-right-aligned causal mask is all there is."""
-        return self.sliding_window is None and self.alibi_slopes_H is None
+        return self.sliding_window is None and self.alibi_slopes_H is None and self.key_mask_BS is None
 
     def capped(self, scaled_scores: Tensor) -> Tensor:
         """Soft-capping of scaled scores (identity without ``soft_cap``)."""
@@ -48,15 +53,19 @@ class MaskSpec:
         return torch.tanh(scaled_scores / self.soft_cap) * self.soft_cap
 
     def bias(self, q_start: int, q_len: int, k_start: int, k_len: int, device: torch.device) -> Tensor:
-        """Additive bias [1 or H, q_len, k_len] in float32: 0 where visible, -inf where masked."""
+        """Additive bias [1 or B, 1 or H, q_len, k_len] in float32: 0 where visible, -inf where masked."""
         i = torch.arange(q_start + self.q_offset, q_start + self.q_offset + q_len, device=device)[:, None]
         j = torch.arange(k_start, k_start + k_len, device=device)[None, :]
-        visible = j <= i
+        visible = (j <= i)[None]  # [1, q, k]
         if self.sliding_window is not None:
-            visible &= (i - j) < self.sliding_window
-        bias = torch.zeros(q_len, k_len, device=device).masked_fill(~visible, float("-inf"))[None]
+            visible = visible & ((i - j) < self.sliding_window)
+        if self.key_mask_BS is not None:
+            key_mask = self.key_mask_BS.to(device)
+            query_is_pad_Bq = ~key_mask[:, q_start + self.q_offset:q_start + self.q_offset + q_len]
+            visible = (visible & key_mask[:, None, k_start:k_start + k_len]) | (query_is_pad_Bq[:, :, None] & (i == j))
+        bias = torch.zeros(visible.shape, device=device).masked_fill(~visible, float("-inf"))[:, None]
         if self.alibi_slopes_H is not None:
-            bias = bias - self.alibi_slopes_H.to(device)[:, None, None] * (i - j).float()[None]
+            bias = bias - self.alibi_slopes_H.to(device)[None, :, None, None] * (i - j).float()
         return bias
 
     def key_range(self, q_start: int, q_end: int, n_keys: int) -> tuple[int, int]:
@@ -150,8 +159,9 @@ def tiled_flash_attention(
         for k_start in range(lo, hi, block_k):
             k_end = min(k_start + block_k, hi)
             s = mask.capped(q_tile @ k_BGSK[:, :, k_start:k_end].float().transpose(-1, -2))  # [B, G, g*n_q, n_k]
-            bias = mask.bias(q_start, n_q, k_start, k_end - k_start, q_BHPK.device)  # [1|H, n_q, n_k]
-            bias = bias.view(1, G, g, n_q, -1) if bias.shape[0] > 1 else bias.view(1, 1, 1, n_q, -1)
+            bias = mask.bias(q_start, n_q, k_start, k_end - k_start, q_BHPK.device)  # [1|B, 1|H, n_q, n_k]
+            heads = (G, g) if bias.shape[1] > 1 else (1, 1)
+            bias = bias.view(bias.shape[0], *heads, n_q, -1)
             s = (s.view(B, G, g, n_q, -1) + bias).view(B, G, g * n_q, -1)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)  # rows with nothing visible yet
@@ -171,7 +181,8 @@ def flash_attention(
     mask: MaskSpec,
 ) -> Float[Tensor, "batch pos n_heads d_head"]:
     """``attn_impl="flash"``: the Triton kernel on CUDA where it applies, else the tiled torch path."""
-    if (q_BHPK.is_cuda and mask.alibi_slopes_H is None and mask.soft_cap is None and mask.q_offset == 0
+    if (q_BHPK.is_cuda and mask.alibi_slopes_H is None and mask.soft_cap is None and mask.key_mask_BS is None
+            and mask.q_offset == 0
             and q_BHPK.shape[2] == k_BGSK.shape[2]):
         from workbench.kernels import triton_available, triton_flash_attention
 

@@ -71,18 +71,20 @@ class TransformerBlock(nn.Module):
     def forward(
         self,
         resid_BPD: Float[Tensor, "batch pos d_model"],
-        positions_P: Int[Tensor, "pos"],
+        positions: Int[Tensor, "*batch pos"],
         kv_cache: Optional[LayerKVCache] = None,
+        key_mask_BS: Optional[Tensor] = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         resid = self.hook_resid_pre(resid_BPD)
         if self.use_split_qkv_input:
             heads = (self.attn.n_heads, self.attn.n_key_value_heads, self.attn.n_key_value_heads)
             split = tuple(self.ln1(hook(resid[:, :, None].repeat(1, 1, n, 1)))  # a copy per head
                           for hook, n in zip((self.hook_q_input, self.hook_k_input, self.hook_v_input), heads))
-            attn_out = self.hook_attn_out(self.attn(resid, positions_P, kv_cache, split_inputs=split))
+            attn_out = self.hook_attn_out(self.attn(resid, positions, kv_cache, split_inputs=split,
+                                                    key_mask_BS=key_mask_BS))
             resid_mid = resid + attn_out
         else:
-            attend = lambda x: self.attn(x, positions_P, kv_cache)  # noqa: E731
+            attend = lambda x: self.attn(x, positions, kv_cache, key_mask_BS=key_mask_BS)  # noqa: E731
             resid_mid, attn_out = self._sublayer(resid, attend, self.ln1, self.ln1_post, self.hook_attn_out)
         if not self.has_mlp:
             return self.hook_resid_post(resid_mid)

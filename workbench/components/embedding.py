@@ -43,8 +43,8 @@ class LearnedPosEmbed(nn.Module):
         super().__init__()
         self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model, dtype=cfg.dtype))
 
-    def forward(self, positions_P: Int[Tensor, "pos"]) -> Float[Tensor, "pos d_model"]:
-        return self.W_pos[positions_P]
+    def forward(self, positions: Int[Tensor, "*batch pos"]) -> Float[Tensor, "*batch pos d_model"]:
+        return self.W_pos[positions]
 
 
 class SinusoidalPosEmbed(nn.Module):
@@ -54,8 +54,8 @@ class SinusoidalPosEmbed(nn.Module):
         super().__init__()
         self.register_buffer("table", sinusoidal_table(cfg.n_ctx, cfg.d_model).to(cfg.dtype), persistent=False)
 
-    def forward(self, positions_P: Int[Tensor, "pos"]) -> Float[Tensor, "pos d_model"]:
-        return self.table[positions_P]
+    def forward(self, positions: Int[Tensor, "*batch pos"]) -> Float[Tensor, "*batch pos d_model"]:
+        return self.table[positions]
 
 
 def sinusoidal_table(n_ctx: int, d_model: int) -> Float[Tensor, "n_ctx d_model"]:

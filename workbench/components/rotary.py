@@ -42,20 +42,21 @@ class Rotary(nn.Module):
         self.register_buffer("sin", sin, persistent=False)
 
     def forward(
-        self, x_BPHK: Float[Tensor, "batch pos heads d_head"], positions_P: Int[Tensor, "pos"]
+        self, x_BPHK: Float[Tensor, "batch pos heads d_head"], positions: Int[Tensor, "*batch pos"]
     ) -> Float[Tensor, "batch pos heads d_head"]:
-        cos_PR, sin_PR = self._angles(positions_P)
-        cos_P1R, sin_P1R = cos_PR[:, None, :].to(x_BPHK.dtype), sin_PR[:, None, :].to(x_BPHK.dtype)
+        """``positions``: [P], or [B, P] when each row has its own (padded batches)."""
+        cos_PR, sin_PR = self._angles(positions)  # [P, R] or [B, P, R]
+        cos_P1R, sin_P1R = cos_PR.unsqueeze(-2).to(x_BPHK.dtype), sin_PR.unsqueeze(-2).to(x_BPHK.dtype)
         rotate = rotate_adjacent if self.adjacent_pairs else rotate_half
         if self.rotary_dim == x_BPHK.shape[-1]:
             return x_BPHK * cos_P1R + rotate(x_BPHK) * sin_P1R
         rot, rest = x_BPHK[..., : self.rotary_dim], x_BPHK[..., self.rotary_dim :]
         return torch.cat([rot * cos_P1R + rotate(rot) * sin_P1R, rest], dim=-1)
 
-    def _angles(self, positions_P: Tensor) -> tuple[Tensor, Tensor]:
+    def _angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         dynamic = self.scaling is not None and dict(self.scaling)["rope_type"] == "dynamic"
         # Only dynamic scaling reads the longest position (a device sync on GPU).
-        seq_len = int(positions_P.max()) + 1 if dynamic and positions_P.numel() else 0
+        seq_len = int(positions.max()) + 1 if dynamic and positions.numel() else 0
         if seq_len > self.n_ctx:  # NTK: a base fitted to this call's longest position
             cos, sin = rotary_table(self.n_ctx, self.rotary_dim, self.base, self.scaling, seq_len)
             cos, sin = cos.to(self.cos.device), sin.to(self.sin.device)
@@ -64,7 +65,7 @@ class Rotary(nn.Module):
         if self.adjacent_pairs:  # the table holds each frequency twice, as (f0..fn, f0..fn)
             half = self.rotary_dim // 2
             cos, sin = (t[:, :half].repeat_interleave(2, dim=-1) for t in (cos, sin))
-        return cos[positions_P], sin[positions_P]
+        return cos[positions], sin[positions]
 
 
 def inverse_frequencies(rotary_dim: int, base: float, scaling: Scaling = None, n_ctx: int = 0,
