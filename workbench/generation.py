@@ -44,17 +44,24 @@ def generate_tokens(
     use_kv_cache: bool = True,
     stop_at_eos: bool = True,
     verbose: bool = False,
+    attention_mask: Optional[Int[Tensor, "batch pos"]] = None,
 ) -> tuple[Int[Tensor, "batch pos_plus_new"], Float[Tensor, "batch new d_vocab"]]:
     """Appends up to ``max_new_tokens`` to each row; returns the tokens and each step's logits.
 
     ``temperature=0`` is greedy. With ``use_kv_cache`` each step feeds only the newest token.
+    ``attention_mask`` (1 = real token) lets prompts of different lengths share a batch: they must be
+    left-padded, so every row's last position is a real token; each row then continues exactly as
+    its prompt alone would, and stops at its own EOS (later steps repeat EOS in that row).
 
     Example:
         >>> tokens, step_logits = generate_tokens(model, model.to_tokens("Hi"), 5)   # doctest: +SKIP
     """
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    tokens_BP = model.as_tokens(tokens_BP)
+    tokens_BP, mask_BP = model.as_tokens_and_mask(tokens_BP, attention_mask=attention_mask)
+    if mask_BP is not None and not bool(mask_BP[:, -1].all()):
+        raise InputError("generation needs left padding (every row's last token real): pad with "
+                         "padding_side='left'")
     limit = model.cfg.context_limit  # None: dynamic RoPE extends the context, as in transformers
     if limit is not None and tokens_BP.shape[1] + max_new_tokens > limit:
         raise InputError(f"prompt ({tokens_BP.shape[1]} tokens) plus max_new_tokens={max_new_tokens} "
@@ -64,17 +71,21 @@ def generate_tokens(
     cache = KVCache(model.cfg.n_layers) if use_kv_cache else None
     finished_B = torch.zeros(tokens_BP.shape[0], dtype=torch.bool, device=tokens_BP.device)
     step_logits = []
-    next_input = tokens_BP
+    next_input, step_mask = tokens_BP, mask_BP
     with torch.no_grad():
         for _ in tqdm(range(max_new_tokens), disable=not verbose, desc="generating"):
-            logits_BV = model(next_input, kv_cache=cache)[:, -1].float()
+            logits_BV = model(next_input, kv_cache=cache, attention_mask=step_mask)[:, -1].float()
             step_logits.append(logits_BV)
             new_B = sample_next(logits_BV, temperature, top_k, top_p, generator)
             if eos is not None:
                 new_B = new_B.masked_fill(finished_B, eos)
                 finished_B |= new_B == eos
             tokens_BP = torch.cat([tokens_BP, new_B[:, None]], dim=1)
-            next_input = new_B[:, None] if use_kv_cache else tokens_BP
+            if use_kv_cache:  # the cache remembers the prompt's mask; new tokens are real
+                next_input, step_mask = new_B[:, None], None
+            else:
+                next_input = tokens_BP
+                step_mask = None if mask_BP is None else torch.nn.functional.pad(mask_BP, (0, tokens_BP.shape[1] - mask_BP.shape[1]), value=True)
             if eos is not None and bool(finished_B.all()):
                 break
     return tokens_BP, torch.stack(step_logits, dim=1)
@@ -116,9 +127,21 @@ def generate(
         >>> generate(model, "The capital of France is", 5)   # doctest: +SKIP
     """
     as_text = isinstance(input, (str, list))
-    tokens_BP = model.to_tokens(input, prepend_bos=prepend_bos) if as_text else input
-    out_BP, _ = generate_tokens(model, tokens_BP, max_new_tokens, **kwargs)
     if not as_text:
-        return out_BP
-    texts = model.to_string(out_BP[:, 1:] if model.bos_first(prepend_bos) else out_BP)
+        return generate_tokens(model, input, max_new_tokens, **kwargs)[0]
+    tokens_BP, mask_BP = model.to_tokens_and_mask(input, prepend_bos=prepend_bos, padding_side="left")
+    out_BP, _ = generate_tokens(model, tokens_BP, max_new_tokens, attention_mask=mask_BP, **kwargs)
+    texts = []
+    for row, mask in zip(out_BP, mask_BP):
+        start = int((~mask.bool()).sum()) + int(model.bos_first(prepend_bos))  # past the pads and BOS
+        texts.append(model.to_string(_up_to_first_eos(row[start:], tokens_BP.shape[1] - start, model)))
     return texts[0] if isinstance(input, str) else texts
+
+
+def _up_to_first_eos(row: Tensor, prompt_length: int, model: "Decoder") -> Tensor:
+    """The row up to its first generated EOS (kept), dropping the EOS repeats that fill a finished row."""
+    eos = model.tokenizer.eos_token_id if model.tokenizer is not None else None
+    if eos is None:
+        return row
+    generated_eos = (row[prompt_length:] == eos).nonzero()
+    return row if len(generated_eos) == 0 else row[:prompt_length + int(generated_eos[0]) + 1]

@@ -131,3 +131,27 @@ def test_an_all_padding_row_is_refused():
     with pytest.raises(wb.InputError, match=r"row\(s\) \[1\] of attention_mask are all padding"):
         model(tokens, attention_mask=mask)
     assert all(not hook._forward_hooks for hook in model.hook_dict.values())
+
+
+def test_batched_greedy_generation_equals_each_prompt_alone():
+    model = make_model("rotary")
+    texts = ["w5 w6 w7 w8 w9 w10", "w11", "w12 w13 w14"]
+    batched = model.generate(texts, max_new_tokens=6)
+    assert batched == [model.generate(text, max_new_tokens=6) for text in texts]
+    tokens, mask = model.to_tokens_and_mask(texts, padding_side="left")
+    from workbench.generation import generate_tokens
+
+    for use_kv_cache in (True, False):
+        out, _ = generate_tokens(model, tokens, 6, attention_mask=mask, use_kv_cache=use_kv_cache, stop_at_eos=False)
+        for index, text in enumerate(texts):
+            alone, _ = generate_tokens(model, model.to_tokens(text), 6, stop_at_eos=False)
+            assert out[index, -6:].tolist() == alone[0, -6:].tolist()
+
+
+def test_generation_refuses_right_padding():
+    model = make_model("rotary")
+    tokens, mask = model.to_tokens_and_mask(["w5 w6 w7", "w8"], padding_side="right")
+    from workbench.generation import generate_tokens
+
+    with pytest.raises(wb.InputError, match="left padding"):
+        generate_tokens(model, tokens, 3, attention_mask=mask)
