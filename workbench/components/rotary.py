@@ -37,7 +37,9 @@ class Rotary(nn.Module):
         self.rotary_dim, self.base, self.n_ctx = cfg.rotary_dim, cfg.rotary_base, cfg.n_ctx
         self.adjacent_pairs = cfg.rotary_adjacent_pairs
         self.scaling: Scaling = None if cfg.rotary_scaling is None else tuple(sorted(cfg.rotary_scaling.items()))
-        cos, sin = rotary_table(cfg.n_ctx, cfg.rotary_dim, cfg.rotary_base, self.scaling)
+        self.dynamic = (cfg.rotary_scaling or {}).get("rope_type") == "dynamic"
+        cos, sin = rotary_table(cfg.n_ctx, cfg.rotary_dim, cfg.rotary_base, self.scaling,
+                                adjacent_pairs=self.adjacent_pairs)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
@@ -54,18 +56,13 @@ class Rotary(nn.Module):
         return torch.cat([rot * cos_P1R + rotate(rot) * sin_P1R, rest], dim=-1)
 
     def _angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        dynamic = self.scaling is not None and dict(self.scaling)["rope_type"] == "dynamic"
         # Only dynamic scaling reads the longest position (a device sync on GPU).
-        seq_len = int(positions.max()) + 1 if dynamic and positions.numel() else 0
+        seq_len = int(positions.max()) + 1 if self.dynamic and positions.numel() else 0
         if seq_len > self.n_ctx:  # NTK: a base fitted to this call's longest position
-            cos, sin = rotary_table(self.n_ctx, self.rotary_dim, self.base, self.scaling, seq_len)
-            cos, sin = cos.to(self.cos.device), sin.to(self.sin.device)
-        else:
-            cos, sin = self.cos, self.sin
-        if self.adjacent_pairs:  # the table holds each frequency twice, as (f0..fn, f0..fn)
-            half = self.rotary_dim // 2
-            cos, sin = (t[:, :half].repeat_interleave(2, dim=-1) for t in (cos, sin))
-        return cos[positions], sin[positions]
+            cos, sin = rotary_table(self.n_ctx, self.rotary_dim, self.base, self.scaling, seq_len,
+                                    adjacent_pairs=self.adjacent_pairs)
+            return cos.to(self.cos.device)[positions], sin.to(self.sin.device)[positions]
+        return self.cos[positions], self.sin[positions]
 
 
 def inverse_frequencies(rotary_dim: int, base: float, scaling: Scaling = None, n_ctx: int = 0,
@@ -133,9 +130,11 @@ def _yarn(inv_freq: Tensor, base: float, dim: int, spec: dict[str, Any], n_ctx: 
 
 @lru_cache(maxsize=16)
 def rotary_table(n_ctx: int, rotary_dim: int, base: float, scaling: Scaling = None,
-                 seq_len: int = 0) -> tuple[Tensor, Tensor]:
+                 seq_len: int = 0, adjacent_pairs: bool = False) -> tuple[Tensor, Tensor]:
     """cos and sin [n_ctx, R] of the rotation angles (float32; computed in float64), the attention
-    factor of ``yarn`` included. ``seq_len`` > ``n_ctx`` only for ``dynamic`` scaling.
+    factor of ``yarn`` included. ``seq_len`` > ``n_ctx`` only for ``dynamic`` scaling. Each
+    frequency appears twice, laid out as the rotation pairs dimensions: (f0..fn, f0..fn) for
+    halves, (f0, f0, f1, f1, ...) for adjacent pairs.
 
     Cached: every layer of a model shares one table (float64 cos/sin over 8192 x 64 angles takes
     ~0.1 s on a small CPU; recomputed per layer it dominated loading a 30-layer model). Buffers
@@ -144,7 +143,7 @@ def rotary_table(n_ctx: int, rotary_dim: int, base: float, scaling: Scaling = No
     inv_freq, attention_factor = inverse_frequencies(rotary_dim, base, scaling, n_ctx, seq_len)
     length = max(n_ctx, seq_len)
     angles = torch.arange(length, dtype=torch.float64)[:, None] * inv_freq[None, :]  # [n_ctx, R/2]
-    angles = torch.cat([angles, angles], dim=-1)  # [n_ctx, R]
+    angles = angles.repeat_interleave(2, dim=-1) if adjacent_pairs else torch.cat([angles, angles], dim=-1)  # [n_ctx, R]
     return (angles.cos() * attention_factor).float(), (angles.sin() * attention_factor).float()
 
 
