@@ -35,7 +35,7 @@ from workbench.loss import next_token_loss, token_losses_from_normed
 from workbench.hooking import HookMethods
 from workbench.saving import save_native
 from workbench.tokenizer import Tokenizer
-from workbench.tokens_api import TextOrTokens, TokenMethods
+from workbench.tokens_api import TextOrTokens, TokenMethods, check_attention_mask
 from workbench.weights_api import WeightMethods
 
 ReturnType = Optional[Literal["logits", "loss", "both"]]
@@ -145,9 +145,7 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
         else:
             resid_BPD = input
             B, P = resid_BPD.shape[:2]
-            mask_BP = None
-            if attention_mask is not None:
-                _, mask_BP = self.as_tokens_and_mask(torch.zeros(B, P, dtype=torch.long), attention_mask=attention_mask)
+            mask_BP = None if attention_mask is None else check_attention_mask(attention_mask, (B, P), resid_BPD.device)
             key_mask_BS, positions = self._positions(mask_BP, kv_cache, B, P, resid_BPD.device)
 
         L = self.cfg.n_layers
@@ -188,9 +186,10 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
         if prior_BS is None:
             prior_BS = torch.ones(B, offset, dtype=torch.bool, device=device)
         key_mask_BS = torch.cat([prior_BS.to(device), new_BP], dim=1)
-        padding_rows = (~key_mask_BS.any(dim=1)).nonzero().flatten().tolist()
-        if padding_rows:
-            raise InputError(f"row(s) {padding_rows} of attention_mask are all padding: nothing to run")
+        if offset == 0:  # later calls extend rows that already hold a real token
+            padding_rows = (~key_mask_BS.any(dim=1)).nonzero().flatten().tolist()
+            if padding_rows:
+                raise InputError(f"row(s) {padding_rows} of attention_mask are all padding: nothing to run")
         if kv_cache is not None:
             kv_cache.mask_BS = key_mask_BS
         return key_mask_BS, (key_mask_BS.long().cumsum(dim=1) - 1).clamp(min=0)[:, -P:]

@@ -125,14 +125,7 @@ class TokenMethods:
         tokens = self.as_tokens(input, prepend_bos, offset)
         if attention_mask is None:
             return tokens, None
-        mask = attention_mask if attention_mask.ndim == 2 else attention_mask[None]
-        if tuple(mask.shape) != tuple(tokens.shape):
-            raise InputError(f"attention_mask has shape {tuple(attention_mask.shape)} but the tokens have "
-                             f"{tuple(tokens.shape)}; they must match")
-        if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
-            raise InputError("attention_mask must hold only 1 (a real token) and 0 (padding)")
-        mask = mask.to(device=tokens.device, dtype=torch.bool)
-        return tokens, mask
+        return tokens, check_attention_mask(attention_mask, tuple(tokens.shape), tokens.device)
 
     def to_str_tokens(self, input: Union[TextOrTokens, list, int], prepend_bos: Optional[bool] = None
                       ) -> Union[list[str], list[list[str]]]:
@@ -273,3 +266,20 @@ def _id_rows(ids: object, caller: str) -> tuple[list[list[int]], bool]:
     if tensor.ndim > 2:
         raise InputError(f"{caller} takes ids of shape [], [pos] or [batch, pos], got {tuple(tensor.shape)}")
     return tensor.reshape(-1, tensor.shape[-1] if tensor.ndim else 1).tolist(), tensor.ndim == 2
+
+
+def check_attention_mask(attention_mask: Tensor, shape: tuple[int, int], device: torch.device) -> Tensor:
+    """``attention_mask`` ([pos] or [batch, pos], 1 = real token, 0 = pad) as a bool [batch, pos] on
+    ``device``, or an ``InputError`` when its shape is not ``shape`` or it holds other values.
+
+    Example:
+        >>> check_attention_mask(torch.tensor([1, 0]), (1, 2), torch.device("cpu")).tolist()
+        [[True, False]]
+    """
+    mask = attention_mask if attention_mask.ndim == 2 else attention_mask[None]
+    if tuple(mask.shape) != tuple(shape):
+        raise InputError(f"attention_mask has shape {tuple(attention_mask.shape)} but the tokens have "
+                         f"{tuple(shape)}; they must match")
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+        raise InputError("attention_mask must hold only 1 (a real token) and 0 (padding)")
+    return mask.to(device=device, dtype=torch.bool)
