@@ -27,9 +27,10 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from experiments._batched import DEFAULT_TOKENS_PER_PASS, Edit, Metric, score_edits, unedited_run
+from experiments._batched import DEFAULT_TOKENS_PER_PASS, Edit, score_edits, unedited_run
 from experiments._progress import ProgressArg
 from experiments._tokens import TokensLike, str_tokens
+from experiments.metrics import MetricLike, PositionSelector, as_metric, per_prompt_table, prompt_batch
 from experiments.sites import Site
 from workbench.errors import InputError
 
@@ -214,39 +215,54 @@ def run_ablated(model, tokens: TokensLike, targets: Sequence[AblationTarget], me
     return model.run_with_hooks(tokens_BP, return_type=return_type, fwd_hooks=hooks)
 
 
-def head_sweep(model, tokens: TokensLike, metric: Metric = "loss", method: Method = "zero",
+def head_sweep(model, tokens: TokensLike, metric: MetricLike = "loss", method: Method = "zero",
                reference_tokens: Optional[TokensLike] = None, progress: ProgressArg = True,
-               tokens_per_pass: int = DEFAULT_TOKENS_PER_PASS) -> pd.DataFrame:
+               tokens_per_pass: int = DEFAULT_TOKENS_PER_PASS, *, position: Optional[PositionSelector] = None,
+               per_prompt: bool = False, attention_mask: Optional[Tensor] = None,
+               padding_side: str = "right") -> pd.DataFrame:
     """Ablates every (layer, head) in turn and scores it: DataFrame[layer, head, metric, delta].
 
-    ``metric`` is "loss" (mean next-token loss) or a callable ``(logits, tokens) -> scalar``;
-    ``delta`` is ablated minus clean. The clean run's residual stream is reused up to each
-    head's layer and many heads are ablated per batched pass (see ``experiments._batched``),
-    so this is several times faster than one ``run_with_hooks`` per head, with the same result.
+    ``metric`` is "loss" (each prompt's mean next-token loss over its real tokens), a built-in
+    ``experiments.metrics`` metric (``LogitDiff``, ``TokenProbability``: one position per row, the
+    fast path) or a callable ``(logits, tokens) -> scalar or [batch]`` over the logits at
+    ``position`` ("all" by default for a callable; "last" is each row's last real token).
+    ``delta`` is ablated minus clean. Values are means over prompts; ``per_prompt=True`` gives a
+    ``prompt`` column instead. A padded batch takes ``attention_mask`` (a list of texts builds it).
+    The clean run's residual stream is reused up to each head's layer and many heads are ablated
+    per batched pass (see ``experiments._batched``), so this is several times faster than one
+    ``run_with_hooks`` per head, with the same result.
 
     Example:
         >>> df = head_sweep(model, model.to_tokens("The cat sat on the mat."), progress=False)   # doctest: +SKIP
         >>> df.sort_values("delta", ascending=False).head()                                      # doctest: +SKIP
     """
     _check_method(method)
-    tokens_BP = model.as_tokens(tokens)
+    batch = prompt_batch(model, tokens, attention_mask, padding_side)
+    metric = as_metric(metric, position)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     z_names = [f"blocks.{l}.attn.hook_z" for l in range(L)]
-    clean_value, resid_pre, _ = unedited_run(model, tokens_BP, metric)
+    clean_R, resid_pre, _ = unedited_run(model, batch, metric)
     values = {}
     if method != "zero":
-        reference = tokens_BP if reference_tokens is None else model.as_tokens(reference_tokens)
+        reference = batch.tokens if reference_tokens is None else model.as_tokens(reference_tokens)
         shift = 1 if (method == "resample" and reference_tokens is None) else 0
         with torch.no_grad():
             values = _reference_values(model, set(z_names), method, reference, shift)
-    B, P = tokens_BP.shape
+    B, P = batch.tokens.shape
     edits = []
     for layer in range(L):
         value = values[z_names[layer]](B, P) if values else None
         edits += [Edit(AblationTarget("head", layer, head).site, value) for head in range(H)]
-    scores = score_edits(model, resid_pre, tokens_BP, edits, metric, progress, tokens_per_pass, desc="head sweep")
-    return pd.DataFrame({"layer": np.repeat(np.arange(L), H), "head": np.tile(np.arange(H), L),
-                         "metric": scores.numpy(), "delta": scores.numpy() - clean_value})
+    scores_nR = score_edits(model, resid_pre, batch, edits, metric, progress, tokens_per_pass, desc="head sweep")
+    labels = pd.DataFrame({"layer": np.repeat(np.arange(L), H), "head": np.tile(np.arange(H), L)})
+    if per_prompt:
+        table = per_prompt_table(labels, scores_nR, batch.size, "head sweep")
+        table["delta"] = table["metric"] - clean_R.numpy()[table["prompt"]]
+    else:
+        table = labels.assign(metric=scores_nR.mean(1).numpy())
+        table["delta"] = table["metric"] - float(clean_R.mean())
+    table.attrs.update(clean_metric=float(clean_R.mean()), clean_metric_per_prompt=clean_R.tolist())
+    return table
 
 
 @torch.no_grad()

@@ -2,8 +2,10 @@
 
 Legend: B batch, P position, L n_layers, H n_heads, K d_head, D d_model, V d_vocab.
 
-The metric is the logit difference logit[answer] - logit[wrong] at the last position (mean
-over the batch). Exact patching replaces one activation of the corrupted run by the clean run's
+The metric is the logit difference logit[answer] - logit[wrong] at each prompt's last real
+token, or any ``experiments.metrics`` metric or callable; values are means over the prompts
+(``per_prompt=True`` keeps each prompt's). Clean and corrupted prompts of different lengths pad
+to one width, each run under its own attention mask. Exact patching replaces one activation of the corrupted run by the clean run's
 and reruns the rest; every site is scored in batched passes that reuse the corrupted run up to
 the site's layer (``experiments._batched``). ``normalized`` is (patched - corrupt) / (clean -
 corrupt): 1 where the patch restores the clean behaviour, 0 where it does nothing.
@@ -18,64 +20,101 @@ for every site at once from one clean forward, one corrupted forward and one bac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
-from jaxtyping import Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from experiments._batched import Edit, PositionMetric, score_edits, unedited_run
+from experiments._batched import Edit, score_edits, unedited_run
 from experiments._progress import ProgressArg
 from experiments._tokens import TokensLike, axis_labels, str_tokens
+from experiments.metrics import (LogitDiff, Metric, MetricLike, PositionSelector, PromptBatch, TokenIds, as_metric, logit_diff,
+                                 per_prompt_table, prompt_batch, require_per_prompt_values)
 from experiments.figures import labelled_heatmap, scores_heatmap
 from experiments.sites import Site
 from workbench.errors import InputError
 
-TokenId = Union[int, Int[Tensor, "batch"]]
 SITES = {"resid": "hook_resid_pre", "attn": "hook_attn_out", "mlp": "hook_mlp_out", "heads": "attn.hook_z"}
 
 
-@dataclass(frozen=True, eq=False)
-class LogitDiff(PositionMetric):
-    """logits[b, position, answer_b] - logits[b, position, wrong_b], averaged over the batch."""
+def logit_diff_metric(answer_token: TokenIds, wrong_token: TokenIds, position: PositionSelector = "last") -> LogitDiff:
+    """metric(logits [B, P, V], tokens) = mean over b of logits[b, pos_b, answer_b] - logits[b, pos_b, wrong_b].
 
-    answer_token: TokenId
-    wrong_token: TokenId
-    position: int = -1
-
-    def from_logits(self, logits_BV: Tensor, tokens: Optional[Tensor] = None) -> Tensor:
-        logits_BV = logits_BV.float()
-        rows = torch.arange(logits_BV.shape[0], device=logits_BV.device)
-        answer = torch.as_tensor(self.answer_token, device=logits_BV.device).expand(logits_BV.shape[0])
-        wrong = torch.as_tensor(self.wrong_token, device=logits_BV.device).expand(logits_BV.shape[0])
-        return (logits_BV[rows, answer] - logits_BV[rows, wrong]).mean()
-
-
-def logit_diff_metric(answer_token: TokenId, wrong_token: TokenId, position: int = -1) -> LogitDiff:
-    """metric(logits [B, P, V], tokens) = mean over b of logits[b, position, answer_b] - logits[b, position, wrong_b].
+    ``position`` is "last" (each row's last real token: the mask tells), an int, or one per row.
 
     Example:
         >>> logit_diff_metric(2, 0)(torch.tensor([[[1.0, 0.0, 3.0]]]), None).item()
         2.0
     """
-    return LogitDiff(answer_token, wrong_token, position)
+    ids = [torch.as_tensor(token).reshape(-1).long() for token in (answer_token, wrong_token)]
+    return LogitDiff(ids[0], ids[1], position)
 
 
-def _pair(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike) -> tuple[Tensor, Tensor]:
-    clean, corrupt = model.as_tokens(clean_tokens), model.as_tokens(corrupt_tokens)
-    if clean.shape != corrupt.shape:
-        raise InputError(f"clean and corrupted tokens must have the same shape to patch position by position, "
-                         f"got {tuple(clean.shape)} and {tuple(corrupt.shape)}")
-    return clean, corrupt
+def patch_pair(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, clean_mask: Optional[Tensor] = None,
+               corrupt_mask: Optional[Tensor] = None, padding_side: str = "right") -> tuple[PromptBatch, PromptBatch]:
+    """Clean and corrupted prompts aligned by padding to one width, each with its own mask.
+
+    Lists of texts are tokenized together; token tensors of different widths are padded on
+    ``padding_side``. Position p of a clean row is patched into position p of its corrupted row.
+
+    Example:
+        >>> clean, corrupt = patch_pair(model, ["When Mary and John went", "A B"], ["When Mary and Sam went", "A C"])   # doctest: +SKIP
+    """
+    if _is_text_list(clean_tokens) and _is_text_list(corrupt_tokens) and len(clean_tokens) == len(corrupt_tokens):
+        tokens, mask = model.to_tokens_and_mask(list(clean_tokens) + list(corrupt_tokens), padding_side=padding_side)
+        n = len(clean_tokens)
+        clean_tokens, corrupt_tokens, clean_mask, corrupt_mask = tokens[:n], tokens[n:], mask[:n], mask[n:]
+    clean = prompt_batch(model, clean_tokens, clean_mask, padding_side)
+    corrupt = prompt_batch(model, corrupt_tokens, corrupt_mask, padding_side)
+    if clean.size != corrupt.size:
+        raise InputError(f"there are {clean.size} clean prompts but {corrupt.size} corrupted ones; pair each clean "
+                         f"prompt with one corrupted prompt")
+    width = max(clean.tokens.shape[1], corrupt.tokens.shape[1])
+    return _pad_to(model, clean, width, padding_side), _pad_to(model, corrupt, width, padding_side)
+
+
+def _is_text_list(tokens: TokensLike) -> bool:
+    return isinstance(tokens, (list, tuple)) and bool(tokens) and all(isinstance(t, str) for t in tokens)
+
+
+def _pad_to(model, batch: PromptBatch, width: int, side: str) -> PromptBatch:
+    """``batch`` padded with pad tokens (masked out) to ``width`` positions on ``side``."""
+    B, P = batch.tokens.shape
+    if P == width:
+        return batch
+    if side not in ("right", "left"):
+        raise InputError(f"padding_side must be 'right' or 'left', got {side!r}")
+    pad_id = model.tokenizer.pad_token_id if model.tokenizer is not None else None
+    pad = torch.full((B, width - P), 0 if pad_id is None else pad_id, dtype=batch.tokens.dtype, device=batch.tokens.device)
+    mask = batch.mask if batch.mask is not None else torch.ones(B, P, dtype=torch.bool, device=batch.tokens.device)
+    parts = [(batch.tokens, mask), (pad, torch.zeros_like(pad, dtype=torch.bool))]
+    if side == "left":
+        parts.reverse()
+    return PromptBatch(torch.cat([parts[0][0], parts[1][0]], 1), torch.cat([parts[0][1], parts[1][1]], 1))
+
+
+def _patching_metric(model, rows: int, answer_token: Optional[TokenIds], wrong_token: Optional[TokenIds],
+                    metric: Optional[MetricLike], position: Optional[PositionSelector]) -> Metric:
+    """The metric a patching run scores: ``metric`` when given, else the logit difference of answer over wrong.
+
+    Example:
+        >>> _patching_metric(model, 2, " Mary", " John", None, None)   # LogitDiff at each row's last token   # doctest: +SKIP
+    """
+    if metric is not None:
+        return as_metric(metric, position)
+    if answer_token is None or wrong_token is None:
+        raise InputError("patching needs answer_token and wrong_token (for the logit difference) or a metric=")
+    return logit_diff(model, answer_token, wrong_token, rows, "last" if position is None else position)
 
 
 @torch.no_grad()
 def patched_run(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, hook_name: str,
-                position: Optional[int] = None, head: Optional[int] = None, return_type: Optional[str] = "logits"):
+                position: Optional[int] = None, head: Optional[int] = None, return_type: Optional[str] = "logits",
+                clean_mask: Optional[Tensor] = None, corrupt_mask: Optional[Tensor] = None):
     """Runs the corrupted tokens with the activation at ``hook_name`` taken from the clean run.
 
     ``position`` patches one position, ``head`` one head of an ``attn.hook_z``; neither patches all of it.
@@ -83,87 +122,145 @@ def patched_run(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, hoo
     Example:
         >>> patched_run(model, clean, corrupt, "blocks.0.hook_resid_pre")   # == model(clean)   # doctest: +SKIP
     """
-    clean, corrupt = _pair(model, clean_tokens, corrupt_tokens)
+    clean, corrupt = patch_pair(model, clean_tokens, corrupt_tokens, clean_mask, corrupt_mask)
     model.layer_of(hook_name)  # an unknown name is an error naming it
-    _, cache = model.run_with_cache(clean, names_filter=lambda name: name == hook_name)
+    _, cache = model.run_with_cache(clean.tokens, attention_mask=clean.mask, names_filter=lambda name: name == hook_name)
     site, value = Site(hook_name, position, head), cache[hook_name]
     hook = lambda act, hook: site.write(act.clone(), value)
-    return model.run_with_hooks(corrupt, return_type=return_type, fwd_hooks=[(hook_name, hook)])
+    return model.run_with_hooks(corrupt.tokens, attention_mask=corrupt.mask, return_type=return_type,
+                                fwd_hooks=[(hook_name, hook)])
 
 
-def _exact(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites: Sequence[Site],
-           labels: pd.DataFrame, progress: ProgressArg, desc: str) -> pd.DataFrame:
+@dataclass(frozen=True)
+class PatchingRun:
+    """What every exact patching function takes besides its sites: the prompts, the metric and how to report."""
+
+    clean: PromptBatch
+    corrupt: PromptBatch
+    metric: Metric
+    per_prompt: bool
+    progress: ProgressArg
+
+
+def _patching_run(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, progress, metric, position,
+                  per_prompt, clean_mask, corrupt_mask, padding_side) -> PatchingRun:
+    clean, corrupt = patch_pair(model, clean_tokens, corrupt_tokens, clean_mask, corrupt_mask, padding_side)
+    return PatchingRun(clean, corrupt, _patching_metric(model, clean.size, answer_token, wrong_token, metric, position),
+                       per_prompt, progress)
+
+
+def _exact(model, run: PatchingRun, sites: Sequence[Site], labels: pd.DataFrame, desc: str) -> pd.DataFrame:
     """Scores patching each site; ``labels`` holds the result's identifying columns, one row per site."""
-    clean, corrupt = _pair(model, clean_tokens, corrupt_tokens)
-    metric = logit_diff_metric(answer_token, wrong_token)
     hook_names = sorted({site.hook_name for site in sites})
-    clean_value, _, clean_acts = unedited_run(model, clean, metric, hook_names)
-    corrupt_value, corrupt_resid, _ = unedited_run(model, corrupt, metric)
+    clean_R, _, clean_acts = unedited_run(model, run.clean, run.metric, hook_names)
+    corrupt_R, corrupt_resid, _ = unedited_run(model, run.corrupt, run.metric)
     edits = [Edit(site, clean_acts[site.hook_name]) for site in sites]
-    values = score_edits(model, corrupt_resid, corrupt, edits, metric, progress, desc=desc).numpy()
-    table = labels.reset_index(drop=True)
-    table["metric"] = values
-    table["delta"] = values - corrupt_value
-    denominator = clean_value - corrupt_value
-    table["normalized"] = table["delta"] / denominator if abs(denominator) > 1e-12 else np.nan
-    table.attrs.update(clean_metric=clean_value, corrupt_metric=corrupt_value, str_tokens=str_tokens(model, clean[0]))
+    values_nR = score_edits(model, corrupt_resid, run.corrupt, edits, run.metric, run.progress, desc=desc)
+    labels = labels.reset_index(drop=True)
+    if run.per_prompt:
+        table = per_prompt_table(labels, values_nR, run.clean.size, "patching")
+        clean_value, corrupt_value = clean_R.numpy()[table["prompt"]], corrupt_R.numpy()[table["prompt"]]
+    else:
+        table = labels.assign(metric=values_nR.mean(1).numpy())
+        clean_value, corrupt_value = float(clean_R.mean()), float(corrupt_R.mean())
+    table["delta"] = table["metric"] - corrupt_value
+    denominator = np.asarray(clean_value - corrupt_value, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        table["normalized"] = np.where(np.abs(denominator) > 1e-12, table["delta"] / denominator, np.nan)
+    table.attrs.update(clean_metric=float(clean_R.mean()), corrupt_metric=float(corrupt_R.mean()),
+                       clean_metric_per_prompt=clean_R.tolist(), corrupt_metric_per_prompt=corrupt_R.tolist(),
+                       str_tokens=str_tokens(model, run.clean.tokens[0]))
     return table
 
 
-def patch_residual(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, answer_token: TokenId,
-                   wrong_token: TokenId, progress: ProgressArg = True) -> pd.DataFrame:
+_RUN_DOC = """``answer_token`` / ``wrong_token``: one id or text, or one per prompt (the logit difference at
+    each row's last real token); or pass ``metric=`` (``LogitDiff``, ``TokenProbability``, "loss" or a
+    callable over logits) with a ``position`` selector. Values are means over prompts;
+    ``per_prompt=True`` returns a ``prompt`` column instead. Prompts of different lengths pad to one
+    width (lists of texts do it themselves; tensors take ``clean_mask`` / ``corrupt_mask``)."""
+
+
+def patch_residual(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, answer_token: Optional[TokenIds] = None,
+                   wrong_token: Optional[TokenIds] = None, progress: ProgressArg = True, *,
+                   metric: Optional[MetricLike] = None, position: Optional[PositionSelector] = None,
+                   per_prompt: bool = False, clean_mask: Optional[Tensor] = None,
+                   corrupt_mask: Optional[Tensor] = None, padding_side: str = "right") -> pd.DataFrame:
     """Patches the residual stream entering each layer at each position: DataFrame[layer, position, metric, delta, normalized].
 
+    {run}
+
     Example:
-        >>> df = patch_residual(model, clean, corrupt, model.to_single_token(" Mary"), model.to_single_token(" John"))   # doctest: +SKIP
-        >>> patching_heatmap(df, "residual stream")                                                               # doctest: +SKIP
+        >>> df = patch_residual(model, clean, corrupt, " Mary", " John")   # doctest: +SKIP
+        >>> patching_heatmap(df, "residual stream")                       # doctest: +SKIP
     """
-    P = model.as_tokens(clean_tokens).shape[1]
+    run = _patching_run(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, progress, metric, position,
+                        per_prompt, clean_mask, corrupt_mask, padding_side)
+    P = run.clean.tokens.shape[1]
     labels = pd.DataFrame([(l, p) for l in range(model.cfg.n_layers) for p in range(P)], columns=["layer", "position"])
     sites = [Site(f"blocks.{l}.hook_resid_pre", position=p) for l, p in labels.itertuples(index=False)]
-    return _exact(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites, labels, progress,
-                  "patch residual")
+    return _exact(model, run, sites, labels, "patch residual")
 
 
-def patch_attn_mlp(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, answer_token: TokenId,
-                   wrong_token: TokenId, progress: ProgressArg = True) -> pd.DataFrame:
+def patch_attn_mlp(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, answer_token: Optional[TokenIds] = None,
+                   wrong_token: Optional[TokenIds] = None, progress: ProgressArg = True, *,
+                   metric: Optional[MetricLike] = None, position: Optional[PositionSelector] = None,
+                   per_prompt: bool = False, clean_mask: Optional[Tensor] = None,
+                   corrupt_mask: Optional[Tensor] = None, padding_side: str = "right") -> pd.DataFrame:
     """Patches each layer's attention and MLP output at each position: DataFrame[component, layer, position, metric, delta, normalized].
+
+    {run}
 
     Example:
         >>> patching_heatmap(patch_attn_mlp(model, clean, corrupt, answer, wrong), "attention and MLP outputs")   # doctest: +SKIP
     """
-    P = model.as_tokens(clean_tokens).shape[1]
+    run = _patching_run(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, progress, metric, position,
+                        per_prompt, clean_mask, corrupt_mask, padding_side)
+    P = run.clean.tokens.shape[1]
     components = ["attn"] + ([] if model.cfg.attn_only else ["mlp"])
     labels = pd.DataFrame([(c, l, p) for c in components for l in range(model.cfg.n_layers) for p in range(P)],
                           columns=["component", "layer", "position"])
     sites = [Site(f"blocks.{l}.hook_{c}_out", position=p) for c, l, p in labels.itertuples(index=False)]
-    return _exact(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites, labels, progress,
-                  "patch attn/mlp")
+    return _exact(model, run, sites, labels, "patch attn/mlp")
 
 
-def patch_heads(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, answer_token: TokenId,
-                wrong_token: TokenId, progress: ProgressArg = True) -> pd.DataFrame:
+def patch_heads(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, answer_token: Optional[TokenIds] = None,
+                wrong_token: Optional[TokenIds] = None, progress: ProgressArg = True, *,
+                metric: Optional[MetricLike] = None, position: Optional[PositionSelector] = None,
+                per_prompt: bool = False, clean_mask: Optional[Tensor] = None,
+                corrupt_mask: Optional[Tensor] = None, padding_side: str = "right") -> pd.DataFrame:
     """Patches each head's output (hook_z, all positions): DataFrame[layer, head, metric, delta, normalized].
+
+    {run}
 
     Example:
         >>> patch_heads(model, clean, corrupt, answer, wrong).nlargest(5, "normalized")   # doctest: +SKIP
     """
+    run = _patching_run(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, progress, metric, position,
+                        per_prompt, clean_mask, corrupt_mask, padding_side)
     labels = pd.DataFrame([(l, h) for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)],
                           columns=["layer", "head"])
     sites = [Site(f"blocks.{l}.attn.hook_z", index=h) for l, h in labels.itertuples(index=False)]
-    return _exact(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites, labels, progress,
-                  "patch heads")
+    return _exact(model, run, sites, labels, "patch heads")
 
 
-def attribution_patching(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, answer_token: TokenId,
-                         wrong_token: TokenId, sites: Sequence[str] = ("resid", "attn", "mlp", "heads")) -> pd.DataFrame:
+for _function in (patch_residual, patch_attn_mlp, patch_heads):
+    _function.__doc__ = _function.__doc__.replace("{run}", _RUN_DOC)
+
+
+def attribution_patching(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike,
+                         answer_token: Optional[TokenIds] = None, wrong_token: Optional[TokenIds] = None,
+                         sites: Sequence[str] = ("resid", "attn", "mlp", "heads"), *,
+                         metric: Optional[MetricLike] = None, position: Optional[PositionSelector] = None,
+                         per_prompt: bool = False, clean_mask: Optional[Tensor] = None,
+                         corrupt_mask: Optional[Tensor] = None, padding_side: str = "right") -> pd.DataFrame:
     """APPROXIMATE patching effects of every site from one clean forward, one corrupted forward and one backward.
 
-    attribution = sum over the site's elements (and the batch) of (clean - corrupt) * d metric /
-    d activation, evaluated at the corrupted run: a first-order estimate of exact patching's
-    ``delta``. Returns DataFrame[site, layer, position, head, attribution] where site is "resid"
-    (hook_resid_pre), "attn", "mlp" (per position; head = -1) or "heads" (hook_z summed over
-    positions; position = -1). ``df.attrs["method"]`` says it is an approximation.
+    attribution = sum over the site's elements of (clean - corrupt) * d metric / d activation,
+    evaluated at the corrupted run, averaged over prompts: a first-order estimate of exact
+    patching's ``delta``. Returns DataFrame[site, layer, position, head, attribution] where site is
+    "resid" (hook_resid_pre), "attn", "mlp" (per position; head = -1) or "heads" (hook_z summed over
+    positions; position = -1), with a ``prompt`` column under ``per_prompt=True``.
+    ``df.attrs["method"]`` says it is an approximation. Arguments as ``patch_heads``.
 
     Example:
         >>> approx = attribution_patching(model, clean, corrupt, answer, wrong, sites=["heads"])   # doctest: +SKIP
@@ -172,12 +269,13 @@ def attribution_patching(model, clean_tokens: TokensLike, corrupt_tokens: Tokens
     if unknown:
         raise InputError(f"unknown attribution site(s) {unknown}; choose from {sorted(SITES)}")
     sites = [s for s in sites if not (s == "mlp" and model.cfg.attn_only)]
-    clean, corrupt = _pair(model, clean_tokens, corrupt_tokens)
-    metric = logit_diff_metric(answer_token, wrong_token)
+    run = _patching_run(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, False, metric, position,
+                        per_prompt, clean_mask, corrupt_mask, padding_side)
     names = [(site, layer, f"blocks.{layer}.{SITES[site]}") for site in sites for layer in range(model.cfg.n_layers)]
     wanted = {name for _, _, name in names}
     with torch.no_grad():
-        _, clean_cache = model.run_with_cache(clean, names_filter=lambda n: n in wanted)
+        _, clean_cache = model.run_with_cache(run.clean.tokens, attention_mask=run.clean.mask, return_type=None,
+                                              names_filter=lambda n: n in wanted)
     saved: dict[str, Tensor] = {}
 
     def save(activation: Tensor, hook) -> None:
@@ -187,35 +285,52 @@ def attribution_patching(model, clean_tokens: TokensLike, corrupt_tokens: Tokens
         return embed if embed.requires_grad else embed.detach().requires_grad_(True)
 
     with torch.enable_grad():
-        logits = model.run_with_hooks(corrupt, fwd_hooks=[("hook_embed", track)] + [(n, save) for n in sorted(wanted)])
-        grads = torch.autograd.grad(metric(logits, corrupt), [saved[n] for _, _, n in names], allow_unused=True)
-    rows = []
+        logits = model.run_with_hooks(run.corrupt.tokens, attention_mask=run.corrupt.mask,
+                                      fwd_hooks=[("hook_embed", track)] + [(n, save) for n in sorted(wanted)])
+        values_R = run.metric.values(logits, run.corrupt)
+        if per_prompt:
+            require_per_prompt_values(len(values_R), run.corrupt.size, "attribution")
+        grads = torch.autograd.grad(values_R.mean(), [saved[n] for _, _, n in names], allow_unused=True)
+    frames = []
     for (site, layer, name), grad in zip(names, grads):
-        diff = (clean_cache[name] - saved[name].detach())
+        diff = clean_cache[name] - saved[name].detach()
         effect = torch.zeros_like(diff) if grad is None else diff * grad
-        if site == "heads":
-            for head, value in enumerate(effect.sum((0, 1, 3)).tolist()):
-                rows.append((site, layer, -1, head, value))
+        if site == "heads":  # [B, P, H, K] -> [B, H]
+            by_B_ = effect.sum((1, 3))
+            index = {"position": -1, "head": np.arange(by_B_.shape[1])}
+        else:  # [B, P, D] -> [B, P]
+            by_B_ = effect.sum(2)
+            index = {"position": np.arange(by_B_.shape[1]), "head": -1}
+        frame = pd.DataFrame({"site": site, "layer": layer, **index})
+        if per_prompt:  # the mean's gradient is 1/B of each prompt's: scale back to each prompt's own
+            frame = per_prompt_table(frame, (by_B_ * by_B_.shape[0]).T.float().cpu(), run.corrupt.size, "attribution")
+            frame = frame.rename(columns={"metric": "attribution"})
         else:
-            for position, value in enumerate(effect.sum((0, 2)).tolist()):
-                rows.append((site, layer, position, -1, value))
-    table = pd.DataFrame(rows, columns=["site", "layer", "position", "head", "attribution"])
+            frame["attribution"] = by_B_.sum(0).float().cpu().numpy()
+        frames.append(frame)
+    table = pd.concat(frames, ignore_index=True)[["site", "layer", "position", "head"] + (["prompt"] if per_prompt else [])
+                                                + ["attribution"]]
     table.attrs.update(method="attribution patching (first-order linear approximation of activation patching)",
-                       str_tokens=str_tokens(model, clean[0]))
+                       str_tokens=str_tokens(model, run.clean.tokens[0]))
     return table
 
 
-def compare_attribution_to_exact(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, answer_token: TokenId,
-                                 wrong_token: TokenId, progress: ProgressArg = False) -> tuple[pd.DataFrame, float]:
+def compare_attribution_to_exact(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike,
+                                 answer_token: Optional[TokenIds] = None, wrong_token: Optional[TokenIds] = None,
+                                 progress: ProgressArg = False, **options) -> tuple[pd.DataFrame, float]:
     """Per-head exact patching delta beside its attribution estimate, and their Pearson correlation.
+
+    ``options``: ``metric``, ``position``, ``clean_mask``, ``corrupt_mask``, ``padding_side`` as ``patch_heads``.
 
     Example:
         >>> table, r = compare_attribution_to_exact(model, clean, corrupt, answer, wrong)   # doctest: +SKIP
     """
-    exact = patch_heads(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, progress)
-    approx = attribution_patching(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites=["heads"])
+    exact = patch_heads(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, progress, **options)
+    approx = attribution_patching(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites=["heads"],
+                                  **options)
     merged = exact.merge(approx[["layer", "head", "attribution"]], on=["layer", "head"])
     r = float(np.corrcoef(merged["delta"], merged["attribution"])[0, 1])
+    merged.attrs.update(exact.attrs)
     return merged, r
 
 

@@ -148,20 +148,22 @@ def test_a_one_position_metric_scores_edits_like_a_loop(position):
     # score_edits unembeds only the position a PositionMetric reads; the same metric wrapped in
     # a plain function gets every position's logits. Both must equal a run_with_hooks loop.
     from experiments._batched import Edit, score_edits, unedited_run
+    from experiments.metrics import PromptBatch, as_metric
     from experiments.sites import Site
     model = make_model("gqa_rotary_rms_swiglu")
     tokens = pair(P=6)[1]
+    batch = PromptBatch(tokens)
     metric = logit_diff_metric(ANSWER, torch.tensor([WRONG, 0]), position=position)
     kill = lambda h: (lambda z, hook=None: z.index_fill(2, torch.tensor([h]), 0))
     heads = [(l, h) for l in range(2) for h in range(4)]
     edits = [Edit(Site(f"blocks.{l}.attn.hook_z", index=h)) for l, h in heads]
-    _, resid_pre, _ = unedited_run(model, tokens, metric)
+    _, resid_pre, _ = unedited_run(model, batch, metric)
     with torch.no_grad():
         expected = torch.tensor([float(metric(model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{l}.attn.hook_z", kill(h))]),
                                               tokens)) for l, h in heads])
-    torch.testing.assert_close(score_edits(model, resid_pre, tokens, edits, metric), expected, rtol=0, atol=1e-5)
-    as_function = lambda logits, tokens: metric(logits, tokens)
-    torch.testing.assert_close(score_edits(model, resid_pre, tokens, edits, as_function), expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(score_edits(model, resid_pre, batch, edits, metric).mean(1), expected, rtol=0, atol=1e-5)
+    as_function = as_metric(lambda logits, tokens: metric(logits, tokens))
+    torch.testing.assert_close(score_edits(model, resid_pre, batch, edits, as_function)[:, 0], expected, rtol=0, atol=1e-5)
 
 
 def test_heatmaps_and_errors():
@@ -173,7 +175,7 @@ def test_heatmaps_and_errors():
                attribution_patching(model, clean, corrupt, ANSWER, WRONG)):
         fig = patching_heatmap(df, "title")
         assert fig.data and fig.layout.title.text == "title"
-    with pytest.raises(wb.InputError, match="same shape"):
-        patch_residual(model, clean, corrupt[:, :4], ANSWER, WRONG, progress=False)
+    with pytest.raises(wb.InputError, match="2 clean prompts but 1 corrupted"):
+        patch_residual(model, clean, corrupt[:1], ANSWER, WRONG, progress=False)
     with pytest.raises(wb.InputError, match="unknown attribution site"):
         attribution_patching(model, clean, corrupt, ANSWER, WRONG, sites=["neurons"])
