@@ -7,10 +7,12 @@ Example:
     torch.Size([1, 3, 10])
 """
 
+from workbench.cache_batches import cache_size
+from workbench.cache_store import load_cache
 from workbench.config import ModelConfig
-from workbench.errors import CheckpointError, ConfigError, InputError
+from workbench.errors import CacheTooLargeError, CheckpointError, ConfigError, InputError
 from workbench.loading import default_model_name, list_models, load_model, supported_architectures
 from workbench.model import Decoder
 
 __all__ = ["ModelConfig", "Decoder", "load_model", "list_models", "default_model_name", "supported_architectures",
-           "ConfigError", "InputError", "CheckpointError"]
+           "ConfigError", "InputError", "CheckpointError", "cache_size", "load_cache", "CacheTooLargeError"]

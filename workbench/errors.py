@@ -18,3 +18,8 @@ class CheckpointError(ValueError):
 
     The message names the file and the tensor or config field at fault.
     """
+
+
+class CacheTooLargeError(InputError):
+    """An activation cache would not fit where it was asked to go (memory of the target device, or
+    the disk of ``cache_dir``); the message gives the bytes requested and available and what to change."""

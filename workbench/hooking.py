@@ -11,6 +11,8 @@ methods wrap TransformerLens's own. What it adds to TransformerLens's behaviour:
 - a hook that raises gets a note naming its hook point; a hook that returns a tensor of another
   shape or dtype than it received is an ``InputError`` naming the hook point and both. Hooks are
   removed after any error (TransformerLens's context manager does this).
+- ``run_with_cache(batch_size=..., cache_dir=...)`` runs a dataset in batches in bounded memory,
+  to memory or to disk (``workbench.cache_batches``).
 
 The per-call cost is one Python call and a shape/dtype comparison per hook; names are checked
 once, when hooks are added.
@@ -27,6 +29,7 @@ from torch import Tensor
 from transformer_lens import ActivationCache
 from transformer_lens.hook_points import HookPoint
 
+from workbench.cache_batches import run_with_cache_in_batches
 from workbench.errors import InputError
 
 
@@ -64,16 +67,36 @@ class HookMethods:
             raise InputError(f"the hook for {name!r} must be a function (tensor, hook) -> tensor or None, got {hook!r}")
         super().add_hook(name, _checked_hook(hook), dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
 
-    def run_with_cache(self, *model_args: Any, **kwargs: Any) -> tuple[Any, ActivationCache]:
+    def run_with_cache(self, *model_args: Any, batch_size: Optional[int] = None, cache_dir: Any = None,
+                       progress: bool = True, **kwargs: Any) -> tuple[Any, ActivationCache]:
         """Runs the model and caches activations (all, or those ``names_filter`` selects).
 
         ``names_filter``: None (all), a hook name, a list of hook names (each must exist:
-        ``InputError`` otherwise) or a function of the name.
+        ``InputError`` otherwise) or a function of the name. TransformerLens's options (``device``,
+        ``remove_batch_dim``, ``incl_bwd``, ``reset_hooks_end``, ``clear_contexts``, ``pos_slice``)
+        and the model's forward arguments (``attention_mask``, ``return_type``, ...) pass through.
+
+        Over a dataset in bounded memory (``workbench.cache_batches``): ``batch_size=N`` runs the
+        rows N at a time and joins each batch's activations on ``device`` (default: the model's);
+        ``cache_dir=path`` (a new or empty directory) instead writes them there as safetensors
+        shards and returns a cache that reads a hook from disk only when it is asked for (reopen it
+        with ``wb.load_cache``). ``progress``: a tqdm bar over the batches. A ``CacheTooLargeError``
+        after the first batch when the whole would not fit in memory; after any error nothing the
+        call wrote is left and no hook stays attached.
 
         Example:
             >>> logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))  # doctest: +SKIP
             >>> cache["pattern", 0].shape   # [batch, n_heads, query_pos, key_pos]           # doctest: +SKIP
+            >>> _, cache = model.run_with_cache(tokens, batch_size=64, cache_dir="runs/acts", return_type=None)  # doctest: +SKIP
         """
+        if batch_size is not None or cache_dir is not None:
+            if not model_args and "input" in kwargs:
+                model_args = (kwargs.pop("input"),)
+            if not 1 <= len(model_args) <= 2:
+                raise InputError("run_with_cache with batch_size or cache_dir takes the input and at most "
+                                 f"return_type as positional arguments, got {len(model_args)}")
+            return run_with_cache_in_batches(self, *model_args, batch_size=batch_size, cache_dir=cache_dir,
+                                             progress=progress, **kwargs)
         out, cache_dict = super().run_with_cache(*model_args, **kwargs)
         return out, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 

@@ -1,0 +1,254 @@
+"""Activation caches on disk: safetensors shards written one batch of rows at a time, and a lazy
+``ActivationCache`` over them that reads one hook's tensors only when that hook is asked for.
+
+Legend: B batch.
+
+A cache directory holds ``shard-00000.safetensors``, ``shard-00001.safetensors``, ... (each the
+activations of a run of rows, every hook's tensor [rows, ...]) and ``index.json`` (the hook names,
+each hook's full shape [B, ...] and dtype, each shard's row range, and the model's sizes). The index
+is written last, so a directory without one is not a finished cache. ``ShardWriter`` writes them
+(``Decoder.run_with_cache(cache_dir=...)`` uses it); ``load_cache`` opens one again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator, MutableMapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+from transformer_lens import ActivationCache
+
+from workbench.errors import InputError
+
+if TYPE_CHECKING:
+    from workbench.model import Decoder
+
+INDEX_NAME = "index.json"
+FORMAT = "workbench-activation-cache"
+VERSION = 1
+MODEL_SIZES = ("n_layers", "d_model", "n_heads", "n_key_value_heads", "d_vocab")
+
+
+def shard_name(number: int) -> str:
+    """The file name of shard ``number``.
+
+    Example:
+        >>> shard_name(3)
+        'shard-00003.safetensors'
+    """
+    return f"shard-{number:05d}.safetensors"
+
+
+class ShardWriter:
+    """Writes a cache directory one batch of rows at a time; ``abort()`` removes everything it wrote.
+
+    ``directory`` must not exist (it is created, parents too) or be an empty directory: a
+    non-empty one, a cache of ours included, is an ``InputError`` naming it, so nothing is ever
+    overwritten. Each shard is written under a temporary name and renamed when complete.
+
+    Example:
+        >>> writer = ShardWriter("runs/cache", model)                       # doctest: +SKIP
+        >>> writer.write(0, 8, {"blocks.0.hook_resid_post": resid[:8]})     # doctest: +SKIP
+        >>> writer.finish(rows=8)                                           # doctest: +SKIP
+    """
+
+    def __init__(self, directory: Union[str, Path], model: "Decoder"):
+        self.directory = Path(directory)
+        self.model = model
+        if self.directory.exists() and not self.directory.is_dir():
+            raise InputError(f"cache_dir {str(self.directory)!r} is a file, not a directory")
+        if self.directory.is_dir() and any(self.directory.iterdir()):
+            what = "an activation cache already" if (self.directory / INDEX_NAME).is_file() else "other files"
+            raise InputError(f"cache_dir {str(self.directory)!r} is not empty (it holds {what}): give a new or "
+                             "empty directory, or remove this one first")
+        # the directories this call creates, deepest first (removed in this order by abort)
+        self.created = [p for p in (self.directory, *self.directory.parents) if not p.exists()]
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.shards: list[dict[str, Any]] = []
+        self.entries: Optional[dict[str, tuple[list[int], torch.dtype]]] = None  # name -> (shape of one row, dtype)
+        self.written: list[Path] = []
+
+    def write(self, start: int, stop: int, activations: dict[str, Tensor]) -> None:
+        """Writes rows ``start:stop`` of every hook (each tensor [stop - start, ...]) as the next shard.
+
+        Example:
+            >>> writer.write(8, 16, chunk_cache)   # doctest: +SKIP
+        """
+        entries = {name: (list(t.shape[1:]), t.dtype) for name, t in activations.items()}
+        if self.entries is None:
+            self.entries = entries
+        elif entries != self.entries:
+            raise InputError(f"rows {start}:{stop} cached other hooks or shapes than the first rows: "
+                             f"{sorted(set(entries) ^ set(self.entries)) or 'same names, other shapes'}")
+        final = self.directory / shard_name(len(self.shards))
+        temporary = final.with_name(final.name + ".tmp")
+        self.written += [temporary, final]
+        save_file(_unshared_cpu_tensors(activations), str(temporary))
+        os.replace(temporary, final)
+        self.shards.append({"file": final.name, "rows": [start, stop]})
+
+    def finish(self, rows: int) -> Path:
+        """Writes ``index.json`` (atomically) and returns the directory.
+
+        Example:
+            >>> writer.finish(rows=16)   # doctest: +SKIP
+        """
+        entries = self.entries or {}
+        index = {
+            "format": FORMAT, "version": VERSION, "rows": rows,
+            "names": list(entries),
+            "shapes": {name: [rows, *shape] for name, (shape, _) in entries.items()},
+            "dtypes": {name: str(dtype).removeprefix("torch.") for name, (_, dtype) in entries.items()},
+            "shards": self.shards,
+            "model": {size: getattr(self.model.cfg, size) for size in MODEL_SIZES},
+        }
+        final = self.directory / INDEX_NAME
+        temporary = final.with_name(final.name + ".tmp")
+        self.written += [temporary, final]
+        temporary.write_text(json.dumps(index, indent=1), encoding="utf-8")
+        os.replace(temporary, final)
+        return self.directory
+
+    def abort(self) -> None:
+        """Removes every file this writer wrote and the directories it created (if left empty).
+
+        Example:
+            >>> writer.abort()   # doctest: +SKIP
+        """
+        for path in self.written:
+            path.unlink(missing_ok=True)
+        for directory in self.created:
+            try:
+                directory.rmdir()
+            except OSError:  # not empty: something else wrote there meanwhile
+                break
+
+
+def _unshared_cpu_tensors(activations: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Contiguous CPU tensors no two of which share storage (safetensors refuses shared ones; two hook
+    points can cache one tensor, e.g. ``blocks.0.hook_resid_post`` and ``blocks.1.hook_resid_pre``)."""
+    out, seen = {}, set()
+    for name, tensor in activations.items():
+        tensor = tensor.detach().to("cpu").contiguous()
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer in seen:
+            tensor = tensor.clone()
+        seen.add(tensor.untyped_storage().data_ptr())
+        out[name] = tensor
+    return out
+
+
+class ShardedActivations(MutableMapping):
+    """A mapping hook name -> activation [B, ...] backed by the shards of a cache directory: reading
+    a name reads only that hook's tensor from each shard (into one preallocated tensor on
+    ``device``); nothing is kept after it is returned. Names, ``in`` and ``len`` read the index only.
+
+    Values set on it (TransformerLens's ``compute_head_results`` stores some) live in memory beside
+    the shards; deleting a stored name hides it. Nothing is ever written back to disk.
+
+    Example:
+        >>> activations = ShardedActivations("runs/cache", index, torch.device("cpu"))   # doctest: +SKIP
+        >>> activations["blocks.0.hook_resid_post"].shape                                 # doctest: +SKIP
+        torch.Size([1000, 128, 576])
+    """
+
+    def __init__(self, directory: Union[str, Path], index: dict[str, Any], device: torch.device):
+        self.directory = Path(directory)
+        self.index = index
+        self.device = device
+        self._stored = {name: None for name in index["names"]}  # ordered set of names still on disk
+        self._in_memory: dict[str, Tensor] = {}
+
+    def __getitem__(self, name: str) -> Tensor:
+        if isinstance(name, str) and name in self._in_memory:
+            return self._in_memory[name]
+        if not (isinstance(name, str) and name in self._stored):
+            raise KeyError(name)
+        dtype = getattr(torch, self.index["dtypes"][name])
+        out = torch.empty(self.index["shapes"][name], dtype=dtype, device=self.device)
+        for shard in self.index["shards"]:
+            start, stop = shard["rows"]
+            with safe_open(str(self.directory / shard["file"]), framework="pt", device="cpu") as file:
+                out[start:stop].copy_(file.get_tensor(name))
+        return out
+
+    def __setitem__(self, name: str, value: Tensor) -> None:
+        self._in_memory[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        if name in self._in_memory:
+            del self._in_memory[name]
+        elif name in self._stored:
+            del self._stored[name]
+        else:
+            raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:  # Mapping's default would read the tensor
+        return isinstance(name, str) and (name in self._in_memory or name in self._stored)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._stored
+        yield from (name for name in self._in_memory if name not in self._stored)
+
+    def __len__(self) -> int:
+        return len(self._stored) + sum(name not in self._stored for name in self._in_memory)
+
+    def __repr__(self) -> str:
+        return f"ShardedActivations({str(self.directory)!r}, {len(self)} hooks, {self.index['rows']} rows)"
+
+    def nbytes(self) -> int:
+        """Bytes of every stored hook's tensor together (what loading them all would take), from the index.
+
+        Example:
+            >>> activations.nbytes()   # doctest: +SKIP
+            419430400
+        """
+        return sum(math.prod(self.index["shapes"][name]) * getattr(torch, self.index["dtypes"][name]).itemsize
+                   for name in self._stored)
+
+
+def load_cache(path: Union[str, Path], model: Optional["Decoder"] = None,
+               device: Union[None, str, torch.device] = None) -> ActivationCache:
+    """Opens a cache directory written by ``model.run_with_cache(..., cache_dir=path)`` as a lazy
+    ``ActivationCache``: ``cache[name]`` reads that hook's tensors from the shards when asked.
+
+    ``model`` is what TransformerLens's helpers read (``accumulated_resid``, ``cache["pattern", -1]``,
+    ``apply_ln_to_stack``, ...); plain names and ``cache["pattern", 0]`` work without one. A model
+    of other sizes than the one that wrote the cache is an ``InputError``. ``device``: where the
+    tensors load (default: the model's device, else the CPU).
+
+    Example:
+        >>> cache = wb.load_cache("runs/cache", model)            # doctest: +SKIP
+        >>> cache["pattern", 0].shape                             # doctest: +SKIP
+        torch.Size([1000, 9, 128, 128])
+    """
+    directory = Path(path)
+    index_path = directory / INDEX_NAME
+    if not index_path.is_file():
+        raise InputError(f"{str(directory)!r} is not an activation cache: it has no {INDEX_NAME} "
+                         "(write one with model.run_with_cache(..., cache_dir=...))")
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise InputError(f"{str(index_path)!r} cannot be read as an activation cache index: {error}") from error
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        raise InputError(f"{str(index_path)!r} is not an activation cache index (no \"format\": \"{FORMAT}\")")
+    missing = [shard["file"] for shard in index["shards"] if not (directory / shard["file"]).is_file()]
+    if missing:
+        raise InputError(f"the activation cache {str(directory)!r} lacks its shard(s) {missing}")
+    if model is not None:
+        different = {size: (written, getattr(model.cfg, size)) for size, written in index["model"].items()
+                     if getattr(model.cfg, size, written) != written}
+        if different:
+            raise InputError(f"the activation cache {str(directory)!r} was written by a model of other sizes: "
+                             + ", ".join(f"{size} {was} there, {now} here" for size, (was, now) in different.items()))
+    if device is None:
+        device = model.cfg.device if model is not None else "cpu"
+    return ActivationCache(ShardedActivations(directory, index, torch.device(device)), model, has_batch_dim=True)
