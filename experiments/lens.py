@@ -1,16 +1,24 @@
-"""Logit lens and direct logit attribution.
+"""Logit lens and direct logit attribution, of one prompt or averaged over a padded batch.
 
-Legend: L n_layers, P position, H n_heads, K d_head, D d_model, V d_vocab, T residual snapshots.
+Legend: B batch, L n_layers, P position, H n_heads, K d_head, D d_model, V d_vocab, T residual snapshots.
 
 Logit lens: the residual stream entering each layer (and the final one) is read out through
 the model's own final norm and unembedding (``Decoder.logits_from_resid``), so snapshot L is
-exactly the model's logits.
+exactly the model's logits. ``logit_lens`` shows one prompt's top tokens (``row`` of a padded
+batch, its pads dropped); ``logit_lens_metric`` reads a dataset-level metric (e.g. ``LogitDiff`` at
+each prompt's last real token) through every snapshot, as the mean over prompts or per prompt.
 
 Direct logit attribution (pre-norm models): the final residual is a sum of components
 (embeddings, each head's output, each attention bias, each MLP output). With the final norm's
 scale frozen at its value on this input, the norm is linear (``Decoder.apply_final_norm`` with
 ``frozen_scale``), so each component's share of logit[target] - logit[baseline] is
 norm(component) . (W_U[target] - W_U[baseline]); a LayerNorm bias adds one more term. The shares sum exactly to the logit difference.
+Over a batch each prompt is read at its own position (its last real token by default) with its
+own target and baseline, and the shares are averaged over prompts (they sum to the mean logit difference).
+
+Padded batches take ``attention_mask`` [B, P] (1 real, 0 pad; a list of texts builds it, padded on
+``padding_side``); each row's values equal its prompt run alone, and a batch's value is the mean
+of its prompts' values.
 
 ``python -m experiments.lens --model NAME --out DIR [--prompt TEXT --target TEXT --baseline TEXT]``
 """
@@ -23,49 +31,74 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from plotly.subplots import make_subplots
 from torch import Tensor
 
+from experiments._batched import metric_from_final_resid
 from experiments._tokens import TokensLike, axis_labels, str_tokens
 from experiments.figures import labelled_heatmap
+from experiments.metrics import (MetricLike, PositionSelector, TokenIds, as_metric, per_prompt_table, prompt_batch,
+                                 token_ids)
 from workbench.errors import InputError
 
 LOGITS_BYTES_PER_CHUNK = 2**28
 
 
+def _prompt_alone(model, tokens: TokensLike, row: int, attention_mask: Optional[Tensor],
+                  padding_side: str) -> Int[Tensor, "1 pos"]:
+    """Prompt ``row`` of a (padded) batch as its real tokens only, [1, n]: run alone, it gives that row's values."""
+    batch = prompt_batch(model, tokens, attention_mask, padding_side)
+    if not -batch.size <= row < batch.size:
+        raise InputError(f"row={row} is outside the batch of {batch.size} prompt(s)")
+    tokens_P = batch.tokens[row]
+    return (tokens_P if batch.mask is None else tokens_P[batch.mask[row]])[None]
+
+
 @torch.no_grad()
-def residual_snapshots(model, tokens: TokensLike) -> Float[Tensor, "snapshots pos d_model"]:
-    """The residual stream of batch item 0 entering each layer, then after the last: [L + 1, P, D].
+def residual_snapshots(model, tokens: TokensLike, row: int = 0, *, attention_mask: Optional[Tensor] = None,
+                       padding_side: str = "right") -> Float[Tensor, "snapshots pos d_model"]:
+    """The residual stream of prompt ``row`` entering each layer, then after the last: [L + 1, P, D].
+
+    A padded batch takes ``attention_mask`` (a list of texts builds it); the row's pads are
+    dropped (P is its real tokens), so it equals the prompt alone.
 
     Example:
         >>> residual_snapshots(model, tokens).shape   # doctest: +SKIP
         torch.Size([31, 12, 576])
+        >>> residual_snapshots(model, ["a b c", "a"], row=1).shape   # BOS and "a"   # doctest: +SKIP
+        torch.Size([31, 2, 576])
     """
-    tokens_1P = model.as_tokens(tokens)[:1]
+    tokens_1P = _prompt_alone(model, tokens, row, attention_mask, padding_side)
     L = model.cfg.n_layers
     names = [f"blocks.{l}.hook_resid_pre" for l in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
-    _, cache = model.run_with_cache(tokens_1P, names_filter=lambda n: n in names)
+    _, cache = model.run_with_cache(tokens_1P, stop_at_layer=L, names_filter=lambda n: n in names)
     return torch.cat([cache[name] for name in names])
 
 
 @torch.no_grad()
-def logit_lens_logits(model, tokens: TokensLike) -> Float[Tensor, "snapshots pos d_vocab"]:
-    """Every snapshot through the final norm and unembedding: [L + 1, P, V]; the last is the model's logits.
+def logit_lens_logits(model, tokens: TokensLike, row: int = 0, *, attention_mask: Optional[Tensor] = None,
+                      padding_side: str = "right") -> Float[Tensor, "snapshots pos d_vocab"]:
+    """Every snapshot of prompt ``row`` through the final norm and unembedding: [L + 1, P, V]; the last is the model's logits.
+
+    Arguments as ``residual_snapshots`` (a padded row's pads dropped).
 
     Example:
         >>> torch.allclose(logit_lens_logits(model, tokens)[-1], model(tokens)[0])   # doctest: +SKIP
         True
     """
-    return model.logits_from_resid(residual_snapshots(model, tokens))
+    return model.logits_from_resid(residual_snapshots(model, tokens, row, attention_mask=attention_mask,
+                                                      padding_side=padding_side))
 
 
 @torch.no_grad()
-def logit_lens(model, tokens: TokensLike, top_k: int = 5) -> pd.DataFrame:
-    """Top-k tokens of each layer's residual stream at each position (batch item 0).
+def logit_lens(model, tokens: TokensLike, top_k: int = 5, row: int = 0, *, attention_mask: Optional[Tensor] = None,
+               padding_side: str = "right") -> pd.DataFrame:
+    """Top-k tokens of each layer's residual stream at each position of prompt ``row``.
 
     Returns DataFrame[layer, position, rank, token, token_id, prob]; layer l < n_layers is the
-    stream entering block l, layer n_layers the final stream (the model's own prediction).
+    stream entering block l, layer n_layers the final stream (the model's own prediction). A padded
+    batch takes ``attention_mask``; positions are the row's real tokens (its pads dropped).
 
     Example:
         >>> df = logit_lens(model, model.to_tokens("The Eiffel Tower is in the city of"))   # doctest: +SKIP
@@ -73,7 +106,7 @@ def logit_lens(model, tokens: TokensLike, top_k: int = 5) -> pd.DataFrame:
     """
     if top_k < 1:
         raise InputError(f"top_k must be at least 1, got {top_k}")
-    resid_TPD = residual_snapshots(model, tokens)
+    resid_TPD = residual_snapshots(model, tokens, row, attention_mask=attention_mask, padding_side=padding_side)
     T, P, _ = resid_TPD.shape
     per_chunk = max(1, LOGITS_BYTES_PER_CHUNK // (4 * P * model.cfg.d_vocab))
     probs, ids = [], []
@@ -94,19 +127,48 @@ def logit_lens(model, tokens: TokensLike, top_k: int = 5) -> pd.DataFrame:
     })
 
 
-def logit_lens_figure(df: pd.DataFrame, str_toks: Optional[Sequence[str]] = None) -> go.Figure:
+def _row_labels(str_toks: Sequence, row: int, attention_mask: Optional[Tensor]) -> list[str]:
+    """One prompt's token labels from one list or one list per prompt, its pads dropped under ``attention_mask``."""
+    labels = list(str_toks)
+    if labels and isinstance(labels[0], (list, tuple)):  # one list per prompt
+        if not -len(labels) <= row < len(labels):
+            raise InputError(f"row={row} is outside the {len(labels)} prompts of str_toks")
+        labels = list(labels[row])
+    if attention_mask is None:
+        return labels
+    mask = torch.as_tensor(attention_mask)
+    mask = mask if mask.ndim == 1 else mask[row]
+    if len(mask) != len(labels):
+        raise InputError(f"attention_mask has {len(mask)} positions but str_toks {len(labels)}; they must match")
+    return [label for label, real in zip(labels, mask.bool().tolist()) if real]
+
+
+def logit_lens_figure(df: pd.DataFrame, str_toks: Optional[Sequence] = None, row: int = 0,
+                      attention_mask: Optional[Tensor] = None) -> go.Figure:
     """Layer x position grid of each snapshot's top-1 token, coloured by its probability.
+
+    ``str_toks``: the prompt's token labels, or one list per prompt of a padded batch (``row``
+    picks one); with ``attention_mask`` ([P] or [B, P]) the row's pad labels are dropped, as
+    ``logit_lens`` dropped its pad positions.
 
     Example:
         >>> logit_lens_figure(logit_lens(model, tokens), model.to_str_tokens(tokens))   # doctest: +SKIP
+        >>> logit_lens_figure(logit_lens(model, toks, row=1, attention_mask=mask), model.to_str_tokens(toks), 1, mask)   # doctest: +SKIP
     """
     top = df[df["rank"] == 1]
     prob = top.pivot(index="layer", columns="position", values="prob")
     token = top.pivot(index="layer", columns="position", values="token")
     n_layers = int(top["layer"].max())
     y_labels = [f"resid_pre {l}" if l < n_layers else "final" for l in prob.index]
-    x_labels = axis_labels(list(str_toks)) if str_toks is not None else [str(p) for p in prob.columns]
-    text = [[str(t)[:10] for t in row] for row in token.values]
+    if str_toks is not None:
+        labels = _row_labels(str_toks, row, attention_mask)
+        if len(labels) != prob.shape[1]:
+            raise InputError(f"str_toks has {len(labels)} tokens but the logit lens {prob.shape[1]} positions; pass the "
+                             f"row's tokens (and attention_mask to drop its pads)")
+        x_labels = axis_labels(labels)
+    else:
+        x_labels = [str(p) for p in prob.columns]
+    text = [[str(t)[:10] for t in row_tokens] for row_tokens in token.values]
     fig = labelled_heatmap(prob.values, x_labels, y_labels, title="Logit lens: top token per layer and position",
                            x_title="position", y_title="layer", value_name="prob", text=text, colorscale="Blues")
     fig.update_traces(zmin=0, zmax=1, textfont=dict(size=9))
@@ -115,14 +177,64 @@ def logit_lens_figure(df: pd.DataFrame, str_toks: Optional[Sequence[str]] = None
 
 
 @torch.no_grad()
-def direct_logit_attribution(model, tokens: TokensLike, target_token: int, baseline_token: Optional[int] = None,
-                             position: int = -1) -> pd.DataFrame:
+def logit_lens_metric(model, tokens: TokensLike, metric: MetricLike, *, position: Optional[PositionSelector] = None,
+                      per_prompt: bool = False, attention_mask: Optional[Tensor] = None,
+                      padding_side: str = "right") -> pd.DataFrame:
+    """A metric read through the final norm and unembedding from every snapshot: DataFrame[layer, metric].
+
+    The logit lens of a dataset-level metric: ``metric`` (``LogitDiff``, ``TokenProbability``, "loss"
+    or a callable ``(logits, tokens) -> scalar or [batch]``; see ``experiments.metrics``) evaluated
+    on the residual stream entering each layer (layer l) and after the last (layer n_layers, equal
+    to the metric of the model's own logits). ``position`` replaces the metric's selector ("last":
+    each row's last real token). Means over prompts; ``per_prompt=True`` gives a ``prompt``
+    column. A metric at one position per row unembeds only those positions ([B, D] per snapshot);
+    the loss is tiled; only a metric over "all" positions unembeds every position. Snapshots are
+    scored as the forward pass reaches them, so no cache of every layer is held.
+
+    Example:
+        >>> data = ioi_dataset(model, 32)                                                   # doctest: +SKIP
+        >>> metric = LogitDiff(data.answer_tokens, data.wrong_tokens)                       # doctest: +SKIP
+        >>> logit_lens_metric(model, data.clean_tokens, metric, attention_mask=data.clean_mask)   # doctest: +SKIP
+    """
+    batch = prompt_batch(model, tokens, attention_mask, padding_side)
+    metric = as_metric(metric, position)
+    L = model.cfg.n_layers
+    names = [f"blocks.{l}.hook_resid_pre" for l in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
+    values: dict[str, Tensor] = {}
+
+    def score(resid_BPD: Tensor, hook) -> None:
+        values[hook.name] = metric_from_final_resid(model, resid_BPD, batch, metric)[0].float().cpu()
+
+    # stop_at_layer=n_layers: the blocks run and the model does not unembed every position itself.
+    model.run_with_hooks(batch.tokens, attention_mask=batch.mask, stop_at_layer=L,
+                         fwd_hooks=[(name, score) for name in names])
+    values_TR = torch.stack([values[name] for name in names])
+    labels = pd.DataFrame({"layer": np.arange(L + 1)})
+    if per_prompt:
+        table = per_prompt_table(labels, values_TR, batch.size, "logit lens")
+    else:
+        table = labels.assign(metric=values_TR.mean(1).numpy())
+    table.attrs.update(snapshots=names, metric_per_prompt=values_TR.tolist())
+    return table
+
+
+@torch.no_grad()
+def direct_logit_attribution(model, tokens: TokensLike, target_token: TokenIds, baseline_token: Optional[TokenIds] = None,
+                             position: PositionSelector = "last", *, per_prompt: bool = False,
+                             attention_mask: Optional[Tensor] = None, padding_side: str = "right") -> pd.DataFrame:
     """Each component's direct contribution to logit[target] (minus logit[baseline]) at ``position``.
 
     Returns DataFrame[component, layer, head, attribution] with component in {"embed",
     "pos_embed", "head", "attn_bias", "mlp", "ln_final_bias", "unembed_bias"} (layer/head -1 where
     they do not apply); the rows sum to the logit (difference), stored in ``df.attrs["logit_diff"]``,
     with processed weights or without (``df.attrs["weights"]`` says which).
+
+    Over a batch: ``target_token`` / ``baseline_token`` are one id or text, or one per prompt;
+    ``position`` is "last" (each prompt's last real token, the default), an int column or one
+    position per prompt; a padded batch takes ``attention_mask`` (a list of texts builds it). The
+    attribution is the mean over prompts, so the rows sum to the mean logit difference
+    (``attrs["logit_diff"]``; each prompt's in ``attrs["logit_diff_per_prompt"]``);
+    ``per_prompt=True`` gives one row per component and prompt (a ``prompt`` column).
 
     Example:
         >>> dla = direct_logit_attribution(model, tokens, model.to_single_token(" Paris"), model.to_single_token(" Rome"))   # doctest: +SKIP
@@ -136,46 +248,69 @@ def direct_logit_attribution(model, tokens: TokensLike, target_token: int, basel
     if cfg.output_logits_soft_cap is not None or cfg.embed_norm:
         raise InputError("direct logit attribution needs logits linear in the residual stream and embeddings "
                          "entering it as they are: this model soft-caps its logits or norms its embeddings")
-    for name, token in (("target_token", target_token), ("baseline_token", baseline_token)):
-        if token is not None and not 0 <= int(token) < cfg.d_vocab:
-            raise InputError(f"{name}={token} is outside the vocabulary (0..{cfg.d_vocab - 1})")
-    tokens_1P = model.as_tokens(tokens)[:1]
+    batch = prompt_batch(model, tokens, attention_mask, padding_side)
+    B = batch.size
+    target_B = token_ids(model, target_token, B, "target_token")
+    baseline_B = None if baseline_token is None else token_ids(model, baseline_token, B, "baseline_token")
+    positions_B = batch.positions(position)
+    if positions_B is None:
+        raise InputError("direct logit attribution reads one position per prompt: position must be 'last', an int "
+                         "or one position per prompt, not 'all'")
+    rows_B = torch.arange(B, device=batch.tokens.device)
+    pads = [] if batch.mask is None else (~batch.mask[rows_B, positions_B]).nonzero().flatten().tolist()
+    if pads:
+        raise InputError(f"position {position!r} is a pad in prompt(s) {pads}; read each prompt at a real token "
+                         f"(position='last' is each prompt's last real token)")
     L = cfg.n_layers
-    names = {"hook_embed", "ln_final.hook_scale"} | ({"hook_pos_embed"} & set(model.hook_dict))
+    final = f"blocks.{L - 1}.hook_resid_post"
+    names = {"hook_embed", final} | ({"hook_pos_embed"} & set(model.hook_dict))
     names |= {f"blocks.{l}.attn.hook_z" for l in range(L)} | {f"blocks.{l}.hook_mlp_out" for l in range(L)}
-    logits, cache = model.run_with_cache(tokens_1P, names_filter=lambda n: n in names)
+    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.mask, stop_at_layer=L,
+                                    names_filter=lambda n: n in names)
+    at = lambda name: cache[name][rows_B, positions_B]  # noqa: E731  each row at its own position: [B, ...]
+    # Only the read positions go through the final norm and unembedding; the norm's scale is kept there.
+    kept: dict[str, Tensor] = {}
+    with model.hooks(fwd_hooks=[("ln_final.hook_scale", lambda scale, hook: kept.update(scale=scale))]):
+        final_BV = model.logits_from_resid(at(final)[:, None])[:, 0].float()
+    scale_B1 = kept["scale"][:, 0].float()
 
-    direction_D = model.tokens_to_residual_directions(target_token).float()
-    if baseline_token is not None:
-        direction_D = direction_D - model.tokens_to_residual_directions(baseline_token).float()
-    scale_1 = cache["ln_final.hook_scale"][0, position].float()
+    direction_BD = model.tokens_to_residual_directions(target_B).float()
+    if baseline_B is not None:
+        direction_BD = direction_BD - model.tokens_to_residual_directions(baseline_B).float()
 
-    def share(vectors: Tensor) -> Tensor:  # [n_vectors, d_model] -> each one's share of the logit difference
-        return model.apply_final_norm(vectors.float(), frozen_scale=scale_1).float() @ direction_D
+    def share(vectors_BnD: Tensor) -> Tensor:  # [B, n, d_model] -> each vector's share of each row's logit difference
+        normed = model.apply_final_norm(vectors_BnD.float(), frozen_scale=scale_B1[:, None]).float()
+        return torch.einsum("bnd,bd->bn", normed, direction_BD)
 
-    rows = [("embed", -1, -1, share(cache["hook_embed"][0, position][None]).item())]
+    parts: list[tuple[str, int, int, Tensor]] = [("embed", -1, -1, share(at("hook_embed")[:, None])[:, 0])]
     if "hook_pos_embed" in names:
-        rows.append(("pos_embed", -1, -1, share(cache["hook_pos_embed"][0, position][None]).item()))
+        parts.append(("pos_embed", -1, -1, share(at("hook_pos_embed")[:, None])[:, 0]))
     for l in range(L):
         attn = model.blocks[l].attn
-        z_HK = cache[f"blocks.{l}.attn.hook_z"][0, position].float()
-        result_HD = torch.einsum("hk,hkd->hd", z_HK, attn.W_O.float())
-        rows += [("head", l, h, v) for h, v in enumerate(share(result_HD).tolist())]
+        z_BHK = at(f"blocks.{l}.attn.hook_z").float()
+        result_BHD = torch.einsum("bhk,hkd->bhd", z_BHK, attn.W_O.float())
+        parts += [("head", l, h, values_B) for h, values_B in enumerate(share(result_BHD).unbind(1))]
         if attn.b_O is not None:
-            rows.append(("attn_bias", l, -1, share(attn.b_O[None]).item()))
+            parts.append(("attn_bias", l, -1, share(attn.b_O.expand(B, 1, -1))[:, 0]))
         if not cfg.attn_only:
-            rows.append(("mlp", l, -1, share(cache[f"blocks.{l}.hook_mlp_out"][0, position][None]).item()))
+            parts.append(("mlp", l, -1, share(at(f"blocks.{l}.hook_mlp_out")[:, None])[:, 0]))
     if cfg.normalization == "LN":  # the bias is the norm of a zero vector
         bias_D = model.apply_final_norm(torch.zeros(1, cfg.d_model, dtype=cfg.dtype, device=cfg.device))[0]
-        rows.append(("ln_final_bias", -1, -1, float(bias_D.float() @ direction_D)))
+        parts.append(("ln_final_bias", -1, -1, direction_BD @ bias_D.float()))
     if cfg.unembed_bias:  # where fold_ln put the final LayerNorm's bias
         b_U = model.b_U.float()
-        rows.append(("unembed_bias", -1, -1, float(b_U[target_token] - (b_U[baseline_token] if baseline_token is not None else 0))))
-    table = pd.DataFrame(rows, columns=["component", "layer", "head", "attribution"])
+        parts.append(("unembed_bias", -1, -1, b_U[target_B] - (b_U[baseline_B] if baseline_B is not None else 0)))
+    labels = pd.DataFrame([part[:3] for part in parts], columns=["component", "layer", "head"])
+    values_nB = torch.stack([part[3] for part in parts]).cpu()
+    if per_prompt:
+        table = per_prompt_table(labels, values_nB, B, "direct logit attribution").rename(columns={"metric": "attribution"})
+    else:
+        table = labels.assign(attribution=values_nB.mean(1).numpy())
     # Exact with processed or unprocessed weights (the final norm's gain is read from the model); say which.
     table.attrs["weights"] = ("processed: " + ", ".join(cfg.weight_processing)) if cfg.weight_processing else "as loaded"
-    final = logits[0, position].float()
-    table.attrs["logit_diff"] = float(final[target_token] - (final[baseline_token] if baseline_token is not None else 0.0))
+    logit_diff_B = final_BV[rows_B, target_B] - (final_BV[rows_B, baseline_B] if baseline_B is not None else 0.0)
+    table.attrs["logit_diff"] = float(logit_diff_B.mean())
+    table.attrs["logit_diff_per_prompt"] = logit_diff_B.tolist()
     return table
 
 
