@@ -159,11 +159,12 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
         if stop_at_layer is not None:
             return resid_BPD
 
+        if return_type is None:  # the final norm still runs (its hooks fire); the unembedding has none to skip
+            self.apply_final_norm(resid_BPD)
+            return None
         logits_BPV = self.logits_from_resid(resid_BPD)
         if return_type == "logits":
             return logits_BPV
-        if return_type is None:
-            return None
         if tokens is None:
             raise InputError("the loss needs token ids: pass tokens= when starting from a residual stream")
         loss = self.loss_fn(logits_BPV, tokens, per_token=loss_per_token, attention_mask=mask_BP)
