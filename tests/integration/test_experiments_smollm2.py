@@ -22,11 +22,8 @@ SEQ_LEN = 50
 
 
 @pytest.fixture(scope="module")
-def model():
-    try:
-        return wb.load_model("smollm2-135m", attn_impl="sdpa").eval()
-    except wb.CheckpointError as error:
-        pytest.skip(f"SmolLM2 is not installed: {error}")
+def model(smollm2):
+    return smollm2
 
 
 @pytest.fixture(scope="module")

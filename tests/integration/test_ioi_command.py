@@ -22,11 +22,8 @@ N = 4
 
 
 @pytest.fixture(scope="module")
-def model():
-    try:
-        return wb.load_model("smollm2-135m", attn_impl="sdpa").eval()
-    except wb.CheckpointError as error:
-        pytest.skip(f"SmolLM2 is not installed: {error}")
+def model(smollm2):
+    return smollm2
 
 
 def test_ioi_command_writes_the_dataset_numbers_each_prompt_gives_alone(model, tmp_path, monkeypatch, capsys):

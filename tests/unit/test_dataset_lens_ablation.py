@@ -22,6 +22,7 @@ from experiments.datasets import mean_activations
 from experiments.lens import (direct_logit_attribution, logit_lens, logit_lens_figure, logit_lens_logits,
                               logit_lens_metric, residual_snapshots)
 from experiments.metrics import Loss, TokenProbability, logit_diff, prompt_batch
+from tests.unit.test_padding import padded as pad_rows
 from workbench.tokenizer import SpecialTokens, Tokenizer
 
 VOCAB = 50
@@ -56,14 +57,8 @@ def random_rows(lengths, seed: int) -> list[torch.Tensor]:
 
 
 def padded(rows: list[torch.Tensor], side: str, pad: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows padded to one width with ``pad`` (a real word: only the mask hides it) and their mask."""
-    width = max(len(row) for row in rows)
-    tokens = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for index, row in enumerate(rows):
-        where = slice(0, len(row)) if side == "right" else slice(width - len(row), width)
-        tokens[index, where], mask[index, where] = row, 1
-    return tokens, mask
+    """Rows padded with ``pad`` (a real word: only the mask hides it) and their mask."""
+    return pad_rows(rows, side, pad)
 
 
 @pytest.fixture(scope="module", params=list(MODELS))

@@ -48,11 +48,8 @@ def text(*ids: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def smol():
-    try:
-        return wb.load_model("smollm2-135m", progress=False).eval()
-    except wb.CheckpointError as error:
-        pytest.skip(f"SmolLM2 is not installed: {error}")
+def smol(smollm2):
+    return smollm2
 
 
 @pytest.fixture(scope="module")
