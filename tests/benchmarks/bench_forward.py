@@ -22,7 +22,7 @@ if __package__ in (None, ""):
 import torch
 
 import workbench as wb
-from tests.benchmarks.common import interleaved_timings, machine_line, markdown_table, timing_rows
+from tests.benchmarks.common import interleaved_timings, machine_line, markdown_table, timing_rows, transformer_bridge
 
 LLAMA_SHAPE = dict(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=6,
                    num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
@@ -31,17 +31,6 @@ LLAMA_SHAPE = dict(vocab_size=32000, hidden_size=512, intermediate_size=1408, nu
 
 def cache_mb(cache) -> float:
     return sum(t.numel() * t.element_size() for t in cache.values()) / 2**20
-
-
-def _bridge(hf_dir: str, **hf_kwargs):
-    """TransformerBridge over its own HF instance (booting switches that instance to eager)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformer_lens.model_bridge import TransformerBridge
-
-    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, **hf_kwargs).eval()
-    tok_kwargs = {"gguf_file": hf_kwargs["gguf_file"]} if "gguf_file" in hf_kwargs else {}
-    tokenizer = AutoTokenizer.from_pretrained(hf_dir, **tok_kwargs)  # local files only: nothing is fetched
-    return TransformerBridge.boot_transformers(hf_dir, hf_model=hf_model, tokenizer=tokenizer, device="cpu")
 
 
 def _save_word_tokenizer(directory: str, vocab_size: int) -> None:
@@ -62,7 +51,7 @@ def contenders_for(hf_dir: str, tokens: torch.Tensor, hf_kwargs: dict, ours_sour
     hf_eager = AutoModelForCausalLM.from_pretrained(hf_dir, attn_implementation="eager", **hf_kwargs).eval()
     ours_sdpa = wb.load_model(ours_source, attn_impl="sdpa").eval()
     ours_flash = wb.load_model(ours_source, attn_impl="flash").eval()
-    bridge = _bridge(hf_dir, **hf_kwargs)
+    bridge = transformer_bridge(hf_dir, **hf_kwargs)
     # Same weights, checked: our logits against transformers' before timing anything.
     with torch.no_grad():
         diff = (ours_sdpa(tokens) - hf_sdpa(tokens).logits).abs().max().item()

@@ -22,6 +22,20 @@ def machine_line() -> str:
             f"device {device}, {torch.get_num_threads()} threads")
 
 
+def transformer_bridge(hf_dir: str, **hf_kwargs):
+    """TransformerLens's TransformerBridge over its own HF instance (booting switches that instance to eager).
+
+    ``hf_kwargs`` go to ``from_pretrained`` (e.g. ``gguf_file=`` and ``torch_dtype=`` for SmolLM2's GGUF).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformer_lens.model_bridge import TransformerBridge
+
+    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, **hf_kwargs).eval()
+    tok_kwargs = {"gguf_file": hf_kwargs["gguf_file"]} if "gguf_file" in hf_kwargs else {}
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir, **tok_kwargs)  # local files only: nothing is fetched
+    return TransformerBridge.boot_transformers(hf_dir, hf_model=hf_model, tokenizer=tokenizer, device="cpu")
+
+
 def interleaved_timings(contenders: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
     """Seconds per call for each contender, measured in interleaved rounds."""
     with torch.no_grad():

@@ -31,6 +31,9 @@ COMPARISONS = [
     ("bench_load", "5. Loading SmolLM2-135M from its GGUF", "under 5 s and faster than transformers"),
     ("bench_dashboard", "6. Dashboard in a real browser (SmolLM2-135M)",
      "cold start to the first attention heatmap under 20 s; re-render under 2 s for prompts up to 64 tokens"),
+    ("bench_datasets", "8. Padded batches: masked forward, and IOI head patching over a dataset",
+     "masked forward at most 1.1x the unmasked forward; IOI head patching reported against TransformerLens's "
+     "get_act_patch_attn_head_out_all_pos"),
 ]
 TRITON_TITLE = "7. Triton FlashAttention-2 vs SDPA's flash backend (GPU)"
 TRITON_GOAL = "forward at least 0.9x and forward+backward at least 0.8x of SDPA's throughput on an H100"
