@@ -21,7 +21,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from experiments._progress import Progress, ProgressArg
-from experiments.metrics import Loss, Metric, PromptBatch, mean_over_scored
+from experiments.metrics import Loss, Metric, PromptBatch, mean_over_scored, select_positions
 from experiments.sites import Site
 from workbench.errors import InputError
 
@@ -62,12 +62,10 @@ def metric_from_final_resid(model, resid_nBPD: Tensor, batch: PromptBatch, metri
         Q = resid_nBPD.shape[1] - 1 if resid_nBPD.shape[1] == batch.tokens.shape[1] else resid_nBPD.shape[1]
         losses = model.loss_from_resid(resid_nBPD[:, :Q], batch.tokens[:, 1:Q + 1].repeat(n, 1))
         return mean_over_scored(losses, batch.repeat(n)).view(n, -1)
-    positions = batch.positions(metric.position)
-    if positions is None:
+    if isinstance(metric.position, str) and metric.position == "all":
         return metric.per_prompt(model.logits_from_resid(resid_nBPD), batch).view(n, -1)
-    rows = torch.arange(resid_nBPD.shape[0], device=resid_nBPD.device)
-    resid_nB1D = resid_nBPD[rows, positions.to(resid_nBPD.device).repeat(n)][:, None]
-    return metric.per_prompt(model.logits_from_resid(resid_nB1D)[:, 0], batch).view(n, -1)
+    resid_nBD = select_positions(resid_nBPD, batch, metric.position)  # unembed only the positions read
+    return metric.per_prompt(model.logits_from_resid(resid_nBD[:, None])[:, 0], batch).view(n, -1)
 
 
 def _edit_hook(edits_with_rows: list[tuple[int, Edit]], B: int):

@@ -24,7 +24,7 @@ computed from the residual stream tile by tile (``Decoder.loss_from_resid``); a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Literal, Optional, Sequence, Union
 
 import numpy as np
@@ -96,10 +96,6 @@ class PromptBatch:
     def repeat(self, n: int) -> "PromptBatch":
         """The batch stacked n times (n variants of every row, variant-major)."""
         return PromptBatch(self.tokens.repeat(n, 1), None if self.mask is None else self.mask.repeat(n, 1))
-
-    def columns(self, stop: int) -> "PromptBatch":
-        """The first ``stop`` positions of every row."""
-        return PromptBatch(self.tokens[:, :stop], None if self.mask is None else self.mask[:, :stop])
 
 
 def prompt_batch(model, tokens: TokensLike, attention_mask: Optional[Tensor] = None,
@@ -173,7 +169,8 @@ class Metric:
 
 
 def select_positions(x_BP_: Tensor, batch: PromptBatch, position: PositionSelector) -> Tensor:
-    """``x`` [B, P, ...] at each row's selected position ([B, ...]), or whole for "all".
+    """``x`` [B, P, ...] at each row's selected position ([B, ...]), or whole for "all"; ``x`` may stack
+    n variants of the batch ([n*B, P, ...]), each read at its row's position.
 
     Example:
         >>> x = torch.arange(6.).view(2, 3)
@@ -296,7 +293,7 @@ def as_metric(metric: Union[str, Metric, Callable], position: Optional[PositionS
         Loss(position='all')
     """
     if isinstance(metric, Metric):
-        return metric if position is None else _with_position(metric, position)
+        return metric if position is None else replace(metric, position=position)
     if metric == "loss":
         if position not in (None, "all"):
             raise InputError("the loss reads every position; position must be 'all' (or left out)")
@@ -305,12 +302,6 @@ def as_metric(metric: Union[str, Metric, Callable], position: Optional[PositionS
         return CallableMetric(metric, "all" if position is None else position)
     raise InputError(f"metric must be 'loss', a Metric (LogitDiff, TokenProbability, Loss) or a callable "
                      f"(logits, tokens) -> scalar or [batch], got {metric!r}")
-
-
-def _with_position(metric: Metric, position: PositionSelector) -> Metric:
-    from dataclasses import replace
-
-    return replace(metric, position=position)
 
 
 def require_per_prompt_values(rows: int, prompts: int, what: str) -> None:
