@@ -30,6 +30,14 @@ NormPlacement = Literal["pre", "post", "sandwich", "sublayer_output"]
 Positional = Literal["rotary", "learned", "sinusoidal", "alibi", "none"]
 QKNorm = Literal["head", "projection"]
 ActFn = Literal["gelu", "gelu_new", "silu", "relu"]
+# How a router turns its logits into chosen experts and their weights (``components.moe``):
+# softmax: softmax over all experts, top-k of the probabilities (Mixtral, Qwen2/3-MoE, DeepSeek-V2);
+# sigmoid: a sigmoid per expert, top-k of the scores plus a correction bias (DeepSeek-V3);
+# topk_softmax: top-k of the logits, then a softmax over the chosen only (gpt-oss).
+RouterScoring = Literal["softmax", "sigmoid", "topk_softmax"]
+# The score of a group of experts under group-limited routing: its best expert's (DeepSeek-V2) or the
+# sum of its best two (DeepSeek-V3).
+RouterGroupScore = Literal["max", "top2_sum"]
 AttnImpl = Literal["eager", "sdpa", "flash"]
 # TransformerLens's weight processing, in the order it is applied (``Decoder.process_weights_``).
 WEIGHT_PROCESSING_STEPS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
@@ -40,6 +48,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "positional": ("rotary", "learned", "sinusoidal", "alibi", "none"),
     "act_fn": ("gelu", "gelu_new", "silu", "relu"),
     "attn_impl": ("eager", "sdpa", "flash"),
+    "router_scoring": ("softmax", "sigmoid", "topk_softmax"),
+    "router_group_score": ("max", "top2_sum"),
 }
 # RoPE scalings (transformers' rope_type values) and the keys each one needs besides "factor".
 ROTARY_SCALINGS: dict[str, tuple[str, ...]] = {
@@ -49,7 +59,10 @@ ROTARY_SCALINGS: dict[str, tuple[str, ...]] = {
     "yarn": ("original_max_position_embeddings",),
 }
 # Fields a layer may set differently from the model (``layer_overrides``).
-PER_LAYER_FIELDS = ("sliding_window", "positional", "rotary_base", "rotary_scaling", "rotary_dim")
+# Dense layers among mixture-of-experts ones (DeepSeek's first_k_dense_replace, Qwen2-MoE's
+# mlp_only_layers) set num_experts and experts_per_token to 0 and their own d_mlp.
+PER_LAYER_FIELDS = ("sliding_window", "positional", "rotary_base", "rotary_scaling", "rotary_dim",
+                    "num_experts", "experts_per_token", "d_mlp")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,13 +99,43 @@ class ModelConfig:
     act_fn: ActFn = "gelu"
     gated_mlp: bool = False
     attn_only: bool = False
-    num_experts: int = 0  # 0: a dense MLP; otherwise a top-k mixture of experts
+    num_experts: int = 0  # 0: a dense MLP; otherwise a top-k mixture of experts (d_mlp is one expert's width)
     experts_per_token: int = 0
     router_renormalize: bool = True  # rescale the top-k router weights to sum to one (Mixtral)
+    router_scoring: RouterScoring = "softmax"
+    router_bias: bool = False  # the router's linear map has a bias (gpt-oss); it is part of the logits
+    # A per-expert bias added to the scores only to choose experts, never to weight them (DeepSeek-V3's
+    # e_score_correction_bias).
+    router_score_correction: bool = False
+    # Group-limited routing: experts in router_groups equal groups, only the best router_topk_groups
+    # groups (by router_group_score) may be chosen. None: no groups.
+    router_groups: Optional[int] = None
+    router_topk_groups: Optional[int] = None
+    router_group_score: RouterGroupScore = "max"
+    routed_scaling_factor: float = 1.0  # the chosen experts' weights are multiplied by this (DeepSeek)
+    d_shared_expert: int = 0  # width of an always-on gated MLP beside the routed experts; 0: none
+    shared_expert_gate: bool = False  # the shared expert's output times sigmoid(w . x) (Qwen2-MoE)
+    expert_bias: bool = False  # the routed experts' projections have biases (gpt-oss)
+    # gpt-oss's clamped SwiGLU in the experts: gate <= limit, -limit <= up <= limit, and
+    # out = (up + 1) * gate * sigmoid(swiglu_alpha * gate). None: the plain gated MLP.
+    swiglu_limit: Optional[float] = None
+    swiglu_alpha: float = 1.0
     sliding_window: Optional[int] = None  # a query sees the last `sliding_window` keys, itself included
     # TransformerLens's convention: scores are q.k / attn_scale; None: sqrt(d_head) (GPT-Neo: 1.0).
     attn_scale: Optional[float] = None
     attn_scores_soft_cap: Optional[float] = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
+    # A learned logit per head that joins each softmax but carries no value (gpt-oss): a query's
+    # weights over the real keys then sum to less than one.
+    attn_sinks: bool = False
+    # Multi-head latent attention (DeepSeek-V2/V3) when kv_lora_rank is set: keys and values are
+    # expanded per head from a cached latent [kv_lora_rank] (normed), and one rotary key [rotary_dim]
+    # is shared by every head. d_head is the query/key width per head (its last rotary_dim dimensions
+    # carry RoPE, the rest none); d_head_v the value width. q_lora_rank: queries through a normed
+    # low-rank bottleneck too (None: one projection). latent_norm_eps: those two norms' eps.
+    kv_lora_rank: Optional[int] = None
+    q_lora_rank: Optional[int] = None
+    d_head_v: Optional[int] = None  # None: d_head
+    latent_norm_eps: float = 1e-6
     output_logits_soft_cap: Optional[float] = None  # the same on the logits (Gemma 2)
     # Norm q and k before RoPE: per head ("head": Qwen3, Gemma 3, StableLM, Phi) or over the whole
     # projection ("projection": OLMo 2); the norm kind is ``normalization``. None: no QK norm.
@@ -146,6 +189,9 @@ class ModelConfig:
         _require(self.attn_only or self.d_mlp > 0, "d_mlp", f"must be positive, got {self.d_mlp}")
         if self.rotary_dim is None:
             self._set("rotary_dim", self.d_head)
+        if self.d_head_v is None:
+            self._set("d_head_v", self.d_head)
+        _require(self.d_head_v > 0, "d_head_v", f"must be positive, got {self.d_head_v}")
         if self.attn_scale is None:
             self._set("attn_scale", math.sqrt(self.d_head))
         _require(self.attn_scale > 0, "attn_scale", f"must be positive, got {self.attn_scale}")
@@ -172,6 +218,8 @@ class ModelConfig:
         else:
             _require(self.experts_per_token == 0, "experts_per_token",
                      f"is {self.experts_per_token} but num_experts is 0 (no mixture of experts)")
+        self._check_router()
+        self._check_latent_attention()
         if self.sliding_window is not None:
             _require(isinstance(self.sliding_window, int) and self.sliding_window > 0, "sliding_window",
                      f"must be a positive integer or None, got {self.sliding_window!r}")
@@ -183,6 +231,48 @@ class ModelConfig:
         unknown = sorted(set(self.weight_processing) - set(WEIGHT_PROCESSING_STEPS))
         _require(not unknown, "weight_processing", f"has unknown step(s) {unknown}; known: {WEIGHT_PROCESSING_STEPS}")
         self._check_layer_overrides()
+
+    def _check_router(self) -> None:
+        for name in ("d_shared_expert",):
+            _require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+        _require(self.routed_scaling_factor > 0, "routed_scaling_factor",
+                 f"must be positive, got {self.routed_scaling_factor}")
+        _require(self.swiglu_limit is None or self.swiglu_limit > 0, "swiglu_limit",
+                 f"must be positive or None, got {self.swiglu_limit!r}")
+        if self.router_groups is None:
+            _require(self.router_topk_groups is None, "router_topk_groups",
+                     f"is {self.router_topk_groups} but router_groups is None (no group-limited routing)")
+            return
+        _require(self.router_groups > 0, "router_groups", f"must be positive or None, got {self.router_groups}")
+        _require(self.router_topk_groups is not None and 0 < self.router_topk_groups <= self.router_groups,
+                 "router_topk_groups", f"must be in 1..router_groups={self.router_groups}, got {self.router_topk_groups}")
+        if self.num_experts:
+            per_group = self.num_experts // self.router_groups
+            _require(self.num_experts % self.router_groups == 0, "router_groups",
+                     f"must divide num_experts={self.num_experts}, got {self.router_groups}")
+            _require(self.router_group_score != "top2_sum" or per_group >= 2, "router_group_score",
+                     f"'top2_sum' needs at least two experts per group, got {per_group}")
+            _require(self.experts_per_token <= self.router_topk_groups * per_group, "experts_per_token",
+                     f"is {self.experts_per_token} but the {self.router_topk_groups} chosen group(s) hold only "
+                     f"{self.router_topk_groups * per_group} experts")
+
+    def _check_latent_attention(self) -> None:
+        if self.kv_lora_rank is None:
+            _require(self.q_lora_rank is None, "q_lora_rank", "needs latent attention (kv_lora_rank set)")
+            return
+        _require(self.kv_lora_rank > 0, "kv_lora_rank", f"must be positive or None, got {self.kv_lora_rank}")
+        _require(self.q_lora_rank is None or self.q_lora_rank > 0, "q_lora_rank",
+                 f"must be positive or None, got {self.q_lora_rank}")
+        _require(self.positional == "rotary", "kv_lora_rank", f"latent attention needs positional='rotary', got "
+                                                              f"{self.positional!r}")
+        _require(self.n_key_value_heads == self.n_heads, "n_key_value_heads",
+                 f"latent attention expands keys and values for every head: must equal n_heads={self.n_heads}, "
+                 f"got {self.n_key_value_heads}")
+        for name in ("qk_norm", "clip_qkv"):
+            _require(getattr(self, name) is None, name, "is not supported with latent attention (kv_lora_rank)")
+        _require(not self.use_split_qkv_input, "use_split_qkv_input",
+                 "is not supported with latent attention (kv_lora_rank): heads share the latent")
+        _require(self.latent_norm_eps > 0, "latent_norm_eps", f"must be positive, got {self.latent_norm_eps}")
 
     def _check_layer_overrides(self) -> None:
         overrides = self.layer_overrides
@@ -266,7 +356,25 @@ class ModelConfig:
 
     @property
     def is_moe(self) -> bool:
-        return self.num_experts > 0
+        """Whether any layer is a mixture of experts."""
+        return any(n > 0 for n in self.layer_values("num_experts"))
+
+    @property
+    def moe_layers(self) -> list[int]:
+        """The layers whose MLP is a mixture of experts (DeepSeek's first layers are dense).
+
+        Example:
+            >>> cfg = ModelConfig(n_layers=2, d_model=8, n_heads=2, d_vocab=10, n_ctx=16, num_experts=4,
+            ...                   experts_per_token=2, layer_overrides=({"num_experts": 0, "experts_per_token": 0}, {}))
+            >>> cfg.moe_layers
+            [1]
+        """
+        return [layer for layer, n in enumerate(self.layer_values("num_experts")) if n > 0]
+
+    @property
+    def is_latent_attention(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3): keys and values come from a cached latent."""
+        return self.kv_lora_rank is not None
 
     @property
     def normalization_type(self) -> str:

@@ -43,18 +43,72 @@ from workbench.components.rotary import Rotary, alibi_slopes
 from workbench.config import ModelConfig
 
 
-class Attention(nn.Module):
-    """Causal self-attention (MHA / GQA / MQA) with optional RoPE, ALiBi, sliding window, QK norm
-    and soft-capping; built from one layer's config (``ModelConfig.for_layer``)."""
+class AttentionBase(nn.Module):
+    """What every attention variant shares: the kernel (``attend``), sinks, the output projection
+    (``project_out``, ``W_O`` [H, J, D], ``b_O``) and the hooks on scores, pattern, z and results."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        H, G, K, D = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model
-        self.n_heads, self.n_key_value_heads, self.d_head, self.d_model = H, G, K, D
+        self.n_heads, self.d_head, self.d_head_v, self.d_model = cfg.n_heads, cfg.d_head, cfg.d_head_v, cfg.d_model
         self.scale, self.sliding_window = 1.0 / cfg.attn_scale, cfg.sliding_window
-        self.soft_cap, self.clip_qkv = cfg.attn_scores_soft_cap, cfg.clip_qkv
+        self.soft_cap = cfg.attn_scores_soft_cap
         self.attn_impl = cfg.attn_impl
         self.use_attn_result = cfg.use_attn_result
+        if cfg.positional == "alibi":
+            self.register_buffer("alibi_slopes_H", alibi_slopes(cfg.n_heads), persistent=False)
+        else:
+            self.alibi_slopes_H = None
+        # A subclass makes _W_O_lin [D, H*J] and b_O [D] (or None), then calls _add_kernel_hooks.
+
+    def _add_kernel_hooks(self, cfg: ModelConfig) -> None:
+        """Sinks and the hooks from the scores on, registered after the subclass's own (so a cache
+        lists hooks in the order they fire)."""
+        self.sinks = nn.Parameter(torch.zeros(cfg.n_heads, dtype=cfg.dtype)) if cfg.attn_sinks else None  # [H] logits
+        self.hook_attn_scores = HookPoint()  # [B, H, P, S]
+        self.hook_pattern = HookPoint()  # [B, H, P, S]
+        self.hook_z = HookPoint()  # [B, P, H, J]
+        self.hook_result = HookPoint()  # [B, P, H, D], computed only when hooked
+        if cfg.attn_sinks:
+            self.hook_sink_weight = HookPoint()  # [B, H, P]: each query's softmax mass on its head's sink
+
+    def attend(self, q_BHPK: Tensor, k_BGSK: Tensor, v_BGSJ: Tensor, key_mask_BS: Optional[Tensor]) -> Tensor:
+        """z [B, P, H, J] from queries and every key and value so far, on this layer's kernel (eager
+        when a pattern hook needs the pattern materialised)."""
+        mask = MaskSpec(scale=self.scale, q_offset=k_BGSK.shape[2] - q_BHPK.shape[2], sliding_window=self.sliding_window,
+                        alibi_slopes_H=self.alibi_slopes_H, soft_cap=self.soft_cap, key_mask_BS=key_mask_BS,
+                        sinks_H=self.sinks)
+        fast_kernel = FAST_KERNELS.get(self.attn_impl)  # None for "eager"
+        if fast_kernel is None or self.pattern_is_hooked():
+            return eager_attention(q_BHPK, k_BGSK, v_BGSJ, mask, self.hook_attn_scores, self.hook_pattern,
+                                   getattr(self, "hook_sink_weight", _no_hook))
+        return fast_kernel(q_BHPK, k_BGSK, v_BGSJ, mask)
+
+    def project_out(self, z_BPHJ: Float[Tensor, "batch pos n_heads d_head_v"]) -> Float[Tensor, "batch pos d_model"]:
+        """The output projection, through per-head results (``hook_result``) when something needs them."""
+        if self.use_attn_result or _is_hooked(self.hook_result):
+            result_BPHD = self.hook_result(torch.einsum("bphk,hkd->bphd", z_BPHJ, self.W_O))
+            out = result_BPHD.sum(dim=2)
+            return out if self.b_O is None else out + self.b_O
+        return F.linear(z_BPHJ.flatten(-2), self._W_O_lin, self.b_O)
+
+    def pattern_is_hooked(self) -> bool:
+        """True when a hook on scores, pattern or sink weight needs them materialised (forces eager here)."""
+        return any(_is_hooked(getattr(self, name)) for name in PATTERN_HOOKS if hasattr(self, name))
+
+    @property
+    def W_O(self) -> Float[Tensor, "n_heads d_head_v d_model"]:
+        return self._W_O_lin.view(self.d_model, self.n_heads, self.d_head_v).permute(1, 2, 0)
+
+
+class Attention(AttentionBase):
+    """Causal self-attention (MHA / GQA / MQA) with optional RoPE, ALiBi, sliding window, QK norm,
+    soft-capping and sinks; built from one layer's config (``ModelConfig.for_layer``)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        H, G, K, D = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model
+        self.n_key_value_heads = G
+        self.clip_qkv = cfg.clip_qkv
         self._W_Q_lin = nn.Parameter(torch.empty(H * K, D, dtype=cfg.dtype))
         self._W_K_lin = nn.Parameter(torch.empty(G * K, D, dtype=cfg.dtype))
         self._W_V_lin = nn.Parameter(torch.empty(G * K, D, dtype=cfg.dtype))
@@ -74,20 +128,13 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.rotary = Rotary(cfg) if cfg.positional == "rotary" else None
-        if cfg.positional == "alibi":
-            self.register_buffer("alibi_slopes_H", alibi_slopes(H), persistent=False)
-        else:
-            self.alibi_slopes_H = None
 
         self.hook_q = HookPoint()  # [B, P, H, K]
         self.hook_k = HookPoint()  # [B, P, G, K]
         self.hook_v = HookPoint()  # [B, P, G, K]
         self.hook_rot_q = HookPoint()  # [B, P, H, K]
         self.hook_rot_k = HookPoint()  # [B, P, G, K]
-        self.hook_attn_scores = HookPoint()  # [B, H, P, S]
-        self.hook_pattern = HookPoint()  # [B, H, P, S]
-        self.hook_z = HookPoint()  # [B, P, H, K]
-        self.hook_result = HookPoint()  # [B, P, H, D], computed only when hooked
+        self._add_kernel_hooks(cfg)
 
     def forward(
         self,
@@ -101,7 +148,6 @@ class Attention(nn.Module):
         token). ``split_inputs``: per-head inputs (q [B, P, H, D], k and v [B, P, G, D]) that replace
         ``x_BPD`` (``use_split_qkv_input``); each head then reads its own copy. ``key_mask_BS``:
         True for real tokens over every key position (cached ones included), None when none is padding."""
-        B, P, _ = x_BPD.shape
         H, G, K = self.n_heads, self.n_key_value_heads, self.d_head
         q_in, k_in, v_in = split_inputs if split_inputs is not None else (x_BPD, x_BPD, x_BPD)
         q_BPHK = self.hook_q(self._clip(_project(q_in, self._W_Q_lin, self._b_Q_lin, H, K)))
@@ -116,21 +162,8 @@ class Attention(nn.Module):
         q_BHPK, k_BGSK, v_BGSK = q_BPHK.transpose(1, 2), k_BPGK.transpose(1, 2), v_BPGK.transpose(1, 2)
         if kv_cache is not None:
             k_BGSK, v_BGSK = kv_cache.append(k_BGSK, v_BGSK)
-        mask = MaskSpec(scale=self.scale, q_offset=k_BGSK.shape[2] - P, sliding_window=self.sliding_window,
-                        alibi_slopes_H=self.alibi_slopes_H, soft_cap=self.soft_cap, key_mask_BS=key_mask_BS)
-
-        fast_kernel = FAST_KERNELS.get(self.attn_impl)  # None for "eager"
-        if fast_kernel is None or self.pattern_is_hooked():
-            z_BPHK = eager_attention(q_BHPK, k_BGSK, v_BGSK, mask, self.hook_attn_scores, self.hook_pattern)
-        else:
-            z_BPHK = fast_kernel(q_BHPK, k_BGSK, v_BGSK, mask)
-        z_BPHK = self.hook_z(z_BPHK)
-
-        if self.use_attn_result or _is_hooked(self.hook_result):
-            result_BPHD = self.hook_result(torch.einsum("bphk,hkd->bphd", z_BPHK, self.W_O))
-            out = result_BPHD.sum(dim=2)
-            return out if self.b_O is None else out + self.b_O
-        return F.linear(z_BPHK.reshape(B, P, H * K), self._W_O_lin, self.b_O)
+        z_BPHK = self.hook_z(self.attend(q_BHPK, k_BGSK, v_BGSK, key_mask_BS))
+        return self.project_out(z_BPHK)
 
     def _clip(self, x: Tensor) -> Tensor:
         return x if self.clip_qkv is None else x.clamp(-self.clip_qkv, self.clip_qkv)
@@ -140,10 +173,6 @@ class Attention(nn.Module):
         if self.qk_norm_over_projection:
             return norm(x_BPnK.flatten(-2)).view(x_BPnK.shape)
         return norm(x_BPnK)
-
-    def pattern_is_hooked(self) -> bool:
-        """True when a hook on scores or pattern needs them materialised (forces eager here)."""
-        return _is_hooked(self.hook_attn_scores) or _is_hooked(self.hook_pattern)
 
     # ---- TransformerLens's names: views of the nn.Linear-layout storage ------------------------
     @property
@@ -166,10 +195,6 @@ class Attention(nn.Module):
     @property
     def W_V(self) -> Float[Tensor, "n_heads d_model d_head"]:
         return self._per_query_head(self._W_V)
-
-    @property
-    def W_O(self) -> Float[Tensor, "n_heads d_head d_model"]:
-        return self._W_O_lin.view(self.d_model, self.n_heads, self.d_head).permute(1, 2, 0)
 
     @property
     def b_Q(self) -> Optional[Float[Tensor, "n_heads d_head"]]:
@@ -205,6 +230,13 @@ def _project(x: Tensor, W_lin: Tensor, b_lin: Optional[Tensor], n: int, K: int) 
     return out if b_lin is None else out + b_lin.view(n, K)
 
 
+PATTERN_HOOKS = ("hook_attn_scores", "hook_pattern", "hook_sink_weight")
+
+
+def _no_hook(t: Tensor) -> Tensor:
+    return t
+
+
 def _is_hooked(hook_point: HookPoint) -> bool:
     # Forward hooks (TransformerLens fwd hooks, run_with_cache) and backward hooks both register
     # on the module, so this sees every way a user can attach to the point.
@@ -212,7 +244,8 @@ def _is_hooked(hook_point: HookPoint) -> bool:
 
 
 class LayerKVCache:
-    """Keys and values (after RoPE) of one layer for all positions seen so far: [B, G, S, K]."""
+    """Keys and values (after RoPE) of one layer for all positions seen so far: [B, G, S, K]; for latent
+    attention the latent [B, 1, S, kv_lora_rank] and the shared rotary key [B, 1, S, rotary_dim] instead."""
 
     def __init__(self) -> None:
         self.k_BGSK: Optional[Tensor] = None

@@ -1,10 +1,12 @@
 """The swappable inner attention functions: eager, sdpa and flash (tiled online softmax).
 
 Legend: B batch, H n_heads, G n_key_value_heads, g query heads per key/value head, P position,
-S key position, K d_head.
+S key position, K d_head, J d_head_v.
 
-Every kernel takes q [B, H, P, K], k and v [B, G, S, K] and a ``MaskSpec`` and returns
-z [B, P, H, K] (position-major, the layout of ``hook_z``). Grouped-query attention is done by
+J, the value width, is K except under latent attention.
+
+Every kernel takes q [B, H, P, K], k [B, G, S, K], v [B, G, S, J] and a ``MaskSpec`` and returns
+z [B, P, H, J] (position-major, the layout of ``hook_z``). Grouped-query attention is done by
 folding the g query heads of a group into the query axis ([B, G, g*P, K]) so one matmul
 against the group's single K/V head serves them all: K and V are never copied per query head.
 """
@@ -32,6 +34,9 @@ class MaskSpec:
     ``key_mask_BS`` (True = a real token, False = padding; over every key position, cached ones
     included) hides padding keys from every query. A padding query, which then might see nothing,
     sees itself only, so no row of a pattern is empty (no NaN) and no real token ever reads a pad.
+
+    ``sinks_H`` (gpt-oss): one logit per head that joins every query's softmax as an extra key with
+    no value, so it takes probability mass without adding to z.
     """
 
     scale: float
@@ -40,11 +45,13 @@ class MaskSpec:
     alibi_slopes_H: Optional[Tensor] = None
     soft_cap: Optional[float] = None
     key_mask_BS: Optional[Tensor] = None
+    sinks_H: Optional[Tensor] = None
 
     @property
     def is_plain_causal(self) -> bool:
         """True when a bottom-right-aligned causal mask is all there is."""
-        return self.sliding_window is None and self.alibi_slopes_H is None and self.key_mask_BS is None
+        return (self.sliding_window is None and self.alibi_slopes_H is None and self.key_mask_BS is None
+                and self.sinks_H is None)
 
     def capped(self, scaled_scores: Tensor) -> Tensor:
         """Soft-capping of scaled scores (identity without ``soft_cap``)."""
@@ -84,23 +91,36 @@ def _group_queries(q_BHPK: Tensor, n_kv: int) -> Tensor:
     return q_BHPK.reshape(B, n_kv, (H // n_kv) * P, K)
 
 
+def _identity(t: Tensor) -> Tensor:
+    return t
+
+
 def eager_attention(
     q_BHPK: Float[Tensor, "batch n_heads pos d_head"],
     k_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
-    v_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
+    v_BGSJ: Float[Tensor, "batch n_key_value_heads key_pos d_head_v"],
     mask: MaskSpec,
-    hook_scores: Hook = lambda t: t,
-    hook_pattern: Hook = lambda t: t,
-) -> Float[Tensor, "batch pos n_heads d_head"]:
-    """Materialises scores and pattern so hooks can read and edit them."""
+    hook_scores: Hook = _identity,
+    hook_pattern: Hook = _identity,
+    hook_sink_weight: Hook = _identity,
+) -> Float[Tensor, "batch pos n_heads d_head_v"]:
+    """Materialises scores and pattern so hooks can read and edit them. With sinks the pattern holds the
+    real keys' weights (rows sum to less than one) and ``hook_sink_weight`` [B, H, P] the sinks' share."""
     B, H, P, K = q_BHPK.shape
-    G, S = k_BGSK.shape[1], k_BGSK.shape[2]
+    G, S, J = k_BGSK.shape[1], k_BGSK.shape[2], v_BGSJ.shape[-1]
     scores_BGxS = _group_queries(q_BHPK, G) @ k_BGSK.transpose(-1, -2)
     scores_BHPS = mask.capped(scores_BGxS.view(B, H, P, S) * mask.scale)
     scores_BHPS = hook_scores(scores_BHPS + mask.bias(0, P, 0, S, q_BHPK.device).to(scores_BHPS.dtype))
-    pattern_BHPS = hook_pattern(torch.softmax(scores_BHPS.float(), dim=-1).to(q_BHPK.dtype))
-    z_BGxK = pattern_BHPS.reshape(B, G, (H // G) * P, S) @ v_BGSK
-    return z_BGxK.view(B, H, P, K).transpose(1, 2)
+    if mask.sinks_H is None:
+        probs_BHPS = torch.softmax(scores_BHPS.float(), dim=-1)
+    else:
+        sinks_BHP1 = mask.sinks_H.float()[None, :, None, None].expand(B, H, P, 1)
+        probs_BHPS1 = torch.softmax(torch.cat([scores_BHPS.float(), sinks_BHP1], dim=-1), dim=-1)
+        probs_BHPS = probs_BHPS1[..., :S]
+        hook_sink_weight(probs_BHPS1[..., S].to(q_BHPK.dtype))
+    pattern_BHPS = hook_pattern(probs_BHPS.to(q_BHPK.dtype))
+    z_BGxJ = pattern_BHPS.reshape(B, G, (H // G) * P, S) @ v_BGSJ
+    return z_BGxJ.view(B, H, P, J).transpose(1, 2)
 
 
 def sdpa_attention(
@@ -111,16 +131,21 @@ def sdpa_attention(
 ) -> Float[Tensor, "batch pos n_heads d_head"]:
     """`torch.nn.functional.scaled_dot_product_attention`, GQA handled by torch (enable_gqa).
 
-    SDPA has no soft-capping, so a capped layer runs the eager computation (without hooks)."""
+    SDPA has no soft-capping, so a capped layer runs the eager computation (without hooks). Sinks
+    become one more key whose vector and value are zero (score 0) with the sink logit as its bias."""
     if mask.soft_cap is not None:
         return eager_attention(q_BHPK, k_BGSK, v_BGSK, mask)
-    P, S = q_BHPK.shape[2], k_BGSK.shape[2]
+    B, H, P, S = *q_BHPK.shape[:3], k_BGSK.shape[2]
     if mask.is_plain_causal and P == S:
         attn_mask, is_causal = None, True
     elif mask.is_plain_causal and P == 1:
         attn_mask, is_causal = None, False  # one new token sees the whole cache
     else:
         attn_mask, is_causal = mask.bias(0, P, 0, S, q_BHPK.device).to(q_BHPK.dtype), False
+    if mask.sinks_H is not None:
+        sinks_BHP1 = mask.sinks_H.to(q_BHPK.dtype)[None, :, None, None].expand(B, H, P, 1)
+        attn_mask = torch.cat([attn_mask.expand(B, H, P, S), sinks_BHP1], dim=-1)
+        k_BGSK, v_BGSK = (torch.cat([t, t.new_zeros(*t.shape[:2], 1, t.shape[-1])], dim=2) for t in (k_BGSK, v_BGSK))
     z = F.scaled_dot_product_attention(
         q_BHPK, k_BGSK, v_BGSK, attn_mask=attn_mask, is_causal=is_causal, scale=mask.scale,
         enable_gqa=k_BGSK.shape[1] != q_BHPK.shape[1],
@@ -131,30 +156,35 @@ def sdpa_attention(
 def tiled_flash_attention(
     q_BHPK: Float[Tensor, "batch n_heads pos d_head"],
     k_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
-    v_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
+    v_BGSJ: Float[Tensor, "batch n_key_value_heads key_pos d_head_v"],
     mask: MaskSpec,
     block_q: int = 256,
     block_k: int = 256,
-) -> Float[Tensor, "batch pos n_heads d_head"]:
+) -> Float[Tensor, "batch pos n_heads d_head_v"]:
     """The FlashAttention algorithm in torch ops (the CPU path of ``attn_impl="flash"``).
 
     Queries are processed in tiles of ``block_q`` against key tiles of ``block_k`` with a running
     max ``m`` and running sum ``l`` (online softmax), so at most [B, H, block_q, block_k] scores
     exist at once, never [P, S]. Key tiles that the causal mask or sliding window hides
-    entirely are skipped.
+    entirely are skipped. A sink starts each row's running max at its logit and its sum at one.
     """
     B, H, P, K = q_BHPK.shape
-    G, S = k_BGSK.shape[1], k_BGSK.shape[2]
+    G, S, J = k_BGSK.shape[1], k_BGSK.shape[2], v_BGSJ.shape[-1]
     g = H // G
     q_BGgPK = q_BHPK.view(B, G, g, P, K)
-    out_BGgPK = torch.empty(B, G, g, P, K, dtype=q_BHPK.dtype, device=q_BHPK.device)
+    out_BGgPJ = torch.empty(B, G, g, P, J, dtype=q_BHPK.dtype, device=q_BHPK.device)
     for q_start in range(0, P, block_q):
         q_end = min(q_start + block_q, P)
         n_q = q_end - q_start
         q_tile = q_BGgPK[:, :, :, q_start:q_end].reshape(B, G, g * n_q, K).float() * mask.scale
-        m = torch.full((B, G, g * n_q, 1), float("-inf"), device=q_BHPK.device)
-        l = torch.zeros(B, G, g * n_q, 1, device=q_BHPK.device)
-        acc = torch.zeros(B, G, g * n_q, K, device=q_BHPK.device)
+        if mask.sinks_H is None:
+            m = torch.full((B, G, g * n_q, 1), float("-inf"), device=q_BHPK.device)
+            l = torch.zeros(B, G, g * n_q, 1, device=q_BHPK.device)
+        else:  # the sink as a key already seen: its exp(logit - m) = 1 with m = its logit
+            sinks_1Gx1 = mask.sinks_H.float().to(q_BHPK.device).view(1, G, g, 1).repeat_interleave(n_q, dim=2)
+            m = sinks_1Gx1.reshape(1, G, g * n_q, 1).expand(B, -1, -1, -1)
+            l = torch.ones(B, G, g * n_q, 1, device=q_BHPK.device)
+        acc = torch.zeros(B, G, g * n_q, J, device=q_BHPK.device)
         lo, hi = mask.key_range(q_start, q_end, S)
         for k_start in range(lo, hi, block_k):
             k_end = min(k_start + block_k, hi)
@@ -168,29 +198,30 @@ def tiled_flash_attention(
             p = torch.exp(s - m_safe)
             correction = torch.exp(m - m_safe)
             l = l * correction + p.sum(-1, keepdim=True)
-            acc = acc * correction + p @ v_BGSK[:, :, k_start:k_end].float()
+            acc = acc * correction + p @ v_BGSJ[:, :, k_start:k_end].float()
             m = m_new
-        out_BGgPK[:, :, :, q_start:q_end] = (acc / l).view(B, G, g, n_q, K).to(q_BHPK.dtype)
-    return out_BGgPK.view(B, H, P, K).transpose(1, 2)
+        out_BGgPJ[:, :, :, q_start:q_end] = (acc / l).view(B, G, g, n_q, J).to(q_BHPK.dtype)
+    return out_BGgPJ.view(B, H, P, J).transpose(1, 2)
 
 
 def flash_attention(
     q_BHPK: Float[Tensor, "batch n_heads pos d_head"],
     k_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
-    v_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
+    v_BGSJ: Float[Tensor, "batch n_key_value_heads key_pos d_head_v"],
     mask: MaskSpec,
-) -> Float[Tensor, "batch pos n_heads d_head"]:
-    """``attn_impl="flash"``: the Triton kernel on CUDA where it applies, else the tiled torch path."""
+) -> Float[Tensor, "batch pos n_heads d_head_v"]:
+    """``attn_impl="flash"``: the Triton kernel on CUDA where it applies, else the tiled torch path
+    (which also takes sinks, padding masks, ALiBi, soft-caps and value widths unlike the key width)."""
     if (q_BHPK.is_cuda and mask.alibi_slopes_H is None and mask.soft_cap is None and mask.key_mask_BS is None
-            and mask.q_offset == 0
+            and mask.sinks_H is None and mask.q_offset == 0 and v_BGSJ.shape[-1] == q_BHPK.shape[-1]
             and q_BHPK.shape[2] == k_BGSK.shape[2]):
         from workbench.kernels import triton_available, triton_flash_attention
 
         if triton_available():
-            z = triton_flash_attention(q_BHPK, k_BGSK, v_BGSK, causal=True,
+            z = triton_flash_attention(q_BHPK, k_BGSK, v_BGSJ, causal=True,
                                        sliding_window=mask.sliding_window, scale=mask.scale)
             return z.transpose(1, 2)
-    return tiled_flash_attention(q_BHPK, k_BGSK, v_BGSK, mask)
+    return tiled_flash_attention(q_BHPK, k_BGSK, v_BGSJ, mask)
 
 
 FAST_KERNELS = {"sdpa": sdpa_attention, "flash": flash_attention}

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from workbench.components.attention import Attention, LayerKVCache
+from workbench.components.latent_attention import LatentAttention
 from workbench.components.mlp import MLP, GatedMLP
 from workbench.components.moe import MixtureOfExperts
 from workbench.components.norm import make_norm
@@ -34,6 +35,11 @@ def make_mlp(cfg: ModelConfig) -> nn.Module:
     if cfg.is_moe:
         return MixtureOfExperts(cfg)
     return GatedMLP(cfg) if cfg.gated_mlp else MLP(cfg)
+
+
+def make_attention(cfg: ModelConfig) -> nn.Module:
+    """The block's attention as the config describes it: latent (``kv_lora_rank`` set) or standard."""
+    return LatentAttention(cfg) if cfg.is_latent_attention else Attention(cfg)
 
 
 def _identity(x: Tensor) -> Tensor:
@@ -52,7 +58,7 @@ class TransformerBlock(nn.Module):
         post_norms = cfg.norm_placement in ("sandwich", "sublayer_output")
         self.ln1 = None if sublayer_output else make_norm(cfg)
         self.ln1_post = make_norm(cfg) if post_norms else None
-        self.attn = Attention(cfg)
+        self.attn = make_attention(cfg)
         self.hook_resid_pre = HookPoint()  # [B, P, D]
         self.hook_q_input = HookPoint()  # [B, P, H, D], only with use_split_qkv_input
         self.hook_k_input = HookPoint()  # [B, P, G, D]

@@ -1,57 +1,146 @@
-"""Top-k mixture of experts (Mixtral-style) with router hooks.
+"""Top-k mixture of experts with router hooks: Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3 and gpt-oss routers,
+shared experts and gpt-oss's clamped SwiGLU, all as config values.
 
-Legend: B batch, P position, N flattened tokens, D d_model, M d_mlp, E num_experts,
-k experts_per_token.
+Legend: B batch, P position, N flattened tokens, D d_model, M d_mlp, E num_experts, k experts_per_token.
 
-The router is a linear map ``W_router`` [D, E]; its softmax is taken over all experts, the top
-k kept and (with ``cfg.router_renormalize``) rescaled to sum to one. Experts are gated or plain
-MLPs whose weights are stacked: ``W_gate``/``W_in`` [E, D, M], ``W_out`` [E, M, D], each
-expert in TransformerLens's dense-MLP layout. These are views of the nn.Linear-layout storage
-(``_W_router_lin`` [E, D], ``_W_gate_lin``/``_W_in_lin`` [E, M, D], ``_W_out_lin`` [E, D, M]). Tokens are
-grouped by expert and each expert runs once on its tokens: the Python loop is over the E
-experts, never over tokens.
+M is one expert's width.
 
-Hooks: ``hook_router_logits`` [B, P, E]; ``hook_expert_weights`` [B, P, k] (editing them,
-e.g. zeroing one expert's weight, ablates that expert); ``hook_expert_indices`` [B, P, k].
+The router is a linear map ``W_router`` [D, E] (plus ``b_router`` [E] with ``router_bias``). Its logits
+become chosen experts and weights by ``router_scoring`` (``ModelConfig``; ``RoutingRule``):
+
+    softmax       p = softmax(logits) over all experts; the top k of p (Mixtral, Qwen2/3-MoE, DeepSeek-V2)
+    sigmoid       p = sigmoid(logits); the top k of p + correction bias (DeepSeek-V3)
+    topk_softmax  the top k of the logits; p = softmax over those k only (gpt-oss)
+
+With ``router_groups`` the experts form equal groups and only the ``router_topk_groups`` best groups
+(a group's score: its best expert's, or its best two summed) may be chosen. The correction bias
+(``router_score_correction`` [E], DeepSeek-V3's ``e_score_correction_bias``) only picks experts; the
+weights are the chosen experts' p, rescaled to sum to one with ``router_renormalize`` (not for
+topk_softmax, whose weights already do) and multiplied by ``routed_scaling_factor``.
+
+Experts are gated MLPs (or plain ones without ``gated_mlp``) whose weights are stacked: ``W_gate``/``W_in``
+[E, D, M], ``W_out`` [E, M, D], each expert in TransformerLens's dense-MLP layout, views of the
+nn.Linear-layout storage (``_W_router_lin`` [E, D], ``_W_gate_lin``/``_W_in_lin`` [E, M, D],
+``_W_out_lin`` [E, D, M]); ``b_gate``/``b_in`` [E, M] and ``b_out`` [E, D] with ``expert_bias``.
+With ``swiglu_limit`` (gpt-oss) an expert computes (clamp(up) + 1) * g * sigmoid(alpha * g) with
+g = min(gate, limit). Tokens are grouped by expert and each expert runs once on its tokens: the Python
+loop is over the experts that received tokens, never over tokens.
+
+A shared expert (``d_shared_expert``) is a gated MLP every token runs (``shared``), its output
+optionally scaled by sigmoid(``W_shared_gate`` x) (Qwen2-MoE); it is added to the routed output.
+
+Hooks: ``hook_router_logits`` [B, P, E] (the linear map's output, before any scoring, correction
+bias or group mask; editing it changes which experts run); ``hook_expert_indices`` [B, P, k];
+``hook_expert_weights`` [B, P, k] (zeroing one ablates that expert); ``hook_shared_out`` [B, P, D]
+(the shared expert's contribution, gate included).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from workbench.components.mlp import ACTIVATIONS
+from workbench.components.mlp import ACTIVATIONS, GatedMLP
 from workbench.config import ModelConfig
+
+RENORMALIZE_EPS = 1e-20  # DeepSeek-V3's guard in the renormalising sum (no effect on any other router)
+
+
+@dataclass(frozen=True)
+class RoutingRule:
+    """How router logits become chosen experts and their weights (the ``router_*`` config values)."""
+
+    k: int
+    scoring: str = "softmax"
+    renormalize: bool = True
+    groups: Optional[int] = None
+    topk_groups: Optional[int] = None
+    group_score: str = "max"
+    scaling_factor: float = 1.0
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> "RoutingRule":
+        return cls(cfg.experts_per_token, cfg.router_scoring, cfg.router_renormalize, cfg.router_groups,
+                   cfg.router_topk_groups, cfg.router_group_score, cfg.routed_scaling_factor)
+
+    def choose(self, logits_BPE: Float[Tensor, "batch pos num_experts"], correction_E: Optional[Tensor] = None
+               ) -> tuple[Int[Tensor, "batch pos k"], Float[Tensor, "batch pos k"]]:
+        """The chosen experts and their weights (float32) for router logits.
+
+        Example:
+            >>> rule = RoutingRule(k=1)
+            >>> rule.choose(torch.tensor([[[0.0, 2.0, 1.0]]]))[0].tolist()
+            [[[1]]]
+        """
+        logits_BPE = logits_BPE.float()
+        if self.scoring == "topk_softmax":
+            top_logits_BPk, indices_BPk = torch.topk(logits_BPE, self.k, dim=-1)
+            return indices_BPk, torch.softmax(top_logits_BPk, dim=-1) * self.scaling_factor
+        scores_BPE = torch.softmax(logits_BPE, dim=-1) if self.scoring == "softmax" else torch.sigmoid(logits_BPE)
+        choice_BPE = scores_BPE if correction_E is None else scores_BPE + correction_E.float()
+        if self.groups is not None:
+            choice_BPE = self._mask_groups(choice_BPE)
+        indices_BPk = torch.topk(choice_BPE, self.k, dim=-1).indices
+        weights_BPk = scores_BPE.gather(-1, indices_BPk)
+        if self.renormalize:
+            weights_BPk = weights_BPk / (weights_BPk.sum(dim=-1, keepdim=True) + RENORMALIZE_EPS)
+        return indices_BPk, weights_BPk * self.scaling_factor
+
+    def _mask_groups(self, choice_BPE: Tensor) -> Tensor:
+        """Scores outside the ``topk_groups`` best groups set to -inf, so no expert there is chosen."""
+        grouped_BPGe = choice_BPE.unflatten(-1, (self.groups, -1))
+        if self.group_score == "max":
+            group_scores_BPG = grouped_BPGe.amax(dim=-1)
+        else:  # top2_sum
+            group_scores_BPG = grouped_BPGe.topk(2, dim=-1).values.sum(dim=-1)
+        best_BPg = group_scores_BPG.topk(self.topk_groups, dim=-1).indices
+        keep_BPG = torch.zeros_like(group_scores_BPG, dtype=torch.bool).scatter_(-1, best_BPg, True)
+        return grouped_BPGe.masked_fill(~keep_BPG[..., None], float("-inf")).flatten(-2)
 
 
 class MixtureOfExperts(nn.Module):
-    """out[t] = sum over chosen experts e of weight[t, e] * expert_e(x[t])."""
+    """out[t] = sum over chosen experts e of weight[t, e] * expert_e(x[t])  (+ shared(x[t]))."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         E, M, D = cfg.num_experts, cfg.d_mlp, cfg.d_model
-        self.experts_per_token, self.renormalize = cfg.experts_per_token, cfg.router_renormalize
-        self.act = ACTIVATIONS[cfg.act_fn]
+        self.routing = RoutingRule.from_config(cfg)
         self._W_router_lin = nn.Parameter(torch.empty(E, D, dtype=cfg.dtype))
+        self.b_router = nn.Parameter(torch.zeros(E, dtype=cfg.dtype)) if cfg.router_bias else None
+        # float32, as transformers keeps e_score_correction_bias: it separates close scores.
+        self.router_score_correction = (nn.Parameter(torch.zeros(E, dtype=torch.float32))
+                                        if cfg.router_score_correction else None)
+        self.act = ACTIVATIONS[cfg.act_fn]
+        self.swiglu_limit, self.swiglu_alpha = cfg.swiglu_limit, cfg.swiglu_alpha
         self._W_gate_lin = nn.Parameter(torch.empty(E, M, D, dtype=cfg.dtype)) if cfg.gated_mlp else None
         self._W_in_lin = nn.Parameter(torch.empty(E, M, D, dtype=cfg.dtype))
         self._W_out_lin = nn.Parameter(torch.empty(E, D, M, dtype=cfg.dtype))
+        bias = (lambda *shape: nn.Parameter(torch.zeros(*shape, dtype=cfg.dtype))) if cfg.expert_bias else (lambda *_: None)
+        self.b_gate = bias(E, M) if cfg.gated_mlp else None
+        self.b_in, self.b_out = bias(E, M), bias(E, D)
+        if cfg.d_shared_expert:
+            self.shared = GatedMLP(cfg.replace(d_mlp=cfg.d_shared_expert, num_experts=0, experts_per_token=0,
+                                               layer_overrides=()))
+            self._W_shared_gate_lin = (nn.Parameter(torch.empty(1, D, dtype=cfg.dtype))
+                                       if cfg.shared_expert_gate else None)
+        else:
+            self.shared, self._W_shared_gate_lin = None, None
         self.hook_router_logits = HookPoint()  # [B, P, E]
         self.hook_expert_weights = HookPoint()  # [B, P, k]
         self.hook_expert_indices = HookPoint()  # [B, P, k]
+        if self.shared is not None:
+            self.hook_shared_out = HookPoint()  # [B, P, D]
 
     def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         B, P, D = x_BPD.shape
-        logits_BPE = self.hook_router_logits(F.linear(x_BPD, self._W_router_lin))
-        probs_BPE = torch.softmax(logits_BPE.float(), dim=-1)
-        weights_BPk, indices_BPk = torch.topk(probs_BPE, self.experts_per_token, dim=-1)
-        if self.renormalize:
-            weights_BPk = weights_BPk / weights_BPk.sum(dim=-1, keepdim=True)
+        logits_BPE = self.hook_router_logits(F.linear(x_BPD, self._W_router_lin, self.b_router))
+        indices_BPk, weights_BPk = self.routing.choose(logits_BPE, self.router_score_correction)
         weights_BPk = self.hook_expert_weights(weights_BPk.to(x_BPD.dtype))
         indices_BPk = self.hook_expert_indices(indices_BPk)
 
@@ -62,16 +151,34 @@ class MixtureOfExperts(nn.Module):
             token_idx, slot_idx = torch.where(indices_Nk == expert)
             y = self.expert_forward(expert, x_ND[token_idx])
             out_ND.index_add_(0, token_idx, y * weights_Nk[token_idx, slot_idx, None])
-        return out_ND.view(B, P, D)
+        out_BPD = out_ND.view(B, P, D)
+        if self.shared is None:
+            return out_BPD
+        shared_BPD = self.shared(x_BPD)
+        if self._W_shared_gate_lin is not None:
+            shared_BPD = torch.sigmoid(F.linear(x_BPD, self._W_shared_gate_lin)) * shared_BPD
+        return out_BPD + self.hook_shared_out(shared_BPD)
 
     def expert_forward(self, expert: int, x_ND: Float[Tensor, "tokens d_model"]) -> Float[Tensor, "tokens d_model"]:
-        """One expert's MLP on the tokens routed to it."""
-        hidden_NM = F.linear(x_ND, self._W_in_lin[expert])
-        if self._W_gate_lin is not None:
-            hidden_NM = self.act(F.linear(x_ND, self._W_gate_lin[expert])) * hidden_NM
-        else:
+        """One expert's MLP on the tokens routed to it (unweighted).
+
+        Example:
+            >>> moe.expert_forward(3, x_ND)   # what expert 3 adds, before its router weight   # doctest: +SKIP
+        """
+        hidden_NM = F.linear(x_ND, self._W_in_lin[expert], _row(self.b_in, expert))
+        if self._W_gate_lin is None:
             hidden_NM = self.act(hidden_NM)
-        return F.linear(hidden_NM, self._W_out_lin[expert])
+        else:
+            gate_NM = F.linear(x_ND, self._W_gate_lin[expert], _row(self.b_gate, expert))
+            hidden_NM = self._gated(gate_NM, hidden_NM)
+        return F.linear(hidden_NM, self._W_out_lin[expert], _row(self.b_out, expert))
+
+    def _gated(self, gate_NM: Tensor, up_NM: Tensor) -> Tensor:
+        if self.swiglu_limit is None:
+            return self.act(gate_NM) * up_NM
+        limit = self.swiglu_limit
+        gate_NM, up_NM = gate_NM.clamp(max=limit), up_NM.clamp(-limit, limit)
+        return (up_NM + 1) * gate_NM * torch.sigmoid(gate_NM * self.swiglu_alpha)
 
     # ---- TransformerLens-layout views ----------------------------------------------------------
     @property
@@ -89,3 +196,8 @@ class MixtureOfExperts(nn.Module):
     @property
     def W_out(self) -> Float[Tensor, "num_experts d_mlp d_model"]:
         return self._W_out_lin.transpose(1, 2)
+
+
+def _row(bias: Optional[Tensor], expert: int) -> Optional[Tensor]:
+    return None if bias is None else bias[expert]
+
