@@ -104,6 +104,7 @@ class ModelConfig:
     router_renormalize: bool = True  # rescale the top-k router weights to sum to one (Mixtral)
     router_scoring: RouterScoring = "softmax"
     router_bias: bool = False  # the router's linear map has a bias (gpt-oss); it is part of the logits
+    router_in_float32: bool = False  # the router's linear map runs in float32 whatever the weights' dtype (DeepSeek)
     # A per-expert bias added to the scores only to choose experts, never to weight them (DeepSeek-V3's
     # e_score_correction_bias).
     router_score_correction: bool = False

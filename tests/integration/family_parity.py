@@ -77,7 +77,9 @@ def build_and_save(config: PretrainedConfig, directory: Path, seed: int = 1, dty
     """A randomised eager transformers model of ``config``, saved with a word tokenizer to ``directory``
     (its config.json then rewritten by ``edit_config`` when given)."""
     torch.manual_seed(seed)
-    model = randomize(AutoModelForCausalLM.from_config(config, attn_implementation="eager"), seed=seed).eval()
+    # experts_implementation="eager": the reference loop over experts (the grouped GEMM needs 16-byte strides).
+    extra = {"experts_implementation": "eager"} if _has_experts(config) else {}
+    model = randomize(AutoModelForCausalLM.from_config(config, attn_implementation="eager", **extra), seed=seed).eval()
     model = model.to(dtype)
     model.save_pretrained(directory)
     word_tokenizer().save_pretrained(directory)
@@ -85,6 +87,10 @@ def build_and_save(config: PretrainedConfig, directory: Path, seed: int = 1, dty
         path = directory / "config.json"
         path.write_text(json.dumps(edit_config(json.loads(path.read_text())), indent=2))
     return model
+
+
+def _has_experts(config: PretrainedConfig) -> bool:
+    return any(getattr(config, field, None) for field in ("num_experts", "num_local_experts", "n_routed_experts"))
 
 
 def save_case(name: str, case: Case, directory: Path) -> Saved:
@@ -176,7 +182,10 @@ def family_parity_tests(cases: dict[str, Case]) -> dict[str, Any]:
                                  edit_config=family.case.edit_config)
         model = wb.load_model(tmp_path, attn_impl="eager")  # no dtype: the checkpoint's own
         assert model.cfg.dtype == torch.bfloat16
-        assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+        # DeepSeek-V3's correction bias stays float32, as transformers keeps it (it decides close routes).
+        kept_in_float32 = {n for n, p in model.named_parameters() if n.endswith("router_score_correction")}
+        assert {p.dtype for n, p in model.named_parameters() if n not in kept_in_float32} == {torch.bfloat16}
+        assert all(dict(model.named_parameters())[n].dtype == torch.float32 for n in kept_in_float32)
         with torch.no_grad():
             reference = hf_bf16(family.tokens).logits.float()
             logits = model(family.tokens).float()
@@ -184,12 +193,14 @@ def family_parity_tests(cases: dict[str, Case]) -> dict[str, Any]:
         if max_diff(logits, reference) < 0.06 * reference.abs().max().item():
             return
         # Where that noise is itself larger (Gemma: four norms a layer, whose 1 + w gains we store
-        # rounded to bf16), ours must be about as accurate as transformers' own bf16 run: RMS
-        # distance from transformers' float32 run of the same weights at most 1.5x its own.
+        # rounded to bf16), ours must be about as accurate as transformers' own bf16 run: the median
+        # over positions of the RMS distance from transformers' float32 run of the same weights at
+        # most 1.5x its own. The median, because a router is discontinuous: a last-bit difference
+        # can send a token to another expert in either bf16 run, moving that token's logits a lot.
         with torch.no_grad():
             exact = hf_bf16.float()(family.tokens).logits
-        rms = lambda t: t.pow(2).mean().sqrt().item()  # noqa: E731
-        assert rms(logits - exact) < 1.5 * rms(reference - exact)
+        median_rms = lambda t: t.pow(2).mean(-1).sqrt().median().item()  # noqa: E731
+        assert median_rms(logits - exact) < 1.5 * median_rms(reference - exact)
 
     return {"family": family,
             "test_logits_and_hidden_states_match_transformers": test_logits_and_hidden_states_match_transformers,

@@ -36,9 +36,12 @@ FACTORIES = {
 
 @torch.no_grad()
 def randomize(model: torch.nn.Module, seed: int = 1, std: float = 0.15) -> torch.nn.Module:
-    """Every parameter re-drawn: gains ~ 1 + N(0, 0.1), everything else (biases included) ~ N(0, std)."""
+    """Every parameter re-drawn: gains ~ 1 + N(0, 0.1), everything else (biases included) ~ N(0, std).
+    Floating-point buffers the checkpoint saves (DeepSeek-V3's e_score_correction_bias) are re-drawn too."""
     generator = torch.Generator().manual_seed(seed)
-    for name, param in model.named_parameters():
+    saved = set(model.state_dict())
+    buffers = [(name, b) for name, b in model.named_buffers() if name in saved and b.is_floating_point()]
+    for name, param in [*model.named_parameters(), *buffers]:
         noise = torch.randn(param.shape, generator=generator)
         is_gain = param.ndim == 1 and ("norm" in name or ".ln_" in name) and name.endswith("weight")
         param.copy_(1 + 0.1 * noise if is_gain else std * noise)

@@ -3,26 +3,28 @@ transformers, loaded by us, and the max |logit difference| from transformers' ea
 each attention kernel (float32).
 
     python -m tests.integration.parity_table > /tmp/parity.md
+    python -m tests.integration.parity_table test_family_moe     # one family module only
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 import tempfile
 from pathlib import Path
 
 from tests.integration.family_parity import KERNELS, logit_differences, save_case
 
 FAMILY_MODULES = ("test_family_llama", "test_family_neox", "test_family_gemma", "test_family_phi",
-                  "test_family_opt_bloom")
+                  "test_family_opt_bloom", "test_family_moe")
 
 
-def main() -> None:
-    """Builds every case of every family module and prints one markdown row per case."""
+def main(modules: tuple[str, ...] = FAMILY_MODULES) -> None:
+    """Builds every case of every family module (or of ``modules``) and prints one markdown row per case."""
     print("| family module | case | architecture | " + " | ".join(KERNELS) + " |")
     print("|---|---|---|" + "---|" * len(KERNELS))
     worst = 0.0
-    for module_name in FAMILY_MODULES:
+    for module_name in modules:
         cases = importlib.import_module(f"tests.integration.{module_name}").CASES
         for name, case in cases.items():
             with tempfile.TemporaryDirectory() as directory:
@@ -36,4 +38,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(tuple(sys.argv[1:]) or FAMILY_MODULES)

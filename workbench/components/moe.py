@@ -113,7 +113,9 @@ class MixtureOfExperts(nn.Module):
         self.routing = RoutingRule.from_config(cfg)
         self._W_router_lin = nn.Parameter(torch.empty(E, D, dtype=cfg.dtype))
         self.b_router = nn.Parameter(torch.zeros(E, dtype=cfg.dtype)) if cfg.router_bias else None
-        # float32, as transformers keeps e_score_correction_bias: it separates close scores.
+        self.router_in_float32 = cfg.router_in_float32
+        # Always float32, as transformers keeps e_score_correction_bias: in bfloat16 its rounding alone
+        # would change which experts close scores pick (``_apply`` keeps it so through ``.to()``).
         self.router_score_correction = (nn.Parameter(torch.zeros(E, dtype=torch.float32))
                                         if cfg.router_score_correction else None)
         self.act = ACTIVATIONS[cfg.act_fn]
@@ -139,7 +141,7 @@ class MixtureOfExperts(nn.Module):
 
     def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         B, P, D = x_BPD.shape
-        logits_BPE = self.hook_router_logits(F.linear(x_BPD, self._W_router_lin, self.b_router))
+        logits_BPE = self.hook_router_logits(self.router_logits(x_BPD))
         indices_BPk, weights_BPk = self.routing.choose(logits_BPE, self.router_score_correction)
         weights_BPk = self.hook_expert_weights(weights_BPk.to(x_BPD.dtype))
         indices_BPk = self.hook_expert_indices(indices_BPk)
@@ -158,6 +160,24 @@ class MixtureOfExperts(nn.Module):
         if self._W_shared_gate_lin is not None:
             shared_BPD = torch.sigmoid(F.linear(x_BPD, self._W_shared_gate_lin)) * shared_BPD
         return out_BPD + self.hook_shared_out(shared_BPD)
+
+    def router_logits(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos num_experts"]:
+        """The router's linear map (in float32 with ``router_in_float32``, as DeepSeek's runs).
+
+        Example:
+            >>> moe.router_logits(x_BPD).shape   # doctest: +SKIP
+            torch.Size([1, 8, 64])
+        """
+        if not self.router_in_float32:
+            return F.linear(x_BPD, self._W_router_lin, self.b_router)
+        bias = None if self.b_router is None else self.b_router.float()
+        return F.linear(x_BPD.float(), self._W_router_lin.float(), bias)
+
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)
+        if self.router_score_correction is not None and self.router_score_correction.dtype != torch.float32:
+            self.router_score_correction.data = self.router_score_correction.data.float()
+        return self
 
     def expert_forward(self, expert: int, x_ND: Float[Tensor, "tokens d_model"]) -> Float[Tensor, "tokens d_model"]:
         """One expert's MLP on the tokens routed to it (unweighted).

@@ -16,7 +16,7 @@ from typing import Optional, Union
 import torch
 
 from workbench.errors import CheckpointError
-from workbench.loading import hf_gemma, hf_gpt2, hf_llama, hf_neox, hf_opt_bloom, hf_phi
+from workbench.loading import hf_deepseek, hf_gemma, hf_gpt2, hf_llama, hf_neox, hf_opt_bloom, hf_phi
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
 from workbench.loading.hf_tokenizer import tokenizer_from_hf_directory
@@ -26,7 +26,7 @@ from workbench.model import Decoder
 CONFIG_FILE = "config.json"
 
 # Each family module names the architectures it loads: {architecture: (model_type, models)}.
-FAMILIES: tuple[ModuleType, ...] = (hf_gpt2, hf_llama, hf_neox, hf_gemma, hf_phi, hf_opt_bloom)
+FAMILIES: tuple[ModuleType, ...] = (hf_gpt2, hf_llama, hf_neox, hf_gemma, hf_phi, hf_opt_bloom, hf_deepseek)
 
 # architectures[0] in config.json -> the module that knows its config fields and tensor names.
 ARCHITECTURES: dict[str, ModuleType] = {arch: module for module in FAMILIES for arch in module.ARCHITECTURES}

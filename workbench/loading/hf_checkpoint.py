@@ -90,6 +90,15 @@ class SafetensorsCheckpoint:
             self.take(name)
         return {}
 
+    def skip(self, name: str) -> None:
+        """Marks a tensor the model deliberately leaves unread (DeepSeek-V3's multi-token-prediction
+        layers), so it is not reported as unexpected.
+
+        Example:
+            >>> ckpt.skip("model.layers.61.eh_proj.weight")   # doctest: +SKIP
+        """
+        self._taken.add(name)
+
     def untaken(self) -> list[str]:
         """Names present in the checkpoint that no loader step has read."""
         return sorted(set(self.file_of) - self._taken)

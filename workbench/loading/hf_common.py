@@ -177,10 +177,11 @@ class HFConfig:
 
 
 
-def per_layer_config(layers: list[dict[str, Any]]) -> dict[str, Any]:
+def per_layer_config(layers: list[dict[str, Any]], base: int = 0) -> dict[str, Any]:
     """ModelConfig fields from one mapping of per-layer values per layer: a field every layer agrees
-    on is set once; one that differs takes layer 0's value for the model and ``layer_overrides``
-    for the layers that differ.
+    on is set once; one that differs takes layer ``base``'s value for the model and ``layer_overrides``
+    for the layers that differ (a mixture-of-experts model takes an MoE layer as its base, so
+    ``cfg.num_experts`` is the experts' count even where its first layers are dense).
 
     Example:
         >>> per_layer_config([{"sliding_window": 4}, {"sliding_window": None}])
@@ -189,6 +190,18 @@ def per_layer_config(layers: list[dict[str, Any]]) -> dict[str, Any]:
     unknown = sorted({key for layer in layers for key in layer} - set(PER_LAYER_FIELDS))
     if unknown:
         raise ValueError(f"not per-layer fields: {unknown}")
-    base = dict(layers[0])
+    base = dict(layers[base])
     overrides = tuple({key: value for key, value in layer.items() if value != base[key]} for layer in layers)
     return {**base, "layer_overrides": overrides if any(overrides) else ()}
+
+
+def per_layer_values(fields: dict[str, Any], n_layers: int) -> list[dict[str, Any]]:
+    """The inverse of ``per_layer_config``: each layer's own values of the per-layer fields in ``fields``.
+
+    Example:
+        >>> per_layer_values({"sliding_window": 4, "layer_overrides": ({}, {"sliding_window": None})}, 2)
+        [{'sliding_window': 4}, {'sliding_window': None}]
+    """
+    base = {key: value for key, value in fields.items() if key in PER_LAYER_FIELDS}
+    overrides = fields.get("layer_overrides") or ({},) * n_layers
+    return [{**base, **override} for override in overrides]

@@ -52,7 +52,8 @@ from torch import Tensor
 
 from workbench.config import ModelConfig
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig
+from workbench.loading.hf_common import HFConfig, per_layer_config, per_layer_values
+from workbench.loading.hf_experts import MOE_KINDS, dense_gated_mlp, moe_layer_fields, read_experts
 
 # The architectures this module loads: {architecture: (model_type, models)}.
 ARCHITECTURES = {
@@ -62,6 +63,9 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": ("qwen3", "Qwen3"),
     "SmolLM3ForCausalLM": ("smollm3", "SmolLM3"),
     "MixtralForCausalLM": ("mixtral", "Mixtral"),
+    "Qwen2MoeForCausalLM": ("qwen2_moe", "Qwen2-MoE, Qwen1.5-MoE (a sigmoid-gated shared expert)"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3-MoE"),
+    "GptOssForCausalLM": ("gpt_oss", "gpt-oss (attention sinks, alternating windows, clamped SwiGLU experts)"),
     "OlmoForCausalLM": ("olmo", "OLMo"),
     "Olmo2ForCausalLM": ("olmo2", "OLMo 2"),
 }
@@ -77,12 +81,14 @@ class Variant:
     """What distinguishes one member of the family, as data rather than branches on a name."""
 
     qkv_bias_field: Optional[str] = None  # config field switching q/k/v/o biases on (Llama: attention_bias)
-    qkv_bias_always: bool = False  # Qwen2: q/k/v always biased, o_proj never
+    qkv_bias_always: bool = False  # Qwen2: q/k/v always biased
+    o_proj_bias: bool = True  # False: o_proj has no bias even when q/k/v have (Qwen2, Qwen2-MoE)
     mlp_bias_field: Optional[str] = None  # config field switching the MLP biases on (Llama: mlp_bias)
     # Which layers have a sliding window (a key of SLIDING_RULES).
     sliding: str = "none"
     nope_layers: bool = False  # honours no_rope_layers (SmolLM3)
-    moe: bool = False
+    moe: Optional[str] = None  # the kind of mixture of experts (a key of hf_experts.MOE_KINDS)
+    sinks: bool = False  # gpt-oss: a learned sink logit per head (self_attn.sinks)
     normalization: str = "RMS"
     norm_params: bool = True  # False: OLMo's LayerNorm has no gain or bias
     norm_eps_field: Optional[str] = "rms_norm_eps"  # None: the eps is fixed at ``norm_eps``
@@ -97,12 +103,25 @@ class Variant:
 _QWEN_DEFAULTS = {"num_key_value_heads": 32, "max_window_layers": 28, "sliding_window": 4096,
                   "use_sliding_window": False}
 
+_GPT_OSS_DEFAULTS = {"num_key_value_heads": 8, "head_dim": 64, "sliding_window": 128, "attention_bias": True,
+                     "swiglu_limit": 7.0, "swiglu_alpha": 1.702,
+                     "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                                         "beta_slow": 1.0, "truncate": False,
+                                         "original_max_position_embeddings": 4096}}
+
 VARIANTS = {
     "LlamaForCausalLM": Variant(qkv_bias_field="attention_bias", mlp_bias_field="mlp_bias"),
     "MistralForCausalLM": Variant(sliding="every_layer", defaults={"num_key_value_heads": 8, "sliding_window": 4096}),
-    "MixtralForCausalLM": Variant(sliding="every_layer", moe=True, norm_eps=1e-5,
+    "MixtralForCausalLM": Variant(sliding="every_layer", moe="mixtral", norm_eps=1e-5,
                                   defaults={"num_key_value_heads": 8}),
-    "Qwen2ForCausalLM": Variant(qkv_bias_always=True, sliding="from_max_window_layers", defaults=_QWEN_DEFAULTS),
+    "Qwen2ForCausalLM": Variant(qkv_bias_always=True, o_proj_bias=False, sliding="from_max_window_layers",
+                                defaults=_QWEN_DEFAULTS),
+    "Qwen2MoeForCausalLM": Variant(qkv_bias_field="qkv_bias", o_proj_bias=False, sliding="qwen2_moe", moe="qwen2_moe",
+                                   defaults={**_QWEN_DEFAULTS, "num_key_value_heads": 16, "qkv_bias": True}),
+    "Qwen3MoeForCausalLM": Variant(qkv_bias_field="attention_bias", sliding="every_layer_if_used", qk_norm="head",
+                                   moe="qwen3_moe", defaults={"num_key_value_heads": 4, "use_sliding_window": False}),
+    "GptOssForCausalLM": Variant(qkv_bias_field="attention_bias", sliding="layer_types", moe="gpt_oss", sinks=True,
+                                 norm_eps=1e-5, defaults=_GPT_OSS_DEFAULTS),
     "Qwen3ForCausalLM": Variant(qkv_bias_field="attention_bias", sliding="from_max_window_layers", qk_norm="head",
                                 defaults={**_QWEN_DEFAULTS, "head_dim": 128}),
     "SmolLM3ForCausalLM": Variant(qkv_bias_field="attention_bias", mlp_bias_field="mlp_bias", sliding="nope_layers",
@@ -142,21 +161,26 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
     attn_bias = variant.qkv_bias_always or bool(variant.qkv_bias_field and hf.get(variant.qkv_bias_field, False))
     norm_eps = float(hf.get(variant.norm_eps_field, variant.norm_eps)) if variant.norm_eps_field else variant.norm_eps
     clip_qkv = hf.get(variant.clip_qkv_field) if variant.clip_qkv_field else None
+    layers = _attention_layers(hf, variant, n_layers, head_dim)
     moe = {}
     if variant.moe:
-        moe = dict(num_experts=int(hf.require("num_local_experts")),
-                   experts_per_token=int(hf.require("num_experts_per_tok")), router_renormalize=True)
+        kind = MOE_KINDS[variant.moe]
+        mlp_layers = moe_layer_fields(hf, kind, n_layers)
+        layers = per_layer_config([{**attn, **mlp} for attn, mlp in zip(per_layer_values(layers, n_layers), mlp_layers)],
+                                  base=next((l for l, f in enumerate(mlp_layers) if f["num_experts"]), 0))
+        moe = kind.router(hf)
+    else:
+        layers["d_mlp"] = int(hf.require("intermediate_size"))
     return hf.model_config(
         n_layers=n_layers, d_model=d_model, n_heads=n_heads,
         n_key_value_heads=int(hf.get("num_key_value_heads", n_heads)), d_head=head_dim,
-        d_mlp=int(hf.require("intermediate_size")), d_vocab=int(hf.require("vocab_size")),
-        n_ctx=int(hf.require("max_position_embeddings")),
+        d_vocab=int(hf.require("vocab_size")), n_ctx=int(hf.require("max_position_embeddings")),
         normalization=variant.normalization, norm_eps=norm_eps, norm_placement=variant.norm_placement,
         qk_norm=variant.qk_norm, clip_qkv=None if clip_qkv is None else float(clip_qkv),
         act_fn=hf.activation("hidden_act"), gated_mlp=True, attn_bias=attn_bias,
         mlp_bias=bool(variant.mlp_bias_field and hf.get(variant.mlp_bias_field, False)),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        **_attention_layers(hf, variant, n_layers, head_dim), **moe,
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)), attn_sinks=variant.sinks,
+        **layers, **moe,
     )
 
 
@@ -207,6 +231,28 @@ def _from_max_window_layers(hf: HFConfig, n_layers: int) -> tuple[list[str], Opt
     return hf.layer_types(n_layers) or default, window
 
 
+def _qwen2_moe_layers(hf: HFConfig, n_layers: int) -> tuple[list[str], Optional[int]]:
+    """Qwen2-MoE: ``layer_types`` (default, with ``use_sliding_window``: every other layer, from layer 0,
+    below ``max_window_layers``); a window of 0 means none."""
+    window = (hf.get("sliding_window") or None) if hf.get("use_sliding_window", False) else None
+    first = int(hf.get("max_window_layers", 0))
+    default = ["sliding_attention" if window is not None and (i + 1) % 2 and i < first else "full_attention"
+               for i in range(n_layers)]
+    return hf.layer_types(n_layers) or default, window
+
+
+def _every_layer_if_used(hf: HFConfig, n_layers: int) -> tuple[list[str], Optional[int]]:
+    """Qwen3-MoE: ``sliding_window`` on every layer, only with ``use_sliding_window``."""
+    window = hf.get("sliding_window") if hf.get("use_sliding_window", False) else None
+    return ["full_attention" if window is None else "sliding_attention"] * n_layers, window
+
+
+def _layer_types(hf: HFConfig, n_layers: int) -> tuple[list[str], Optional[int]]:
+    """gpt-oss: ``layer_types`` (default: sliding and full layers alternating, sliding first)."""
+    default = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)]
+    return hf.layer_types(n_layers) or default, hf.get("sliding_window")
+
+
 def _nope_layers(hf: HFConfig, n_layers: int) -> tuple[list[str], Optional[int]]:
     """SmolLM3: ``layer_types`` (default: sliding on the NoPE layers, with ``use_sliding_window``)."""
     window = hf.get("sliding_window")
@@ -228,7 +274,8 @@ def _no_rope_layers(hf: HFConfig, n_layers: int) -> list[int]:
 
 SLIDING_RULES: dict[str, Callable[[HFConfig, int], tuple[list[str], Optional[int]]]] = {
     "none": _no_sliding, "every_layer": _every_layer, "from_max_window_layers": _from_max_window_layers,
-    "nope_layers": _nope_layers,
+    "nope_layers": _nope_layers, "qwen2_moe": _qwen2_moe_layers, "every_layer_if_used": _every_layer_if_used,
+    "layer_types": _layer_types,
 }
 
 
@@ -243,7 +290,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig,
         torch.Size([16, 48])
     """
     variant = VARIANTS[architecture]
-    V, D, M = cfg.d_vocab, cfg.d_model, cfg.d_mlp
+    V, D = cfg.d_vocab, cfg.d_model
     out = {"embed.W_E": ckpt.take("model.embed_tokens.weight", (V, D))}
     like = out["embed.W_E"]
     out.update(_norm(ckpt, cfg, variant, "model.norm", "ln_final", like))
@@ -253,13 +300,11 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig,
         for our_norm, hf_norm in LAYER_NORMS[variant.norm_placement]:
             out.update(_norm(ckpt, cfg, variant, f"{hf}.{hf_norm}", f"{ours}.{our_norm}", like))
         out.update(_attention(ckpt, cfg, variant, layer))
-        if cfg.is_moe:
-            out.update(_experts(ckpt, cfg, layer))
-            continue
-        for proj, name, shape in (("gate", "gate", (M, D)), ("up", "in", (M, D)), ("down", "out", (D, M))):
-            out[f"{ours}.mlp._W_{name}_lin"] = ckpt.take(f"{hf}.mlp.{proj}_proj.weight", shape)
-            if cfg.mlp_bias:
-                out[f"{ours}.mlp.b_{name}"] = ckpt.take(f"{hf}.mlp.{proj}_proj.bias", shape[:1])
+        layer_cfg = cfg.for_layer(layer)
+        if layer_cfg.is_moe:
+            out.update(read_experts(ckpt, MOE_KINDS[variant.moe], layer_cfg, layer))
+        else:
+            out.update(dense_gated_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D, bias=cfg.mlp_bias))
     return out
 
 
@@ -288,7 +333,7 @@ def _attention(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, variant: Variant, 
             continue
         if proj != "o":
             out[f"{ours}._b_{name}_lin"] = ckpt.take(f"{hf}.{proj}_proj.bias", bias_shape)
-        elif variant.qkv_bias_always:  # Qwen2: q/k/v biased, o_proj never; ours is then zero
+        elif not variant.o_proj_bias:  # Qwen2: q/k/v biased, o_proj never; ours is then zero
             out[f"{ours}.b_O"] = torch.zeros(D, dtype=out[f"{ours}._W_O_lin"].dtype)
         else:
             out[f"{ours}.b_O"] = ckpt.take(f"{hf}.o_proj.bias", bias_shape)
@@ -298,22 +343,6 @@ def _attention(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, variant: Variant, 
     elif cfg.qk_norm == "projection":
         out[f"{ours}.q_norm.w"] = ckpt.take(f"{hf}.q_norm.weight", (H * K,))
         out[f"{ours}.k_norm.w"] = ckpt.take(f"{hf}.k_norm.weight", (G * K,))
+    if cfg.attn_sinks:
+        out[f"{ours}.sinks"] = ckpt.take(f"{hf}.sinks", (H,))
     return out
-
-
-def _experts(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, layer: int) -> dict[str, Tensor]:
-    """Router and stacked expert weights of one Mixtral layer, from per-expert or fused tensors."""
-    E, M, D = cfg.num_experts, cfg.d_mlp, cfg.d_model
-    hf, ours = f"model.layers.{layer}", f"blocks.{layer}.mlp"
-    fused = f"{hf}.mlp.experts.gate_up_proj"
-    if ckpt.has(fused):
-        gate_up_E2MD = ckpt.take(fused, (E, 2 * M, D))
-        return {f"{ours}._W_router_lin": ckpt.take(f"{hf}.mlp.gate.weight", (E, D)),
-                f"{ours}._W_gate_lin": gate_up_E2MD[:, :M], f"{ours}._W_in_lin": gate_up_E2MD[:, M:],
-                f"{ours}._W_out_lin": ckpt.take(f"{hf}.mlp.experts.down_proj", (E, D, M))}
-    moe = f"{hf}.block_sparse_moe"
-    stacked = {ours_name: torch.stack([ckpt.take(f"{moe}.experts.{e}.{w}.weight", shape) for e in range(E)])
-               for w, ours_name, shape in (("w1", "_W_gate_lin", (M, D)), ("w3", "_W_in_lin", (M, D)),
-                                           ("w2", "_W_out_lin", (D, M)))}
-    return {f"{ours}._W_router_lin": ckpt.take(f"{moe}.gate.weight", (E, D)),
-            **{f"{ours}.{k}": v for k, v in stacked.items()}}
