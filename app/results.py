@@ -119,21 +119,24 @@ def direct_logit_attribution(loaded: LoadedModel, ids: tuple[int, ...], target: 
 
 
 @st.cache_data(show_spinner="Reading the router …", max_entries=16, hash_funcs=_BY_MODEL_KEY)
-def routing(loaded: LoadedModel, ids: tuple[int, ...]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """A mixture-of-experts model's expert load, each token's chosen experts and the router entropy.
+def routing(loaded: LoadedModel, ids: tuple[int, ...]
+            ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, Optional[pd.DataFrame]]:
+    """A mixture-of-experts model's expert load, each token's chosen experts, the router entropy (MoE layers
+    only) and, when it has shared experts, their output beside the routed experts' (else None).
 
     Example:
-        >>> load, choices, entropy = routing(loaded, prompt.ids)   # doctest: +SKIP
+        >>> load, choices, entropy, shared = routing(loaded, prompt.ids)   # doctest: +SKIP
     """
     tokens, model = torch.tensor([ids]), loaded.model
     with loaded.lock:
+        shared = router.shared_vs_routed(model, tokens) if router.shared_expert_layers(model) else None
         return (router.expert_load(model, tokens), router.token_expert_choices(model, tokens),
-                router.router_entropy(model, tokens))
+                router.router_entropy(model, tokens), shared)
 
 
 @st.cache_data(show_spinner="Ablating the expert …", max_entries=32, hash_funcs=_BY_MODEL_KEY)
 def expert_ablation_effect(loaded: LoadedModel, ids: tuple[int, ...], layer: int, expert: int) -> dict:
-    """The mean loss with and without expert ``expert`` of ``layer``, and their difference.
+    """The mean loss with and without expert ``expert`` of MoE layer ``layer``, and their difference.
 
     Example:
         >>> expert_ablation_effect(loaded, prompt.ids, layer=0, expert=3)["delta"]   # doctest: +SKIP

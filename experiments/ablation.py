@@ -105,11 +105,15 @@ class AblationTarget:
             raise InputError(f"{self}: layer must be in 0..{cfg.n_layers - 1}")
         if self.kind in ("mlp_layer", "neuron", "expert") and cfg.attn_only:
             raise InputError(f"{self}: this model is attention-only and has no MLP")
-        if self.kind == "neuron" and cfg.is_moe:
+        if self.kind == "neuron" and self.layer in cfg.moe_layers:
             raise InputError(f"{self}: a mixture-of-experts layer has no single neuron axis; ablate an expert")
         if self.kind == "expert" and not cfg.is_moe:
             raise InputError(f"{self}: this model has no mixture of experts (num_experts=0)")
-        size = {"head": cfg.n_heads, "neuron": cfg.d_mlp, "expert": cfg.num_experts}.get(self.kind)
+        if self.kind == "expert" and self.layer not in cfg.moe_layers:
+            raise InputError(f"{self}: layer {self.layer} is a dense MLP layer with no experts; "
+                             f"the mixture-of-experts layers are {cfg.moe_layers}")
+        experts = cfg.layer_values("num_experts")[self.layer] if self.kind == "expert" else None
+        size = {"head": cfg.n_heads, "neuron": cfg.layer_values("d_mlp")[self.layer], "expert": experts}.get(self.kind)
         if size is not None and not 0 <= self.index < size:
             raise InputError(f"{self}: index must be in 0..{size - 1}")
 

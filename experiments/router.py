@@ -1,9 +1,13 @@
-"""Mixture-of-experts routing: expert load, router entropy, per-token choices, expert ablation.
+"""Mixture-of-experts routing: expert load, router entropy, per-token choices, shared vs routed
+experts, expert ablation.
 
-Legend: B batch, P position, E num_experts, k experts_per_token, L n_layers.
+Legend: B batch, P position, D d_model, E num_experts, k experts_per_token.
 
 Reads the MoE hooks ``blocks.{l}.mlp.hook_router_logits`` [B, P, E], ``hook_expert_indices``
-and ``hook_expert_weights`` [B, P, k]. A model without experts is an InputError.
+and ``hook_expert_weights`` [B, P, k], and, with shared experts, ``hook_shared_out`` [B, P, D].
+Only the layers with experts are read (``cfg.moe_layers``: DeepSeek's first layers are dense),
+each with its own expert count (``cfg.layer_values("num_experts")``); every table's ``layer``
+column is the real layer index. A model without experts is an InputError.
 
 ``python -m experiments.router --model NAME --out DIR [--prompt TEXT]``
 """
@@ -17,49 +21,69 @@ import plotly.graph_objects as go
 import torch
 from torch import Tensor
 
-from experiments._tokens import TokensLike, str_tokens
+from experiments._tokens import TokensLike, axis_labels, str_tokens
 from experiments.figures import labelled_heatmap
 from workbench.errors import InputError
 
 
-def _require_moe(model) -> None:
+def _require_moe(model) -> list[int]:
+    """The layers with experts; InputError for a model that has none."""
     if not model.cfg.is_moe:
         raise InputError(f"model {model.cfg.model_name!r} is not a mixture-of-experts model (num_experts=0): "
                          "router experiments need one, e.g. a Mixtral-style checkpoint")
+    return model.cfg.moe_layers
+
+
+def _experts_of(cfg, layer: int) -> int:
+    return cfg.layer_values("num_experts")[layer]
+
+
+def _router_probs(logits_BPE: Tensor, scoring: str) -> Tensor:
+    """The router's distribution over all experts (float32): softmax of the logits, or for a
+    sigmoid router the sigmoid scores normalised to sum to one."""
+    logits_BPE = logits_BPE.float()
+    if scoring == "sigmoid":
+        scores_BPE = logits_BPE.sigmoid()
+        return scores_BPE / scores_BPE.sum(-1, keepdim=True)
+    return logits_BPE.softmax(-1)
 
 
 @torch.no_grad()
-def routing(model, tokens: TokensLike) -> dict[str, list[Tensor]]:
-    """Per layer: router logits [B, P, E], chosen experts [B, P, k] and their weights [B, P, k].
+def routing(model, tokens: TokensLike) -> dict[str, dict[int, Tensor]]:
+    """Per MoE layer (keyed by layer index): router logits [B, P, E], chosen experts and their weights [B, P, k].
+
+    Dense layers of a model that mixes them with MoE layers (DeepSeek's first layers) have no
+    router and no key. The logits are ``hook_router_logits`` (the router's linear map, bias
+    included, before scoring, correction bias or group mask); the weights are the final ones the
+    experts' outputs are scaled by.
 
     Example:
-        >>> routing(moe_model, tokens)["indices"][0].shape   # doctest: +SKIP
+        >>> routing(moe_model, tokens)["indices"][1].shape   # layer 1's chosen experts   # doctest: +SKIP
+        torch.Size([1, 7, 2])
     """
-    _require_moe(model)
+    layers = _require_moe(model)
     tokens_BP = model.as_tokens(tokens)
-    L = model.cfg.n_layers
     kinds = {"logits": "hook_router_logits", "indices": "hook_expert_indices", "weights": "hook_expert_weights"}
-    names = {f"blocks.{l}.mlp.{hook}" for l in range(L) for hook in kinds.values()}
+    names = {f"blocks.{l}.mlp.{hook}" for l in layers for hook in kinds.values()}
     _, cache = model.run_with_cache(tokens_BP, names_filter=lambda n: n in names)
-    return {kind: [cache[f"blocks.{l}.mlp.{hook}"] for l in range(L)] for kind, hook in kinds.items()}
+    return {kind: {l: cache[f"blocks.{l}.mlp.{hook}"] for l in layers} for kind, hook in kinds.items()}
 
 
 def expert_load(model, tokens: TokensLike) -> pd.DataFrame:
-    """How much each expert is used per layer: DataFrame[layer, expert, count, fraction, token_fraction].
+    """How much each expert is used per MoE layer: DataFrame[layer, expert, count, fraction, token_fraction].
 
     ``count``: the (token, slot) assignments the expert received. ``fraction``: its share of all
     assignments (sums to one per layer; a balanced router gives 1 / num_experts each).
     ``token_fraction``: the share of tokens that chose it among their k (sums to k per layer; the
-    top-k experts of a token are distinct).
+    top-k experts of a token are distinct). Each layer lists its own experts; dense layers are absent.
 
     Example:
         >>> expert_load(moe_model, tokens).pivot(index="layer", columns="expert", values="fraction")   # doctest: +SKIP
     """
     route = routing(model, tokens)
-    E = model.cfg.num_experts
     rows = []
-    for layer, indices_BPk in enumerate(route["indices"]):
-        counts_E = torch.bincount(indices_BPk.flatten().cpu(), minlength=E)
+    for layer, indices_BPk in route["indices"].items():
+        counts_E = torch.bincount(indices_BPk.flatten().cpu(), minlength=_experts_of(model.cfg, layer))
         n_tokens = indices_BPk.numel() // indices_BPk.shape[-1]
         token_fraction_E = (counts_E.float() / n_tokens).tolist()  # float32, as a mean over tokens gives
         rows += [(layer, e, int(c), float(c) / indices_BPk.numel(), token_fraction_E[e]) for e, c in enumerate(counts_E)]
@@ -67,22 +91,31 @@ def expert_load(model, tokens: TokensLike) -> pd.DataFrame:
 
 
 def router_entropy(model, tokens: TokensLike) -> pd.DataFrame:
-    """Entropy (nats) of the router's softmax over all experts, per layer and position (mean over the batch).
+    """Entropy (nats) of the router's distribution over all experts, per MoE layer and position (batch mean).
+
+    The distribution is read from ``hook_router_logits`` as the router scores them: for softmax
+    routers (Mixtral, Qwen2/3-MoE, DeepSeek-V2) and topk_softmax ones (gpt-oss) the softmax over all
+    experts' logits; for sigmoid routers (DeepSeek-V3), whose scores do not sum to one, the
+    entropy of the sigmoid scores normalised to sum to one. A correction bias or group mask,
+    which only pick the experts, is not part of it. Uniform routing gives log(num_experts).
 
     Example:
         >>> router_entropy(moe_model, tokens).groupby("layer").entropy.mean()   # doctest: +SKIP
     """
     route = routing(model, tokens)
     rows = []
-    for layer, logits_BPE in enumerate(route["logits"]):
-        logp = logits_BPE.float().log_softmax(-1)
-        entropy_P = -(logp.exp() * logp).sum(-1).mean(0)
+    for layer, logits_BPE in route["logits"].items():
+        probs_BPE = _router_probs(logits_BPE, model.cfg.router_scoring)
+        entropy_P = -torch.special.xlogy(probs_BPE, probs_BPE).sum(-1).mean(0)
         rows += [(layer, p, float(h)) for p, h in enumerate(entropy_P.tolist())]
     return pd.DataFrame(rows, columns=["layer", "position", "entropy"])
 
 
 def token_expert_choices(model, tokens: TokensLike) -> pd.DataFrame:
     """Which experts each token of batch item 0 was sent to, with their weights: DataFrame[position, token, layer, experts, weights].
+
+    One row per (position, MoE layer); the weights are the final ones (after renormalising and
+    ``routed_scaling_factor``).
 
     Example:
         >>> token_expert_choices(moe_model, moe_model.to_tokens("Hello world"))   # doctest: +SKIP
@@ -91,33 +124,37 @@ def token_expert_choices(model, tokens: TokensLike) -> pd.DataFrame:
     route = routing(model, tokens_BP[:1])
     labels = str_tokens(model, tokens_BP[0])
     rows = []
-    for layer, (indices, weights) in enumerate(zip(route["indices"], route["weights"])):
+    for layer, indices in route["indices"].items():
+        weights = route["weights"][layer]
         for p, label in enumerate(labels):
             rows.append((p, label, layer, indices[0, p].tolist(), [round(w, 6) for w in weights[0, p].float().tolist()]))
     return pd.DataFrame(rows, columns=["position", "token", "layer", "experts", "weights"])
 
 
 @torch.no_grad()
-def top_expert_predictability(model, tokens: TokensLike) -> dict[str, list[float]]:
-    """How well the token id, vs the position alone, predicts each layer's top-1 expert on unseen rows.
+def top_expert_predictability(model, tokens: TokensLike) -> dict[str, list]:
+    """How well the token id, vs the position alone, predicts each MoE layer's top-1 expert on unseen rows.
 
     The first half of the rows fits a lookup table (the most common top expert for each token
     id, or for each position; the overall most common one for ids it never saw); the second
     half scores it. Routing by content shows as "by_token" accuracy far above "by_position".
+    ``layer`` names the MoE layer of each entry.
 
     Example:
         >>> top_expert_predictability(moe_model, tokens)   # doctest: +SKIP
-        {'by_token': [0.8, 0.7], 'by_position': [0.4, 0.4]}
+        {'layer': [0, 1], 'by_token': [0.8, 0.7], 'by_position': [0.4, 0.4]}
     """
     tokens_BP = model.as_tokens(tokens)
     half = tokens_BP.shape[0] // 2
     tokens_BP = tokens_BP.cpu()
     positions_BP = torch.arange(tokens_BP.shape[1]).expand_as(tokens_BP)
-    result: dict[str, list[float]] = {"by_token": [], "by_position": []}
-    for indices_BPk in routing(model, tokens_BP)["indices"]:
+    result: dict[str, list] = {"layer": [], "by_token": [], "by_position": []}
+    for layer, indices_BPk in routing(model, tokens_BP)["indices"].items():
+        result["layer"].append(layer)
         top_BP = indices_BPk[..., 0].cpu()
         for key, groups_BP in (("by_token", tokens_BP), ("by_position", positions_BP)):
-            counts_GE = torch.zeros(int(groups_BP.max()) + 1, model.cfg.num_experts)  # G: token ids or positions
+            # G: token ids or positions
+            counts_GE = torch.zeros(int(groups_BP.max()) + 1, _experts_of(model.cfg, layer))
             fit_groups, fit_top = groups_BP[:half].flatten(), top_BP[:half].flatten()
             counts_GE.index_put_((fit_groups, fit_top), torch.ones(fit_top.numel()), accumulate=True)
             guess_G = counts_GE.argmax(-1)
@@ -127,9 +164,65 @@ def top_expert_predictability(model, tokens: TokensLike) -> dict[str, list[float
     return result
 
 
+def shared_expert_layers(model) -> list[int]:
+    """The MoE layers with a shared expert (``hook_shared_out``), or [] when the model has none.
+
+    Example:
+        >>> shared_expert_layers(deepseek_v3_like)   # layer 0 is dense   # doctest: +SKIP
+        [1, 2]
+    """
+    return [l for l in model.cfg.moe_layers if f"blocks.{l}.mlp.hook_shared_out" in model.hook_dict]
+
+
+def _require_shared(model) -> list[int]:
+    """The MoE layers with a shared expert; InputError when there are none or the split is not additive."""
+    _require_moe(model)
+    layers, cfg = shared_expert_layers(model), model.cfg
+    if not layers:
+        raise InputError(f"model {cfg.model_name!r} has no shared expert (d_shared_expert=0): every token's MLP output "
+                         "is its routed experts' alone, so there is no shared part to compare (DeepSeek-V2/V3 and "
+                         "Qwen2-MoE have shared experts)")
+    if cfg.norm_placement in ("sandwich", "sublayer_output"):
+        raise InputError(f"model {cfg.model_name!r} normalises the MLP output (norm_placement={cfg.norm_placement!r}), "
+                         "so hook_mlp_out is not the routed plus the shared experts' output")
+    return layers
+
+
+@torch.no_grad()
+def shared_vs_routed(model, tokens: TokensLike) -> pd.DataFrame:
+    """What the shared and the routed experts each write to the residual stream, per layer and position of row 0.
+
+    DataFrame[layer, position, routed_norm, shared_norm, shared_fraction]: ``shared_norm`` is the
+    L2 norm of ``hook_shared_out`` (the shared expert's output, its gate included), ``routed_norm``
+    that of the routed experts' part ``hook_mlp_out - hook_shared_out`` (their weighted sum), and
+    ``shared_fraction`` = shared_norm / (routed_norm + shared_norm). Only the MoE layers with a
+    shared expert (DeepSeek-V2/V3, Qwen2-MoE); a model without one is an InputError.
+
+    Example:
+        >>> df = shared_vs_routed(moe_model, moe_model.to_tokens("Hello world"))   # doctest: +SKIP
+        >>> df.groupby("layer").shared_fraction.mean()                             # doctest: +SKIP
+    """
+    layers = _require_shared(model)
+    tokens_BP = model.as_tokens(tokens)[:1]
+    names = {name for l in layers for name in (f"blocks.{l}.hook_mlp_out", f"blocks.{l}.mlp.hook_shared_out")}
+    _, cache = model.run_with_cache(tokens_BP, names_filter=lambda n: n in names)
+    rows = []
+    for layer in layers:
+        shared_PD = cache[f"blocks.{layer}.mlp.hook_shared_out"][0].float()
+        routed_PD = cache[f"blocks.{layer}.hook_mlp_out"][0].float() - shared_PD
+        routed_P, shared_P = routed_PD.norm(dim=-1), shared_PD.norm(dim=-1)
+        fraction_P = shared_P / (routed_P + shared_P)
+        rows += [(layer, p, r, s, f) for p, (r, s, f)
+                 in enumerate(zip(routed_P.tolist(), shared_P.tolist(), fraction_P.tolist()))]
+    return pd.DataFrame(rows, columns=["layer", "position", "routed_norm", "shared_norm", "shared_fraction"])
+
+
 @torch.no_grad()
 def expert_ablation_effect(model, tokens: TokensLike, layer: int, expert: int) -> dict[str, float]:
-    """Mean loss with and without expert ``expert`` of ``layer`` (its router weight zeroed where chosen).
+    """Mean loss with and without expert ``expert`` of MoE layer ``layer`` (its router weight zeroed where chosen).
+
+    Goes through ``experiments.ablation`` (``AblationTarget("expert", layer, expert)``): a dense
+    layer or an expert the layer does not have is an InputError naming it.
 
     Example:
         >>> expert_ablation_effect(moe_model, tokens, layer=0, expert=3)   # doctest: +SKIP
@@ -139,13 +232,15 @@ def expert_ablation_effect(model, tokens: TokensLike, layer: int, expert: int) -
 
     _require_moe(model)
     tokens_BP = model.as_tokens(tokens)
+    target = AblationTarget("expert", layer, expert)
+    target.check(model.cfg)  # before the clean run: a wrong layer or expert fails at once
     clean = float(model(tokens_BP, return_type="loss"))
-    ablated = float(run_ablated(model, tokens_BP, [AblationTarget("expert", layer, expert)], "zero", return_type="loss"))
+    ablated = float(run_ablated(model, tokens_BP, [target], "zero", return_type="loss"))
     return {"clean_loss": clean, "ablated_loss": ablated, "delta": ablated - clean}
 
 
 def expert_load_figure(df: pd.DataFrame) -> go.Figure:
-    """Layer x expert heatmap of the load fraction.
+    """MoE layer x expert heatmap of the load fraction (gaps where a layer has fewer experts).
 
     Example:
         >>> expert_load_figure(expert_load(moe_model, tokens))   # doctest: +SKIP
@@ -157,10 +252,26 @@ def expert_load_figure(df: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def shared_vs_routed_figure(df: pd.DataFrame, tokens: Optional[Sequence[str]] = None) -> go.Figure:
+    """Layer x position heatmap of the shared expert's share of the MLP output (``shared_vs_routed``'s table).
+
+    ``tokens``: each position's text, for the x labels (positions alone without it).
+
+    Example:
+        >>> shared_vs_routed_figure(shared_vs_routed(moe_model, tokens), moe_model.to_str_tokens(tokens))   # doctest: +SKIP
+    """
+    grid = df.pivot(index="layer", columns="position", values="shared_fraction")
+    x_labels = axis_labels(list(tokens)) if tokens is not None else [str(p) for p in grid.columns]
+    return labelled_heatmap(grid.values, x_labels, [str(l) for l in grid.index],
+                            title="Shared expert's share of the MLP output: |shared| / (|routed| + |shared|)",
+                            x_title="position", y_title="layer", value_name="shared fraction", colorscale="Viridis")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from experiments import _cli
 
-    parser = _cli.make_parser("Mixture-of-experts routing: expert load and router entropy.")
+    parser = _cli.make_parser("Mixture-of-experts routing: expert load, router entropy and, with shared experts, "
+                              "the shared vs routed experts' output.")
     parser.add_argument("--prompt", default=None)
     args = parser.parse_args(argv)
     model = _cli.load(args)
@@ -170,8 +281,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     load = expert_load(model, tokens)
     entropy = router_entropy(model, tokens)
     _cli.write_outputs(args.out, "router", load, expert_load_figure(load),
-                       {"experiment": "router", "model": args.model,
+                       {"experiment": "router", "model": args.model, "moe_layers": model.cfg.moe_layers,
                         "mean_router_entropy_by_layer": entropy.groupby("layer").entropy.mean().to_dict()})
+    if shared_expert_layers(model):
+        shared = shared_vs_routed(model, tokens)
+        labels = str_tokens(model, model.as_tokens(tokens)[0])
+        _cli.write_outputs(args.out, "router_shared", shared, shared_vs_routed_figure(shared, labels),
+                           {"experiment": "router_shared", "model": args.model,
+                            "mean_shared_fraction_by_layer": shared.groupby("layer").shared_fraction.mean().to_dict()})
 
 
 if __name__ == "__main__":

@@ -51,11 +51,14 @@ def _choose_targets(loaded: LoadedModel) -> Targets:
     if kind in ("attn_layer", "mlp_layer"):
         chosen = st.multiselect("Layers", layers, default=[0], key=f"ablation_{kind}s")
         return tuple((kind, l, None) for l in chosen)
+    if kind == "expert":  # only the layers with experts, each with its own count
+        layer = st.selectbox("Layer", cfg.moe_layers, key="ablation_unit_layer")
+        n_experts = cfg.layer_values("num_experts")[layer]
+        chosen = st.multiselect("Experts", range(n_experts), default=[0], key="ablation_experts")
+        return tuple(("expert", layer, e) for e in chosen if e < n_experts)
     layer = st.selectbox("Layer", layers, key="ablation_unit_layer")
-    if kind == "expert":
-        chosen = st.multiselect("Experts", range(cfg.num_experts), default=[0], key="ablation_experts")
-        return tuple(("expert", layer, e) for e in chosen)
-    text = st.text_input(f"Neurons (0..{cfg.d_mlp - 1}, comma separated)", "0, 1, 2", key="ablation_neurons")
+    d_mlp = cfg.layer_values("d_mlp")[layer]
+    text = st.text_input(f"Neurons (0..{d_mlp - 1}, comma separated)", "0, 1, 2", key="ablation_neurons")
     try:
         neurons = sorted({int(part) for part in text.replace(" ", "").split(",") if part})
     except ValueError:

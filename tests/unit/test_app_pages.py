@@ -27,13 +27,17 @@ SHORT_PROMPT = "The cat sat on the mat. The cat sat on the"
 def _tiny(directory: Path, moe: bool) -> str:
     """A random 2-layer model with a small BPE, saved like a zoo model (used only when the zoo's is missing)."""
     torch.manual_seed(0)
-    tok = train_bpe(["The cat sat on the mat. When Mary and John went to the store, John gave a drink to Mary."] * 20,
-                    vocab_size=300)
+    tok = _tiny_tokenizer()
     extra = dict(num_experts=4, experts_per_token=2, gated_mlp=True, act_fn="silu") if moe else dict(attn_only=True)
     cfg = wb.ModelConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=tok.vocab_size, n_ctx=64,
                          positional="rotary", **extra)
     wb.Decoder(cfg, tokenizer=tok).save(directory)
     return str(directory)
+
+
+def _tiny_tokenizer():
+    return train_bpe(["The cat sat on the mat. When Mary and John went to the store, John gave a drink to Mary."] * 20,
+                     vocab_size=300)
 
 
 def _source(name: str, tmp_path_factory, moe: bool) -> str:
@@ -51,6 +55,21 @@ def dense(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory) -> str:
     return _source("toy-moe-2l", tmp_path_factory, moe=True)
+
+
+@pytest.fixture(scope="module")
+def moe_dense_shared(tmp_path_factory) -> str:
+    """A Qwen2-MoE-shaped random model: layer 0 dense, gated shared experts, 4 experts in layer 1 and 6 in layer 2."""
+    torch.manual_seed(0)
+    tok = _tiny_tokenizer()
+    cfg = wb.ModelConfig(n_layers=3, d_model=32, n_heads=4, d_head=8, d_mlp=16, d_vocab=tok.vocab_size, n_ctx=64,
+                         positional="rotary", normalization="RMS", gated_mlp=True, act_fn="silu", num_experts=4,
+                         experts_per_token=2, router_renormalize=False, d_shared_expert=24, shared_expert_gate=True,
+                         layer_overrides=({"num_experts": 0, "experts_per_token": 0, "d_mlp": 40}, {},
+                                          {"num_experts": 6}))
+    directory = tmp_path_factory.mktemp("moe-dense-shared")
+    wb.Decoder(cfg, tokenizer=tok).save(directory)
+    return str(directory)
 
 
 def run_page(page: str, source: str, prompt: str | None = None) -> AppTest:
@@ -182,3 +201,23 @@ def test_router_page_on_dense_and_moe_models(dense, moe):
     at.selectbox(key="router_expert").set_value(3).run()
     assert_clean(at)
     assert metric(at, "Mean loss without") != pytest.approx(before, abs=1e-7)
+
+
+def test_router_page_on_a_model_with_a_dense_layer_and_shared_experts(moe_dense_shared):
+    at = run_page("router", moe_dense_shared, SHORT_PROMPT)
+    assert "Layer 0 is a dense MLP" in " ".join(c.value for c in at.caption)
+    assert chart(at, "expert_load")["layout"]["yaxis"]["ticktext"] == ["1", "2"]  # MoE layers only
+    shared = chart(at, "shared_vs_routed")
+    assert shared["data"][0]["type"] == "heatmap" and shared["layout"]["yaxis"]["ticktext"] == ["1", "2"]
+    layer, expert = at.selectbox(key="router_layer"), at.selectbox(key="router_expert")
+    assert layer.options == ["1", "2"] and expert.options == ["0", "1", "2", "3"]  # layer 1's own 4 experts
+    before = metric(at, "Mean loss without")
+    layer.set_value(2).run()
+    assert_clean(at)
+    assert at.selectbox(key="router_expert").options == [str(e) for e in range(6)]
+    at.selectbox(key="router_expert").set_value(5).run()
+    assert_clean(at)
+    assert metric(at, "Mean loss without") != pytest.approx(before, abs=1e-7)
+    at.selectbox(key="router_layer").set_value(1).run()  # layer 1 has no expert 5: the choice falls back to 0
+    assert_clean(at)
+    assert at.selectbox(key="router_expert").value == 0
