@@ -1,10 +1,11 @@
 """The hook-point table of ``docs/hooks.md``, generated from real models so it cannot go stale.
 
 A handful of small ``Decoder``s together exercise every kind of hook (absolute and rotary
-positions, LayerNorm and RMSNorm, pre- and post-norm, dense, gated and mixture-of-experts MLPs,
-attention-only blocks). Each runs ``run_with_cache`` on new tokens after a cached prefix, with
-every dimension given a size no other dimension has, so each axis of each cached tensor maps back
-to exactly one dimension name; ``key_pos`` differs from ``pos`` because the prefix sits in the KV
+positions, LayerNorm and RMSNorm, pre- and post-norm, dense, gated and mixture-of-experts MLPs with
+each router and shared experts, dense layers among expert layers, attention-only blocks, attention
+sinks, multi-head latent attention with and without a query bottleneck). Each runs
+``run_with_cache`` on new tokens after a cached prefix, with every dimension given a size no other
+dimension has, so each axis of each cached tensor maps back to exactly one dimension name; ``key_pos`` differs from ``pos`` because the prefix sits in the KV
 cache. Caching every hook also attaches one to the opt-in ``attn.hook_result``, so it is listed.
 
 Regenerate the page with ``python -m workbench.hook_table > docs/hooks.md``;
@@ -13,6 +14,7 @@ Regenerate the page with ``python -m workbench.hook_table > docs/hooks.md``;
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Callable
@@ -31,14 +33,19 @@ DIMENSIONS: dict[str, int] = {
     "batch": 3,
     "experts_per_token": 4,
     "pos": 5,
-    "d_head": 6,
+    "rotary_dim": 6,  # latent attention's shared rotary key (even and below d_head)
     "key_pos": 7,
     "n_heads": 8,
     "num_experts": 9,
-    "n_key_value_heads*d_head": 12,  # a QK norm over the whole key projection
+    "d_head": 10,
+    "d_head_v": 13,  # latent attention's value width per head
+    "kv_lora_rank": 14,
+    "q_lora_rank": 15,
     "d_model": 16,
+    "d_shared_expert": 18,
+    "n_key_value_heads*d_head": 20,  # a QK norm over the whole key projection
     "d_mlp": 24,
-    "n_heads*d_head": 48,  # ... over the whole query projection
+    "n_heads*d_head": 80,  # ... over the whole query projection
 }
 PREFIX = DIMENSIONS["key_pos"] - DIMENSIONS["pos"]  # positions already in the KV cache
 _D_VOCAB, _N_CTX = 11, 32  # not hook dimensions; kept apart from the sizes above anyway
@@ -47,16 +54,25 @@ _SHARED = dict(n_layers=2, d_model=DIMENSIONS["d_model"], n_heads=DIMENSIONS["n_
                n_key_value_heads=DIMENSIONS["n_key_value_heads"], d_head=DIMENSIONS["d_head"],
                d_mlp=DIMENSIONS["d_mlp"], d_vocab=_D_VOCAB, n_ctx=_N_CTX)
 
-# The models the table is generated from. Every one uses GQA: with n_key_value_heads == n_heads
-# the K/V head axis could not be told apart from the query head axis.
+# The models the table is generated from. Every one but latent attention uses GQA: with
+# n_key_value_heads == n_heads the K/V head axis could not be told apart from the query head axis.
+# Latent attention expands keys and values for every query head (n_key_value_heads == n_heads), so
+# its hook_k/hook_v axis is n_heads by construction.
+_LATENT = dict(positional="rotary", normalization="RMS", gated_mlp=True, act_fn="silu",
+               n_key_value_heads=DIMENSIONS["n_heads"], kv_lora_rank=DIMENSIONS["kv_lora_rank"],
+               rotary_dim=DIMENSIONS["rotary_dim"], d_head_v=DIMENSIONS["d_head_v"],
+               num_experts=DIMENSIONS["num_experts"], experts_per_token=DIMENSIONS["experts_per_token"],
+               router_groups=3, router_topk_groups=2, d_shared_expert=DIMENSIONS["d_shared_expert"])
+_MOE = dict(positional="rotary", normalization="RMS", gated_mlp=True, act_fn="silu",
+            num_experts=DIMENSIONS["num_experts"], experts_per_token=DIMENSIONS["experts_per_token"])
+_DENSE_FIRST_LAYER = ({"num_experts": 0, "experts_per_token": 0}, {})
+
 REFERENCE_CONFIGS: dict[str, dict] = {
     "learned positions, LayerNorm, biases": dict(
         positional="learned", normalization="LN", attn_bias=True, mlp_bias=True, act_fn="gelu"),
     "rotary, RMSNorm, gated MLP": dict(
         positional="rotary", normalization="RMS", gated_mlp=True, act_fn="silu"),
-    "mixture of experts": dict(
-        positional="rotary", normalization="RMS", gated_mlp=True, act_fn="silu",
-        num_experts=DIMENSIONS["num_experts"], experts_per_token=DIMENSIONS["experts_per_token"]),
+    "mixture of experts": dict(_MOE),
     "attention-only": dict(positional="rotary", attn_only=True),
     "sinusoidal positions, post-norm": dict(
         positional="sinusoidal", norm_placement="post", act_fn="relu"),
@@ -71,7 +87,26 @@ REFERENCE_CONFIGS: dict[str, dict] = {
     "ALiBi, embedding norm, parallel attention and MLP (BLOOM, GPT-J)": dict(
         positional="alibi", normalization="LN", embed_norm=True, parallel_attn_mlp=True, attn_bias=True,
         mlp_bias=True, act_fn="gelu_new"),
+    "latent attention with a query bottleneck, sigmoid group-limited router, shared expert, dense first "
+    "layer (DeepSeek-V3)": dict(
+        _LATENT, q_lora_rank=DIMENSIONS["q_lora_rank"], router_scoring="sigmoid", router_score_correction=True,
+        router_group_score="top2_sum", routed_scaling_factor=2.5, layer_overrides=_DENSE_FIRST_LAYER),
+    "latent attention, softmax group-limited router, shared expert (DeepSeek-V2)": dict(
+        _LATENT, router_scoring="softmax", router_group_score="max", router_renormalize=False,
+        routed_scaling_factor=16.0),
+    "attention sinks, top-k-then-softmax router with bias, expert biases, clamped SwiGLU (gpt-oss)": dict(
+        _MOE, attn_bias=True, attn_sinks=True, router_scoring="topk_softmax", router_bias=True, expert_bias=True,
+        swiglu_limit=7.0, swiglu_alpha=1.702, layer_overrides=({"sliding_window": 4}, {})),
+    "gated shared expert, no renormalisation (Qwen2-MoE)": dict(
+        _MOE, attn_bias=True, router_renormalize=False, d_shared_expert=DIMENSIONS["d_shared_expert"],
+        shared_expert_gate=True),
 }
+
+
+def _has_dense_mlp(cfg: ModelConfig) -> bool:
+    """Whether some layer has a dense MLP (DeepSeek's first layers are dense among expert layers)."""
+    return not cfg.attn_only and 0 in cfg.layer_values("num_experts")
+
 
 # How the "models" column names the set of models that have a hook. A hook's set of reference
 # models must equal exactly one label's set (checked), so the labels stay true as models change.
@@ -87,10 +122,16 @@ WHICH_MODELS: list[tuple[str, Callable[[ModelConfig], bool]]] = [
     ("sequential blocks with an MLP", lambda cfg: not cfg.attn_only and not cfg.parallel_attn_mlp),
     ("learned or sinusoidal positions", lambda cfg: cfg.positional in ("learned", "sinusoidal")),
     ("rotary", lambda cfg: cfg.positional == "rotary"),
+    ("rotary, standard attention", lambda cfg: cfg.positional == "rotary" and not cfg.is_latent_attention),
+    ("standard attention (not latent)", lambda cfg: not cfg.is_latent_attention),
+    ("latent attention (kv_lora_rank)", lambda cfg: cfg.is_latent_attention),
+    ("latent attention with q_lora_rank", lambda cfg: cfg.q_lora_rank is not None),
+    ("attn_sinks", lambda cfg: cfg.attn_sinks),
     ("with an MLP (not attn_only)", lambda cfg: not cfg.attn_only),
-    ("dense MLP", lambda cfg: not cfg.attn_only and not cfg.is_moe),
-    ("gated dense MLP", lambda cfg: not cfg.attn_only and not cfg.is_moe and cfg.gated_mlp),
+    ("dense MLP", _has_dense_mlp),  # a model with at least one dense MLP layer
+    ("gated dense MLP", lambda cfg: _has_dense_mlp(cfg) and cfg.gated_mlp),
     ("MoE", lambda cfg: cfg.is_moe),
+    ("MoE with a shared expert (d_shared_expert)", lambda cfg: cfg.is_moe and cfg.d_shared_expert > 0),
     ("use_split_qkv_input", lambda cfg: cfg.use_split_qkv_input),
 ]
 
@@ -112,7 +153,18 @@ NOTES: dict[str, str] = {
     "blocks.{l}.ln2.hook_normalized": "as ln1, on the MLP side",
     "ln_final.hook_scale": "as ln1, before the unembedding",
     "ln_final.hook_normalized": "as ln1; the unembedding's input",
-    "blocks.{l}.attn.hook_q": "the projection (clamped with clip_qkv), before QK norm and RoPE",
+    "blocks.{l}.attn.hook_q": "the projection (clamped with clip_qkv), before QK norm and RoPE; latent attention: "
+                              "W_QB q_latent (or W_Q x), RoPE then acts on each head's last rotary_dim dims",
+    "blocks.{l}.attn.hook_q_latent": "the normed query latent q_a_norm(W_QA x) (q_lora_rank); W_QB maps it to every "
+                                     "head's query",
+    "blocks.{l}.attn.q_a_norm.hook_scale": "the query latent's RMSNorm divisor (latent_norm_eps)",
+    "blocks.{l}.attn.q_a_norm.hook_normalized": "the same tensor as hook_q_latent",
+    "blocks.{l}.attn.kv_a_norm.hook_scale": "the key/value latent's RMSNorm divisor (latent_norm_eps)",
+    "blocks.{l}.attn.kv_a_norm.hook_normalized": "the same tensor as hook_kv_latent",
+    "blocks.{l}.attn.hook_kv_latent": "the normed key/value latent [what the KV cache holds]; editing it changes every "
+                                      "head's keys and values",
+    "blocks.{l}.attn.hook_k_rope": "the rotary key shared by every head, after RoPE (cached beside the latent): the "
+                                   "last rotary_dim dims of every head's key",
     "blocks.{l}.attn.hook_k": "the projection, before QK norm and RoPE; only the new positions under a KV cache",
     "blocks.{l}.attn.q_norm.hook_normalized": "QK norm: per head over d_head (qk_norm='head') or over the "
                                              "whole projection ('projection'); RoPE's input",
@@ -121,18 +173,44 @@ NOTES: dict[str, str] = {
                                            "hook_attn_out sees the same tensor",
     "blocks.{l}.ln2_post.hook_normalized": "the norm of the MLP's output; hook_mlp_out sees the same tensor",
     "blocks.{l}.attn.hook_rot_q": "after RoPE",
-    "blocks.{l}.attn.hook_rot_k": "after RoPE",
+    "blocks.{l}.attn.hook_rot_k": "after RoPE (latent attention has none: hook_k_rope, and hook_k holds rotated keys)",
     "blocks.{l}.attn.hook_attn_scores": "q.k / attn_scale (soft-capped with attn_scores_soft_cap) + causal/sliding-window "
-                                        "mask (-inf) + ALiBi bias; hooking it runs this layer eager",
-    "blocks.{l}.attn.hook_pattern": "softmax of the scores; hooking it runs this layer eager",
+                                        "mask (-inf) + ALiBi bias; the sinks are not among them; hooking it runs "
+                                        "this layer eager",
+    "blocks.{l}.attn.hook_sink_weight": "each query's softmax weight on its head's sink (a learned logit with no "
+                                        "value); the pattern's row sums to 1 minus this; hooking it runs this layer "
+                                        "eager",
+    "blocks.{l}.attn.hook_pattern": "softmax of the scores (with attn_sinks: of the scores and the sink, so the real "
+                                    "keys' weights sum to less than one); hooking it runs this layer eager",
     "blocks.{l}.attn.hook_result": "opt-in: computed only when hooked; per-head z_h W_O[h], sums (+ b_O) to hook_attn_out",
     "blocks.{l}.hook_resid_mid": "between attention and MLP",
     "blocks.{l}.mlp.hook_pre": "pre-activation; the gate's in a gated MLP",
     "blocks.{l}.mlp.hook_pre_linear": "the gated MLP's linear (W_in) branch",
     "blocks.{l}.mlp.hook_post": "after the activation (times the linear branch if gated): the input to W_out",
-    "blocks.{l}.mlp.hook_router_logits": "W_router x, before the softmax over experts",
-    "blocks.{l}.mlp.hook_expert_weights": "weights of the chosen experts; zeroing one ablates that expert",
+    "blocks.{l}.mlp.hook_router_logits": "W_router x (+ b_router), before the scoring (router_scoring), correction "
+                                         "bias and group mask; editing it changes which experts run",
+    "blocks.{l}.mlp.hook_expert_weights": "weights of the chosen experts (renormalised, times routed_scaling_factor); "
+                                          "zeroing one ablates that expert",
     "blocks.{l}.mlp.hook_expert_indices": "integer ids of the chosen experts",
+    "blocks.{l}.mlp.shared.hook_pre": "the shared expert (a gated MLP every token runs): its gate's pre-activation",
+    "blocks.{l}.mlp.shared.hook_pre_linear": "the shared expert's linear branch",
+    "blocks.{l}.mlp.shared.hook_post": "the shared expert's input to its W_out",
+    "blocks.{l}.mlp.hook_shared_out": "the shared expert's output (times sigmoid(W_shared_gate x) with "
+                                      "shared_expert_gate), added to the routed experts' sum",
+}
+
+# Notes for one row of a hook whose shape differs by model kind, keyed by (name, models label);
+# they replace the hook's NOTES entry on that row.
+ROW_NOTES: dict[tuple[str, str], str] = {
+    ("blocks.{l}.attn.hook_k", "latent attention (kv_lora_rank)"):
+        "every head's key over every key position, re-expanded from the cached latent on each call: W_KVB c "
+        "(no RoPE) followed by hook_k_rope, so already rotated",
+    ("blocks.{l}.attn.hook_v", "latent attention (kv_lora_rank)"):
+        "every head's value (W_KVB c) over every key position, re-expanded from the cached latent on each call",
+    ("blocks.{l}.attn.hook_v", "standard attention (not latent)"):
+        "the projection; only the new positions under a KV cache",
+    ("blocks.{l}.attn.hook_z", "latent attention (kv_lora_rank)"):
+        "the pattern-weighted values, d_head_v wide: W_O is [n_heads, d_head_v, d_model]",
 }
 
 _LAYER = re.compile(r"^blocks\.\d+\.")
@@ -157,7 +235,7 @@ def reference_models() -> dict[str, Decoder]:
         9
     """
     torch.manual_seed(0)
-    return {label: Decoder(ModelConfig(**_SHARED, **extra)).eval() for label, extra in REFERENCE_CONFIGS.items()}
+    return {label: Decoder(ModelConfig(**{**_SHARED, **extra})).eval() for label, extra in REFERENCE_CONFIGS.items()}
 
 
 def layer_pattern(hook_name: str) -> str:
@@ -206,11 +284,19 @@ def hook_shapes(model: Decoder) -> dict[str, tuple[str, ...]]:
     _, cache = model.run_with_cache(new_BP, kv_cache=kv_cache)
 
     shapes: dict[str, tuple[str, ...]] = {}
+    before, per_layer, after = [], [[] for _ in range(model.cfg.n_layers)], []
     for name, tensor in cache.items():
         pattern, dims = layer_pattern(name), dimension_names(tuple(tensor.shape), name)
         if shapes.setdefault(pattern, dims) != dims:
             raise ValueError(f"{pattern}: shape differs between layers ({shapes[pattern]} vs {dims} at {name})")
-    return shapes
+        if _LAYER.match(name):
+            per_layer[int(name.split(".")[1])].append(pattern)
+        else:
+            (after if any(per_layer) else before).append(pattern)
+    # Layers may differ (a dense first layer among expert layers): merge their orders, so a hook only a
+    # later layer has sits where it fires within a block, not after the first block's last hook.
+    order = _merge_orders([before + layer_order + after for layer_order in per_layer])
+    return {pattern: shapes[pattern] for pattern in order}
 
 
 def hook_table(models: dict[str, Decoder] | None = None) -> list[HookRow]:
@@ -231,15 +317,19 @@ def hook_table(models: dict[str, Decoder] | None = None) -> list[HookRow]:
     names = _merge_orders([list(shapes) for shapes in per_model.values()])
 
     rows = []
-    for name in names:  # one row per shape the hook has (a QK norm per head or over the projection)
+    for name in names:  # one row per shape the hook has (a QK norm per head or over the projection; latent
+        # attention's keys, values and z): the rarer shapes first, the one most models have last
         having = {label for label, shapes in per_model.items() if name in shapes}
-        for shape in sorted({per_model[label][name] for label in having}):
-            models_with_shape = {label for label in having if per_model[label][name] == shape}
-            rows.append(HookRow(name, shape, _which_models(name, models_with_shape, models), NOTES.get(name, "")))
+        by_shape = {shape: {label for label in having if per_model[label][name] == shape}
+                    for shape in {per_model[label][name] for label in having}}
+        for shape in sorted(by_shape, key=lambda shape: (len(by_shape[shape]), shape)):
+            which = _which_models(name, by_shape[shape], models)
+            rows.append(HookRow(name, shape, which, ROW_NOTES.get((name, which), NOTES.get(name, ""))))
 
     stale = sorted(set(NOTES) - set(names))
+    stale += sorted(f"{key} (ROW_NOTES)" for key in set(ROW_NOTES) - {(row.name, row.models) for row in rows})
     if stale:
-        raise ValueError(f"NOTES names hook(s) no reference model has: {stale}")
+        raise ValueError(f"NOTES/ROW_NOTES name hook rows no reference model has: {stale}")
     return rows
 
 
@@ -265,13 +355,17 @@ def render_markdown(rows: list[HookRow], models: dict[str, Decoder] | None = Non
         "",
         "A model can hold a `HookPoint` that never fires in its configuration (every `Attention` has",
         "`hook_rot_q`, but only rotary models call it); the *models* column says where each one fires.",
+        "A hook whose shape depends on the model has one row per shape. Latent attention's (DeepSeek's",
+        "multi-head latent attention, `kv_lora_rank`) `hook_k`/`hook_v` span every key position (`key_pos`):",
+        "they are re-expanded from the cached latent on each call, while standard attention's cover only the",
+        "new positions (`pos`); its KV cache holds `hook_kv_latent` and `hook_k_rope` instead.",
         "",
         "| name | shape | models | note |",
         "|---|---|---|---|",
     ]
     for row in rows:
         lines.append(f"| `{row.name}` | [{', '.join(row.shape)}] | {row.models} | {row.note} |")
-    lines += ["", "Generated from these configurations (n_layers=2, GQA; sizes: "
+    lines += ["", "Generated from these configurations (n_layers=2, GQA but for latent attention; sizes: "
               + ", ".join(f"{name}={size}" for name, size in DIMENSIONS.items() if name != "1") + "):", ""]
     for label, model in models.items():
         lines.append(f"- {label}: `{_config_summary(model.cfg)}`")
@@ -282,7 +376,15 @@ def _config_summary(cfg: ModelConfig) -> str:
     fields = ("positional", "normalization", "norm_placement", "gated_mlp", "attn_only", "num_experts",
               "experts_per_token", "attn_bias", "mlp_bias", "act_fn")
     optional = ("qk_norm", "attn_scores_soft_cap", "output_logits_soft_cap", "embed_norm", "parallel_attn_mlp")
+    # Shown where they differ from ModelConfig's defaults (rotary_dim and d_head_v default to d_head).
+    not_default = ("n_key_value_heads", "kv_lora_rank", "q_lora_rank", "rotary_dim", "d_head_v", "attn_sinks",
+                   "router_scoring", "router_renormalize", "router_bias", "router_score_correction", "router_groups",
+                   "router_topk_groups", "router_group_score", "routed_scaling_factor", "d_shared_expert",
+                   "shared_expert_gate", "expert_bias", "swiglu_limit", "swiglu_alpha", "layer_overrides")
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    defaults.update(n_key_value_heads=DIMENSIONS["n_key_value_heads"], rotary_dim=cfg.d_head, d_head_v=cfg.d_head)
     shown = [f for f in fields] + [f for f in optional if getattr(cfg, f) not in (None, False)]
+    shown += [f for f in not_default if getattr(cfg, f) != defaults[f]]
     return ", ".join(f"{f}={getattr(cfg, f)!r}" for f in shown)
 
 

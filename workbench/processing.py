@@ -10,17 +10,24 @@ that is easier to read:
 - ``fold_ln``: every pre-norm LayerNorm/RMSNorm's gain ``w`` (and a LayerNorm's bias ``b``) moves
   into the weights that read the norm's output: ``ln1`` into ``W_Q``/``_W_K``/``_W_V`` (+ ``b_Q``,
   ``_b_K``, ``_b_V``), ``ln2`` into the MLP's ``W_in``/``W_gate`` (+ ``b_in``/``b_gate``) or a mixture's
-  ``W_router``/``W_in``/``W_gate``, ``ln_final`` into ``W_U`` (+ ``b_U``). Under a LayerNorm those
+  ``W_router``/``W_in``/``W_gate`` and its shared expert's ``W_in``/``W_gate`` (and ``W_shared_gate``),
+  ``ln_final`` into ``W_U`` (+ ``b_U``). Router and expert biases, the correction bias and the clamped
+  SwiGLU are untouched by the gain: they act after the linear maps that absorb it. Under a LayerNorm those
   reading weights are also centred over d_model (their input is then mean-zero, so that is exact).
   The norms stay with ``w = 1`` (``b = 0``): their output is TransformerLens's LNPre / RMSPre, so
   ``cache.apply_ln_to_stack`` and direct logit attribution read the model exactly.
 - ``center_writing_weights`` (LayerNorm only): everything that writes to the residual stream
-  (``W_E``, ``W_pos``, ``W_O``, ``b_O``, ``W_out``, ``b_out``, experts' ``W_out``) loses its mean over
-  d_model; every reader is a LayerNorm, which subtracts that mean anyway.
+  (``W_E``, ``W_pos``, ``W_O``, ``b_O``, ``W_out``, ``b_out``, experts' and the shared expert's ``W_out`` and
+  ``b_out``) loses its mean over d_model; every reader is a LayerNorm, which subtracts that mean anyway.
 - ``center_unembed``: ``W_U`` (and ``b_U``) lose their mean over the vocabulary: each position's logits
   move by one constant, which softmax ignores.
 - ``fold_value_biases``: ``b_O += sum_h b_V[h] @ W_O[h]`` and ``b_V = 0`` (attention rows sum to one,
-  so the value bias always reaches the output as that constant).
+  so the value bias always reaches the output as that constant). Latent attention has no value bias
+  (nothing to fold); with attention sinks rows sum to less than one, so a nonzero value bias is refused.
+
+What cannot be done right is refused (``ConfigError``) before anything changes: ``fold_ln`` into
+multi-head latent attention (``kv_lora_rank``) is not implemented; a nonzero LayerNorm bias ``ln2.b``
+cannot be folded into a mixture of experts; ``fold_value_biases`` under ``attn_sinks``.
 
 The steps run in that order, each recorded in ``cfg.weight_processing``; a step already recorded
 is skipped (applying it twice is harmless). Everything that can refuse is checked before any
@@ -35,6 +42,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from torch import Tensor, nn
 
+from workbench.components.moe import MixtureOfExperts
 from workbench.config import WEIGHT_PROCESSING_STEPS
 from workbench.errors import ConfigError
 
@@ -53,12 +61,13 @@ def process_weights(model: "Decoder", fold_ln: bool = True, center_writing_weigh
         fold_ln: fold each pre-norm norm's gain (and LayerNorm bias) into the weights reading it.
             A post-norm model is refused (its norms sit after the residual sums). Biases the fold
             needs and the model lacks are created (``attn_bias``/``mlp_bias``/``unembed_bias`` set);
-            a mixture of experts cannot take a nonzero ``ln2`` bias (no router/expert biases) and is
-            refused; tied embeddings are untied (``W_U`` changes, ``W_E`` must not).
+            a mixture of experts cannot take a nonzero ``ln2`` bias and is refused, as is multi-head
+            latent attention (``kv_lora_rank``); tied embeddings are untied (``W_U`` changes, ``W_E`` must not).
         center_writing_weights: centre what writes to the residual stream over d_model
             (pre-norm LayerNorm models only, as TransformerLens; otherwise refused).
         center_unembed: centre ``W_U`` and ``b_U`` over the vocabulary (logits shift per position).
-        fold_value_biases: fold ``b_V`` into ``b_O``; ``b_V`` becomes zero.
+        fold_value_biases: fold ``b_V`` into ``b_O``; ``b_V`` becomes zero. Refused under ``attn_sinks``
+            when a value bias is (or, after ``fold_ln``, would be) nonzero.
 
     Raises:
         ConfigError: a requested step cannot be applied to this model (the message says why);
@@ -120,13 +129,24 @@ def _check(model: "Decoder", todo: list[str]) -> None:
             raise ConfigError(
                 "fold_ln: this model norms each sublayer's output (norm_placement='sublayer_output', OLMo 2), "
                 "x + ln(f(x)); no norm sits in front of a linear layer, so there is nothing to fold")
+        if cfg.is_latent_attention:
+            raise ConfigError(
+                f"fold_ln: this model uses multi-head latent attention (kv_lora_rank={cfg.kv_lora_rank}); folding "
+                f"ln1 into its query and latent projections (W_QA or W_Q, and W_KVA, whose latent then passes "
+                f"through its own RMSNorm kv_a_norm) is not implemented; pass fold_ln=False")
         if cfg.normalization == "LN" and cfg.is_moe:
             layers = _layers_with_nonzero_bias(model, "ln2")
-            if layers:
+            if layers and not (cfg.router_bias or cfg.expert_bias):
                 raise ConfigError(
                     f"fold_ln: a mixture of experts has no router or expert biases, so the LayerNorm bias "
                     f"ln2.b (nonzero in layer(s) {layers}) cannot be folded into W_router / the experts' "
                     f"W_in and W_gate; this model cannot be processed with fold_ln=True")
+            if layers:
+                raise ConfigError(
+                    f"fold_ln: the LayerNorm bias ln2.b (nonzero in layer(s) {layers}) would have to be folded into "
+                    f"the mixture of experts' router and expert biases (router_bias={cfg.router_bias}, "
+                    f"expert_bias={cfg.expert_bias}) and its shared expert, which is not implemented; this model "
+                    f"cannot be processed with fold_ln=True")
         if cfg.normalization == "LN" and "fold_value_biases" in cfg.weight_processing:
             layers = _layers_with_nonzero_bias(model, "ln1")
             if layers:
@@ -151,6 +171,17 @@ def _check(model: "Decoder", todo: list[str]) -> None:
                 f"center_writing_weights: with norm_placement={cfg.norm_placement!r} the sublayer outputs pass "
                 f"through a norm of their own before the residual stream, so centring W_O / W_out would change "
                 f"that norm's input; pass center_writing_weights=False")
+    if "fold_value_biases" in todo and cfg.attn_sinks:
+        layers = [i for i, block in enumerate(model.blocks)
+                  if getattr(block.attn, "_b_V_lin", None) is not None and bool(block.attn._b_V_lin.detach().any())]
+        if "fold_ln" in todo and cfg.normalization == "LN":  # fold_ln would move ln1.b into b_V first
+            layers = sorted(set(layers) | set(_layers_with_nonzero_bias(model, "ln1")))
+        if layers:
+            raise ConfigError(
+                f"fold_value_biases: this model has attention sinks (attn_sinks=True), so a query's weights over "
+                f"the real keys sum to 1 minus its sink weight, not to one: the value bias b_V (nonzero in "
+                f"layer(s) {layers}) reaches the output scaled per query and cannot be folded into b_O; pass "
+                f"fold_value_biases=False")
     if "center_unembed" in todo and cfg.output_logits_soft_cap is not None:
         raise ConfigError(
             f"center_unembed: this model soft-caps its logits (output_logits_soft_cap="
@@ -221,7 +252,7 @@ def _add_missing_biases(model: "Decoder") -> None:
             attn._b_V_lin = _new_zeros(attn._W_V_lin.shape[0], like)
             attn.b_O = _new_zeros(cfg.d_model, like)
         changes["attn_bias"] = True
-    dense = [block for block in model.blocks if block.has_mlp and not cfg.is_moe]
+    dense = [block for block in model.blocks if block.has_mlp and not isinstance(block.mlp, MixtureOfExperts)]
     if not cfg.mlp_bias and dense and any(_nonzero_bias(block.ln2) for block in dense):
         for block in dense:
             mlp, like = block.mlp, block.mlp._W_in_lin
@@ -250,10 +281,16 @@ def _fold_ln(model: "Decoder") -> None:
         if not block.has_mlp:
             continue
         mlp = block.mlp
-        if model.cfg.is_moe:  # [E, D] router, [E, M, D] experts: no biases (checked: ln2.b is zero)
+        if isinstance(mlp, MixtureOfExperts):  # per block: a model may mix dense and expert layers
+            # [E, D] router, [E, M, D] experts, the shared expert [M', D] and its gate [1, D]; the LayerNorm
+            # bias is zero (checked), so no bias changes; router and expert biases add after the maps.
             readers = [(mlp._W_router_lin, None), (mlp._W_in_lin, None)]
             if mlp._W_gate_lin is not None:
                 readers.append((mlp._W_gate_lin, None))
+            if mlp.shared is not None:
+                readers += [(mlp.shared._W_in_lin, None), (mlp.shared._W_gate_lin, None)]
+            if mlp._W_shared_gate_lin is not None:
+                readers.append((mlp._W_shared_gate_lin, None))
         else:
             readers = [(mlp._W_in_lin, mlp.b_in)]
             if model.cfg.gated_mlp:
@@ -281,7 +318,12 @@ def _center_writing_weights(model: "Decoder") -> None:
         mlp = block.mlp
         _center(mlp._W_out_lin, -2)  # dense [D, M]; experts [E, D, M]
         if getattr(mlp, "b_out", None) is not None:
-            _center(mlp.b_out, 0)
+            _center(mlp.b_out, -1)  # dense [D]; experts [E, D]
+        shared = getattr(mlp, "shared", None)  # a mixture's shared expert writes to the stream too
+        if shared is not None:
+            _center(shared._W_out_lin, -2)
+            if shared.b_out is not None:
+                _center(shared.b_out, -1)
 
 
 def _center_unembed(model: "Decoder") -> None:
@@ -294,7 +336,7 @@ def _center_unembed(model: "Decoder") -> None:
 def _fold_value_biases(model: "Decoder") -> None:
     for block in model.blocks:
         attn = block.attn
-        if attn._b_V_lin is None:  # no attention biases: nothing to fold
+        if getattr(attn, "_b_V_lin", None) is None:  # no value bias (or latent attention): nothing to fold
             continue
         b_V_HK = attn.b_V.float()  # per query head (a GQA value head repeated over its group)
         folded_D = torch.einsum("hk,hkd->d", b_V_HK, attn.W_O.float())

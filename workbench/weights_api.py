@@ -7,6 +7,12 @@ stacked [L, H, D, K], ``model.W_in`` every ``blocks[l].mlp.W_in`` [L, D, M], and
 TransformerLens's shapes and meaning; ``QK`` and ``OV`` are ``transformer_lens.FactoredMatrix``.
 Where a model has no such bias (a Llama has no ``b_Q``), the stacked bias is zeros, as in a
 TransformerLens model, so its recipes run unchanged.
+
+Multi-head latent attention (``kv_lora_rank``, DeepSeek-V2/V3) has no per-head linear ``W_K``/``W_V``:
+each head's keys and values are ``W_KVB`` applied to the RMS-normed latent, so ``W_Q``, ``W_K``,
+``W_V``, their biases, ``QK`` and ``OV`` raise ``InputError`` pointing to ``hook_k``/``hook_v``; ``W_O``
+([L, H, d_head_v, D]) and ``b_O`` work. Stacks over layers whose shapes differ (a dense first layer among
+expert layers) raise ``InputError`` naming the layers, rather than torch's stacking error.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens import FactoredMatrix
 
+from workbench.components.moe import MixtureOfExperts
 from workbench.errors import InputError
 from workbench.processing import process_weights
 
@@ -63,34 +70,65 @@ class WeightMethods:
                     raise InputError(f"this model has no {module}.{name}")
                 value = torch.zeros(zeros_shape, dtype=self.cfg.dtype, device=self.cfg.device)
             found.append(value)
+        shapes = [tuple(value.shape) for value in found]
+        if len(set(shapes)) > 1:
+            by_shape = {shape: [i for i, s in enumerate(shapes) if s == shape] for shape in dict.fromkeys(shapes)}
+            raise InputError(
+                f"model.{name}: the layers' {module}.{name} differ in shape ("
+                + "; ".join(f"layer(s) {layers}: {list(shape)}" for shape, layers in by_shape.items())
+                + f"), so they cannot be stacked (e.g. dense layers among mixture-of-experts ones, "
+                f"moe_layers={self.cfg.moe_layers}); read blocks[l].{module}.{name} per layer")
         return torch.stack(found)
+
+    def _no_latent_attention(self, name: str) -> None:
+        """Refuses ``name`` (a per-head Q/K/V weight, bias or circuit) on a latent-attention model."""
+        if self.cfg.is_latent_attention:
+            raise InputError(
+                f"model.{name}: this model uses multi-head latent attention (kv_lora_rank={self.cfg.kv_lora_rank}), "
+                f"which has no per-head linear W_K/W_V: each head's keys and values are W_KVB applied to the "
+                f"RMS-normed latent kv_a_norm(W_KVA x), and its queries' last rotary_dim dimensions meet a RoPE'd "
+                f"key shared by every head, so no [n_heads, d_model, d_head] matrices (nor W_Q W_K^T / W_V W_O "
+                f"circuits) describe them; read the keys and values from blocks.{{l}}.attn.hook_k / hook_v "
+                f"(or the latent from hook_kv_latent) with run_with_cache; W_O [n_layers, n_heads, d_head_v, "
+                f"d_model] is available")
 
     @property
     def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        self._no_latent_attention("W_Q")
         return self._stack("attn", "W_Q")
 
     @property
     def W_K(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        self._no_latent_attention("W_K")
         return self._stack("attn", "W_K")
 
     @property
     def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        self._no_latent_attention("W_V")
         return self._stack("attn", "W_V")
 
     @property
-    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
+    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head_v d_model"]:
+        """Every layer's output projection (d_head_v is d_head except under latent attention).
+
+        Example:
+            >>> model.W_O.shape   # [n_layers, n_heads, d_head_v, d_model]   # doctest: +SKIP
+        """
         return self._stack("attn", "W_O")
 
     @property
     def b_Q(self) -> Float[Tensor, "n_layers n_heads d_head"]:
+        self._no_latent_attention("b_Q")
         return self._stack("attn", "b_Q", (self.cfg.n_heads, self.cfg.d_head))
 
     @property
     def b_K(self) -> Float[Tensor, "n_layers n_heads d_head"]:
+        self._no_latent_attention("b_K")
         return self._stack("attn", "b_K", (self.cfg.n_heads, self.cfg.d_head))
 
     @property
     def b_V(self) -> Float[Tensor, "n_layers n_heads d_head"]:
+        self._no_latent_attention("b_V")
         return self._stack("attn", "b_V", (self.cfg.n_heads, self.cfg.d_head))
 
     @property
@@ -126,6 +164,7 @@ class WeightMethods:
         Example:
             >>> model.QK[1, 4].eigenvalues   # doctest: +SKIP
         """
+        self._no_latent_attention("QK")
         return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
 
     @property
@@ -135,6 +174,7 @@ class WeightMethods:
         Example:
             >>> (model.W_E @ model.OV[0, 2] @ model.W_U).eigenvalues   # copying score of L0H2   # doctest: +SKIP
         """
+        self._no_latent_attention("OV")
         return FactoredMatrix(self.W_V, self.W_O)
 
     # ---- biases and switches ---------------------------------------------------------------------
@@ -151,11 +191,13 @@ class WeightMethods:
             raise InputError(f"layer must be in 0..{self.cfg.n_layers}{' - 1 with mlp_input' if mlp_input else ''}, "
                              f"got {layer}")
         total = torch.zeros(self.cfg.d_model, dtype=self.cfg.dtype, device=self.cfg.device)
-        for block in self.blocks[:layer]:
+        for index, block in enumerate(self.blocks[:layer]):
             if block.attn.b_O is not None:
                 total = total + block.attn.b_O
-            if include_mlp_biases and block.has_mlp and getattr(block.mlp, "b_out", None) is not None:
-                total = total + block.mlp.b_out
+            if include_mlp_biases and block.has_mlp:
+                b_out = _constant_mlp_output_bias(block.mlp, index)
+                if b_out is not None:
+                    total = total + b_out
         if mlp_input and self.blocks[layer].attn.b_O is not None:
             total = total + self.blocks[layer].attn.b_O
         return total
@@ -196,3 +238,22 @@ class WeightMethods:
         self.cfg = self.cfg.replace(use_split_qkv_input=bool(use_split_qkv_input))  # validates (pre-norm)
         for block in self.blocks:
             block.use_split_qkv_input = self.cfg.use_split_qkv_input
+
+
+def _constant_mlp_output_bias(mlp, layer: int) -> Optional[Tensor]:
+    """The bias an MLP adds to every position alike (``b_out``; a mixture's ungated shared expert's), or None.
+
+    A mixture's expert biases reach the stream weighted by the router, and a gated shared expert's
+    scaled per token, so neither is a constant: refused.
+    """
+    if not isinstance(mlp, MixtureOfExperts):
+        return getattr(mlp, "b_out", None)
+    if mlp.b_out is not None:
+        raise InputError(f"accumulated_bias: layer {layer}'s experts have output biases (expert_bias=True), which "
+                         f"reach the residual stream weighted by each token's router weights, not as one constant; "
+                         f"pass include_mlp_biases=False")
+    shared_b_out = None if mlp.shared is None else mlp.shared.b_out
+    if shared_b_out is not None and mlp._W_shared_gate_lin is not None:
+        raise InputError(f"accumulated_bias: layer {layer}'s shared expert has an output bias scaled per token by "
+                         f"its gate (shared_expert_gate=True), not one constant; pass include_mlp_biases=False")
+    return shared_b_out

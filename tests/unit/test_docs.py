@@ -104,7 +104,9 @@ def test_reference_models_cover_every_kind_of_block(reference_models):
     assert any(c.positional == "rotary" and c.normalization == "RMS" and c.gated_mlp and not c.is_moe for c in cfgs)
     assert any(c.is_moe for c in cfgs)
     assert any(c.attn_only for c in cfgs)
-    assert all(c.n_key_value_heads < c.n_heads for c in cfgs)  # GQA, so K/V heads are told apart
+    assert any(c.is_latent_attention for c in cfgs) and any(c.attn_sinks for c in cfgs)
+    # GQA, so K/V heads are told apart; latent attention expands keys and values for every query head
+    assert all(c.n_key_value_heads < c.n_heads for c in cfgs if not c.is_latent_attention)
 
 
 def test_hook_table_imports_only_the_library():
@@ -134,13 +136,24 @@ def test_hook_table_imports_only_the_library():
     ("blocks.{l}.mlp.hook_expert_weights", ["batch", "pos", "experts_per_token"]),
     ("blocks.{l}.mlp.hook_expert_indices", ["batch", "pos", "experts_per_token"]),
     ("ln_final.hook_scale", ["batch", "pos", "1"]),
+    ("blocks.{l}.attn.hook_q_latent", ["batch", "pos", "q_lora_rank"]),
+    ("blocks.{l}.attn.hook_kv_latent", ["batch", "pos", "kv_lora_rank"]),
+    ("blocks.{l}.attn.hook_k_rope", ["batch", "pos", "rotary_dim"]),
+    ("blocks.{l}.attn.hook_sink_weight", ["batch", "n_heads", "pos"]),
+    ("blocks.{l}.mlp.hook_shared_out", ["batch", "pos", "d_model"]),
+    ("blocks.{l}.mlp.shared.hook_post", ["batch", "pos", "d_shared_expert"]),
 ])
 def test_hook_shapes_match_hand_knowledge(committed_rows, name, shape):
     assert committed_rows[name][0] == shape
 
 
 @pytest.mark.parametrize("name, models", [
-    ("blocks.{l}.attn.hook_z", "all"),
+    ("blocks.{l}.attn.hook_pattern", "all"),
+    ("blocks.{l}.attn.hook_z", "standard attention (not latent)"),
+    ("blocks.{l}.attn.hook_kv_latent", "latent attention (kv_lora_rank)"),
+    ("blocks.{l}.attn.hook_q_latent", "latent attention with q_lora_rank"),
+    ("blocks.{l}.attn.hook_sink_weight", "attn_sinks"),
+    ("blocks.{l}.mlp.hook_shared_out", "MoE with a shared expert (d_shared_expert)"),
     ("hook_pos_embed", "learned or sinusoidal positions"),
     ("blocks.{l}.attn.hook_rot_q", "rotary"),
     ("blocks.{l}.mlp.hook_router_logits", "MoE"),
