@@ -57,7 +57,7 @@ def _card(loaded: state.LoadedModel, description: str = "") -> None:
     cols[4].metric("Attention kernel", cfg.attn_impl)
     cols[5].metric("Context", f"{cfg.n_ctx:,}")
     kind = "attention-only" if cfg.attn_only else (
-        f"mixture of experts (top-{cfg.experts_per_token} of {cfg.num_experts} in layers {cfg.moe_layers})"
+        f"mixture of experts, top-{cfg.experts_per_token} of {cfg.num_experts} in layers {cfg.moe_layers}"
         if cfg.is_moe else "dense MLP")
     st.caption(f"{cfg.n_layers} layers of d_model={cfg.d_model}, {kind}, {cfg.positional} positions, "
                f"{cfg.normalization} norm, vocabulary of {cfg.d_vocab:,}.")

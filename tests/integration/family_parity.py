@@ -125,6 +125,24 @@ def _rescale_patterns(pattern: torch.Tensor, hook) -> torch.Tensor:
     return pattern
 
 
+def saved_on_demand(cases: dict[str, Case]):
+    """A module-scoped ``saved`` fixture: ``saved(name)`` builds and saves that case once, for a family
+    module's own tests beyond the shared ones."""
+
+    @pytest.fixture(scope="module")
+    def saved(tmp_path_factory):
+        built = {}
+
+        def get(name: str) -> Saved:
+            if name not in built:
+                built[name] = save_case(name, cases[name], tmp_path_factory.mktemp(f"extra_{name}"))
+            return built[name]
+
+        return get
+
+    return saved
+
+
 def family_parity_tests(cases: dict[str, Case]) -> dict[str, Any]:
     """The module-scoped fixture and the tests, for a family module's ``globals().update(...)``."""
 

@@ -26,7 +26,7 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, Olmo2Config, OlmoCo
 import workbench as wb
 import workbench.loading.hf as hf_loading
 from tests.integration.family_parity import (TOLERANCE, Case, build_and_save, family_parity_tests, max_diff,
-                                             save_case)
+                                             saved_on_demand)
 from workbench.generation import generate_tokens
 from workbench.loading.hf_common import HFConfig
 from workbench.loading.hf_llama import model_config
@@ -116,17 +116,7 @@ CASES = {
 globals().update(family_parity_tests(CASES))
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """Cases built and saved on demand by the tests below (once each)."""
-    built = {}
-
-    def get(name: str):
-        if name not in built:
-            built[name] = save_case(name, CASES[name], tmp_path_factory.mktemp(f"extra_{name}"))
-        return built[name]
-
-    return get
+saved = saved_on_demand(CASES)
 
 
 def _copy(source: Path, target: Path, edit=None) -> Path:

@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig
 
 import workbench as wb
-from tests.integration.family_parity import TOLERANCE, Case, family_parity_tests, max_diff, save_case
+from tests.integration.family_parity import TOLERANCE, Case, family_parity_tests, max_diff, saved_on_demand
 from workbench.errors import ConfigError
 
 TINY = dict(vocab_size=101, hidden_size=48, num_attention_heads=4, num_hidden_layers=3, intermediate_size=80,
@@ -123,16 +123,7 @@ def test_the_prompt_exercises_the_routers(family):
     assert chosen == set(range(logits.shape[-1])), family.name
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    built = {}
-
-    def get(name: str):
-        if name not in built:
-            built[name] = save_case(name, CASES[name], tmp_path_factory.mktemp(f"extra_{name}"))
-        return built[name]
-
-    return get
+saved = saved_on_demand(CASES)
 
 
 def _fuse_experts(directory: Path) -> None:
