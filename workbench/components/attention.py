@@ -37,7 +37,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from workbench.components.attention_kernels import FAST_KERNELS, MaskSpec, eager_attention
+from workbench.components.attention_kernels import FAST_KERNELS, MaskSpec, eager_attention, identity_hook
 from workbench.components.norm import make_norm
 from workbench.components.rotary import Rotary, alibi_slopes
 from workbench.config import ModelConfig
@@ -80,7 +80,7 @@ class AttentionBase(nn.Module):
         fast_kernel = FAST_KERNELS.get(self.attn_impl)  # None for "eager"
         if fast_kernel is None or self.pattern_is_hooked():
             return eager_attention(q_BHPK, k_BGSK, v_BGSJ, mask, self.hook_attn_scores, self.hook_pattern,
-                                   getattr(self, "hook_sink_weight", _no_hook))
+                                   getattr(self, "hook_sink_weight", identity_hook))
         return fast_kernel(q_BHPK, k_BGSK, v_BGSJ, mask)
 
     def project_out(self, z_BPHJ: Float[Tensor, "batch pos n_heads d_head_v"]) -> Float[Tensor, "batch pos d_model"]:
@@ -231,10 +231,6 @@ def _project(x: Tensor, W_lin: Tensor, b_lin: Optional[Tensor], n: int, K: int) 
 
 
 PATTERN_HOOKS = ("hook_attn_scores", "hook_pattern", "hook_sink_weight")
-
-
-def _no_hook(t: Tensor) -> Tensor:
-    return t
 
 
 def _is_hooked(hook_point: HookPoint) -> bool:

@@ -91,7 +91,8 @@ def _group_queries(q_BHPK: Tensor, n_kv: int) -> Tensor:
     return q_BHPK.reshape(B, n_kv, (H // n_kv) * P, K)
 
 
-def _identity(t: Tensor) -> Tensor:
+def identity_hook(t: Tensor) -> Tensor:
+    """A hook that leaves its tensor as it is (the default where no HookPoint is passed)."""
     return t
 
 
@@ -100,9 +101,9 @@ def eager_attention(
     k_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
     v_BGSJ: Float[Tensor, "batch n_key_value_heads key_pos d_head_v"],
     mask: MaskSpec,
-    hook_scores: Hook = _identity,
-    hook_pattern: Hook = _identity,
-    hook_sink_weight: Hook = _identity,
+    hook_scores: Hook = identity_hook,
+    hook_pattern: Hook = identity_hook,
+    hook_sink_weight: Hook = identity_hook,
 ) -> Float[Tensor, "batch pos n_heads d_head_v"]:
     """Materialises scores and pattern so hooks can read and edit them. With sinks the pattern holds the
     real keys' weights (rows sum to less than one) and ``hook_sink_weight`` [B, H, P] the sinks' share."""
@@ -126,15 +127,15 @@ def eager_attention(
 def sdpa_attention(
     q_BHPK: Float[Tensor, "batch n_heads pos d_head"],
     k_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
-    v_BGSK: Float[Tensor, "batch n_key_value_heads key_pos d_head"],
+    v_BGSJ: Float[Tensor, "batch n_key_value_heads key_pos d_head_v"],
     mask: MaskSpec,
-) -> Float[Tensor, "batch pos n_heads d_head"]:
+) -> Float[Tensor, "batch pos n_heads d_head_v"]:
     """`torch.nn.functional.scaled_dot_product_attention`, GQA handled by torch (enable_gqa).
 
     SDPA has no soft-capping, so a capped layer runs the eager computation (without hooks). Sinks
     become one more key whose vector and value are zero (score 0) with the sink logit as its bias."""
     if mask.soft_cap is not None:
-        return eager_attention(q_BHPK, k_BGSK, v_BGSK, mask)
+        return eager_attention(q_BHPK, k_BGSK, v_BGSJ, mask)
     B, H, P, S = *q_BHPK.shape[:3], k_BGSK.shape[2]
     if mask.is_plain_causal and P == S:
         attn_mask, is_causal = None, True
@@ -145,9 +146,9 @@ def sdpa_attention(
     if mask.sinks_H is not None:
         sinks_BHP1 = mask.sinks_H.to(q_BHPK.dtype)[None, :, None, None].expand(B, H, P, 1)
         attn_mask = torch.cat([attn_mask.expand(B, H, P, S), sinks_BHP1], dim=-1)
-        k_BGSK, v_BGSK = (torch.cat([t, t.new_zeros(*t.shape[:2], 1, t.shape[-1])], dim=2) for t in (k_BGSK, v_BGSK))
+        k_BGSK, v_BGSJ = (torch.cat([t, t.new_zeros(*t.shape[:2], 1, t.shape[-1])], dim=2) for t in (k_BGSK, v_BGSJ))
     z = F.scaled_dot_product_attention(
-        q_BHPK, k_BGSK, v_BGSK, attn_mask=attn_mask, is_causal=is_causal, scale=mask.scale,
+        q_BHPK, k_BGSK, v_BGSJ, attn_mask=attn_mask, is_causal=is_causal, scale=mask.scale,
         enable_gqa=k_BGSK.shape[1] != q_BHPK.shape[1],
     )
     return z.transpose(1, 2)

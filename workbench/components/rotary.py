@@ -102,17 +102,24 @@ def _llama3(inv_freq: Tensor, spec: dict[str, Any]) -> Tensor:
     return torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
 
 
+def yarn_mscale(scale: float, m: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context grown ``scale``-fold (1 when it has not grown).
+
+    Example:
+        >>> round(yarn_mscale(4.0, 1.0), 4)
+        1.1386
+    """
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
 def _yarn(inv_freq: Tensor, base: float, dim: int, spec: dict[str, Any], n_ctx: int) -> tuple[Tensor, float]:
     original = spec["original_max_position_embeddings"]
     factor = spec.get("factor") or n_ctx / original
 
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
     attention_factor = spec.get("attention_factor")
     if attention_factor is None:
         m, m_all = spec.get("mscale"), spec.get("mscale_all_dim")
-        attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+        attention_factor = yarn_mscale(factor, m) / yarn_mscale(factor, m_all) if m and m_all else yarn_mscale(factor)
 
     def correction_dim(rotations: float) -> float:
         return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))

@@ -38,10 +38,11 @@ from typing import Any, Optional
 
 from torch import Tensor
 
+from workbench.components.rotary import yarn_mscale
 from workbench.config import ModelConfig
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig, per_layer_config
-from workbench.loading.hf_experts import MoEKind, dense_gated_mlp, moe_layer_fields, read_experts
+from workbench.loading.hf_common import HFConfig
+from workbench.loading.hf_experts import MoEKind, dense_gated_mlp, moe_layer_fields, read_experts, with_moe_layers
 
 ARCHITECTURES = {
     "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepSeek-V2, V2-Lite (latent attention, group-limited softmax routing)"),
@@ -125,6 +126,7 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
         >>> cfg.d_head, cfg.rotary_dim, cfg.d_head_v, cfg.moe_layers
         (12, 4, 12, [1])
     """
+    # A null field takes transformers' default, except q_lora_rank, whose null means "no query bottleneck".
     hf = HFConfig({**DEFAULTS[architecture], **{k: v for k, v in hf.data.items() if v is not None or k == "q_lora_rank"}},
                   hf.source)
     d_model, n_heads = int(hf.require("hidden_size")), int(hf.require("num_attention_heads"))
@@ -136,9 +138,7 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
     nope, rope = int(hf.require("qk_nope_head_dim")), int(hf.require("qk_rope_head_dim"))
     rotary = hf.rotary(rope)
     kind = MOE[architecture]
-    mlp_layers = moe_layer_fields(hf, kind, n_layers)
-    layers = per_layer_config([{**rotary, **mlp} for mlp in mlp_layers],
-                              base=next((l for l, f in enumerate(mlp_layers) if f["num_experts"]), 0))
+    layers = with_moe_layers(rotary, moe_layer_fields(hf, kind, n_layers))
     pairs_field = ADJACENT_PAIRS_FIELD[architecture]
     q_lora_rank = hf.get("q_lora_rank")
     return hf.model_config(
@@ -161,9 +161,7 @@ def _mscale_squared(scaling: Optional[dict[str, Any]]) -> float:
     """DeepSeek's softmax-scale correction: mscale(factor, mscale_all_dim)^2 with a scaled RoPE, else 1."""
     if not scaling or not scaling.get("mscale_all_dim"):
         return 1.0
-    factor = scaling["factor"]
-    mscale = 1.0 if factor <= 1 else 0.1 * scaling["mscale_all_dim"] * math.log(factor) + 1.0
-    return mscale * mscale
+    return yarn_mscale(scaling["factor"], scaling["mscale_all_dim"]) ** 2
 
 
 def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture: str) -> dict[str, Tensor]:

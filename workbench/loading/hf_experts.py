@@ -26,7 +26,7 @@ from torch import Tensor
 
 from workbench.config import ModelConfig
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig
+from workbench.loading.hf_common import HFConfig, per_layer_config, per_layer_values
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,20 @@ def moe_layer_fields(hf: HFConfig, kind: MoEKind, n_layers: int) -> list[dict[st
     sparse = SPARSE_LAYER_RULES[kind.sparse_layers](hf, n_layers) if E else [False] * n_layers
     return [{"num_experts": E, "experts_per_token": k, "d_mlp": width} if is_sparse
             else {"num_experts": 0, "experts_per_token": 0, "d_mlp": dense_width} for is_sparse in sparse]
+
+
+def with_moe_layers(fields: dict[str, Any], mlp_layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-layer ``fields`` (as ``per_layer_config`` gives them, e.g. attention's) joined with each layer's
+    MLP fields, the model-level values taken from the first MoE layer (so ``cfg.num_experts`` counts
+    experts even where the first layers are dense).
+
+    Example:
+        >>> with_moe_layers({"sliding_window": None}, [{"num_experts": 0, "experts_per_token": 0, "d_mlp": 32},
+        ...                                            {"num_experts": 4, "experts_per_token": 2, "d_mlp": 8}])["num_experts"]
+        4
+    """
+    layers = [{**own, **mlp} for own, mlp in zip(per_layer_values(fields, len(mlp_layers)), mlp_layers)]
+    return per_layer_config(layers, base=next((l for l, mlp in enumerate(mlp_layers) if mlp["num_experts"]), 0))
 
 
 def read_experts(ckpt: SafetensorsCheckpoint, kind: MoEKind, cfg: ModelConfig, layer: int) -> dict[str, Tensor]:

@@ -1,5 +1,5 @@
 """The Llama family in HF format: Llama 1-3 (RoPE scalings), Mistral, Mixtral, Qwen2/2.5, Qwen3,
-SmolLM3, OLMo and OLMo 2.
+Qwen2-MoE, Qwen3-MoE, gpt-oss, SmolLM3, OLMo and OLMo 2.
 
 Legend: E num_experts, H n_heads, G n_key_value_heads, K d_head, M d_mlp, D d_model, V d_vocab.
 
@@ -9,6 +9,10 @@ values, which ``Variant`` records (read off transformers 5.23's ``modeling_*.py`
     Llama     attention_bias (q, k, v and o) and mlp_bias switches; RoPE scaling linear/dynamic/llama3/yarn
     Mistral   one sliding window on every layer (when ``sliding_window`` is set)
     Mixtral   Mistral with a mixture of experts
+    Qwen2-MoE Qwen2's attention (qkv_bias); experts with a sigmoid-gated shared expert, dense mlp_only_layers
+    Qwen3-MoE Qwen3's attention; experts on the layers decoder_sparse_step picks
+    gpt-oss   biased attention with a sink per head, alternating windows (layer_types), YaRN; biased
+              router (top-k then softmax) and clamped-SwiGLU experts with biases
     Qwen2     q, k, v always biased (o never); sliding windows on the layers ``layer_types`` names
               (older configs: from ``max_window_layers`` on, when ``use_sliding_window``)
     Qwen3     Qwen2's windows; attention_bias on all four; an RMS QK norm over d_head with one [K]
@@ -52,8 +56,8 @@ from torch import Tensor
 
 from workbench.config import ModelConfig
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig, per_layer_config, per_layer_values
-from workbench.loading.hf_experts import MOE_KINDS, dense_gated_mlp, moe_layer_fields, read_experts
+from workbench.loading.hf_common import HFConfig
+from workbench.loading.hf_experts import MOE_KINDS, dense_gated_mlp, moe_layer_fields, read_experts, with_moe_layers
 
 # The architectures this module loads: {architecture: (model_type, models)}.
 ARCHITECTURES = {
@@ -165,9 +169,7 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
     moe = {}
     if variant.moe:
         kind = MOE_KINDS[variant.moe]
-        mlp_layers = moe_layer_fields(hf, kind, n_layers)
-        layers = per_layer_config([{**attn, **mlp} for attn, mlp in zip(per_layer_values(layers, n_layers), mlp_layers)],
-                                  base=next((l for l, f in enumerate(mlp_layers) if f["num_experts"]), 0))
+        layers = with_moe_layers(layers, moe_layer_fields(hf, kind, n_layers))
         moe = kind.router(hf)
     else:
         layers["d_mlp"] = int(hf.require("intermediate_size"))
