@@ -59,6 +59,21 @@ def attn_impl() -> str:
     return st.session_state.setdefault(IMPL_KEY, "sdpa")
 
 
+def open_linked_model() -> None:
+    """Opens the model a link names (``?model=...&impl=...``) when this session has not chosen one yet.
+
+    Called by every page before anything else, so a copied link reopens its model on any page.
+
+    Example:
+        >>> open_linked_model()   # doctest: +SKIP
+    """
+    if SOURCE_KEY in st.session_state:
+        return
+    source, impl = st.query_params.get("model"), st.query_params.get("impl")
+    if source:
+        choose_model(source, impl if impl in ATTN_IMPLS else None)
+
+
 def choose_model(source: str, impl: Optional[str] = None) -> None:
     """Makes ``source`` (and kernel ``impl``) the open model for every page of this session.
 

@@ -1,9 +1,8 @@
 """Widgets every page shares: the page guards (errors, the open model), the prompt box with its
 checks, layer and head pickers, and the progress bar of long runs.
 
-The prompt is kept in a plain session-state key as well as in its widget, because Streamlit
-forgets a widget's value when the user moves to a page that does not draw it; seeding the
-widget from the plain key makes one prompt follow the user from page to page.
+The prompt box is a linked widget (``app.url_state``): one prompt follows the user from page to
+page and lives in the page's link.
 """
 
 from __future__ import annotations
@@ -17,16 +16,17 @@ import streamlit as st
 import torch
 
 import workbench as wb
-from app import results, state
+from app import results, state, url_state
 from app.runtime import leave_a_core_free
 from app.state import LoadedModel
+from app.url_state import linked
 
 DEFAULT_PROMPT = ("When Mary and John went to the store, John gave a drink to Mary. "
                   "When Mary and John went to the store, John gave a drink to")
 # Patterns cost n_layers * n_heads * P^2 floats and every label is drawn: beyond this the
 # pages would be slow and unreadable, so longer prompts get a message instead.
 MAX_PROMPT_TOKENS = 256
-_PROMPT_KEY, _PROMPT_SAVED = "prompt", "_prompt_saved"
+PROMPT_KEY = "prompt"  # the prompt box's key, and its query parameter in a link
 LOAD_ERRORS = (wb.CheckpointError, wb.ConfigError, wb.InputError, FileNotFoundError, OSError)
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ def page_setup(title: str) -> None:
     """
     leave_a_core_free()
     st.set_page_config(page_title=f"{title} · workbench", layout="wide")
+    state.open_linked_model()
 
 
 def guarded(body: Callable[..., None]) -> Callable[..., None]:
@@ -105,6 +106,8 @@ def open_model() -> Optional[LoadedModel]:
     if not source:
         st.error("No model chosen: pick a registered model or give a path on the Home page.")
         return None
+    url_state.to_link("model", source)
+    url_state.to_link("impl", impl)
     try:
         with st.spinner(f"Loading {source} …"):
             return results.load_model(source, impl)
@@ -135,11 +138,9 @@ def prompt_box(loaded: LoadedModel, label: str = "Prompt", max_tokens: int = MAX
     Example:
         >>> prompt = prompt_box(require_model())   # doctest: +SKIP
     """
-    if _PROMPT_KEY not in st.session_state:
-        st.session_state[_PROMPT_KEY] = st.session_state.get(_PROMPT_SAVED, DEFAULT_PROMPT)
-    text = st.text_area(label, key=_PROMPT_KEY, height=90,
-                        help="Shared by every page. Press Ctrl+Enter (or click outside the box) to apply.")
-    st.session_state[_PROMPT_SAVED] = text
+    text = linked(st.text_area, label, value=DEFAULT_PROMPT, key=PROMPT_KEY, height=90,
+                  help="Shared by every page and kept in the page's link. Press Ctrl+Enter (or click outside "
+                       "the box) to apply.")
     if not text.strip():
         st.warning("The prompt is empty: type some text to analyse.")
         return None
@@ -173,8 +174,8 @@ def layer_picker(loaded: LoadedModel, label: str = "Layer", key: Optional[str] =
     """
     n_layers = loaded.model.cfg.n_layers
     if n_layers == 1:
-        return st.selectbox(label, [0], key=key)
-    return st.slider(label, 0, n_layers - 1, 0, key=key)
+        return linked(st.selectbox, label, options=[0], key=key)
+    return linked(st.slider, label, min_value=0, max_value=n_layers - 1, value=0, key=key)
 
 
 def head_picker(loaded: LoadedModel, label: str, key: str, default: tuple[int, int] = (0, 0)) -> tuple[int, int]:
@@ -185,10 +186,12 @@ def head_picker(loaded: LoadedModel, label: str, key: str, default: tuple[int, i
     """
     cfg = loaded.model.cfg
     left, right = st.columns(2)
-    layer = left.selectbox(f"{label}: layer", range(cfg.n_layers), index=min(default[0], cfg.n_layers - 1),
-                           key=f"{key}_layer")
-    head = right.selectbox(f"{label}: head", range(cfg.n_heads), index=min(default[1], cfg.n_heads - 1),
-                           key=f"{key}_head")
+    with left:
+        layer = linked(st.selectbox, f"{label}: layer", options=range(cfg.n_layers),
+                       index=min(default[0], cfg.n_layers - 1), key=f"{key}_layer")
+    with right:
+        head = linked(st.selectbox, f"{label}: head", options=range(cfg.n_heads),
+                      index=min(default[1], cfg.n_heads - 1), key=f"{key}_head")
     return int(layer), int(head)
 
 

@@ -13,6 +13,7 @@ import torch
 
 from app import downloads, results
 from app.state import LoadedModel
+from app.url_state import linked
 from app.widgets import Prompt, guarded, layer_picker, page_setup, prompt_box, require_model, run_page
 from experiments import attention
 
@@ -30,8 +31,8 @@ def _layer_view(loaded: LoadedModel, prompt: Prompt, patterns_LHPS: torch.Tensor
     fig = attention.layer_patterns_figure(patterns_LHPS[layer], prompt.str_tokens, layer, key_labels=True)
     downloads.figure(fig, f"attention_layer{layer}", key="layer_patterns")
 
-    head = st.selectbox("Look closer at one head of this layer", range(loaded.model.cfg.n_heads),
-                        format_func=lambda h: f"L{layer}H{h}", key="attention_focus_head")
+    head = linked(st.selectbox, "Look closer at one head of this layer", options=range(loaded.model.cfg.n_heads),
+                  format_func=lambda h: f"L{layer}H{h}", key="attention_focus_head")
     focus = attention.pattern_figure(patterns_LHPS[layer, head], prompt.str_tokens, f"L{layer}H{head}")
     downloads.figure(focus, f"attention_L{layer}H{head}", key="focus_pattern", stretch=False)
 
@@ -50,7 +51,8 @@ def _grid(loaded: LoadedModel, prompt: Prompt, patterns_LHPS: torch.Tensor) -> N
     first, last = 0, 0
     if n_layers > 1:
         default = _default_grid_layers(n_layers, n_heads * n_queries * n_keys)
-        first, last = st.slider("Layers in the grid", 0, n_layers - 1, default, key="attention_grid_layers",
+        first, last = linked(st.slider, "Layers in the grid", min_value=0, max_value=n_layers - 1, value=default,
+                             key="attention_grid_layers",
                                 help="Each tile is one head's pattern (queries down, keys across).")
     # light: hover labels on the axes and float32 values, a fraction of the default figure's payload.
     fig = attention.pattern_grid_figure(patterns_LHPS, prompt.str_tokens, layers=range(first, last + 1), light=True)

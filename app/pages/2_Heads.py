@@ -12,6 +12,7 @@ import torch
 
 from app import downloads, results
 from app.state import LoadedModel
+from app.url_state import linked
 from app.widgets import Prompt, guarded, head_picker, page_setup, progress_callback, prompt_box, require_model, run_page
 from experiments import attention, heads
 from experiments.figures import scores_heatmap
@@ -67,8 +68,8 @@ def main() -> None:
     if prompt is None:
         return
     cfg = loaded.model.cfg
-    include_ablation = st.checkbox(
-        "Include the ablation effect (zero-ablates every head in turn)", value=cfg.n_layers * cfg.n_heads <= 64,
+    include_ablation = linked(
+        st.checkbox, "Include the ablation effect (zero-ablates every head in turn)", value=cfg.n_layers * cfg.n_heads <= 64,
         key="heads_include_ablation",
         help=f"{cfg.n_layers * cfg.n_heads} heads; each is ablated once on this prompt (batched).")
     table = results.with_progress(loaded, "Scoring heads", _scores_table, prompt.ids, include_ablation,

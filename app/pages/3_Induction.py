@@ -10,6 +10,7 @@ import streamlit as st
 
 from app import downloads, results
 from app.state import LoadedModel
+from app.url_state import linked
 from app.widgets import page_setup, progress_callback, require_model, run_page
 from experiments import induction
 
@@ -20,10 +21,16 @@ def _settings(loaded: LoadedModel) -> tuple[int, int, int]:
     longest = max(1, min((cfg.n_ctx - 1) // 2, cfg.d_vocab - 1, 512))
     with st.form("induction_settings", border=False):
         cols = st.columns(3)
-        seq_len = cols[0].number_input("Tokens per copy", 1, longest, min(50, longest), key="induction_seq_len",
-                                       help="Each sequence is [BOS] + r + r for r random tokens without repeats.")
-        batch = cols[1].number_input("Sequences", 1, 64, 10, key="induction_batch")
-        seed = cols[2].number_input("Seed", 0, 2**31 - 1, 0, key="induction_seed")
+        with cols[0]:
+            seq_len = linked(st.number_input, "Tokens per copy", min_value=1, max_value=longest,
+                             value=min(50, longest), key="induction_seq_len", in_form=True,
+                             help="Each sequence is [BOS] + r + r for r random tokens without repeats.")
+        with cols[1]:
+            batch = linked(st.number_input, "Sequences", min_value=1, max_value=64, value=10, key="induction_batch",
+                           in_form=True)
+        with cols[2]:
+            seed = linked(st.number_input, "Seed", min_value=0, max_value=2**31 - 1, value=0, key="induction_seed",
+                          in_form=True)
         st.form_submit_button("Run scan", type="primary")
     return int(seq_len), int(batch), int(seed)
 

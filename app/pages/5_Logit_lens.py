@@ -9,6 +9,7 @@ import streamlit as st
 
 from app import downloads, results
 from app.state import LoadedModel
+from app.url_state import linked
 from app.widgets import Prompt, page_setup, prompt_box, require_model, run_page
 from experiments import lens
 
@@ -26,13 +27,16 @@ def _token_id(loaded: LoadedModel, text: str, what: str) -> int:
 def _attribution(loaded: LoadedModel, prompt: Prompt, table: pd.DataFrame) -> None:
     st.subheader("Direct logit attribution")
     n = len(prompt.ids)
-    position = st.selectbox("Position (predicting the token after it)", range(n), index=n - 1,
-                            format_func=lambda p: f"{p}: {prompt.str_tokens[p]!r}", key="lens_position")
+    position = linked(st.selectbox, "Position (predicting the token after it)", options=range(n), index=n - 1,
+                      format_func=lambda p: f"{p}: {prompt.str_tokens[p]!r}", key="lens_position")
     final = table[(table["layer"] == table["layer"].max()) & (table["position"] == position)].sort_values("rank")
     top_tokens = final["token"].tolist()
     left, right = st.columns(2)
-    target_text = left.text_input("Target token (blank: the model's top prediction)", key="lens_target")
-    baseline_text = right.text_input("Baseline token (optional: attribute target minus baseline)", key="lens_baseline")
+    with left:
+        target_text = linked(st.text_input, "Target token (blank: the model's top prediction)", key="lens_target")
+    with right:
+        baseline_text = linked(st.text_input, "Baseline token (optional: attribute target minus baseline)",
+                               key="lens_baseline")
     target = _token_id(loaded, target_text, "target") if target_text else int(final["token_id"].iloc[0])
     baseline = _token_id(loaded, baseline_text, "baseline") if baseline_text else None
     target_name = target_text or top_tokens[0]
@@ -52,7 +56,8 @@ def main() -> None:
     prompt = prompt_box(loaded)
     if prompt is None:
         return
-    top_k = st.slider("Top tokens kept per layer and position", 1, 10, 5, key="lens_top_k")
+    top_k = linked(st.slider, "Top tokens kept per layer and position", min_value=1, max_value=10, value=5,
+                   key="lens_top_k")
     table = results.logit_lens(loaded, prompt.ids, top_k)
     st.caption("Rows: the residual stream entering each layer, read through the final norm and unembedding; "
                "the last row is the model's own prediction. Cells show the top token, coloured by its probability.")

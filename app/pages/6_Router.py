@@ -15,6 +15,7 @@ import streamlit as st
 
 from app import downloads, results
 from app.state import LoadedModel
+from app.url_state import linked
 from app.widgets import Prompt, page_setup, prompt_box, require_model, run_page
 from experiments import router
 
@@ -24,9 +25,11 @@ def _ablation(loaded: LoadedModel, ids: tuple[int, ...]) -> None:
     cfg = loaded.model.cfg
     left, right = st.columns(2)
     # Streamlit resets a select box whose options changed, so another layer's expert count is never out of range.
-    layer = left.selectbox("Layer", cfg.moe_layers, key="router_layer")
+    with left:
+        layer = linked(st.selectbox, "Layer", options=cfg.moe_layers, key="router_layer")
     experts = list(range(cfg.layer_values("num_experts")[int(layer)]))
-    expert = right.selectbox("Expert", experts, key="router_expert")
+    with right:
+        expert = linked(st.selectbox, "Expert", options=experts, key="router_expert")
     effect = results.expert_ablation_effect(loaded, ids, int(layer), int(expert))
     cols = st.columns(3)
     cols[0].metric("Mean loss, clean", f"{effect['clean_loss']:.4f}")

@@ -1,5 +1,5 @@
 """The browser test's fixtures: a real `streamlit run` server on a free loopback port and a
-headless Debian Chromium driven by Playwright. Both are shut down when the module's tests end.
+headless Debian Chromium driven by Playwright. Both are shared by every e2e file and shut down when the session ends.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tests.e2e import dashboard
 SCREENSHOTS = dashboard.REPO / "test-output" / "screenshots"  # gitignored; kept for people to look at
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one server for every e2e file: starting one and loading SmolLM2 costs ~10 s
 def server_url(tmp_path_factory):
     reason = dashboard.browser_unavailable()
     if reason:
@@ -34,7 +34,7 @@ def server_url(tmp_path_factory):
             dashboard.stop_server(server)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser(server_url):
     from playwright.sync_api import sync_playwright
 

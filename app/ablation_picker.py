@@ -1,0 +1,105 @@
+"""The ablation choice shared by the Ablation, Generate and Token view pages: what to knock out,
+how, and the reference text mean and resample ablation read.
+
+Every widget is linked (``app.url_state``): the choice follows the user from page to page and
+lives in the URL, so the Generate page continues with exactly the ablation set on the Ablation page.
+
+Legend: H n_heads, L n_layers.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app.results import Reference, Targets
+from app.state import LoadedModel
+from app.url_state import linked
+from app.widgets import Prompt
+from experiments import ablation
+
+KIND_LABELS = {"head": "Heads", "attn_layer": "Attention layers", "mlp_layer": "MLP layers",
+               "neuron": "MLP neurons", "expert": "Experts"}
+# Mean and resample ablation replace activations by those of other text; these are the default.
+DEFAULT_REFERENCES = "\n".join([
+    "The history of the region goes back thousands of years, and the first written records describe farmers, "
+    "traders and travellers who crossed the river valley on their way to the coast, where markets grew into towns.",
+    "To install the package, open a terminal, create a new virtual environment, activate it and run the install "
+    "command; then import the module in Python and call the main function with the path to your data file.",
+    "She opened the letter slowly, read the first line twice, and then looked out of the window at the rain that "
+    "had been falling since the morning, wondering whether he would ever come back to the little house by the sea.",
+])
+
+
+def choose_targets(loaded: LoadedModel) -> Targets:
+    """What to ablate: one kind at a time (heads, attention or MLP layers, neurons, experts), any number of it.
+
+    Example:
+        >>> targets = choose_targets(require_model())   # doctest: +SKIP
+        >>> targets                                      # doctest: +SKIP
+        (('head', 29, 0),)
+    """
+    cfg = loaded.model.cfg
+    kinds = ["head", "attn_layer"]
+    if not cfg.attn_only:
+        kinds += ["mlp_layer", "expert" if cfg.is_moe else "neuron"]
+    kind = linked(st.radio, "Ablate", options=kinds, format_func=KIND_LABELS.get, horizontal=True, key="ablation_kind")
+    layers = list(range(cfg.n_layers))
+    if kind == "head":
+        options = [(l, h) for l in layers for h in range(cfg.n_heads)]
+        chosen = linked(st.multiselect, "Heads", options=options, default=[options[-cfg.n_heads]],
+                        key="ablation_heads", format_func=lambda lh: f"L{lh[0]}H{lh[1]}")
+        return tuple(("head", l, h) for l, h in chosen)
+    if kind in ("attn_layer", "mlp_layer"):
+        chosen = linked(st.multiselect, "Layers", options=layers, default=[0], key=f"ablation_{kind}s")
+        return tuple((kind, l, None) for l in chosen)
+    if kind == "expert":  # only the layers with experts, each with its own count
+        layer = linked(st.selectbox, "Layer", options=cfg.moe_layers, key="ablation_unit_layer")
+        n_experts = cfg.layer_values("num_experts")[layer]
+        chosen = linked(st.multiselect, "Experts", options=list(range(n_experts)), default=[0], key="ablation_experts")
+        return tuple(("expert", layer, e) for e in chosen if e < n_experts)
+    layer = linked(st.selectbox, "Layer", options=layers, key="ablation_unit_layer")
+    d_mlp = cfg.layer_values("d_mlp")[layer]
+    text = linked(st.text_input, f"Neurons (0..{d_mlp - 1}, comma separated)", value="0, 1, 2", key="ablation_neurons")
+    try:
+        neurons = sorted({int(part) for part in text.replace(" ", "").split(",") if part})
+    except ValueError:
+        st.error(f"Neurons must be whole numbers separated by commas, got “{text}”.")
+        return ()
+    outside = [n for n in neurons if not 0 <= n < d_mlp]
+    if outside:
+        st.error(f"Layer {layer} has neurons 0..{d_mlp - 1}; {outside} are outside that range.")
+        return ()
+    return tuple(("neuron", layer, n) for n in neurons)
+
+
+def choose_method(targets: Targets) -> str:
+    """Zero, mean or resample ablation (experts: zero only, their router weight is dropped).
+
+    Example:
+        >>> method = choose_method(targets)   # doctest: +SKIP
+    """
+    experts = any(kind == "expert" for kind, _, _ in targets)
+    return linked(st.radio, "Method", options=["zero"] if experts else list(ablation.METHODS), horizontal=True,
+                  key="ablation_method", help="Experts support zero ablation (their router weight is dropped).")
+
+
+def reference_rows(loaded: LoadedModel, prompt: Prompt, method: str, length: int | None = None) -> Reference:
+    """Token ids of the reference prompts, each cut to ``length`` tokens (the prompt's length by default;
+    None for zero ablation). Stops the page with a message when no line is long enough.
+
+    Example:
+        >>> reference = reference_rows(loaded, prompt, "mean")   # doctest: +SKIP
+    """
+    if method == "zero":
+        return None
+    text = linked(st.text_area, "Reference text for mean / resample (one prompt per line)", value=DEFAULT_REFERENCES,
+                  key="ablation_reference", height=110,
+                  help="Mean: each activation is replaced by its mean over these prompts at the same position. "
+                       "Resample: by its value on one of them. Lines shorter than the prompt are skipped.")
+    n = length or len(prompt.ids)
+    rows = [tuple(loaded.model.to_tokens(line)[0, :n].tolist()) for line in text.splitlines() if line.strip()]
+    rows = [row for row in rows if len(row) == n]
+    if not rows:
+        st.error(f"Mean and resample ablation need at least one reference line of {n} tokens or more.")
+        st.stop()
+    return tuple(rows)
