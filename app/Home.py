@@ -49,13 +49,15 @@ def _card(loaded: state.LoadedModel, description: str = "") -> None:
     st.subheader(f"Open model: `{state.model_source()}`")
     if description:
         st.markdown(description)
-    cols = st.columns(6)
+    cols = st.columns(7)
     cols[0].metric("Parameters", f"{model.n_params / 1e6:,.1f} M" if model.n_params >= 1e6 else f"{model.n_params:,}")
     cols[1].metric("Layers", cfg.n_layers)
     cols[2].metric("Heads (KV heads)", f"{cfg.n_heads} ({cfg.n_key_value_heads})")
     cols[3].metric("Hook points", len(model.hook_dict))
     cols[4].metric("Attention kernel", cfg.attn_impl)
     cols[5].metric("Context", f"{cfg.n_ctx:,}")
+    # Every page removes its hooks when its call ends; anything above 0 here is a leak (the load test reads it).
+    cols[6].metric("Hooks attached now", sum(model.attached_hooks().values()))
     kind = "attention-only" if cfg.attn_only else (
         f"mixture of experts, top-{cfg.experts_per_token} of {cfg.num_experts} in layers {cfg.moe_layers}"
         if cfg.is_moe else "dense MLP")
@@ -65,7 +67,9 @@ def _card(loaded: state.LoadedModel, description: str = "") -> None:
     with st.expander("Full config", expanded=False):
         st.dataframe(config, hide_index=True)
     st.markdown("Explore it on the pages in the sidebar: **Attention**, **Heads**, **Induction**, **Ablation**, "
-                "**Logit lens** and **Router** (mixture-of-experts models).")
+                "**Logit lens**, **Router** (mixture-of-experts models), **Patching**, **Information flow**, "
+                "**Token view**, **Neurons** and **Generate**. Every page keeps its state in its link: copy the "
+                "address to share the view.")
 
 
 def main() -> None:

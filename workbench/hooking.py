@@ -34,7 +34,8 @@ from workbench.errors import InputError
 
 
 class HookMethods:
-    """``hooks``, ``add_hook``, ``run_with_cache``, ``get_caching_hooks`` and ``layer_of`` for a ``HookedRootModule``."""
+    """``hooks``, ``add_hook``, ``attached_hooks``, ``run_with_cache``, ``get_caching_hooks`` and ``layer_of`` for a
+    ``HookedRootModule``."""
 
     @contextmanager
     def hooks(self, fwd_hooks=[], bwd_hooks=[], reset_hooks_end=True, clear_contexts=False):
@@ -51,6 +52,21 @@ class HookMethods:
         bwd_hooks = self._checked_hook_list(bwd_hooks, "bwd_hooks")
         with super().hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts) as model:
             yield model
+
+    def attached_hooks(self) -> dict[str, int]:
+        """How many hooks are attached now, per hook point (only points with at least one).
+
+        An empty dict after a run means nothing was left behind: the dashboard's Home page shows the
+        total, and tests check it after a hook raises.
+
+        Example:
+            >>> model.attached_hooks()   # doctest: +SKIP
+            {}
+            >>> model.add_hook("blocks.0.hook_resid_pre", lambda x, hook: x); model.attached_hooks()   # doctest: +SKIP
+            {'blocks.0.hook_resid_pre': 1}
+        """
+        counts = {name: len(point.fwd_hooks) + len(point.bwd_hooks) for name, point in self.hook_dict.items()}
+        return {name: n for name, n in counts.items() if n}
 
     def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False) -> None:
         """TransformerLens's ``add_hook`` (the hook stays until ``reset_hooks``), with a string name

@@ -31,10 +31,13 @@ def _layer_view(loaded: LoadedModel, prompt: Prompt, patterns_LHPS: torch.Tensor
     fig = attention.layer_patterns_figure(patterns_LHPS[layer], prompt.str_tokens, layer, key_labels=True)
     downloads.figure(fig, f"attention_layer{layer}", key="layer_patterns")
 
-    head = linked(st.selectbox, "Look closer at one head of this layer", options=range(loaded.model.cfg.n_heads),
-                  format_func=lambda h: f"L{layer}H{h}", key="attention_focus_head")
-    focus = attention.pattern_figure(patterns_LHPS[layer, head], prompt.str_tokens, f"L{layer}H{head}")
-    downloads.figure(focus, f"attention_L{layer}H{head}", key="focus_pattern", stretch=False)
+    # Drawn on request: each plotly figure costs the browser 0.15-0.25 s, and the prompt-change re-render
+    # at 64 tokens has a 1 s budget (BENCHMARKS.md, section 6).
+    head = linked(st.selectbox, "Look closer at one head of this layer", options=[None, *range(loaded.model.cfg.n_heads)],
+                  format_func=lambda h: "choose a head" if h is None else f"L{layer}H{h}", key="attention_focus_head")
+    if head is not None:
+        focus = attention.pattern_figure(patterns_LHPS[layer, head], prompt.str_tokens, f"L{layer}H{head}")
+        downloads.figure(focus, f"attention_L{layer}H{head}", key="focus_pattern", stretch=False)
 
 
 def _default_grid_layers(n_layers: int, cells_per_layer: int) -> tuple[int, int]:

@@ -53,8 +53,11 @@ def test_researcher_session(browser, server_url, screenshot, tmp_path):
     wait_chart(page, "layer_patterns", "Layer 0: every head")
     set_prompt(page, PROMPT)
     assert "fox" in page.locator(".st-key-prompt_tokens").inner_text()
-    for key in ("layer_patterns", "focus_pattern", "pattern_grid"):
+    for key in ("layer_patterns", "pattern_grid"):
         wait_chart(page, key)
+    page.locator(".st-key-attention_focus_head").click()  # one head, drawn larger on request
+    page.get_by_role("option", name="L0H3").click()
+    wait_chart(page, "focus_pattern", "L0H3")
     page.locator(".st-key-attention_layer input[type=range]").focus()
     page.keyboard.press("ArrowRight")
     wait_chart(page, "layer_patterns", "Layer 1: every head")

@@ -223,7 +223,7 @@ def test_shared_vs_routed_norms_equal_hand_norms(families, family_tokens, name):
         assert 0 < rows.shared_fraction.min() and rows.shared_fraction.max() < 1
     fig = shared_vs_routed_figure(df, [f"t{p}" for p in range(family_tokens.shape[1])])
     assert fig.data[0].z.shape == (len(model.cfg.moe_layers), family_tokens.shape[1])
-    assert list(fig.layout.yaxis.ticktext) == [str(l) for l in model.cfg.moe_layers]
+    assert list(fig.data[0].y) == [str(l) for l in model.cfg.moe_layers]
 
 
 @pytest.mark.parametrize("name", ["qwen3_moe", "gpt_oss"])

@@ -139,3 +139,21 @@ def test_start_and_stop_at_layer_compose_to_full_forward():
     torch.testing.assert_close(model(resid, start_at_layer=1), model(tokens))
     torch.testing.assert_close(model(resid, start_at_layer=1, tokens=tokens, return_type="loss"),
                                model(tokens, return_type="loss"))
+
+
+def test_attached_hooks_counts_what_is_on_and_nothing_after_a_raising_hook():
+    model = make_model("mha_learned_ln")
+    tokens = torch.randint(0, model.cfg.d_vocab, (1, 4))
+    assert model.attached_hooks() == {}
+    model.add_hook("blocks.0.hook_resid_pre", lambda x, hook: x)
+    model.add_hook("blocks.0.hook_resid_pre", lambda x, hook: x)
+    model.add_hook("blocks.1.attn.hook_z", lambda x, hook: x, dir="bwd")
+    assert model.attached_hooks() == {"blocks.0.hook_resid_pre": 2, "blocks.1.attn.hook_z": 1}
+    model.reset_hooks()
+
+    def boom(x, hook):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.hook_resid_post", boom)])
+    assert model.attached_hooks() == {}
