@@ -47,15 +47,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(port: int, log: IO, env: Optional[dict] = None) -> subprocess.Popen:
+def start_server(port: int, log: IO, env: Optional[dict] = None, explicit: bool = True) -> subprocess.Popen:
     """`python -m streamlit run app/Home.py` on 127.0.0.1:``port``, output to ``log``.
+
+    ``explicit=False`` names only the port and the file watcher, so the repository's
+    .streamlit/config.toml decides the rest (as in a user's `streamlit run app/Home.py`).
 
     Example:
         >>> server = start_server(free_port(), open("server.log", "w"))   # doctest: +SKIP
     """
-    command = [sys.executable, "-m", "streamlit", "run", str(REPO / "app" / "Home.py"),
-               "--server.address", "127.0.0.1", "--server.port", str(port), "--server.headless", "true",
-               "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+    settings = ["--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    command = [sys.executable, "-m", "streamlit", "run", str(REPO / "app" / "Home.py"), "--server.port", str(port),
+               "--server.fileWatcherType", "none", *(settings if explicit else [])]
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     return subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=full_env)
 

@@ -1,0 +1,217 @@
+"""Many users at once: six browser contexts on one dashboard server, each on its own page and model,
+for two minutes (``WORKBENCH_LOAD_SECONDS``).
+
+Every request opens a link (``/Page?model=...&prompt=...``: a fresh session each time) and reads one
+number the page shows. Checked:
+- no page shows a traceback or an error;
+- every number equals what the experiments functions compute for that model and prompt in this test
+  process (what the page shows alone), and the same request always shows the same number, so nothing
+  leaks between sessions through the shared model, its hooks or the caches;
+- the server's resident memory stops growing once every model is loaded and the caches are full (the
+  second half of the run grows by less than ``MEMORY_GROWTH_LIMIT``);
+- afterwards no hook is attached to any model (the Home page's "Hooks attached now" reads 0).
+
+The figures (contexts, requests served, peak memory) are printed for the closing note (``pytest -s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Callable
+
+import psutil
+import pytest
+import torch
+
+import workbench as wb
+from experiments import ablation, induction, lens, router
+from tests.e2e import dashboard
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+LOAD_SECONDS = float(os.environ.get("WORKBENCH_LOAD_SECONDS", "120"))
+MEMORY_GROWTH_LIMIT = 150 * 2**20
+PROMPTS = ["The cat sat on the mat and looked at the door.",
+           "When Mary and John went to the store, John gave a drink to",
+           "The history of the region goes back thousands of years.",
+           "To install the package, open a terminal and run the command."]
+
+
+@dataclass
+class Scenario:
+    """One context's work: a page on a model, the link parameters of each request, and how to read its number."""
+
+    page: str
+    model: str
+    params: dict
+    read: str  # a metric's label, or "caption:<regex>" for a number in a caption
+    expected: Callable[[object, str], str]  # (model, prompt) -> the number as the page formats it
+    variants: list = None  # (prompt, extra params) per request; PROMPTS by default
+
+    def requests(self) -> list[tuple[str, dict]]:
+        return self.variants or [(p, {}) for p in PROMPTS]
+
+
+def _ablated_loss(targets: list, method: str = "zero"):
+    def expected(model, prompt: str) -> str:
+        chosen = [ablation.AblationTarget(*t) for t in targets]
+        return f"{ablation.per_token_loss_change(model, model.to_tokens(prompt), chosen, method)['ablated_loss'].mean():.4f}"
+    return expected
+
+
+def _dla_logit_diff(model, prompt: str) -> str:
+    tokens = model.to_tokens(prompt)
+    with torch.no_grad():
+        target = int(model(tokens)[0, -1].argmax())
+    dla = lens.direct_logit_attribution(model, tokens, target, None, tokens.shape[1] - 1)
+    return f"{dla.attrs['logit_diff']:.4f}"
+
+
+def _expert_ablated(model, prompt: str) -> str:
+    return f"{router.expert_ablation_effect(model, model.to_tokens(prompt), 1, 0)['ablated_loss']:.4f}"
+
+
+def _second_copy_loss(seed: int):
+    def expected(model, prompt: str) -> str:
+        loss = induction.induction_loss(model, seq_len=12, batch=4, seed=seed)
+        return f"{loss.groupby('copy')['loss'].mean()['second']:.3f}"
+    return expected
+
+
+SCENARIOS = [
+    Scenario("Ablation", "smollm2-135m", {"ablation_kind": "head", "ablation_heads": "[[3, 4]]",
+                                          "ablation_method": "zero"},
+             "Mean loss, ablated", _ablated_loss([("head", 3, 4)])),
+    Scenario("Logit_lens", "smollm2-135m", {}, r"caption:logit difference (-?\d+\.\d+)", _dla_logit_diff),
+    Scenario("Router", "toy-moe-2l", {"router_layer": "1", "router_expert": "0"}, "Mean loss without L1 expert 0",
+             _expert_ablated),
+    Scenario("Ablation", "toy-attn-2l", {"ablation_kind": "attn_layer", "ablation_attn_layers": "[0]",
+                                         "ablation_method": "zero"},
+             "Mean loss, ablated", _ablated_loss([("attn_layer", 0, None)])),
+    Scenario("Logit_lens", "toy-moe-2l", {}, r"caption:logit difference (-?\d+\.\d+)", _dla_logit_diff),
+    Scenario("Induction", "toy-attn-2l", {"induction_seq_len": "12", "induction_batch": "4"}, "Mean loss, second copy",
+             None, variants=[("", {"induction_seed": str(seed)}) for seed in range(3)]),
+]
+
+
+def _url(base: str, scenario: Scenario, prompt: str, extra: dict) -> str:
+    params = {"model": scenario.model, **({"prompt": prompt} if prompt else {}), **scenario.params, **extra}
+    return f"{base}/{scenario.page}?{urllib.parse.urlencode(params)}"
+
+
+def _expected_values() -> dict:
+    """What each request must show: the experiments functions on each model, in this process."""
+    models, expected = {}, {}
+    for index, scenario in enumerate(SCENARIOS):
+        model = models.setdefault(scenario.model, wb.load_model(scenario.model, progress=False).eval())
+        for prompt, extra in scenario.requests():
+            compute = scenario.expected or _second_copy_loss(int(extra["induction_seed"]))
+            expected[index, prompt, tuple(sorted(extra.items()))] = compute(model, prompt)
+    return expected
+
+
+READ_JS = """([read]) => {
+  if (document.querySelector('[data-testid="stStatusWidget"]') || document.querySelector('[data-stale="true"]')) return null;
+  if (read.startsWith('caption:')) {
+    const re = new RegExp(read.slice(8));
+    for (const e of document.querySelectorAll('[data-testid="stCaptionContainer"]')) {
+      const m = e.textContent.match(re); if (m) return m[1]; }
+    return null; }
+  const m = [...document.querySelectorAll('[data-testid="stMetric"]')].find(e => e.textContent.includes(read));
+  return m ? m.querySelector('[data-testid="stMetricValue"]').textContent.trim() : null; }"""
+
+
+async def _problems(page) -> list[str]:
+    found = []
+    if await page.locator('[data-testid="stException"]').count():
+        found.append("traceback")
+    for alert in await page.locator('[data-testid="stAlert"]').all_inner_texts():
+        if "went wrong" in alert or "Could not" in alert or "does not fit" in alert:
+            found.append(alert[:200])
+    return found
+
+
+async def _user(browser, base: str, index: int, deadline: float, log: list) -> None:
+    """One context: requests its scenario's links in turn until the deadline, recording what each showed."""
+    scenario = SCENARIOS[index]
+    context = await browser.new_context(viewport={"width": 1300, "height": 1600})
+    page = await context.new_page()
+    page.set_default_timeout(180_000)
+    try:
+        turn = 0
+        while time.monotonic() < deadline:
+            prompt, extra = scenario.requests()[turn % len(scenario.requests())]
+            started = time.monotonic()
+            await page.goto(_url(base, scenario, prompt, extra))
+            handle = await page.wait_for_function(READ_JS, arg=[scenario.read], timeout=180_000, polling=100)
+            shown = await handle.json_value()
+            log.append((index, prompt, tuple(sorted(extra.items())), shown, await _problems(page),
+                        time.monotonic() - started))
+            turn += 1
+    finally:
+        await context.close()
+
+
+async def _run(base: str, server_pid: int) -> tuple[list, list, dict]:
+    from playwright.async_api import async_playwright
+
+    log, memory = [], []
+    process = psutil.Process(server_pid)
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(executable_path=dashboard.CHROMIUM, headless=True,
+                                                   args=["--headless", "--no-sandbox"])
+        deadline = time.monotonic() + LOAD_SECONDS
+        users = [asyncio.create_task(_user(browser, base, i, deadline, log)) for i in range(len(SCENARIOS))]
+        start = time.monotonic()
+        while not all(u.done() for u in users):
+            memory.append((time.monotonic() - start, process.memory_info().rss))
+            await asyncio.sleep(1.0)
+        for user in users:
+            user.result()  # re-raises a context's failure
+        hooks = {}
+        page = await browser.new_page()
+        for name in sorted({s.model for s in SCENARIOS}):
+            await page.goto(f"{base}/?model={name}")
+            handle = await page.wait_for_function(READ_JS, arg=["Hooks attached now"], timeout=120_000)
+            hooks[name] = await handle.json_value()
+        await browser.close()
+    return log, memory, hooks
+
+
+def test_six_users_for_two_minutes(tmp_path):
+    reason = dashboard.browser_unavailable()
+    if reason:
+        pytest.skip(reason)
+    expected = _expected_values()
+    port = dashboard.free_port()
+    with open(tmp_path / "server.log", "w") as server_log:
+        server = dashboard.start_server(port, server_log)
+        try:
+            dashboard.wait_healthy(port, server)
+            log, memory, hooks = asyncio.run(_run(f"http://127.0.0.1:{port}", server.pid))
+        finally:
+            dashboard.stop_server(server)
+
+    problems = [(SCENARIOS[i].page, SCENARIOS[i].model, prompt, p) for i, prompt, _, _, p, _ in log if p]
+    assert not problems, problems
+    wrong = [(SCENARIOS[i].page, SCENARIOS[i].model, prompt, shown, expected[i, prompt, extra])
+             for i, prompt, extra, shown, _, _ in log if shown != expected[i, prompt, extra]]
+    assert not wrong, f"values that differ from the page's own computation alone: {wrong[:5]}"
+    per_context = [sum(1 for entry in log if entry[0] == i) for i in range(len(SCENARIOS))]
+    assert all(n >= 2 for n in per_context), f"a context was starved: requests per context {per_context}"
+    assert all(value == "0" for value in hooks.values()), f"hooks left attached after the run: {hooks}"
+
+    half = [rss for t, rss in memory if t >= LOAD_SECONDS / 2]
+    peak = max(rss for _, rss in memory)
+    growth = max(half) - half[0] if half else 0
+    seconds = sorted(entry[5] for entry in log)
+    print(f"\nload test: {len(SCENARIOS)} contexts, {len(log)} requests served in {LOAD_SECONDS:.0f} s "
+          f"(per context {per_context}), median request {seconds[len(seconds) // 2]:.2f} s, slowest {seconds[-1]:.2f} s, "
+          f"server peak RSS {peak / 2**20:.0f} MiB, growth over the second half {growth / 2**20:+.0f} MiB, "
+          f"hooks attached afterwards {hooks}")
+    assert growth < MEMORY_GROWTH_LIMIT, f"server memory grew {growth / 2**20:.0f} MiB in the second half of the run"
