@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, Union
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -86,18 +86,25 @@ def table(df: pd.DataFrame, name: str, key: str, **dataframe_kwargs) -> None:
                        key=f"{key}_csv", on_click="ignore", icon=":material/download:")
 
 
-def figure(fig: go.Figure, name: str, key: str, stretch: bool = True) -> None:
+def figure(fig: go.Figure, name: str, key: str, stretch: bool = True,
+           on_select: Union[None, str, Callable[[], None]] = None) -> Optional[list[dict]]:
     """A plotly figure with HTML (and, with kaleido, PNG) download buttons under it.
 
-    The toolbar's camera button also saves a PNG, named after ``name``, in the browser.
+    The toolbar's camera button also saves a PNG, named after ``name``, in the browser. With
+    ``on_select`` ("rerun" or a callback) a click on a point or a heatmap cell is reported: the
+    clicked points are returned (``[]`` when none), and a callback finds them in
+    ``st.session_state[f"{key}_chart"]``.
 
     Example:
         >>> figure(scores_heatmap(scores, "Induction"), "induction_scores", key="induction")   # doctest: +SKIP
+        >>> points = figure(heads_map, "heads", key="heads", on_select="rerun")               # doctest: +SKIP
     """
     stem = _file_stem(name)
     config = {"toImageButtonOptions": {"format": "png", "filename": stem, "scale": 2}, "displaylogo": False}
+    selectable = dict(on_select=on_select, selection_mode="points") if on_select else {}
     # theme=None: the page shows the figure exactly as its HTML/PNG download will (and draws it sooner).
-    st.plotly_chart(fig, width="stretch" if stretch else "content", config=config, key=f"{key}_chart", theme=None)
+    event = st.plotly_chart(fig, width="stretch" if stretch else "content", config=config, key=f"{key}_chart",
+                            theme=None, **selectable)
     with st.container(horizontal=True):  # buttons side by side at their own width, in any column
         st.download_button("HTML", lambda: fig.to_html(include_plotlyjs=True, full_html=True),
                            f"{stem}.html", "text/html", key=f"{key}_html", on_click="ignore",
@@ -108,3 +115,4 @@ def figure(fig: go.Figure, name: str, key: str, stretch: bool = True) -> None:
                                help="Rendered on the server with kaleido; takes a few seconds")
         else:
             st.caption("PNG: camera icon in the figure's toolbar")
+    return list(event.selection.points) if on_select and event is not None else None

@@ -28,7 +28,7 @@ import torch
 
 import workbench as wb
 from app.state import LoadedModel
-from experiments import ablation, attention, induction, lens, router
+from experiments import ablation, attention, continuations, datasets, flow, induction, lens, neurons, patching, router
 
 # (kind, layer, index) of each thing to ablate: tuples, so the ablation result can be cached on them.
 Targets = tuple[tuple[str, int, Optional[int]], ...]
@@ -198,3 +198,145 @@ def has_result(loaded: LoadedModel, text: str, compute: Callable[..., Any], *arg
     key = _run_key(loaded, text, compute, args, kwargs)
     with store_lock:
         return key in store
+
+
+# --- Neurons and Token view pages ---
+NEURON_CORPUS_RUN = "Finding every neuron's top windows in the corpus"
+
+
+@st.cache_data(show_spinner="Reading the neuron …", max_entries=64, hash_funcs=_BY_MODEL_KEY)
+def neuron_activation(loaded: LoadedModel, ids: tuple[int, ...], unit: neurons.MLPUnit, neuron: int) -> pd.DataFrame:
+    """One MLP neuron's activation on each token of the prompt (NaN where a routed expert did not run).
+
+    Example:
+        >>> acts = neuron_activation(loaded, prompt.ids, neurons.MLPUnit(3), 17)   # doctest: +SKIP
+    """
+    with loaded.lock:
+        return neurons.neuron_activation(loaded.model, torch.tensor([ids]), unit, neuron)
+
+
+@st.cache_data(show_spinner="Projecting the neuron onto the vocabulary …", max_entries=64, hash_funcs=_BY_MODEL_KEY)
+def neuron_logit_effect(loaded: LoadedModel, unit: neurons.MLPUnit, neuron: int, k: int,
+                        through_final_norm: bool) -> pd.DataFrame:
+    """The tokens the neuron's output weights promote and suppress most (weights only: no hook, no lock).
+
+    Example:
+        >>> effect = neuron_logit_effect(loaded, neurons.MLPUnit(3), 17, k=10, through_final_norm=True)   # doctest: +SKIP
+    """
+    return neurons.direct_logit_effect(loaded.model, unit, neuron, k, through_final_norm)
+
+
+def neuron_corpus_maxima(loaded: LoadedModel, unit: neurons.MLPUnit, n_windows: int, window: int,
+                         bar: ProgressBar) -> "neurons.CorpusMaxima":
+    """Every neuron of ``unit``'s max per corpus window: from this process's store, the disk cache, or
+    computed with a progress bar (then saved to disk).
+
+    Example:
+        >>> maxima = neuron_corpus_maxima(loaded, neurons.MLPUnit(3), 256, 64, bar=progress_callback)   # doctest: +SKIP
+    """
+    return with_progress(loaded, NEURON_CORPUS_RUN, neurons.corpus_maxima, unit, bar=bar, n_windows=n_windows,
+                         window=window)
+
+
+# --- Patching and Generate pages ---
+
+# Clean texts, corrupted texts, and one answer and one wrong token id per prompt: hashable, so results cache on them.
+PatchPrompts = tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...], tuple[int, ...]]
+_EXACT_PATCHING = {"resid": patching.patch_residual, "attn_mlp": patching.patch_attn_mlp, "heads": patching.patch_heads}
+_EXACT_TEXT = {"resid": "Patching the residual stream", "attn_mlp": "Patching attention and MLP outputs",
+               "heads": "Patching every head"}
+
+
+@st.cache_data(show_spinner="Generating the IOI prompts …", max_entries=16, hash_funcs=_BY_MODEL_KEY)
+def ioi_prompts(loaded: LoadedModel, n: int, seed: int) -> PatchPrompts:
+    """``n`` IOI prompts and their corrupted twins (``experiments.datasets.ioi_dataset``) with their answers.
+
+    Example:
+        >>> clean, corrupt, answers, wrongs = ioi_prompts(loaded, 8, seed=0)   # doctest: +SKIP
+    """
+    data = datasets.ioi_dataset(loaded.model, n, seed=seed)
+    return (tuple(data.clean_prompts), tuple(data.corrupt_prompts), tuple(data.answer_tokens.tolist()),
+            tuple(data.wrong_tokens.tolist()))
+
+
+@st.cache_data(show_spinner="Attribution patching …", max_entries=16, hash_funcs=_BY_MODEL_KEY)
+def attribution_patching(loaded: LoadedModel, prompts: PatchPrompts) -> pd.DataFrame:
+    """Every site's attribution-patching estimate (one forward each, one backward); the unpatched metrics in attrs.
+
+    Example:
+        >>> approx = attribution_patching(loaded, prompts)   # doctest: +SKIP
+        >>> approx.attrs["clean_metric"], approx.attrs["corrupt_metric"]   # doctest: +SKIP
+    """
+    clean, corrupt, answers, wrongs = prompts
+    with loaded.lock:
+        return patching.attribution_patching(loaded.model, list(clean), list(corrupt), list(answers), list(wrongs))
+
+
+def _exact_patching(model, kind: str, prompts: PatchPrompts, progress) -> pd.DataFrame:
+    clean, corrupt, answers, wrongs = prompts
+    return _EXACT_PATCHING[kind](model, list(clean), list(corrupt), list(answers), list(wrongs), progress)
+
+
+def exact_patching(loaded: LoadedModel, kind: str, prompts: PatchPrompts, bar: ProgressBar) -> pd.DataFrame:
+    """Exact patching of every site of ``kind`` ("resid", "attn_mlp" or "heads"), with a progress bar.
+
+    Example:
+        >>> heads = exact_patching(loaded, "heads", prompts, bar=progress_callback)   # doctest: +SKIP
+    """
+    return with_progress(loaded, _EXACT_TEXT[kind], _exact_patching, kind, prompts, bar=bar)
+
+
+def has_exact_patching(loaded: LoadedModel, kind: str, prompts: PatchPrompts) -> bool:
+    """Whether ``exact_patching`` of ``kind`` on ``prompts`` is stored (returns at once, draws no bar).
+
+    Example:
+        >>> has_exact_patching(loaded, "heads", prompts)   # doctest: +SKIP
+        False
+    """
+    return has_result(loaded, _EXACT_TEXT[kind], _exact_patching, kind, prompts)
+
+
+@st.cache_data(show_spinner="Generating both continuations …", max_entries=32, hash_funcs=_BY_MODEL_KEY)
+def continuation(loaded: LoadedModel, ids: tuple[int, ...], targets: Targets, method: str, reference: Reference,
+                 max_new_tokens: int, temperature: float, top_k: Optional[int],
+                 seed: int) -> "continuations.Continuations":
+    """The clean continuation of the prompt beside the one with ``targets`` ablated (same settings and seed).
+
+    Example:
+        >>> result = continuation(loaded, prompt.ids, (("head", 3, 1),), "zero", None, 20, 0.0, None, 0)   # doctest: +SKIP
+    """
+    reference_tokens = torch.tensor(reference) if reference else None
+    with loaded.lock:
+        return continuations.continue_with_ablation(loaded.model, torch.tensor([ids]), targets, method, max_new_tokens,
+                                                    temperature, top_k, seed, reference_tokens)
+
+
+# --- Information flow page ---
+
+FLOW_RUN = "Tracing the information flow"
+
+
+def _flow_contributions(model, ids: tuple[int, ...], progress) -> "flow.FlowContributions":
+    return flow.flow_contributions(model, torch.tensor([ids]), progress=progress)
+
+
+def flow_contributions(loaded: LoadedModel, ids: tuple[int, ...], bar: ProgressBar) -> "flow.FlowContributions":
+    """Every attention edge's, residual's and block's importance on the prompt (one forward pass, then a
+    per-layer decomposition with a progress bar); kept in the long-run store, not pickled.
+
+    Example:
+        >>> contributions = flow_contributions(loaded, prompt.ids, bar=progress_callback)   # doctest: +SKIP
+    """
+    return with_progress(loaded, FLOW_RUN, _flow_contributions, ids, bar=bar)
+
+
+@st.cache_data(show_spinner="Projecting the block onto the vocabulary …", max_entries=64, hash_funcs=_BY_MODEL_KEY)
+def flow_vocab_projection(loaded: LoadedModel, ids: tuple[int, ...], layer: int, position: int, block: str,
+                          k: int) -> pd.DataFrame:
+    """The tokens ``block``'s output at (layer, position) promotes and suppresses most (its direct effect).
+
+    Example:
+        >>> vocab = flow_vocab_projection(loaded, prompt.ids, 3, 5, "mlp", 10)   # doctest: +SKIP
+    """
+    with loaded.lock:
+        return flow.vocab_projection(loaded.model, torch.tensor([ids]), layer, position, block, k)

@@ -160,3 +160,13 @@ def to_link(key: str, value: Any) -> None:
         st.query_params.pop(key, None)
     elif st.query_params.get(key) != encode(value):
         st.query_params[key] = encode(value)
+
+
+def choose(key: str, value: Any) -> None:
+    """Moves the linked widget ``key`` to ``value``: call it before the widget is drawn in this run
+    (e.g. when a click on a chart picks a head, or a node, that a select box shows).
+
+    Example:
+        >>> choose("patching_head", (9, 6))   # doctest: +SKIP
+    """
+    st.session_state[_SAVED.format(key)] = value

@@ -218,6 +218,27 @@ def logit_lens_metric(model, tokens: TokensLike, metric: MetricLike, *, position
     return table
 
 
+def promoted_and_suppressed(model, effect_V: Float[Tensor, "d_vocab"], k: int = 10) -> pd.DataFrame:
+    """The ``k`` tokens a direct effect on the logits raises most and lowers most.
+
+    DataFrame[direction ("promoted", then "suppressed"), rank, token, token_id, effect]: promoted from
+    the largest effect down, suppressed from the most negative up. The one table behind a neuron's
+    direct effect (``experiments.neurons``) and a block's vocabulary projection (``experiments.flow``).
+
+    Example:
+        >>> promoted_and_suppressed(model, model.W_U[:, :].T @ torch.zeros(model.cfg.d_model), k=3)   # doctest: +SKIP
+    """
+    if k < 1:
+        raise InputError(f"k must be at least 1, got {k}")
+    effect_V = effect_V.detach().float().cpu()
+    k = min(k, effect_V.numel())
+    top, bottom = effect_V.topk(k), effect_V.topk(k, largest=False)
+    ids = torch.cat([top.indices, bottom.indices])
+    return pd.DataFrame({"direction": ["promoted"] * k + ["suppressed"] * k, "rank": list(range(1, k + 1)) * 2,
+                         "token": str_tokens(model, ids), "token_id": ids.numpy(),
+                         "effect": torch.cat([top.values, bottom.values]).numpy()})
+
+
 @torch.no_grad()
 def direct_logit_attribution(model, tokens: TokensLike, target_token: TokenIds, baseline_token: Optional[TokenIds] = None,
                              position: PositionSelector = "last", *, per_prompt: bool = False,

@@ -260,7 +260,8 @@ def attribution_patching(model, clean_tokens: TokensLike, corrupt_tokens: Tokens
     patching's ``delta``. Returns DataFrame[site, layer, position, head, attribution] where site is
     "resid" (hook_resid_pre), "attn", "mlp" (per position; head = -1) or "heads" (hook_z summed over
     positions; position = -1), with a ``prompt`` column under ``per_prompt=True``.
-    ``df.attrs["method"]`` says it is an approximation. Arguments as ``patch_heads``.
+    ``df.attrs["method"]`` says it is an approximation; ``clean_metric`` / ``corrupt_metric`` (and their
+    ``_per_prompt`` lists) hold the metric of the two unpatched runs. Arguments as ``patch_heads``.
 
     Example:
         >>> approx = attribution_patching(model, clean, corrupt, answer, wrong, sites=["heads"])   # doctest: +SKIP
@@ -274,8 +275,9 @@ def attribution_patching(model, clean_tokens: TokensLike, corrupt_tokens: Tokens
     names = [(site, layer, f"blocks.{layer}.{SITES[site]}") for site in sites for layer in range(model.cfg.n_layers)]
     wanted = {name for _, _, name in names}
     with torch.no_grad():
-        _, clean_cache = model.run_with_cache(run.clean.tokens, attention_mask=run.clean.mask, return_type=None,
-                                              names_filter=lambda n: n in wanted)
+        clean_logits, clean_cache = model.run_with_cache(run.clean.tokens, attention_mask=run.clean.mask,
+                                                         names_filter=lambda n: n in wanted)
+        clean_R = run.metric.values(clean_logits, run.clean).float().cpu()
     saved: dict[str, Tensor] = {}
 
     def save(activation: Tensor, hook) -> None:
@@ -310,8 +312,11 @@ def attribution_patching(model, clean_tokens: TokensLike, corrupt_tokens: Tokens
         frames.append(frame)
     table = pd.concat(frames, ignore_index=True)[["site", "layer", "position", "head"] + (["prompt"] if per_prompt else [])
                                                 + ["attribution"]]
+    corrupt_R = values_R.detach().float().cpu()
     table.attrs.update(method="attribution patching (first-order linear approximation of activation patching)",
-                       str_tokens=str_tokens(model, run.clean.tokens[0]))
+                       str_tokens=str_tokens(model, run.clean.tokens[0]), clean_metric=float(clean_R.mean()),
+                       corrupt_metric=float(corrupt_R.mean()), clean_metric_per_prompt=clean_R.tolist(),
+                       corrupt_metric_per_prompt=corrupt_R.tolist())
     return table
 
 
@@ -329,9 +334,47 @@ def compare_attribution_to_exact(model, clean_tokens: TokensLike, corrupt_tokens
     approx = attribution_patching(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites=["heads"],
                                   **options)
     merged = exact.merge(approx[["layer", "head", "attribution"]], on=["layer", "head"])
-    r = float(np.corrcoef(merged["delta"], merged["attribution"])[0, 1])
     merged.attrs.update(exact.attrs)
-    return merged, r
+    return merged, attribution_agreement(exact, approx)["pearson_r"]
+
+
+# A site counts towards the sign agreement when its exact effect is at least this share of the largest:
+# sites that patching leaves (nearly) unchanged have no meaningful sign.
+SIGN_FLOOR = 0.01
+
+
+def attribution_agreement(exact: pd.DataFrame, approx: pd.DataFrame) -> dict[str, float]:
+    """How well attribution patching estimates exact patching: Pearson r of ``delta`` against ``attribution``
+    over the matching sites, and the share of sites where the two have the same sign.
+
+    ``exact`` is a ``patch_residual``, ``patch_attn_mlp`` or ``patch_heads`` table (means over prompts);
+    ``approx`` an ``attribution_patching`` table, whose rows of the matching site ("resid", "attn"/"mlp"
+    or "heads") are used. The sign agreement counts the sites whose exact ``|delta|`` is at least
+    ``SIGN_FLOOR`` of the largest (the others barely move the metric). Returns {"pearson_r",
+    "sign_agreement", "sites", "signed_sites"}; r is NaN when either column is constant.
+
+    Example:
+        >>> exact = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 0], "delta": [1.0, -2.0, 0.001]})
+        >>> approx = pd.DataFrame({"site": "heads", "layer": [0, 0, 1], "position": -1, "head": [0, 1, 0],
+        ...                        "attribution": [0.5, -1.5, -0.1]})
+        >>> {k: round(v, 3) for k, v in attribution_agreement(exact, approx).items()}
+        {'pearson_r': 0.999, 'sign_agreement': 1.0, 'sites': 3, 'signed_sites': 2}
+    """
+    if "component" in exact.columns:
+        exact, sites = exact.rename(columns={"component": "site"}), set(exact["component"])
+    else:
+        sites = {"heads" if "head" in exact.columns else "resid"}
+    approx = approx[approx["site"].isin(sites)] if "site" in approx.columns else approx
+    keys = [c for c in ("site", "layer", "position", "head") if c in exact.columns and c in approx.columns]
+    merged = exact[keys + ["delta"]].merge(approx[keys + ["attribution"]], on=keys)
+    if merged.empty:
+        raise InputError(f"the exact and attribution tables share no site (keys {keys}, exact sites {sorted(sites)})")
+    delta, attribution = merged["delta"].to_numpy(float), merged["attribution"].to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = float(np.corrcoef(delta, attribution)[0, 1]) if len(merged) > 1 else float("nan")
+    signed = np.abs(delta) >= SIGN_FLOOR * np.abs(delta).max() if np.abs(delta).max() > 0 else np.zeros_like(delta, bool)
+    agree = float((np.sign(delta[signed]) == np.sign(attribution[signed])).mean()) if signed.any() else float("nan")
+    return {"pearson_r": r, "sign_agreement": agree, "sites": int(len(merged)), "signed_sites": int(signed.sum())}
 
 
 def patching_heatmap(df: pd.DataFrame, title: str = "", value: Optional[str] = None) -> go.Figure:
@@ -369,6 +412,37 @@ def patching_heatmap(df: pd.DataFrame, title: str = "", value: Optional[str] = N
         fig.update_yaxes(autorange="reversed", title_text="layer" if i == 0 else None, row=1, col=i + 1)
     fig.update_layout(title=title, coloraxis=dict(colorscale="RdBu", cmid=0.0, colorbar=dict(title=value)),
                       height=max(400, 20 * df["layer"].nunique() + 200), width=max(600, 500 * len(groups)))
+    return fig
+
+
+def head_map_figure(df: pd.DataFrame, title: str = "", value: Optional[str] = None) -> go.Figure:
+    """``patching_heatmap`` of a layer x head table with a click target on every cell.
+
+    Plotly reports no click on a heatmap cell to Streamlit (streamlit/streamlit#8760), so an
+    invisible marker sits on each cell; a click selects it, and its ``customdata`` is [layer, head].
+    The markers carry the hover text, so the heatmap's own hover is switched off.
+
+    Example:
+        >>> df = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "delta": [0.1, -0.2, 0.3, 0.0]})
+        >>> fig = head_map_figure(df, "heads", value="delta")
+        >>> fig.data[1].customdata[:2], fig.data[1].marker.opacity
+        (([0, 0, 0.1], [0, 1, -0.2]), 0)
+    """
+    if "head" not in df.columns or ("position" in df.columns and not df["position"].eq(-1).all()):
+        raise InputError("head_map_figure draws a layer x head table (patch_heads, or attribution rows of site 'heads')")
+    value = value or next(c for c in ("normalized", "attribution", "metric") if c in df.columns)
+    cells = df.sort_values(["layer", "head"])
+    fig = patching_heatmap(cells[["layer", "head", value]], title, value)
+    fig.update_traces(hoverinfo="skip", hovertemplate=None, selector=dict(type="heatmap"))
+    fig.add_trace(go.Scatter(
+        x=cells["head"], y=cells["layer"], mode="markers", showlegend=False,
+        marker=dict(symbol="square", size=14, opacity=0),
+        customdata=[[int(l), int(h), float(v)] for l, h, v in zip(cells["layer"], cells["head"], cells[value])],
+        hovertemplate="L%{customdata[0]}H%{customdata[1]}<br>" + value + "=%{customdata[2]:.4f}<extra></extra>"))
+    # Fixed ranges: the markers must not widen the axes, so cell (layer, head) stays where the heatmap draws it.
+    fig.update_xaxes(range=[-0.5, cells["head"].max() + 0.5])
+    fig.update_yaxes(range=[cells["layer"].max() + 0.5, -0.5], autorange=False)
+    fig.update_layout(clickmode="event+select", hoverdistance=-1)
     return fig
 
 

@@ -1,0 +1,145 @@
+"""Information flow: from a chosen token, the graph of attention edges and blocks that carry its
+prediction (the contribution graph of llm-transparency-tool, "Information Flow Routes"), above an
+adjustable importance threshold. Click an attention edge for the heads that carry it and their
+patterns, or a node for what its block writes in vocabulary terms (promoted and suppressed tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pandas as pd
+import streamlit as st
+
+from app import downloads, results, url_state
+from app.state import LoadedModel
+from app.url_state import linked
+from app.widgets import Prompt, page_setup, progress_callback, prompt_box, require_model, run_page
+from experiments import attention, flow
+
+PICK_KEY, CHART_KEY = "flow_pick", "flow_graph"
+CLICKED_KEY = "_flow_clicked"  # the graph item clicked last, applied to the "Inspect" box on the next run
+TOP_HEADS_SHOWN = 3
+VOCAB_K = 10
+BLOCK_NAMES = {"attn": "attention", "mlp": "MLP"}
+
+
+def _remember_click() -> None:
+    """on_select callback: keeps the clicked node or edge id (customdata) for the "Inspect" box."""
+    event = st.session_state.get(f"{CHART_KEY}_chart") or {}
+    points = (event.get("selection") or {}).get("points") or []
+    picked = points[0].get("customdata") if points else None
+    picked = picked[0] if isinstance(picked, list) and picked else picked
+    if isinstance(picked, str):
+        st.session_state[CLICKED_KEY] = picked
+
+
+def _choices(prompt: Prompt) -> tuple[int, float]:
+    n = len(prompt.ids)
+    left, right = st.columns(2)
+    with left:
+        position = linked(st.selectbox, "Token whose prediction is traced", options=list(range(n)), index=n - 1,
+                          format_func=lambda p: f"{p}: {prompt.str_tokens[p]!r}", key="flow_position")
+    with right:
+        threshold = linked(st.slider, "Importance threshold", min_value=0.01, max_value=0.5, value=flow.DEFAULT_THRESHOLD,
+                           step=0.01, key="flow_threshold",
+                           help="Edges whose share of their residual update is at least this are kept (the tool's "
+                                "default is 0.04). Each update's parts share 1 between them.")
+    return int(position), float(threshold)
+
+
+def _summary(nodes: pd.DataFrame, edges: pd.DataFrame) -> None:
+    with st.container(key="flow_metrics"):
+        cols = st.columns(4)
+        cols[0].metric("Nodes", len(nodes))
+        cols[1].metric("Edges", len(edges))
+        attention_edges = edges[edges["kind"] == "attention"]
+        cols[2].metric("Attention edges", len(attention_edges))
+        if len(attention_edges):
+            top = attention_edges.iloc[0]
+            cols[3].metric("Top attention edge", f"{top.importance:.4f}",
+                           help=f"{top.edge} (heads: {top.heads})")
+
+
+def _pick(nodes: pd.DataFrame, edges: pd.DataFrame) -> Optional[str]:
+    """The node or edge to inspect: a select box, moved by clicks on the graph (default: the top attention edge)."""
+    attention_edges = edges.loc[edges["kind"] == "attention", "edge"].tolist()
+    options = attention_edges + nodes["node"].tolist() + edges.loc[edges["kind"] != "attention", "edge"].tolist()
+    clicked = st.session_state.pop(CLICKED_KEY, None)
+    if clicked in options:
+        url_state.choose(PICK_KEY, clicked)
+    return linked(st.selectbox, "Inspect (or click a node or an edge's midpoint in the graph)", options=options,
+                  index=0, key=PICK_KEY)
+
+
+def _edge_view(loaded: LoadedModel, prompt: Prompt, contributions, edge: pd.Series) -> None:
+    layer, i, j = int(edge.layer), int(edge.target_position), int(edge.source_position)
+    st.markdown(f"**Attention edge at layer {layer}: {j} {prompt.str_tokens[j]!r} → {i} {prompt.str_tokens[i]!r}**, "
+                f"importance {edge.importance:.4f}")
+    heads = flow.edge_heads(contributions, layer, i, j)
+    downloads.table(heads, f"flow_edge_heads_L{layer}_{j}_{i}", key="flow_edge_heads", height=200)
+    patterns_LHPS = results.attention_patterns(loaded, prompt.ids)
+    shown = heads.head(TOP_HEADS_SHOWN)
+    for rank, (column, head, share) in enumerate(zip(st.columns(len(shown)), shown["head"], shown["importance"])):
+        with column:  # the strongest heads' patterns, strongest first
+            fig = attention.pattern_figure(patterns_LHPS[layer, int(head)], prompt.str_tokens,
+                                           f"L{layer}H{head} (carries {share:.3f} of the edge)")
+            downloads.figure(fig, f"flow_pattern_L{layer}H{head}", key=f"flow_pattern_{rank}")
+
+
+def _node_view(loaded: LoadedModel, prompt: Prompt, node: pd.Series) -> None:
+    layer, position, block = int(node.layer), int(node.position), node.block
+    if not block:
+        st.info(f"{node.node} is the embedding of token {position} {prompt.str_tokens[position]!r}: no block writes it.")
+        return
+    st.markdown(f"**{node.node}: what layer {layer}'s {BLOCK_NAMES[block]} writes at {position} "
+                f"{prompt.str_tokens[position]!r}**")
+    st.caption("Its output through the final norm (scale frozen at this position's final residual) and the "
+               "unembedding: its direct effect on this position's logits.")
+    vocab = results.flow_vocab_projection(loaded, prompt.ids, layer, position, block, VOCAB_K)
+    left, right = st.columns(2)
+    for column, direction in ((left, "promoted"), (right, "suppressed")):
+        with column:
+            st.markdown(f"*{direction.capitalize()}*")
+            downloads.table(vocab[vocab["direction"] == direction], f"flow_{direction}_L{layer}_{block}_{position}",
+                            key=f"flow_{direction}")
+
+
+def _detail(loaded: LoadedModel, prompt: Prompt, contributions, nodes: pd.DataFrame, edges: pd.DataFrame,
+            picked: str) -> None:
+    with st.container(key="flow_detail"):
+        if picked in set(edges["edge"]):
+            edge = edges[edges["edge"] == picked].iloc[0]
+            if edge.kind == "attention":
+                _edge_view(loaded, prompt, contributions, edge)
+                return
+            picked = edge.source if edge.kind == "mlp_in" else edge.target  # a block's edge: the block it touches
+        _node_view(loaded, prompt, nodes[nodes["node"] == picked].iloc[0])
+
+
+def main() -> None:
+    st.title("Information flow")
+    loaded = require_model()
+    prompt = prompt_box(loaded)
+    if prompt is None:
+        return
+    position, threshold = _choices(prompt)
+    contributions = results.flow_contributions(loaded, prompt.ids, bar=progress_callback)
+    nodes, edges = flow.flow_graph(contributions, position, threshold)
+    _summary(nodes, edges)
+    st.caption("Nodes are residual states (circles: embeddings, after attention, after the block) and MLP blocks "
+               "(squares); edges are attention (blue, a token read by another), residual (grey) and MLP (orange), "
+               "wider and darker with their importance. Hover an edge's midpoint for the heads that carry it.")
+    title = f"Information flow into {position} {prompt.str_tokens[position]!r} (importance ≥ {threshold:.2f})"
+    downloads.figure(flow.flow_figure(nodes, edges, prompt.str_tokens, contributions.n_layers, title),
+                     "information_flow", key=CHART_KEY, stretch=False, on_select=_remember_click)
+    picked = _pick(nodes, edges)
+    if picked is not None:
+        _detail(loaded, prompt, contributions, nodes, edges, picked)
+    with st.expander("Edges and nodes as tables"):
+        downloads.table(edges, "information_flow_edges", key="flow_edges", height=300)
+        downloads.table(nodes, "information_flow_nodes", key="flow_nodes", height=250)
+
+
+page_setup("Information flow")
+run_page(main)

@@ -1,0 +1,469 @@
+"""Information flow routes (Ferrando & Voita 2024, the graph of facebookresearch/llm-transparency-tool):
+which attention edges and blocks carry a token's prediction, from one forward pass.
+
+Legend: P position, S key position, H n_heads, G n_key_value_heads, K d_head, D d_model, V d_vocab,
+L n_layers.
+
+Every residual update is a sum of parts. Attention at layer l and target position i:
+resid_mid[i] = resid_pre[i] + sum_{j <= i, h} c_ijh + b_O, where c_ijh = A[h, i, j] * v[j, h] @ W_O[h]
+(``hook_pattern``, ``hook_v`` with each key/value head repeated for the query heads of its group, as
+the model reads it; latent attention's ``hook_v`` is per head already; value biases are inside
+``hook_v``). The MLP: resid_post[i] = resid_mid[i] + mlp_out[i] (a mixture of experts' output is its
+``hook_mlp_out``). Parallel blocks (``parallel_attn_mlp``) make one sum: resid_post = resid_pre +
+sum c_ijh + b_O + mlp_out.
+
+A part's importance in its sum (the method's proximity rule): max(||whole||_1 - ||whole - part||_1, eps),
+divided by the total over the parts of that sum, so the importances of one sum add up to 1. As in
+the tool, attention parts are per (source, head); an attention edge j -> i weighs the sum over
+heads and keeps the per-head values to say which heads carry it. The bias b_O, where the model
+has one, is a part of its own (the tool leaves it out of the parts).
+
+The graph, from the final residual state at the chosen token down: nodes are residual states
+(``embed``, after attention ``mid``, after the block ``post``) at (layer, position) and MLP block
+nodes (``mlp``); edges are attention edges, residual edges and the MLP's in/out edges, kept when
+their importance is at least the threshold and their target is reachable from the start. The
+tool merges the self-attention edge j = i into the residual edge; here they stay two edges.
+
+Only pre-norm models: with a norm after a sublayer (post, sandwich, sublayer_output) a residual
+update is not the sum of the parts above, so those models are refused with an ``InputError``.
+
+``python -m experiments.flow --model NAME --out DIR [--prompt TEXT --position P --threshold T]``
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from experiments._progress import Progress, ProgressArg
+from experiments._tokens import TokensLike, axis_labels, str_tokens
+from experiments.lens import promoted_and_suppressed
+from workbench.errors import InputError
+
+EPS = 1e-5  # the tool's floor for a part's proximity (a part never counts as less than nothing)
+DEFAULT_THRESHOLD = 0.04  # the tool's default contribution threshold
+CHUNK_ELEMENTS = 2**20  # floats of [targets, sources, heads, d_model] decomposed at a time (4 MB: cache-sized)
+BLOCKS = ("attn", "mlp")
+
+
+@dataclass(frozen=True, eq=False)
+class FlowContributions:
+    """Importance of every part of every residual update of one prompt (each sum's parts add up to 1).
+
+    ``attn_LPSH[l, i, j, h]``: source j through head h in the attention sum at (l, i) (0 for j > i);
+    ``attn_resid_LP``, ``attn_bias_LP``: the residual and b_O in that sum (bias 0 without one);
+    ``mlp_LP``: the MLP in its sum (the MLP sum, or the one sum of a parallel block), None without MLPs;
+    ``mlp_resid_LP``: the residual in the MLP sum (None for parallel blocks and attention-only models).
+
+    Example:
+        >>> c = flow_contributions(model, model.to_tokens("The cat sat"))   # doctest: +SKIP
+        >>> c.attn_LPSH.sum((2, 3)) + c.attn_resid_LP + c.attn_bias_LP   # all ones (+ mlp_LP if parallel)   # doctest: +SKIP
+    """
+
+    attn_LPSH: Float[Tensor, "n_layers pos key_pos n_heads"]
+    attn_resid_LP: Float[Tensor, "n_layers pos"]
+    attn_bias_LP: Float[Tensor, "n_layers pos"]
+    mlp_LP: Optional[Float[Tensor, "n_layers pos"]]
+    mlp_resid_LP: Optional[Float[Tensor, "n_layers pos"]]
+    parallel: bool
+    str_tokens: list[str]
+
+    @property
+    def n_layers(self) -> int:
+        return self.attn_LPSH.shape[0]
+
+    @property
+    def n_positions(self) -> int:
+        return self.attn_LPSH.shape[1]
+
+
+def _proximity(parts_nXD: Tensor, whole_XD: Tensor) -> Tensor:
+    """Un-normalised proximity of each part to the whole: max(||whole||_1 - ||whole - part||_1, EPS)."""
+    return (whole_XD.abs().sum(-1) - (whole_XD - parts_nXD).abs().sum(-1)).clamp(min=EPS)
+
+
+def importance(parts: Float[Tensor, "parts *cases d_model"], whole: Float[Tensor, "*cases d_model"]
+               ) -> Float[Tensor, "parts *cases"]:
+    """Each part's importance in ``whole`` (the method's L1 proximity rule, normalised over the parts).
+
+    Example:
+        >>> importance(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([1.0, 1.0]))
+        tensor([0.5000, 0.5000])
+    """
+    if parts.shape[1:] != whole.shape:
+        raise InputError(f"parts {tuple(parts.shape)} must be [n_parts, *whole.shape] with whole {tuple(whole.shape)}")
+    proximity = _proximity(parts.float(), whole.float())
+    return proximity / proximity.sum(0, keepdim=True)
+
+
+def _hook_names(model) -> list[str]:
+    """The hook points ``flow_contributions`` reads, in one forward pass."""
+    cfg, names = model.cfg, []
+    for l in range(cfg.n_layers):
+        names += [f"blocks.{l}.hook_resid_pre", f"blocks.{l}.hook_resid_post", f"blocks.{l}.attn.hook_pattern",
+                  f"blocks.{l}.attn.hook_v"]
+        if not cfg.attn_only:
+            names.append(f"blocks.{l}.hook_mlp_out")
+            if not cfg.parallel_attn_mlp:
+                names.append(f"blocks.{l}.hook_resid_mid")
+    return names
+
+
+def _require_flow_model(model) -> None:
+    if model.cfg.norm_placement != "pre":
+        raise InputError(f"information flow needs a pre-norm model (norm_placement='pre'; this one has "
+                         f"{model.cfg.norm_placement!r}): a norm after a sublayer makes a residual update something "
+                         "other than the sum of its parts")
+
+
+def _one_prompt(model, tokens: TokensLike) -> Tensor:
+    tokens_BP = model.as_tokens(tokens)
+    if tokens_BP.shape[0] != 1:
+        raise InputError(f"information flow reads one prompt; got a batch of {tokens_BP.shape[0]}")
+    return tokens_BP
+
+
+def run_flow_cache(model, tokens: TokensLike):
+    """One forward pass caching what the contributions need (``_hook_names``); returns the ActivationCache.
+
+    Example:
+        >>> cache = run_flow_cache(model, "The cat sat")   # doctest: +SKIP
+    """
+    _require_flow_model(model)
+    names = set(_hook_names(model))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(_one_prompt(model, tokens), stop_at_layer=model.cfg.n_layers,
+                                        names_filter=lambda n: n in names)
+    return cache
+
+
+def _value_out(model, cache, layer: int) -> Float[Tensor, "key_pos n_heads d_model"]:
+    """v[j, h] @ W_O[h] for every source and head (a key/value head repeated for its group's query heads)."""
+    attn = model.blocks[layer].attn
+    v_SGK = cache[f"blocks.{layer}.attn.hook_v"][0].float()
+    v_SHK = v_SGK.repeat_interleave(attn.n_heads // v_SGK.shape[1], dim=1)  # query head h reads kv head h // g
+    return torch.einsum("shk,hkd->shd", v_SHK, attn.W_O.float())
+
+
+def attention_by_source(model, cache, layer: int) -> Float[Tensor, "pos key_pos n_heads d_model"]:
+    """c[i, j, h] = A[h, i, j] * v[j, h] @ W_O[h]: layer ``layer``'s attention output at i split by source and head.
+
+    ``cache`` from ``run_flow_cache``; summed over sources and heads, plus ``b_O``, it is ``hook_attn_out``.
+    Holds P * S * H * D floats: the contributions themselves are computed in chunks.
+
+    Example:
+        >>> c_PSHD = attention_by_source(model, run_flow_cache(model, tokens), layer=0)   # doctest: +SKIP
+    """
+    pattern_PSH = cache[f"blocks.{layer}.attn.hook_pattern"][0].float().permute(1, 2, 0)
+    return pattern_PSH[..., None] * _value_out(model, cache, layer)[None]
+
+
+def _attention_proximity(pattern_PSH: Tensor, vo_SHD: Tensor, whole_PD: Tensor) -> Tensor:
+    """Raw proximity of every c_ijh to whole[i], target chunk by target chunk, 0 for j > i: [P, S, H]."""
+    (P, S, H), device = pattern_PSH.shape, pattern_PSH.device
+    out_PSH = torch.zeros(P, S, H, device=device)
+    per_target = max(1, CHUNK_ELEMENTS // (S * H * vo_SHD.shape[-1]))
+    for start in range(0, P, per_target):
+        stop = min(P, start + per_target)
+        keys = stop + S - P  # causal: later targets see no key past their own position
+        whole_pD = whole_PD[start:stop]
+        # |c - whole| in place: the chunk is the only big tensor, and three passes over it are the cost
+        dist_pSHD = torch.mul(pattern_PSH[start:stop, :keys, :, None], vo_SHD[None, :keys])
+        dist_pSHD.sub_(whole_pD[:, None, None]).abs_()
+        prox = (whole_pD.abs().sum(-1)[:, None, None] - dist_pSHD.sum(-1)).clamp(min=EPS)  # _proximity, chunked
+        causal_pS = torch.arange(keys, device=device)[None, :] <= torch.arange(start, stop, device=device)[:, None] + S - P
+        out_PSH[start:stop, :keys] = prox * causal_pS[..., None]
+    return out_PSH
+
+
+def _layer_importance(model, cache, layer: int) -> dict[str, Optional[Tensor]]:
+    """The importances of layer ``layer``'s sums (see ``FlowContributions``)."""
+    cfg, at = model.cfg, (lambda name: cache[f"blocks.{layer}.{name}"][0].float())
+    pre_PD, post_PD = at("hook_resid_pre"), at("hook_resid_post")
+    has_mlp, parallel = not cfg.attn_only, cfg.parallel_attn_mlp
+    whole_PD = post_PD if (parallel or not has_mlp) else at("hook_resid_mid")
+    pattern_PSH = cache[f"blocks.{layer}.attn.hook_pattern"][0].float().permute(1, 2, 0)
+    attn_PSH = _attention_proximity(pattern_PSH, _value_out(model, cache, layer), whole_PD)
+    resid_P = _proximity(pre_PD, whole_PD)
+    b_O = model.blocks[layer].attn.b_O
+    bias_P = _proximity(b_O.float().expand_as(whole_PD), whole_PD) if b_O is not None else torch.zeros_like(resid_P)
+    mlp_P = _proximity(at("hook_mlp_out"), whole_PD) if parallel else torch.zeros_like(resid_P)
+    total_P = attn_PSH.sum((1, 2)) + resid_P + bias_P + mlp_P
+    out = dict(attn=attn_PSH / total_P[:, None, None], attn_resid=resid_P / total_P, attn_bias=bias_P / total_P,
+               mlp=mlp_P / total_P if parallel else None, mlp_resid=None)
+    if has_mlp and not parallel:
+        out["mlp"], out["mlp_resid"] = importance(torch.stack([at("hook_mlp_out"), whole_PD]), post_PD)
+    return out
+
+
+@torch.no_grad()
+def flow_contributions(model, tokens: TokensLike, *, progress: ProgressArg = False) -> FlowContributions:
+    """The importance of every attention edge (per head), residual, bias and MLP of one prompt, layer by layer.
+
+    One forward pass with a names filter (``_hook_names``); then each layer's attention output is
+    decomposed by source and head (``attention_by_source``, computed in chunks of targets) and scored
+    by ``importance``. ``progress``: True (a bar), False or a ``(done, total)`` callable, per layer.
+
+    Example:
+        >>> c = flow_contributions(model, model.to_tokens("The cat sat on the"))   # doctest: +SKIP
+        >>> c.attn_LPSH.shape                                                      # doctest: +SKIP
+        torch.Size([30, 6, 6, 9])
+    """
+    tokens_BP = _one_prompt(model, tokens)
+    cache = run_flow_cache(model, tokens_BP)
+    layers = []
+    with Progress(progress, total=model.cfg.n_layers, desc="information flow") as bar:
+        for l in range(model.cfg.n_layers):
+            layers.append(_layer_importance(model, cache, l))
+            bar.advance()
+    stack = lambda key: None if layers[0][key] is None else torch.stack([x[key] for x in layers]).cpu()  # noqa: E731
+    return FlowContributions(stack("attn"), stack("attn_resid"), stack("attn_bias"), stack("mlp"), stack("mlp_resid"),
+                             model.cfg.parallel_attn_mlp, str_tokens(model, tokens_BP[0]))
+
+
+# ---- the graph ----------------------------------------------------------------------------------------
+def _node(stage: str, layer: int, position: int) -> str:
+    return f"embed:{position}" if stage == "embed" else f"L{layer}.{stage}:{position}"
+
+
+def _input_node(layer: int, position: int) -> str:
+    """The residual state entering ``layer``: the embedding or the previous block's output."""
+    return _node("embed", -1, position) if layer == 0 else _node("post", layer - 1, position)
+
+
+def _check_graph_args(contributions: FlowContributions, position: int, threshold: float) -> int:
+    P = contributions.n_positions
+    if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or not -P <= position < P:
+        raise InputError(f"position must be a whole number in {-P}..{P - 1} (the prompt has {P} tokens), "
+                         f"got {position!r}")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.number)) or not 0.0 <= threshold <= 1.0:
+        raise InputError(f"threshold must be a number in 0..1 (importances of one sum add up to 1), got {threshold!r}")
+    return int(position) % P
+
+
+def _head_text(importance_H: Tensor) -> str:
+    """The heads carrying at least a tenth of an edge, strongest first: "H3 0.21, H0 0.05"."""
+    order = importance_H.argsort(descending=True).tolist()
+    total = float(importance_H.sum())
+    return ", ".join(f"H{h} {float(importance_H[h]):.3f}" for h in order if importance_H[h] >= 0.1 * total)
+
+
+def flow_graph(contributions: FlowContributions, position: int = -1,
+               threshold: float = DEFAULT_THRESHOLD) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The edges with importance >= ``threshold`` reachable from the final residual state at ``position``.
+
+    Returns (nodes, edges). nodes: DataFrame[node, stage, layer, position, token, block] (stage
+    "embed", "mid", "post" or "mlp"; block: what the vocabulary view of the node projects, "attn",
+    "mlp" or "" for an embedding). edges: DataFrame[edge, kind, layer, source, target,
+    source_position, target_position, importance, top_head, heads] (kind "attention", "residual",
+    "mlp_in" or "mlp"; top_head -1 where no head applies), strongest first.
+
+    Example:
+        >>> nodes, edges = flow_graph(flow_contributions(model, tokens), position=-1, threshold=0.04)   # doctest: +SKIP
+    """
+    start = _check_graph_args(contributions, position, threshold)
+    c, L = contributions, contributions.n_layers
+    reached, rows = {start}, []  # positions reached at the residual level being walked down
+
+    def add(kind, layer, source, target, i, j, value, heads_H=None):
+        rows.append(dict(kind=kind, layer=layer, source=source, target=target, source_position=j, target_position=i,
+                         importance=float(value), top_head=-1 if heads_H is None else int(heads_H.argmax()),
+                         heads="" if heads_H is None else _head_text(heads_H)))
+
+    for l in range(L - 1, -1, -1):
+        if c.mlp_LP is not None:  # the MLP writes the block output, in its own sum or the parallel one
+            for i in sorted(reached):
+                if c.mlp_LP[l, i] >= threshold:
+                    mlp = _node("mlp", l, i)
+                    source = _input_node(l, i) if c.parallel else _node("mid", l, i)
+                    add("mlp", l, mlp, _node("post", l, i), i, i, c.mlp_LP[l, i])
+                    add("mlp_in", l, source, mlp, i, i, c.mlp_LP[l, i])
+        attn_stage = "post" if (c.parallel or c.mlp_LP is None) else "mid"
+        if attn_stage == "mid":
+            reached = {i for i in reached if c.mlp_LP[l, i] >= threshold or c.mlp_resid_LP[l, i] >= threshold}
+            for i in sorted(reached):
+                if c.mlp_resid_LP[l, i] >= threshold:
+                    add("residual", l, _node("mid", l, i), _node("post", l, i), i, i, c.mlp_resid_LP[l, i])
+        below = {i for i in reached if c.mlp_LP is not None and c.parallel and c.mlp_LP[l, i] >= threshold}
+        for i in sorted(reached):
+            target = _node(attn_stage, l, i)
+            if c.attn_resid_LP[l, i] >= threshold:
+                add("residual", l, _input_node(l, i), target, i, i, c.attn_resid_LP[l, i])
+                below.add(i)
+            edge_S = c.attn_LPSH[l, i, :i + 1].sum(-1)  # causal: a source at or before its target
+            for j in (edge_S >= threshold).nonzero().flatten().tolist():
+                add("attention", l, _input_node(l, j), target, i, j, edge_S[j], c.attn_LPSH[l, i, j])
+                below.add(j)
+        reached = below
+    edges = pd.DataFrame(rows, columns=["kind", "layer", "source", "target", "source_position", "target_position",
+                                        "importance", "top_head", "heads"])
+    edges.insert(0, "edge", edges["kind"] + " " + edges["source"] + " -> " + edges["target"])
+    edges = edges.sort_values("importance", ascending=False, kind="stable").reset_index(drop=True)
+    return _nodes_table(c, edges, _node("post", L - 1, start)), edges
+
+
+def _nodes_table(c: FlowContributions, edges: pd.DataFrame, start: str) -> pd.DataFrame:
+    """Every node the edges touch (and the start node), with the block its vocabulary view projects."""
+    names = list(dict.fromkeys([start, *edges["source"], *edges["target"]]))
+    rows = []
+    for name in names:
+        place, position = name.rsplit(":", 1)
+        stage, layer = ("embed", -1) if place == "embed" else (place.split(".")[1], int(place.split(".")[0][1:]))
+        # mid states are written by attention, post states by the MLP (attention without a sequential MLP)
+        block = "" if stage == "embed" else "attn" if stage == "mid" or (
+            stage == "post" and (c.mlp_LP is None or c.parallel)) else "mlp"
+        rows.append(dict(node=name, stage=stage, layer=layer, position=int(position),
+                         token=c.str_tokens[int(position)], block=block))
+    return pd.DataFrame(rows, columns=["node", "stage", "layer", "position", "token", "block"])
+
+
+def edge_heads(contributions: FlowContributions, layer: int, target_position: int, source_position: int
+               ) -> pd.DataFrame:
+    """Each head's share of the attention edge source -> target at ``layer``: DataFrame[head, importance], strongest first.
+
+    Example:
+        >>> edge_heads(flow_contributions(model, tokens), layer=3, target_position=5, source_position=2)   # doctest: +SKIP
+    """
+    L, P = contributions.n_layers, contributions.n_positions
+    if not (0 <= layer < L and 0 <= source_position <= target_position < P):
+        raise InputError(f"no attention edge {source_position} -> {target_position} at layer {layer}: layers are "
+                         f"0..{L - 1}, positions 0..{P - 1}, and a source comes at or before its target")
+    values_H = contributions.attn_LPSH[layer, target_position, source_position]
+    table = pd.DataFrame({"head": np.arange(len(values_H)), "importance": values_H.numpy()})
+    return table.sort_values("importance", ascending=False, kind="stable").reset_index(drop=True)
+
+
+# ---- what a block writes, in vocabulary terms ---------------------------------------------------------------
+@torch.no_grad()
+def vocab_projection(model, tokens: TokensLike, layer: int, position: int, block: str = "mlp",
+                     k: int = 10) -> pd.DataFrame:
+    """The ``k`` tokens that ``block``'s output at (layer, position) promotes most and suppresses most.
+
+    The output goes through the final norm with its scale frozen at the final residual of that
+    position (as direct logit attribution reads a component) and the unembedding, without its bias:
+    its direct effect on that position's logits. Returns DataFrame[direction, rank, token, token_id,
+    effect] ("promoted" rows first, then "suppressed", most negative first; the columns of
+    ``experiments.neurons.direct_logit_effect``).
+
+    Example:
+        >>> vocab_projection(model, tokens, layer=3, position=-1, block="mlp").head(3)   # doctest: +SKIP
+    """
+    cfg = model.cfg
+    _require_flow_model(model)
+    tokens_BP = _one_prompt(model, tokens)
+    P = tokens_BP.shape[1]
+    if block not in BLOCKS or (block == "mlp" and cfg.attn_only):
+        raise InputError(f"block must be one of {BLOCKS if not cfg.attn_only else ('attn',)} for this model, got {block!r}")
+    if not (0 <= layer < cfg.n_layers and -P <= position < P):
+        raise InputError(f"(layer, position) = ({layer}, {position}) is outside 0..{cfg.n_layers - 1} x {-P}..{P - 1}")
+    name = f"blocks.{layer}.hook_{block}_out"
+    _, cache = model.run_with_cache(tokens_BP, names_filter=lambda n: n in (name, "ln_final.hook_scale"))
+    scale = cache["ln_final.hook_scale"][0, position] if "ln_final.hook_scale" in cache else None
+    normed_D = model.apply_final_norm(cache[name][0, position], frozen_scale=scale)
+    return promoted_and_suppressed(model, normed_D.float() @ model.W_U.float(), k)
+
+
+# ---- the figure ----------------------------------------------------------------------------------------------
+EDGE_COLOURS = {"attention": "#2b6cb0", "residual": "#8c8c8c", "mlp_in": "#dd6b20", "mlp": "#dd6b20"}
+NODE_COLOURS = {"embed": "#4a5568", "mid": "#2b6cb0", "post": "#2f855a", "mlp": "#dd6b20"}
+_WIDTH_BINS = np.array([0.1, 0.25, 0.5, 0.75])  # importance bins, each drawn as one line trace
+
+
+def _node_xy(nodes: pd.DataFrame, parallel_or_attn_only: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Where each node is drawn: x its position (MLP nodes a little to the right), y its depth in layers.
+
+    embed at 0, the state after layer l at l + 1; after attention at l + 0.5, MLP nodes at l + 0.75
+    (l + 0.5 when attention and MLP read the same input or there is no ``mid`` state).
+
+    Example:
+        >>> _node_xy(pd.DataFrame({"stage": ["embed", "mid", "mlp"], "layer": [-1, 0, 0], "position": [2, 2, 2]}), False)
+        (array([2.  , 2.  , 2.35]), array([0.  , 0.5 , 0.75]))
+    """
+    stage, layer = nodes["stage"].to_numpy(), nodes["layer"].to_numpy().astype(float)
+    x = nodes["position"].to_numpy().astype(float) + np.where(stage == "mlp", 0.35, 0.0)
+    mlp_y = layer + (0.5 if parallel_or_attn_only else 0.75)
+    y = np.select([stage == "embed", stage == "mid", stage == "post"],
+                  [np.zeros_like(layer), layer + 0.5, layer + 1.0], mlp_y)
+    return x, y
+
+
+def flow_figure(nodes: pd.DataFrame, edges: pd.DataFrame, str_toks: Sequence[str], n_layers: int,
+                title: str = "Information flow") -> go.Figure:
+    """The graph: positions across (token labels), layers up; edge width and opacity by importance.
+
+    Nodes carry their id and edge midpoints their edge id as ``customdata`` (click targets).
+
+    Example:
+        >>> nodes, edges = flow_graph(contributions, -1, 0.04)                                  # doctest: +SKIP
+        >>> flow_figure(nodes, edges, contributions.str_tokens, contributions.n_layers)        # doctest: +SKIP
+    """
+    compact = not (nodes["stage"] == "mid").any()  # a sequential MLP node always comes with its mid state
+    x, y = _node_xy(nodes, compact)
+    where = dict(zip(nodes["node"], zip(x, y)))
+    fig = go.Figure()
+    bins = np.digitize(edges["importance"].to_numpy(), _WIDTH_BINS)
+    mid_x, mid_y = [], []
+    for (kind, b), group in edges.groupby([edges["kind"], bins], sort=True):
+        xs, ys = [], []
+        for source, target in zip(group["source"], group["target"]):
+            (x0, y0), (x1, y1) = where[source], where[target]
+            bend = 0.18 if kind == "attention" and x0 == x1 else 0.0  # a self edge beside the residual one
+            xs += [x0, (x0 + x1) / 2 + bend, x1, None]
+            ys += [y0, (y0 + y1) / 2, y1, None]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False, name=kind,
+                                 line=dict(color=EDGE_COLOURS[kind], width=1 + 2.5 * b), opacity=0.3 + 0.15 * b))
+    for source, target, kind in zip(edges["source"], edges["target"], edges["kind"]):
+        (x0, y0), (x1, y1) = where[source], where[target]
+        mid_x.append((x0 + x1) / 2 + (0.18 if kind == "attention" and x0 == x1 else 0.0))
+        mid_y.append((y0 + y1) / 2)
+    hover = [f"{e}<br>importance {v:.3f}" + (f"<br>{h}" if h else "")
+             for e, v, h in zip(edges["edge"], edges["importance"], edges["heads"])]
+    fig.add_trace(go.Scatter(x=mid_x, y=mid_y, mode="markers", name="edges", customdata=edges["edge"].tolist(),
+                             marker=dict(size=7, color=[EDGE_COLOURS[k] for k in edges["kind"]], opacity=0.35),
+                             text=hover, hovertemplate="%{text}<extra></extra>", showlegend=False))
+    labels = [f"{n}<br>{t!r}" for n, t in zip(nodes["node"], nodes["token"])]
+    fig.add_trace(go.Scatter(x=x, y=y, mode="markers", name="nodes", customdata=nodes["node"].tolist(),
+                             marker=dict(size=11, color=[NODE_COLOURS[s] for s in nodes["stage"]],
+                                         symbol=["square" if s == "mlp" else "circle" for s in nodes["stage"]],
+                                         line=dict(width=1, color="white")),
+                             text=labels, hovertemplate="%{text}<extra></extra>", showlegend=False))
+    P = len(str_toks)
+    fig.update_xaxes(tickvals=list(range(P)), ticktext=axis_labels(list(str_toks)), tickangle=-60,
+                     range=[-0.7, P - 0.3], title="position")
+    fig.update_yaxes(tickvals=list(range(n_layers + 1)), ticktext=["embed"] + [f"L{l}" for l in range(n_layers)],
+                     range=[-0.4, n_layers + 0.4], title="residual stream after layer")
+    fig.update_layout(title=title, height=max(450, 42 * n_layers + 220), width=max(650, 48 * P + 220),
+                      plot_bgcolor="white")
+    return fig
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    from experiments import _cli
+
+    parser = _cli.make_parser("Information flow routes: the graph of edges that carry one token's prediction.")
+    parser.add_argument("--prompt", default=None)
+    parser.add_argument("--position", type=int, default=-1, help="the token whose prediction is traced (default: last)")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
+    args = parser.parse_args(argv)
+    model = _cli.load(args)
+    tokens = _cli.prompt_tokens(model, args.prompt)
+    contributions = flow_contributions(model, tokens, progress=not args.no_progress)
+    nodes, edges = flow_graph(contributions, args.position, args.threshold)
+    fig = flow_figure(nodes, edges, contributions.str_tokens, contributions.n_layers)
+    _cli.write_outputs(args.out, "information_flow", edges, fig,
+                       {"experiment": "information_flow", "model": args.model, "position": args.position,
+                        "threshold": args.threshold, "str_tokens": contributions.str_tokens,
+                        "nodes": nodes.to_dict(orient="records")})
+
+
+if __name__ == "__main__":
+    from experiments._cli import run_main
+
+    run_main(main)

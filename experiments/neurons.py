@@ -1,0 +1,442 @@
+"""MLP neurons: one neuron's activation on a prompt, its top-activating windows over the bundled corpus
+(computed once per MLP for all its neurons, cached on disk) and its direct effect on the logits.
+
+Legend: B batch, P position, D d_model, M d_mlp, V d_vocab, N flattened tokens.
+
+Where a neuron lives (an ``MLPUnit``) and where its activation is read:
+  dense MLP      blocks.{l}.mlp.hook_post [B, P, M] (the input to W_out)
+  routed expert  no hook has it: computed here from the MLP's input and expert e's weights (W_gate / W_in
+                 [E, D, M], b_gate / b_in, the activation; gpt-oss's clamped SwiGLU with ``swiglu_limit``).
+                 Only the tokens the router sent to e (``hook_expert_indices``) count: elsewhere the
+                 activation is NaN (the expert never ran there).
+  shared expert  blocks.{l}.mlp.shared.hook_post [B, P, M]
+The MLP's input is ``blocks.{l}.ln2.hook_normalized`` where a norm precedes the MLP, and
+``hook_resid_mid`` in post-norm and sublayer-output blocks (their MLP reads the raw residual).
+
+Direct logit effect: ``W_out[neuron] @ W_U``, by default through the final norm's gain (its linear part
+at unit scale: RMSNorm multiplies by w, LayerNorm centres then multiplies by w). The norm's per-token
+divisor is left out (a positive factor: rankings are exact), and so are an expert's router weight and
+a shared expert's gate: the effect is per unit of the neuron's activation.
+
+Top windows (``corpus_maxima``): ``window``-token windows of the Python standard library
+(``workbench.corpus``, the text the zoo trains on) through ``experiments.datasets.corpus_windows``; for
+every neuron of the MLP, the max over each window's positions (BOS excluded: it is an outlier for most
+neurons) and where it is. Stored as safetensors under ``cache_directory()/neurons``, keyed by the
+weights' digest, the MLP and the window token ids, written to a temporary file then renamed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import weakref
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float, Int
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from experiments._progress import Progress, ProgressArg
+from experiments._tokens import TokensLike, str_tokens
+from experiments.datasets import corpus_windows
+from experiments.lens import promoted_and_suppressed
+from experiments.token_view import token_html
+from workbench.components.mlp import ACTIVATIONS
+from workbench.corpus import stdlib_root, stdlib_source_paths
+from workbench.errors import InputError
+
+CACHE_ENV = "WORKBENCH_CACHE_DIR"
+FORMAT = "workbench-neuron-maxima-1"
+DOC_CHARS = 2000  # each corpus file contributes its first ~2000 characters, so windows span many modules
+CHARS_PER_TOKEN = 4  # a generous guess for code; too few windows and the corpus is doubled
+
+
+@dataclass(frozen=True)
+class MLPUnit:
+    """One MLP's neurons: layer ``layer``'s dense MLP, its routed ``expert``, or its ``shared`` expert.
+
+    Example:
+        >>> MLPUnit(3).label, MLPUnit(1, expert=2).label, MLPUnit(1, shared=True).label
+        ('L3 MLP', 'L1 expert 2', 'L1 shared expert')
+    """
+
+    layer: int
+    expert: Optional[int] = None
+    shared: bool = False
+
+    @property
+    def label(self) -> str:
+        if self.shared:
+            return f"L{self.layer} shared expert"
+        return f"L{self.layer} MLP" if self.expert is None else f"L{self.layer} expert {self.expert}"
+
+    def width(self, cfg) -> int:
+        """The number of neurons; ``InputError`` when the model has no such MLP.
+
+        Example:
+            >>> MLPUnit(0).width(model.cfg)   # doctest: +SKIP
+            1536
+        """
+        if cfg.attn_only:
+            raise InputError("this model is attention-only: it has no MLP, so no neurons (open a model with MLPs)")
+        if not 0 <= self.layer < cfg.n_layers:
+            raise InputError(f"layer must be in 0..{cfg.n_layers - 1}, got {self.layer}")
+        moe = self.layer in cfg.moe_layers
+        if (self.expert is not None or self.shared) and not moe:
+            raise InputError(f"layer {self.layer} is a dense MLP: it has no experts")
+        if self.shared:
+            if not cfg.d_shared_expert:
+                raise InputError(f"layer {self.layer}'s mixture of experts has no shared expert")
+            return cfg.d_shared_expert
+        if moe and self.expert is None:
+            raise InputError(f"layer {self.layer} is a mixture of experts: choose an expert (or the shared one)")
+        n_experts = cfg.layer_values("num_experts")[self.layer]
+        if self.expert is not None and not 0 <= self.expert < n_experts:
+            raise InputError(f"layer {self.layer} has experts 0..{n_experts - 1}, got {self.expert}")
+        return cfg.layer_values("d_mlp")[self.layer]
+
+
+def mlp_units(model) -> list[MLPUnit]:
+    """Every MLP whose neurons can be read: dense layers, each routed expert and each shared expert.
+
+    Raises ``InputError`` for an attention-only model.
+
+    Example:
+        >>> [u.label for u in mlp_units(moe_model)][:3]   # doctest: +SKIP
+        ['L0 expert 0', 'L0 expert 1', 'L0 expert 2']
+    """
+    cfg = model.cfg
+    if cfg.attn_only:
+        MLPUnit(0).width(cfg)  # raises the message
+    units = []
+    for layer, n_experts in enumerate(cfg.layer_values("num_experts")):
+        if not n_experts:
+            units.append(MLPUnit(layer))
+            continue
+        units += [MLPUnit(layer, expert=e) for e in range(n_experts)]
+        if cfg.d_shared_expert:
+            units.append(MLPUnit(layer, shared=True))
+    return units
+
+
+def _mlp_input_hook(cfg, layer: int) -> str:
+    if cfg.parallel_attn_mlp or cfg.norm_placement in ("pre", "sandwich"):
+        return f"blocks.{layer}.ln2.hook_normalized"
+    return f"blocks.{layer}.hook_resid_mid"
+
+
+def _hook_names(cfg, unit: MLPUnit) -> list[str]:
+    l = unit.layer
+    if unit.shared:
+        return [f"blocks.{l}.mlp.shared.hook_post"]
+    if unit.expert is None:
+        return [f"blocks.{l}.mlp.hook_post"]
+    return [_mlp_input_hook(cfg, l), f"blocks.{l}.mlp.hook_expert_indices"]
+
+
+def _expert_hidden(model, unit: MLPUnit, x_ND: Tensor) -> Float[Tensor, "tokens d_mlp"]:
+    """Expert ``unit.expert``'s input to its W_out, by the formulas of ``workbench.components.moe``."""
+    cfg, mlp, e = model.cfg.for_layer(unit.layer), model.blocks[unit.layer].mlp, unit.expert
+    up_NM = x_ND @ mlp.W_in[e] + (0 if mlp.b_in is None else mlp.b_in[e])
+    act = ACTIVATIONS[cfg.act_fn]
+    if mlp.W_gate is None:
+        return act(up_NM)
+    gate_NM = x_ND @ mlp.W_gate[e] + (0 if mlp.b_gate is None else mlp.b_gate[e])
+    if cfg.swiglu_limit is None:
+        return act(gate_NM) * up_NM
+    limit = cfg.swiglu_limit  # gpt-oss: (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit)
+    gate_NM, up_NM = gate_NM.clamp(max=limit), up_NM.clamp(-limit, limit)
+    return (up_NM + 1) * gate_NM * torch.sigmoid(gate_NM * cfg.swiglu_alpha)
+
+
+@torch.no_grad()
+def unit_activations(model, tokens: TokensLike, unit: MLPUnit
+                     ) -> tuple[Float[Tensor, "batch pos d_mlp"], Bool[Tensor, "batch pos"]]:
+    """Every neuron of ``unit`` on every token (float32), and which tokens ran it (all, but for a routed
+    expert: those the router sent to it; the others' activations are NaN). Runs the blocks up to ``unit.layer``.
+
+    Example:
+        >>> acts_BPM, routed_BP = unit_activations(model, "The cat sat", MLPUnit(2))   # doctest: +SKIP
+    """
+    unit.width(model.cfg)
+    tokens_BP = model.as_tokens(tokens)
+    kept: dict[str, Tensor] = {}
+
+    def keep(activation: Tensor, hook) -> None:
+        kept[hook.name] = activation.detach()
+
+    names = _hook_names(model.cfg, unit)
+    model.run_with_hooks(tokens_BP, stop_at_layer=unit.layer + 1, fwd_hooks=[(name, keep) for name in names])
+    if unit.expert is None:
+        acts_BPM = kept[names[0]].float()
+        return acts_BPM, torch.ones(acts_BPM.shape[:2], dtype=torch.bool, device=acts_BPM.device)
+    x_BPD, indices_BPk = kept[names[0]], kept[names[1]]
+    B, P, D = x_BPD.shape
+    acts_BPM = _expert_hidden(model, unit, x_BPD.reshape(B * P, D)).float().reshape(B, P, -1)
+    routed_BP = (indices_BPk == unit.expert).any(-1)
+    return acts_BPM.masked_fill(~routed_BP[..., None], math.nan), routed_BP
+
+
+def neuron_activation(model, tokens: TokensLike, unit: MLPUnit, neuron: int) -> pd.DataFrame:
+    """One neuron on each token of the prompt (batch row 0): DataFrame[position, token, activation, routed].
+
+    ``activation`` is NaN where a routed expert did not run (``routed`` False).
+
+    Example:
+        >>> neuron_activation(model, "The cat sat", MLPUnit(2), 17).nlargest(3, "activation")   # doctest: +SKIP
+    """
+    _check_neuron(model, unit, neuron)
+    tokens_1P = model.as_tokens(tokens)[:1]
+    acts_BPM, routed_BP = unit_activations(model, tokens_1P, unit)
+    return pd.DataFrame({"position": range(tokens_1P.shape[1]), "token": str_tokens(model, tokens_1P[0].cpu()),
+                         "activation": acts_BPM[0, :, neuron].cpu().numpy(), "routed": routed_BP[0].cpu().numpy()})
+
+
+def _check_neuron(model, unit: MLPUnit, neuron: int) -> None:
+    width = unit.width(model.cfg)
+    if not 0 <= neuron < width:
+        raise InputError(f"{unit.label} has neurons 0..{width - 1}, got {neuron}")
+
+
+def output_weights(model, unit: MLPUnit) -> Float[Tensor, "d_mlp d_model"]:
+    """``unit``'s W_out [M, D]: the direction each neuron writes to the residual stream.
+
+    Example:
+        >>> output_weights(model, MLPUnit(1, expert=3)).shape   # doctest: +SKIP
+        torch.Size([256, 128])
+    """
+    unit.width(model.cfg)
+    mlp = model.blocks[unit.layer].mlp
+    if unit.shared:
+        return mlp.shared.W_out
+    return mlp.W_out if unit.expert is None else mlp.W_out[unit.expert]
+
+
+@torch.no_grad()
+def direct_logit_effect(model, unit: MLPUnit, neuron: int, k: int = 10, through_final_norm: bool = True) -> pd.DataFrame:
+    """The ``k`` tokens one unit of the neuron's activation promotes most and suppresses most, directly.
+
+    effect = W_out[neuron] @ W_U, through the final norm's gain when ``through_final_norm`` (see the
+    module docstring). DataFrame[direction ("promoted" / "suppressed"), rank, token, token_id, effect].
+
+    Example:
+        >>> direct_logit_effect(model, MLPUnit(5), 100, k=5).query("direction == 'promoted'").token   # doctest: +SKIP
+    """
+    _check_neuron(model, unit, neuron)
+    out_D = output_weights(model, unit)[neuron]
+    if through_final_norm:
+        unit_scale = torch.ones(1, 1, dtype=out_D.dtype, device=out_D.device)
+        out_D = model.apply_final_norm(out_D[None], frozen_scale=unit_scale)[0]
+    return promoted_and_suppressed(model, out_D.float() @ model.W_U.float(), k)
+
+
+# ---- top-activating windows over the corpus ---------------------------------------------------------
+def cache_directory() -> Path:
+    """Where the workbench caches results on disk: ``$WORKBENCH_CACHE_DIR``, else ``~/.cache/workbench``.
+
+    Example:
+        >>> cache_directory().name in ("workbench",) or bool(os.environ.get("WORKBENCH_CACHE_DIR"))
+        True
+    """
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "workbench").expanduser()
+
+
+_DIGESTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def weights_digest(model) -> str:
+    """SHA-256 of every tensor of the model's state (names, shapes, dtypes, bytes).
+
+    Remembered per model until a parameter is changed in place or replaced (its version counter or
+    storage moves), so a page pays for it once (~0.5 s for SmolLM2's 135M parameters).
+
+    Example:
+        >>> len(weights_digest(model))   # doctest: +SKIP
+        64
+    """
+    state = model.state_dict()
+    stamp = tuple((t.data_ptr(), t._version) for t in state.values())
+    remembered = _DIGESTS.get(model)
+    if remembered is not None and remembered[0] == stamp:
+        return remembered[1]
+    digest = hashlib.sha256()
+    for name, tensor in state.items():
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|".encode())
+        digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
+    _DIGESTS[model] = (stamp, digest.hexdigest())
+    return digest.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def _corpus_paths() -> tuple[Path, ...]:
+    root = stdlib_root()
+    return tuple(root / relative for relative in stdlib_source_paths(root))
+
+
+def _corpus_texts(n_chars: int) -> list[str]:
+    """The first ~DOC_CHARS characters (whole lines) of evenly spaced corpus files, ``n_chars`` in all."""
+    paths = _corpus_paths()
+    n_docs = min(len(paths), max(1, math.ceil(n_chars / DOC_CHARS)))
+    texts = []
+    for i in range(n_docs):
+        text = paths[i * len(paths) // n_docs].read_bytes().decode("utf-8", errors="replace")
+        head = text[:DOC_CHARS].rsplit("\n", 1)[0] if len(text) > DOC_CHARS else text
+        if head.strip():
+            texts.append(head)
+    return texts
+
+
+def neuron_corpus(model, n_windows: int = 256, window: int = 64) -> Int[Tensor, "batch pos"]:
+    """The ``n_windows`` corpus windows of ``window`` tokens the top-window search reads (fewer only
+    when the whole corpus is shorter).
+
+    Example:
+        >>> neuron_corpus(model, n_windows=16, window=64).shape   # doctest: +SKIP
+        torch.Size([16, 64])
+    """
+    if n_windows < 1:
+        raise InputError(f"n_windows must be at least 1, got {n_windows}")
+    n_chars = n_windows * window * CHARS_PER_TOKEN
+    while True:
+        texts = _corpus_texts(n_chars)
+        windows_BP = corpus_windows(model, texts, window=window, max_windows=n_windows)
+        if windows_BP.shape[0] >= n_windows or len(texts) >= len(_corpus_paths()):
+            return windows_BP
+        n_chars *= 2
+
+
+@dataclass(frozen=True)
+class CorpusMaxima:
+    """Each corpus window's max activation of every neuron of one MLP, and where in the window it is.
+
+    ``max_BM`` is -inf where no token of the window ran the neuron (a routed expert not chosen there).
+    """
+
+    windows_BP: Int[Tensor, "batch pos"]
+    max_BM: Float[Tensor, "batch d_mlp"]
+    argmax_BM: Int[Tensor, "batch d_mlp"]
+    path: Optional[Path]
+    from_disk: bool
+
+
+def maxima_path(model, unit: MLPUnit, windows_BP: Tensor) -> Path:
+    """The cache file of ``unit``'s maxima over ``windows_BP``: named by the model and MLP, keyed by a
+    digest of the weights, the MLP, the window ids and the format.
+
+    Example:
+        >>> maxima_path(model, MLPUnit(3), neuron_corpus(model)).parent == cache_directory() / "neurons"   # doctest: +SKIP
+        True
+    """
+    key = json.dumps({"format": FORMAT, "weights": weights_digest(model), "unit": [unit.layer, unit.expert, unit.shared],
+                      "windows": hashlib.sha256(windows_BP.cpu().long().numpy().tobytes()).hexdigest(),
+                      "shape": list(windows_BP.shape)})
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{model.cfg.model_name or 'model'}-{unit.label}")
+    return cache_directory() / "neurons" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.safetensors"
+
+
+def _read_maxima(path: Path, windows_BP: Tensor) -> Optional[CorpusMaxima]:
+    """The cached maxima, or None when the file is missing, unreadable or for other windows."""
+    try:
+        stored = load_file(str(path))
+    except (OSError, SafetensorError, ValueError):
+        return None
+    if not torch.equal(stored.get("windows_BP", torch.empty(0)), windows_BP.cpu().long()):
+        return None
+    return CorpusMaxima(windows_BP.cpu().long(), stored["max_BM"], stored["argmax_BM"].long(), path, True)
+
+
+def _write_atomically(path: Path, tensors: dict[str, Tensor]) -> None:
+    """Writes to a temporary file and renames it: an interrupted write leaves no file under ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file({name: t.contiguous() for name, t in tensors.items()}, str(temporary))
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+@torch.no_grad()
+def corpus_maxima(model, unit: MLPUnit, n_windows: int = 256, window: int = 64, batch_size: int = 16,
+                  progress: ProgressArg = False, use_disk: bool = True) -> CorpusMaxima:
+    """Every neuron of ``unit``: its max activation in each corpus window and the position of that max,
+    read from the disk cache when there (no forward pass), else computed ``batch_size`` windows at a
+    time (``progress`` counts the windows) and saved.
+
+    Example:
+        >>> maxima = corpus_maxima(model, MLPUnit(3), n_windows=64, progress=True)   # doctest: +SKIP
+        >>> top_windows(model, maxima, neuron=17, k=5)                               # doctest: +SKIP
+    """
+    unit.width(model.cfg)
+    windows_BP = neuron_corpus(model, n_windows, window).cpu().long()
+    path = maxima_path(model, unit, windows_BP) if use_disk else None
+    cached = _read_maxima(path, windows_BP) if path is not None and path.is_file() else None
+    if cached is not None:
+        return cached
+    skip = 1 if model.bos_first() else 0  # BOS's activations are outliers, not evidence
+    maxima, argmaxima = [], []
+    with Progress(progress, total=windows_BP.shape[0], desc=f"{unit.label} over the corpus") as bar:
+        for start in range(0, windows_BP.shape[0], batch_size):
+            chunk_BP = windows_BP[start:start + batch_size].to(model.cfg.device)
+            acts_BPM, _ = unit_activations(model, chunk_BP, unit)
+            values_BM, where_BM = acts_BPM[:, skip:].nan_to_num(nan=-math.inf).max(dim=1)
+            maxima.append(values_BM.cpu())
+            argmaxima.append((where_BM + skip).cpu())
+            bar.advance(chunk_BP.shape[0])
+    result = CorpusMaxima(windows_BP, torch.cat(maxima), torch.cat(argmaxima), path, False)
+    if path is None:
+        return result
+    try:
+        _write_atomically(path, {"windows_BP": windows_BP, "max_BM": result.max_BM, "argmax_BM": result.argmax_BM.int()})
+    except OSError:  # a read-only or full cache directory: the result stands, it is just not kept
+        return dataclasses.replace(result, path=None)
+    return result
+
+
+def top_windows(model, maxima: CorpusMaxima, neuron: int, k: int = 10) -> pd.DataFrame:
+    """The ``k`` windows where ``neuron`` peaks highest: DataFrame[rank, window, position, token,
+    max_activation, text] (``position``: where in the window; ``text``: the whole window).
+
+    Example:
+        >>> top_windows(model, corpus_maxima(model, MLPUnit(3)), neuron=17, k=3)   # doctest: +SKIP
+    """
+    if not 0 <= neuron < maxima.max_BM.shape[1]:
+        raise InputError(f"neuron must be in 0..{maxima.max_BM.shape[1] - 1}, got {neuron}")
+    values_B = maxima.max_BM[:, neuron]
+    ran = int(torch.isfinite(values_B).sum())
+    top_values, top_windows_ = values_B.topk(min(k, ran))
+    rows = []
+    for rank, (value, w) in enumerate(zip(top_values.tolist(), top_windows_.tolist())):
+        position = int(maxima.argmax_BM[w, neuron])
+        window_tokens = str_tokens(model, maxima.windows_BP[w])
+        rows.append({"rank": rank + 1, "window": w, "position": position, "token": window_tokens[position],
+                     "max_activation": value, "text": "".join(window_tokens)})
+    return pd.DataFrame(rows, columns=["rank", "window", "position", "token", "max_activation", "text"])
+
+
+def top_windows_html(model, maxima: CorpusMaxima, table: pd.DataFrame) -> str:
+    """Each window of a ``top_windows`` table as text with its max token highlighted (one line each).
+
+    Example:
+        >>> html = top_windows_html(model, maxima, top_windows(model, maxima, 17))   # doctest: +SKIP
+    """
+    parts = []
+    for row in table.itertuples():
+        window_tokens = str_tokens(model, maxima.windows_BP[row.window])
+        values = [math.nan] * len(window_tokens)
+        values[row.position] = row.max_activation
+        caption = f"#{row.rank} · window {row.window} · max {row.max_activation:.4g} at position {row.position}"
+        parts.append(token_html(window_tokens, values, selected=row.position, value_name="activation",
+                                line_breaks=False, caption=caption))
+    return "\n".join(parts)
