@@ -4,8 +4,8 @@ Cold start: from launching `streamlit run` to the first attention heatmap drawn 
 (server start, imports, loading the model, the first forward pass and the browser's drawing;
 the browser itself is already open, as a user's would be). Re-render: from the key press that
 applies a new prompt (Ctrl+Enter) or moves the layer slider (an arrow key) until the new
-figures are drawn and Streamlit is idle, for prompts of up to 64 tokens. Goals: cold start
-under 20 s, re-render under 2 s.
+figures are drawn and Streamlit is idle, for prompts of up to 64 tokens. Goals (issue 17): cold
+start within 10 s, re-render within 1 s (the median).
 
     python tests/benchmarks/bench_dashboard.py [--quick]
 """
@@ -27,7 +27,7 @@ from tests.benchmarks.common import machine_line, markdown_table
 from tests.e2e import dashboard
 
 MODEL = "smollm2-135m"
-COLD_START_GOAL_S, RERENDER_GOAL_S = 20.0, 2.0
+COLD_START_GOAL_S, RERENDER_GOAL_S = 10.0, 1.0
 PASSAGE = ("The history of the region goes back thousands of years. The first written records describe farmers, "
            "traders and travellers who crossed the river valley on their way to the coast, where small markets "
            "slowly grew into towns, and the towns into cities with walls, temples and harbours full of ships. ") * 3
@@ -115,7 +115,7 @@ def _rerenders(page, prompts: list[tuple[int, str]], layer_moves: int) -> list[t
 def _row(measurement: str, values: list[float], goal: float, **extra) -> dict:
     return {"measurement": measurement, **extra, "median_s": statistics.median(values), "min_s": min(values),
             "max_s": max(values), "repeats": len(values), "goal_s": goal,
-            "meets_goal": "yes" if max(values) < goal else "no"}
+            "meets_goal": "yes" if statistics.median(values) <= goal else "no"}
 
 
 def run(quick: bool = False) -> list[dict]:

@@ -30,7 +30,7 @@ COMPARISONS = [
     ("bench_attention_memory", "4. Attention memory and time vs sequence length", "flash at 8,192 tokens under 10% of eager's peak memory"),
     ("bench_load", "5. Loading SmolLM2-135M from its GGUF", "under 5 s and faster than transformers"),
     ("bench_dashboard", "6. Dashboard in a real browser (SmolLM2-135M)",
-     "cold start to the first attention heatmap under 20 s; re-render under 2 s for prompts up to 64 tokens"),
+     "cold start to the first attention heatmap within 10 s; re-render within 1 s (median) for prompts up to 64 tokens"),
     ("bench_datasets", "8. Padded batches: masked forward, and IOI head patching over a dataset",
      "masked forward at most 1.1x the unmasked forward; IOI head patching reported against TransformerLens's "
      "get_act_patch_attn_head_out_all_pos"),

@@ -22,7 +22,9 @@ def server_url(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
     port = dashboard.free_port()
     with open(log_path, "w") as log:
-        server = dashboard.start_server(port, log)
+        # Its own disk cache (the Neurons page's corpus maxima): nothing read from or left in the user's.
+        cache = tmp_path_factory.mktemp("workbench-cache")
+        server = dashboard.start_server(port, log, env={"WORKBENCH_CACHE_DIR": str(cache)})
         try:
             dashboard.wait_healthy(port, server)
         except Exception as error:

@@ -2,13 +2,14 @@
 for two minutes (``WORKBENCH_LOAD_SECONDS``).
 
 Every request opens a link (``/Page?model=...&prompt=...``: a fresh session each time) and reads one
-number the page shows. Checked:
+number the page shows: Ablation, Logit lens, Patching and Neurons on SmolLM2-135M, Router on the MoE
+toy model, Induction on the attention-only toy model. Checked:
 - no page shows a traceback or an error;
 - every number equals what the experiments functions compute for that model and prompt in this test
   process (what the page shows alone), and the same request always shows the same number, so nothing
   leaks between sessions through the shared model, its hooks or the caches;
-- the server's resident memory stops growing once every model is loaded and the caches are full (the
-  second half of the run grows by less than ``MEMORY_GROWTH_LIMIT``);
+- the server's resident memory stops growing once every model is loaded and every request has been
+  served once (it grows by less than ``MEMORY_GROWTH_LIMIT`` from then on);
 - afterwards no hook is attached to any model (the Home page's "Hooks attached now" reads 0).
 
 The figures (contexts, requests served, peak memory) are printed for the closing note (``pytest -s``).
@@ -17,6 +18,7 @@ The figures (contexts, requests served, peak memory) are printed for the closing
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import re
 import time
@@ -29,7 +31,7 @@ import pytest
 import torch
 
 import workbench as wb
-from experiments import ablation, induction, lens, router
+from experiments import ablation, induction, lens, neurons, router
 from tests.e2e import dashboard
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -76,6 +78,22 @@ def _expert_ablated(model, prompt: str) -> str:
     return f"{router.expert_ablation_effect(model, model.to_tokens(prompt), 1, 0)['ablated_loss']:.4f}"
 
 
+def _clean_logit_diff(model, clean: str) -> str:
+    with torch.no_grad():
+        logits_V = model(model.to_tokens(clean))[0, -1]
+    return f"{float(logits_V[model.to_single_token(' Mary')] - logits_V[model.to_single_token(' John')]):.4f}"
+
+
+def _max_activation(model, prompt: str) -> str:
+    return f"{neurons.neuron_activation(model, model.to_tokens(prompt), neurons.MLPUnit(2), 7)['activation'].max():.4f}"
+
+
+IOI_PAIRS = [("When Mary and John went to the store, John gave a drink to",
+              "When Mary and John went to the store, Mary gave a drink to"),
+             ("After Mary and John met at the park, John handed a book to",
+              "After Mary and John met at the park, Mary handed a book to")]
+
+
 def _second_copy_loss(seed: int):
     def expected(model, prompt: str) -> str:
         loss = induction.induction_loss(model, seq_len=12, batch=4, seed=seed)
@@ -90,10 +108,12 @@ SCENARIOS = [
     Scenario("Logit_lens", "smollm2-135m", {}, r"caption:logit difference (-?\d+\.\d+)", _dla_logit_diff),
     Scenario("Router", "toy-moe-2l", {"router_layer": "1", "router_expert": "0"}, "Mean loss without L1 expert 0",
              _expert_ablated),
-    Scenario("Ablation", "toy-attn-2l", {"ablation_kind": "attn_layer", "ablation_attn_layers": "[0]",
-                                         "ablation_method": "zero"},
-             "Mean loss, ablated", _ablated_loss([("attn_layer", 0, None)])),
-    Scenario("Logit_lens", "toy-moe-2l", {}, r"caption:logit difference (-?\d+\.\d+)", _dla_logit_diff),
+    Scenario("Patching", "smollm2-135m", {"patching_source": "Prompt pair", "patching_answer": " Mary",
+                                          "patching_wrong": " John"},
+             "Clean logit diff", None,
+             variants=[("", {"patching_clean": clean, "patching_corrupt": corrupt}) for clean, corrupt in IOI_PAIRS]),
+    Scenario("Neurons", "smollm2-135m", {"neurons_layer": "2", "neurons_neuron": "7", "neurons_corpus": "false"},
+             "Max activation", _max_activation),
     Scenario("Induction", "toy-attn-2l", {"induction_seq_len": "12", "induction_batch": "4"}, "Mean loss, second copy",
              None, variants=[("", {"induction_seed": str(seed)}) for seed in range(3)]),
 ]
@@ -110,8 +130,13 @@ def _expected_values() -> dict:
     for index, scenario in enumerate(SCENARIOS):
         model = models.setdefault(scenario.model, wb.load_model(scenario.model, progress=False).eval())
         for prompt, extra in scenario.requests():
-            compute = scenario.expected or _second_copy_loss(int(extra["induction_seed"]))
-            expected[index, prompt, tuple(sorted(extra.items()))] = compute(model, prompt)
+            if scenario.expected:
+                value = scenario.expected(model, prompt)
+            elif "patching_clean" in extra:
+                value = _clean_logit_diff(model, extra["patching_clean"])
+            else:
+                value = _second_copy_loss(int(extra["induction_seed"]))(model, prompt)
+            expected[index, prompt, tuple(sorted(extra.items()))] = value
     return expected
 
 
@@ -151,7 +176,7 @@ async def _user(browser, base: str, index: int, deadline: float, log: list) -> N
             handle = await page.wait_for_function(READ_JS, arg=[scenario.read], timeout=180_000, polling=100)
             shown = await handle.json_value()
             log.append((index, prompt, tuple(sorted(extra.items())), shown, await _problems(page),
-                        time.monotonic() - started))
+                        time.monotonic() - started, time.monotonic()))
             turn += 1
     finally:
         await context.close()
@@ -167,9 +192,8 @@ async def _run(base: str, server_pid: int) -> tuple[list, list, dict]:
                                                    args=["--headless", "--no-sandbox"])
         deadline = time.monotonic() + LOAD_SECONDS
         users = [asyncio.create_task(_user(browser, base, i, deadline, log)) for i in range(len(SCENARIOS))]
-        start = time.monotonic()
         while not all(u.done() for u in users):
-            memory.append((time.monotonic() - start, process.memory_info().rss))
+            memory.append((time.monotonic(), process.memory_info().rss))
             await asyncio.sleep(1.0)
         for user in users:
             user.result()  # re-raises a context's failure
@@ -193,25 +217,34 @@ def test_six_users_for_two_minutes(tmp_path):
         server = dashboard.start_server(port, server_log)
         try:
             dashboard.wait_healthy(port, server)
-            log, memory, hooks = asyncio.run(_run(f"http://127.0.0.1:{port}", server.pid))
+            # In a thread of its own: another e2e file's sync Playwright may own this thread's event loop.
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                log, memory, hooks = pool.submit(asyncio.run, _run(f"http://127.0.0.1:{port}", server.pid)).result()
         finally:
             dashboard.stop_server(server)
 
-    problems = [(SCENARIOS[i].page, SCENARIOS[i].model, prompt, p) for i, prompt, _, _, p, _ in log if p]
+    problems = [(SCENARIOS[i].page, SCENARIOS[i].model, prompt, p) for i, prompt, _, _, p, _, _ in log if p]
     assert not problems, problems
     wrong = [(SCENARIOS[i].page, SCENARIOS[i].model, prompt, shown, expected[i, prompt, extra])
-             for i, prompt, extra, shown, _, _ in log if shown != expected[i, prompt, extra]]
+             for i, prompt, extra, shown, _, _, _ in log if shown != expected[i, prompt, extra]]
     assert not wrong, f"values that differ from the page's own computation alone: {wrong[:5]}"
     per_context = [sum(1 for entry in log if entry[0] == i) for i in range(len(SCENARIOS))]
     assert all(n >= 2 for n in per_context), f"a context was starved: requests per context {per_context}"
     assert all(value == "0" for value in hooks.values()), f"hooks left attached after the run: {hooks}"
 
-    half = [rss for t, rss in memory if t >= LOAD_SECONDS / 2]
+    # Warm once every context has shown each of its requests once (every model loaded, every result cached);
+    # from then on memory must stay flat.
+    warm = max(min((entry[6] for entry in log if entry[0] == i and entry[1:3] == (prompt, tuple(sorted(extra.items())))),
+                   default=float("inf"))
+               for i, s in enumerate(SCENARIOS) for prompt, extra in s.requests())
+    after = [rss for t, rss in memory if t >= warm]
     peak = max(rss for _, rss in memory)
-    growth = max(half) - half[0] if half else 0
+    growth = max(after) - after[0] if len(after) > 1 else 0
+    warm_note = f"{len(after)} s of it after every request had been served once" if after else "never warm"
     seconds = sorted(entry[5] for entry in log)
     print(f"\nload test: {len(SCENARIOS)} contexts, {len(log)} requests served in {LOAD_SECONDS:.0f} s "
           f"(per context {per_context}), median request {seconds[len(seconds) // 2]:.2f} s, slowest {seconds[-1]:.2f} s, "
-          f"server peak RSS {peak / 2**20:.0f} MiB, growth over the second half {growth / 2**20:+.0f} MiB, "
+          f"server peak RSS {peak / 2**20:.0f} MiB, growth once warm {growth / 2**20:+.0f} MiB ({warm_note}), "
           f"hooks attached afterwards {hooks}")
-    assert growth < MEMORY_GROWTH_LIMIT, f"server memory grew {growth / 2**20:.0f} MiB in the second half of the run"
+    assert len(after) >= 10, f"the run ended before every request had been served once ({warm_note})"
+    assert growth < MEMORY_GROWTH_LIMIT, f"server memory grew {growth / 2**20:.0f} MiB once warm"
