@@ -73,8 +73,7 @@ def decode(kind: str, raw: str, args: tuple, kwargs: dict) -> Any:
         options = _options(args, kwargs)
         by_text = {encode(option): option for option in options}
         if kind == "multiselect":
-            chosen = [by_text[encode(item)] for item in json.loads(raw)]  # KeyError: not an option
-            return chosen
+            return [by_text[encode(item)] for item in json.loads(raw)]  # KeyError: not an option
         return by_text[raw]
     if kind in ("text_input", "text_area"):
         return raw
@@ -110,6 +109,8 @@ def _seed(kind: str, key: str, args: tuple, kwargs: dict) -> bool:
         except (KeyError, ValueError, TypeError, json.JSONDecodeError):
             if origin == "link":
                 st.warning(f"The link's value for `{key}` ({raw[:60]!r}) does not fit here; using the default.")
+    if candidates:  # the widget's own value came from other options (a longer prompt, another model): drop it too
+        st.session_state.pop(key, None)
     return False
 
 

@@ -71,8 +71,6 @@ def _ablation(loaded: LoadedModel, prompt: Prompt) -> Optional[tuple[list, str, 
 
 def _choose_token(prompt: Prompt) -> int:
     n = len(prompt.ids)
-    if st.session_state.get("token_view_token") not in (None, *range(n)):  # from a longer prompt
-        del st.session_state["token_view_token"]
     return linked(st.selectbox, "Selected token", options=list(range(n)), index=n - 1, key="token_view_token",
                   format_func=lambda p: f"{p}: {prompt.str_tokens[p]!r}")
 

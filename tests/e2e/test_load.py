@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-import re
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ class Scenario:
     model: str
     params: dict
     read: str  # a metric's label, or "caption:<regex>" for a number in a caption
-    expected: Callable[[object, str], str]  # (model, prompt) -> the number as the page formats it
+    expected: Callable[[object, str, dict], str]  # (model, prompt, extra params) -> the number as the page shows it
     variants: list = None  # (prompt, extra params) per request; PROMPTS by default
 
     def requests(self) -> list[tuple[str, dict]]:
@@ -60,13 +59,13 @@ class Scenario:
 
 
 def _ablated_loss(targets: list, method: str = "zero"):
-    def expected(model, prompt: str) -> str:
+    def expected(model, prompt: str, extra: dict) -> str:
         chosen = [ablation.AblationTarget(*t) for t in targets]
         return f"{ablation.per_token_loss_change(model, model.to_tokens(prompt), chosen, method)['ablated_loss'].mean():.4f}"
     return expected
 
 
-def _dla_logit_diff(model, prompt: str) -> str:
+def _dla_logit_diff(model, prompt: str, extra: dict) -> str:
     tokens = model.to_tokens(prompt)
     with torch.no_grad():
         target = int(model(tokens)[0, -1].argmax())
@@ -74,17 +73,17 @@ def _dla_logit_diff(model, prompt: str) -> str:
     return f"{dla.attrs['logit_diff']:.4f}"
 
 
-def _expert_ablated(model, prompt: str) -> str:
+def _expert_ablated(model, prompt: str, extra: dict) -> str:
     return f"{router.expert_ablation_effect(model, model.to_tokens(prompt), 1, 0)['ablated_loss']:.4f}"
 
 
-def _clean_logit_diff(model, clean: str) -> str:
+def _clean_logit_diff(model, prompt: str, extra: dict) -> str:
     with torch.no_grad():
-        logits_V = model(model.to_tokens(clean))[0, -1]
+        logits_V = model(model.to_tokens(extra["patching_clean"]))[0, -1]
     return f"{float(logits_V[model.to_single_token(' Mary')] - logits_V[model.to_single_token(' John')]):.4f}"
 
 
-def _max_activation(model, prompt: str) -> str:
+def _max_activation(model, prompt: str, extra: dict) -> str:
     return f"{neurons.neuron_activation(model, model.to_tokens(prompt), neurons.MLPUnit(2), 7)['activation'].max():.4f}"
 
 
@@ -94,11 +93,9 @@ IOI_PAIRS = [("When Mary and John went to the store, John gave a drink to",
               "After Mary and John met at the park, Mary handed a book to")]
 
 
-def _second_copy_loss(seed: int):
-    def expected(model, prompt: str) -> str:
-        loss = induction.induction_loss(model, seq_len=12, batch=4, seed=seed)
-        return f"{loss.groupby('copy')['loss'].mean()['second']:.3f}"
-    return expected
+def _second_copy_loss(model, prompt: str, extra: dict) -> str:
+    loss = induction.induction_loss(model, seq_len=12, batch=4, seed=int(extra["induction_seed"]))
+    return f"{loss.groupby('copy')['loss'].mean()['second']:.3f}"
 
 
 SCENARIOS = [
@@ -110,12 +107,12 @@ SCENARIOS = [
              _expert_ablated),
     Scenario("Patching", "smollm2-135m", {"patching_source": "Prompt pair", "patching_answer": " Mary",
                                           "patching_wrong": " John"},
-             "Clean logit diff", None,
+             "Clean logit diff", _clean_logit_diff,
              variants=[("", {"patching_clean": clean, "patching_corrupt": corrupt}) for clean, corrupt in IOI_PAIRS]),
     Scenario("Neurons", "smollm2-135m", {"neurons_layer": "2", "neurons_neuron": "7", "neurons_corpus": "false"},
              "Max activation", _max_activation),
     Scenario("Induction", "toy-attn-2l", {"induction_seq_len": "12", "induction_batch": "4"}, "Mean loss, second copy",
-             None, variants=[("", {"induction_seed": str(seed)}) for seed in range(3)]),
+             _second_copy_loss, variants=[("", {"induction_seed": str(seed)}) for seed in range(3)]),
 ]
 
 
@@ -130,13 +127,7 @@ def _expected_values() -> dict:
     for index, scenario in enumerate(SCENARIOS):
         model = models.setdefault(scenario.model, wb.load_model(scenario.model, progress=False).eval())
         for prompt, extra in scenario.requests():
-            if scenario.expected:
-                value = scenario.expected(model, prompt)
-            elif "patching_clean" in extra:
-                value = _clean_logit_diff(model, extra["patching_clean"])
-            else:
-                value = _second_copy_loss(int(extra["induction_seed"]))(model, prompt)
-            expected[index, prompt, tuple(sorted(extra.items()))] = value
+            expected[index, prompt, tuple(sorted(extra.items()))] = scenario.expected(model, prompt, extra)
     return expected
 
 
