@@ -1,4 +1,4 @@
-"""The ``workbench`` console script: ``train``, ``run`` (the dashboard) and ``models``.
+"""The ``workbench`` console script: ``train``, ``run`` (the dashboard), ``models`` and ``plan``.
 
 ``train`` and ``run`` start the layers above the library in their own process
 (``python -m experiments.zoo``, ``streamlit run app/Home.py``): the library never imports them.
@@ -8,6 +8,7 @@ Example:
     workbench models --architectures
     workbench train --recipe toy-attn-2l --out runs/toy-attn-2l
     workbench run --port 8502
+    workbench plan smollm2-135m --max-memory cpu=300MiB --batch 8 --pos 128
 """
 
 from __future__ import annotations
@@ -55,6 +56,42 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_max_memory(items: Sequence[str]) -> Optional[dict]:
+    """``["0=20GiB", "cpu=60GiB"]`` as ``{0: "20GiB", "cpu": "60GiB"}`` (None for no items).
+
+    Example:
+        >>> parse_max_memory(["0=20GiB", "cpu=1000"])
+        {0: '20GiB', 'cpu': 1000}
+    """
+    if not items:
+        return None
+    out: dict = {}
+    for item in items:
+        device, separator, size = item.partition("=")
+        if not separator or not device or not size:
+            raise ValueError(f"--max-memory takes DEVICE=SIZE (e.g. 0=20GiB cpu=60GiB), got {item!r}")
+        out[int(device) if device.isdigit() else device] = int(size) if size.isdigit() else size
+    return out
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import torch
+
+    from workbench.loading import plan_memory
+
+    dtype = None if args.dtype is None else getattr(torch, args.dtype)
+    try:  # ConfigError and CheckpointError are ValueErrors too
+        table = plan_memory(args.source, dtype=dtype, device_map=args.device_map,
+                            max_memory=parse_max_memory(args.max_memory), batch=args.batch, pos=args.pos)
+    except (ImportError, ValueError) as error:
+        print(f"workbench plan: {error}", file=sys.stderr)
+        return 2
+    print(f"{args.source}: {table.attrs['dtype']} weights; a cache of every hook for batch {table.attrs['batch']} "
+          f"x {table.attrs['pos']} tokens")
+    print(table[["device", "units", "weights", "cache", "cache_on"]].to_string(index=False))
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     if not DASHBOARD.is_file():
         print(f"workbench run: the dashboard entry point {DASHBOARD} is missing", file=sys.stderr)
@@ -84,6 +121,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     models.add_argument("--architectures", action="store_true",
                         help="list the checkpoint architectures that load instead")
     models.set_defaults(handler=_models)
+    plan = commands.add_parser("plan", help="bytes per device of a model's weights and cache, before loading it")
+    plan.add_argument("source", help="registered name, HF directory, .gguf file or saved model")
+    plan.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                      help="weights' dtype (default: what load_model would use)")
+    plan.add_argument("--device-map", default="auto", choices=("auto", "sequential"))
+    plan.add_argument("--max-memory", nargs="*", default=[], metavar="DEVICE=SIZE",
+                      help="e.g. 0=20GiB cpu=60GiB (default: each device's free memory)")
+    plan.add_argument("--batch", type=int, default=1)
+    plan.add_argument("--pos", type=int, default=1024, help="tokens per row (capped at the model's context)")
+    plan.set_defaults(handler=_plan)
     args = parser.parse_args(argv)
     return args.handler(args)
 

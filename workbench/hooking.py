@@ -9,7 +9,7 @@ methods wrap TransformerLens's own. What it adds to TransformerLens's behaviour:
   list) is an ``InputError`` naming it and the nearest real names, instead of a bare ``KeyError``
   or a silently empty cache. Callable names and filters are left as they are.
 - a hook that raises gets a note naming its hook point; a hook that returns a tensor of another
-  shape or dtype than it received is an ``InputError`` naming the hook point and both. Hooks are
+  shape, dtype or device than it received is an ``InputError`` naming the hook point and both. Hooks are
   removed after any error (TransformerLens's context manager does this).
 - ``run_with_cache(batch_size=..., cache_dir=...)`` runs a dataset in batches in bounded memory,
   to memory or to disk (``workbench.cache_batches``).
@@ -215,6 +215,10 @@ def _checked_hook(hook_fn: Callable) -> Callable:
         if not isinstance(returned, Tensor):
             raise InputError(f"the hook {_hook_label(hook_fn)} on '{hook.name}' returned a {type(result).__name__}: "
                              "a hook returns a tensor of the shape and dtype it received, or None")
+        if returned.device != tensor.device:  # across a device map, the next module would run on the wrong device
+            raise InputError(f"the hook {_hook_label(hook_fn)} on '{hook.name}' returned a tensor on {returned.device} "
+                             f"but received one on {tensor.device}: a hook returns its result on the device it "
+                             "received (copy elsewhere inside the hook if you need to)")
         if returned.shape != tensor.shape or returned.dtype != tensor.dtype:
             raise InputError(f"the hook {_hook_label(hook_fn)} on '{hook.name}' returned shape "
                              f"{tuple(returned.shape)} {returned.dtype} but received shape {tuple(tensor.shape)} "

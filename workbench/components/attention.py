@@ -55,7 +55,9 @@ class AttentionBase(nn.Module):
         self.attn_impl = cfg.attn_impl
         self.use_attn_result = cfg.use_attn_result
         if cfg.positional == "alibi":
-            self.register_buffer("alibi_slopes_H", alibi_slopes(cfg.n_heads), persistent=False)
+            with torch.device("cpu"):  # real slopes even when the model is built on the meta device
+                slopes_H = alibi_slopes(cfg.n_heads)
+            self.register_buffer("alibi_slopes_H", slopes_H, persistent=False)
         else:
             self.alibi_slopes_H = None
         # A subclass makes _W_O_lin [D, H*J] and b_O [D] (or None), then calls _add_kernel_hooks.

@@ -52,7 +52,9 @@ class SinusoidalPosEmbed(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.register_buffer("table", sinusoidal_table(cfg.n_ctx, cfg.d_model).to(cfg.dtype), persistent=False)
+        with torch.device("cpu"):  # a real table even when the model is built on the meta device
+            table = sinusoidal_table(cfg.n_ctx, cfg.d_model).to(cfg.dtype)
+        self.register_buffer("table", table, persistent=False)
 
     def forward(self, positions: Int[Tensor, "*batch pos"]) -> Float[Tensor, "*batch pos d_model"]:
         return self.table[positions]

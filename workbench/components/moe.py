@@ -149,7 +149,8 @@ class MixtureOfExperts(nn.Module):
         x_ND = x_BPD.reshape(B * P, D)
         weights_Nk, indices_Nk = weights_BPk.reshape(B * P, -1), indices_BPk.reshape(B * P, -1)
         out_ND = torch.zeros_like(x_ND)
-        for expert in indices_Nk.unique().tolist():
+        # On the meta device (wb.plan_memory) the routing has no values and only shapes matter: no expert runs.
+        for expert in ([] if x_ND.is_meta else indices_Nk.unique().tolist()):
             token_idx, slot_idx = torch.where(indices_Nk == expert)
             y = self.expert_forward(expert, x_ND[token_idx])
             out_ND.index_add_(0, token_idx, y * weights_Nk[token_idx, slot_idx, None])

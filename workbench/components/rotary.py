@@ -38,8 +38,9 @@ class Rotary(nn.Module):
         self.adjacent_pairs = cfg.rotary_adjacent_pairs
         self.scaling: Scaling = None if cfg.rotary_scaling is None else tuple(sorted(cfg.rotary_scaling.items()))
         self.dynamic = (cfg.rotary_scaling or {}).get("rope_type") == "dynamic"
-        cos, sin = rotary_table(cfg.n_ctx, cfg.rotary_dim, cfg.rotary_base, self.scaling,
-                                adjacent_pairs=self.adjacent_pairs)
+        with torch.device("cpu"):  # a real (and cached) table even when the model is built on the meta device
+            cos, sin = rotary_table(cfg.n_ctx, cfg.rotary_dim, cfg.rotary_base, self.scaling,
+                                    adjacent_pairs=self.adjacent_pairs)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 

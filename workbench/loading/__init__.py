@@ -13,13 +13,15 @@ from typing import Optional, Union
 import pandas as pd
 import torch
 
-from workbench.errors import CheckpointError
-from workbench.loading.gguf_loader import GGUF_MODELS, load_gguf
-from workbench.loading.hf import FAMILIES, is_hf_directory, load_hf_directory, read_config
-from workbench.loading.native import FORMAT_TAG, load_native
+from workbench.config import ModelConfig
+from workbench.errors import CheckpointError, ConfigError
+from workbench.loading.gguf_loader import GGUF_MODELS, GGUFFile, load_gguf, model_config_from_gguf
+from workbench.loading.hf import FAMILIES, hf_checkpoint_dtype, hf_model_config, is_hf_directory, load_hf_directory, read_config
+from workbench.loading.native import FORMAT_TAG, load_native, native_config
+from workbench.loading.placement import DeviceMapSpec, MaxMemory, Placement, plan
 from workbench.loading.registry import REGISTRY, default_model_name, list_models
 
-__all__ = ["load_model", "list_models", "default_model_name", "supported_architectures", "CheckpointNotFoundError"]
+__all__ = ["load_model", "plan_memory", "model_config", "list_models", "default_model_name", "supported_architectures", "CheckpointNotFoundError"]
 
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
@@ -28,7 +30,9 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optional[torch.dtype] = None,
                device: str = "cpu", progress: Optional[bool] = None, *, fold_ln: bool = False,
-               center_writing_weights: bool = False, center_unembed: bool = False, fold_value_biases: bool = False):
+               center_writing_weights: bool = False, center_unembed: bool = False, fold_value_biases: bool = False,
+               device_map: Optional[DeviceMapSpec] = None, max_memory: MaxMemory = None,
+               offload_folder: Optional[Union[str, Path]] = None):
     """Loads a model from a registered name, an HF directory, a .gguf file or a saved directory.
 
     By default the weights are as in the checkpoint (logits equal `transformers`'). The four
@@ -51,6 +55,20 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
         center_writing_weights: centre W_E, W_pos, W_O, b_O, W_out, b_out over d_model (LayerNorm only).
         center_unembed: centre W_U (and b_U) over the vocabulary (log-probabilities unchanged).
         fold_value_biases: fold b_V into b_O.
+        device_map: spread the model over several devices through ``accelerate`` (the ``scale``
+            extra) instead of ``device``: "auto" (GPUs, then the CPU, then disk, within
+            ``max_memory``; blocks balanced over several GPUs), "sequential" (fill each device in
+            turn) or a dict {module: device} over whole blocks and top-level modules, e.g.
+            ``{"embed": 0, "blocks.0": 0, ..., "blocks": "cpu", "ln_final": "cpu", "unembed": "cpu"}``
+            (the longest matching key wins; devices N, "cuda:N", "cpu", "disk"). Each weight goes
+            straight to its device; ``model.device_map`` records the map. Hooks receive each block's
+            activations on its device; ``run_with_cache(..., device="cpu")`` gathers a cache on one.
+            Only blocks can go to "disk". See ``wb.plan_memory`` for the bytes per device first.
+        max_memory: with "auto"/"sequential", the most each device may hold, e.g.
+            ``{0: "20GiB", "cpu": "60GiB"}`` (default: the free memory of each); what does not fit
+            goes to disk.
+        offload_folder: where blocks on "disk" are written (a new or empty directory, or one an
+            earlier load offloaded to, which is cleared); needed when any block goes to disk.
 
     Example:
         >>> import workbench as wb
@@ -61,8 +79,21 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
         >>> gpt2.cfg.weight_processing   # doctest: +SKIP
         ('fold_ln', 'center_writing_weights', 'center_unembed', 'fold_value_biases')
         >>> llama = wb.load_model("smollm2-135m", fold_ln=True, center_unembed=True)   # doctest: +SKIP
+        >>> big = wb.load_model("checkpoints/llama-70b", dtype=torch.bfloat16, device_map="auto",
+        ...                     max_memory={0: "70GiB", 1: "70GiB", "cpu": "100GiB"},
+        ...                     offload_folder="offload")   # doctest: +SKIP
+        >>> big.device_map["blocks.79"]   # doctest: +SKIP
+        'cpu'
     """
-    model = _load(source, attn_impl, dtype, device, progress)
+    placement = None
+    if device_map is not None:
+        if device != "cpu":
+            raise ConfigError(f"device={device!r} and device_map={device_map!r} both say where the weights go: "
+                              "pass one")
+        placement = Placement(device_map, max_memory, offload_folder)
+    elif max_memory is not None or offload_folder is not None:
+        raise ConfigError("max_memory and offload_folder need a device_map (e.g. device_map='auto')")
+    model = _load(source, attn_impl, dtype, device, progress, placement)
     if fold_ln or center_writing_weights or center_unembed or fold_value_biases:
         model.process_weights_(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                                center_unembed=center_unembed, fold_value_biases=fold_value_biases)
@@ -70,9 +101,19 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
 
 
 def _load(source: Union[str, Path], attn_impl: str, dtype: Optional[torch.dtype], device: str,
-          progress: Optional[bool]):
+          progress: Optional[bool], placement: Optional[Placement]):
     """The model exactly as the checkpoint holds it, by whichever loader ``source`` calls for."""
-    options = dict(attn_impl=attn_impl, dtype=dtype, device=device)
+    options = dict(attn_impl=attn_impl, dtype=dtype, device=device, placement=placement)
+    path = _checkpoint_path(source)
+    if path.is_file():
+        return load_gguf(path, progress=progress, **{**options, "dtype": dtype or torch.float32})
+    if _is_native(path):
+        return load_native(path, **options)
+    return load_hf_directory(path, progress=progress, **options)
+
+
+def _checkpoint_path(source: Union[str, Path]) -> Path:
+    """The file or directory ``source`` names, checked to be a .gguf file or a model directory."""
     if isinstance(source, str) and source in REGISTRY:
         source = REGISTRY[source].path()
     path = Path(source)
@@ -82,17 +123,60 @@ def _load(source: Union[str, Path], attn_impl: str, dtype: Optional[torch.dtype]
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise CheckpointError(f"{path}: a file must be a .gguf checkpoint; for safetensors pass its directory")
-        return load_gguf(path, progress=progress, **{**options, "dtype": dtype or torch.float32})
+        return path
     config_path = path / "config.json"
     if not config_path.exists():
         raise CheckpointError(f"{config_path}: not found; a model directory needs config.json "
                               "(HF format or written by model.save())")
-    if read_config(config_path).get("format") == FORMAT_TAG:
-        return load_native(path, **options)
-    if is_hf_directory(path):
-        return load_hf_directory(path, progress=progress, **options)
+    if _is_native(path) or is_hf_directory(path):
+        return path
     raise CheckpointError(f"{config_path}: neither an HF config (no field 'architectures' or 'model_type') "
                           f"nor one written by model.save() (no field 'format': '{FORMAT_TAG}')")
+
+
+def _is_native(directory: Path) -> bool:
+    return read_config(directory / "config.json").get("format") == FORMAT_TAG
+
+
+def model_config(source: Union[str, Path]) -> ModelConfig:
+    """The ``ModelConfig`` of a registered name, HF directory, .gguf file or saved directory, with no
+    weights read, in the dtype ``load_model(source)`` would give (an HF checkpoint's own, from its header).
+
+    Example:
+        >>> wb.loading.model_config("smollm2-135m").n_layers   # doctest: +SKIP
+        30
+    """
+    path = _checkpoint_path(source)
+    if path.is_file():
+        return model_config_from_gguf(GGUFFile(path)).replace(dtype=torch.float32)
+    if _is_native(path):
+        return native_config(path)
+    return hf_model_config(path).replace(dtype=hf_checkpoint_dtype(path))
+
+
+def plan_memory(source: Union[str, Path], dtype: Optional[torch.dtype] = None, device_map: DeviceMapSpec = "auto",
+                max_memory: MaxMemory = None, *, batch: int = 1, pos: int = 1024, names_filter=None) -> pd.DataFrame:
+    """Before loading: where ``load_model(source, dtype=dtype, device_map=..., max_memory=...)`` would put
+    each block, and the bytes per device of the weights and of ``run_with_cache`` on ``batch`` x ``pos``
+    tokens (every hook, or ``names_filter``'s; each activation is cached on its block's device).
+
+    One row per device: ``device``, ``units`` (e.g. "embed, unembed, blocks.0-11"), ``weights_bytes``,
+    ``cache_bytes``, ``cache_on`` (where a disk block's activations land: the CPU), and readable
+    ``weights``/``cache``. Nothing is read but the config (shapes come from a model on the meta device).
+    Also ``workbench plan SOURCE`` on the command line.
+
+    Example:
+        >>> wb.plan_memory("smollm2-135m", max_memory={"cpu": "300MiB"}, batch=8, pos=128)   # doctest: +SKIP
+          device                                 units  weights_bytes  cache_bytes cache_on    weights     cache
+        0    cpu  embed, ln_final, unembed, blocks.0-4      297296640     73859968      cpu  283.5 MiB  70.4 MiB
+        1   disk                           blocks.5-29      354009600    364134400      cpu  337.6 MiB 347.3 MiB
+    """
+    if batch < 1 or pos < 1:
+        raise ConfigError(f"batch and pos must be at least 1, got batch={batch}, pos={pos}")
+    cfg = model_config(source)
+    if dtype is not None:
+        cfg = cfg.replace(dtype=dtype)
+    return plan(cfg, Placement(device_map, max_memory), batch=batch, pos=pos, names_filter=names_filter)
 
 
 def supported_architectures() -> pd.DataFrame:

@@ -32,7 +32,7 @@ from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.common import cannot_honour, show_progress
 from workbench.loading.gguf_tokenizer import tokenizer_from_gguf
-from workbench.loading.weights import assign_weights
+from workbench.loading.placement import Placement, build_model
 from workbench.model import Decoder
 
 # general.architecture values we read, and the models they cover.
@@ -203,7 +203,7 @@ def read_tensors(file: GGUFFile, cfg: ModelConfig, shapes: dict[str, tuple[int, 
 
 
 def load_gguf(path: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtype = torch.float32,
-              device: str = "cpu", progress: Optional[bool] = None):
+              device: str = "cpu", progress: Optional[bool] = None, placement: Optional[Placement] = None):
     """Builds a ``Decoder`` (with its tokenizer) from a llama-architecture GGUF file.
 
     Example:
@@ -213,10 +213,7 @@ def load_gguf(path: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtyp
     file = GGUFFile(Path(path))
     cfg = model_config_from_gguf(file).replace(attn_impl=attn_impl, dtype=dtype)
     tokenizer = tokenizer_from_gguf(file.field, str(file.path))
-    # Built first only to know every parameter's shape (uninitialised memory is never touched);
-    # it is returned only after every tensor has been read and checked.
-    model = Decoder(cfg, tokenizer=tokenizer, init_weights=False)
-    shapes = {name: tuple(param.shape) for name, param in model.state_dict(keep_vars=True).items()}
+    with torch.device("meta"):  # built only to know every parameter's shape: no memory
+        shapes = {name: tuple(param.shape) for name, param in Decoder(cfg, init_weights=False).state_dict(keep_vars=True).items()}
     tensors = read_tensors(file, cfg, shapes, progress)
-    assign_weights(model, tensors, str(file.path), move=True)
-    return model.to(device).eval()
+    return build_model(cfg, tokenizer, tensors, str(file.path), device, placement)

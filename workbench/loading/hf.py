@@ -15,13 +15,13 @@ from typing import Optional, Union
 
 import torch
 
+from workbench.config import ModelConfig
 from workbench.errors import CheckpointError
 from workbench.loading import hf_deepseek, hf_gemma, hf_gpt2, hf_llama, hf_neox, hf_opt_bloom, hf_phi
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
 from workbench.loading.hf_tokenizer import tokenizer_from_hf_directory
-from workbench.loading.weights import assign_weights
-from workbench.model import Decoder
+from workbench.loading.placement import Placement, build_model
 
 CONFIG_FILE = "config.json"
 
@@ -103,8 +103,37 @@ def checkpoint_dtype(tensors: dict[str, torch.Tensor]) -> torch.dtype:
     return next((t.dtype for t in tensors.values() if t.is_floating_point()), torch.float32)
 
 
+def hf_model_config(directory: Union[str, Path]) -> ModelConfig:
+    """The ``ModelConfig`` an HF directory's config.json describes (no weights read; dtype float32).
+
+    Example:
+        >>> hf_model_config("checkpoints/tiny-llama").n_layers   # doctest: +SKIP
+        2
+    """
+    directory = Path(directory)
+    config_path = directory / CONFIG_FILE
+    data = read_config(config_path)
+    architecture = architecture_of(data, str(config_path))
+    cfg = ARCHITECTURES[architecture].model_config(HFConfig(data, str(config_path)), architecture)
+    return cfg.replace(model_name=directory.name)
+
+
+def hf_checkpoint_dtype(directory: Union[str, Path]) -> torch.dtype:
+    """The dtype an HF checkpoint's weights are stored in, from its safetensors header (no data read).
+
+    Example:
+        >>> hf_checkpoint_dtype("checkpoints/tiny-llama")   # doctest: +SKIP
+        torch.float32
+    """
+    ckpt = SafetensorsCheckpoint(Path(directory), progress=False)
+    try:
+        return ckpt.stored_dtype()
+    finally:
+        ckpt.close()
+
+
 def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtype: Optional[torch.dtype] = None,
-                      device: str = "cpu", progress: Optional[bool] = None):
+                      device: str = "cpu", progress: Optional[bool] = None, placement: Optional[Placement] = None):
     """Builds a ``Decoder`` from an HF-format checkpoint directory.
 
     Args:
@@ -114,17 +143,16 @@ def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtyp
         dtype: the weights' dtype; None: the checkpoint's own (the first floating-point tensor's),
             so a bf16 checkpoint is read straight into bf16 with no float32 copy on the way.
         progress: show a progress bar over tensors (None: only for checkpoints over 64 MiB).
+        placement: a device map across devices (``workbench.loading.placement``) instead of ``device``.
 
     Example:
         >>> model = load_hf_directory("checkpoints/tiny-llama", attn_impl="eager")   # doctest: +SKIP
     """
     directory = Path(directory)
-    config_path = directory / CONFIG_FILE
-    data = read_config(config_path)
-    architecture = architecture_of(data, str(config_path))
+    data = read_config(directory / CONFIG_FILE)
+    architecture = architecture_of(data, str(directory / CONFIG_FILE))
     family = ARCHITECTURES[architecture]
-    cfg = family.model_config(HFConfig(data, str(config_path)), architecture)
-    cfg = cfg.replace(attn_impl=attn_impl, model_name=directory.name)
+    cfg = hf_model_config(directory).replace(attn_impl=attn_impl)
 
     ckpt = SafetensorsCheckpoint(directory, progress=progress)
     try:
@@ -137,6 +165,4 @@ def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtyp
         ckpt.close()
     tokenizer = tokenizer_from_hf_directory(directory, data)
     cfg = cfg.replace(dtype=dtype or checkpoint_dtype(tensors))
-    model = Decoder(cfg, tokenizer=tokenizer, init_weights=False)
-    assign_weights(model, tensors, ckpt.source, move=True)
-    return model.to(device).eval()
+    return build_model(cfg, tokenizer, tensors, ckpt.source, device, placement)

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
+import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -21,6 +22,7 @@ from workbench.loading.common import show_progress
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+_HEADER_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.bin")
 
 
@@ -89,6 +91,19 @@ class SafetensorsCheckpoint:
         if self.has(name):
             self.take(name)
         return {}
+
+    def stored_dtype(self) -> torch.dtype:
+        """The dtype the weights are stored in (the first floating-point tensor's), read from the headers only.
+
+        Example:
+            >>> SafetensorsCheckpoint("path/to/hf-dir").stored_dtype()   # doctest: +SKIP
+            torch.bfloat16
+        """
+        for name, path in self.file_of.items():
+            dtype = _HEADER_DTYPES.get(self._handles[path].get_slice(name).get_dtype())
+            if dtype is not None:
+                return dtype
+        return torch.float32
 
     def skip(self, name: str) -> None:
         """Marks a tensor the model deliberately leaves unread (DeepSeek-V3's multi-token-prediction

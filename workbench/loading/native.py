@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import torch
 from safetensors import SafetensorError
@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
-from workbench.loading.weights import assign_weights
+from workbench.loading.placement import Placement, build_model
 from workbench.model import Decoder
 from workbench.saving import CONFIG_FILE, FORMAT_TAG, WEIGHTS_FILE
 from workbench.tokenizer import Tokenizer
@@ -33,24 +33,35 @@ def _current_names(tensors: dict) -> dict:
     return {_LEGACY_NAMES.sub(r"\g<module>._\g<name>_lin", name): tensor for name, tensor in tensors.items()}
 
 
-def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype: torch.dtype | None = None,
-                device: str = "cpu") -> Decoder:
-    """Rebuilds a model written by ``Decoder.save`` (``workbench.saving``).
+def native_config(directory: Union[str, Path]) -> ModelConfig:
+    """The ``ModelConfig`` a directory written by ``Decoder.save`` holds (no weights read).
 
     Example:
-        >>> load_native("runs/my-model", attn_impl="eager")   # doctest: +SKIP
+        >>> native_config("runs/my-model").n_layers   # doctest: +SKIP
+        2
     """
-    directory = Path(directory)
-    config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
+    config_path = Path(directory) / CONFIG_FILE
     try:
         config = json.loads(config_path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise CheckpointError(f"{config_path}: cannot read the config ({error})") from error
     config.pop("format", None)
     try:
-        cfg = ModelConfig.from_dict(config)
+        return ModelConfig.from_dict(config)
     except (ConfigError, TypeError) as error:
         raise CheckpointError(f"{config_path}: {error}") from error
+
+
+def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype: torch.dtype | None = None,
+                device: str = "cpu", placement: Optional[Placement] = None) -> Decoder:
+    """Rebuilds a model written by ``Decoder.save`` (``workbench.saving``).
+
+    Example:
+        >>> load_native("runs/my-model", attn_impl="eager")   # doctest: +SKIP
+    """
+    directory = Path(directory)
+    weights_path = directory / WEIGHTS_FILE
+    cfg = native_config(directory)
     overrides = {k: v for k, v in (("attn_impl", attn_impl), ("dtype", dtype)) if v is not None}
     cfg = cfg.replace(**overrides)
     if not weights_path.exists():
@@ -60,6 +71,4 @@ def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype
     except (SafetensorError, OSError) as error:
         raise CheckpointError(f"{weights_path}: unreadable or truncated safetensors file ({error})") from error
     tokenizer = Tokenizer.from_directory(directory) if (directory / "tokenizer.json").exists() else None
-    model = Decoder(cfg, tokenizer=tokenizer, init_weights=False)
-    assign_weights(model, _current_names(tensors), str(weights_path))
-    return model.to(device)
+    return build_model(cfg, tokenizer, _current_names(tensors), str(weights_path), device, placement)

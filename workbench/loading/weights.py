@@ -23,6 +23,26 @@ def assign_weights(model: torch.nn.Module, tensors: Mapping[str, Tensor], source
     the tensors over (freshly read from a file): each becomes its parameter's storage instead of
     being copied, which saves a full pass over a large checkpoint's memory.
     """
+    expected = check_weights(model, tensors, source)
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            param = expected[name]
+            if move and tensor.device == param.device:
+                param.data = tensor.to(param.dtype).contiguous()  # the Parameter object (and any tie) stays
+            else:
+                param.copy_(tensor.to(param.dtype))
+
+
+def check_weights(model: torch.nn.Module, tensors: Mapping[str, Tensor], source: str) -> dict[str, Tensor]:
+    """``model``'s state dict (parameters as themselves), once every tensor's name and shape is checked.
+
+    ``CheckpointError`` naming ``source`` and the tensor when a parameter is missing, a tensor is not
+    a parameter of this model, or a shape differs. Tied parameters need only one of their names.
+
+    Example:
+        >>> check_weights(torch.nn.Linear(2, 3), {"weight": torch.zeros(3, 2), "bias": torch.zeros(3)}, "x")["bias"].shape
+        torch.Size([3])
+    """
     expected = model.state_dict(keep_vars=True)
     by_identity: dict[int, list[str]] = {}
     for name, param in expected.items():
@@ -37,10 +57,4 @@ def assign_weights(model: torch.nn.Module, tensors: Mapping[str, Tensor], source
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise CheckpointError(
                 f"{source}: tensor '{name}' has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
-    with torch.no_grad():
-        for name, tensor in tensors.items():
-            param = expected[name]
-            if move and tensor.device == param.device:
-                param.data = tensor.to(param.dtype).contiguous()  # the Parameter object (and any tie) stays
-            else:
-                param.copy_(tensor.to(param.dtype))
+    return expected
