@@ -6,7 +6,7 @@ each router and shared experts, dense layers among expert layers, attention-only
 sinks, multi-head latent attention with and without a query bottleneck). Each runs
 ``run_with_cache`` on new tokens after a cached prefix, with every dimension given a size no other
 dimension has, so each axis of each cached tensor maps back to exactly one dimension name; ``key_pos`` differs from ``pos`` because the prefix sits in the KV
-cache. Caching every hook also attaches one to the opt-in ``attn.hook_result``, so it is listed.
+cache. The filter names every hook, so the opt-in ``attn.hook_result`` is computed and listed too.
 
 Regenerate the page with ``python -m workbench.hook_table > docs/hooks.md``;
 ``tests/unit/test_docs.py`` fails while the committed page differs from what this prints.
@@ -281,7 +281,7 @@ def hook_shapes(model: Decoder) -> dict[str, tuple[str, ...]]:
     new_BP = torch.randint(0, model.cfg.d_vocab, (batch, DIMENSIONS["pos"]), generator=generator)
     kv_cache = KVCache(model.cfg.n_layers)
     model(prefix_BP, kv_cache=kv_cache)
-    _, cache = model.run_with_cache(new_BP, kv_cache=kv_cache)
+    _, cache = model.run_with_cache(new_BP, kv_cache=kv_cache, names_filter=lambda name: True)  # hook_result too
 
     shapes: dict[str, tuple[str, ...]] = {}
     before, per_layer, after = [], [[] for _ in range(model.cfg.n_layers)], []

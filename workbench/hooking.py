@@ -120,10 +120,17 @@ class HookMethods:
         """TransformerLens's ``get_caching_hooks`` (what ``run_with_cache`` uses), with a string or
         list ``names_filter`` checked against the model's hook points.
 
+        ``names_filter=None`` caches every hook that fires in TransformerLens's sense: ``attn.hook_result``
+        only with ``model.set_use_attn_result(True)`` (a filter or list that names it caches it too).
+        The caching hooks are TransformerLens's own, so they skip the per-hook check user hooks get.
+
         Example:
             >>> cache, fwd, bwd = model.get_caching_hooks(["blocks.0.attn.hook_z"])   # doctest: +SKIP
         """
-        return super().get_caching_hooks(self._checked_names_filter(names_filter), *args, **kwargs)
+        if names_filter is None and not self.cfg.use_attn_result:
+            names_filter = _fires_without_opt_in
+        cache, fwd, bwd = super().get_caching_hooks(self._checked_names_filter(names_filter), *args, **kwargs)
+        return cache, _trusted(fwd), _trusted(bwd)
 
     def add_caching_hooks(self, names_filter=None, *args: Any, **kwargs: Any) -> dict:
         """TransformerLens's ``add_caching_hooks``, with a string or list ``names_filter`` checked.
@@ -181,7 +188,7 @@ class HookMethods:
                 raise InputError(f"the hook for {name!r} in {argument} must be a function (tensor, hook) -> tensor "
                                  f"or None, got {hook!r}")
         self.check_hook_names([name for name, _ in pairs if isinstance(name, str)])
-        return [(name, _checked_hook(hook)) for name, hook in pairs]
+        return [(name, hook if isinstance(hook, _Trusted) else _checked_hook(hook)) for name, hook in pairs]
 
     def _checked_names_filter(self, names_filter: Any) -> Any:
         """A string or list ``names_filter`` checked (a tuple or set becomes a list); others unchanged."""
@@ -191,6 +198,19 @@ class HookMethods:
             names_filter = list(names_filter)
             self.check_hook_names(names_filter)
         return names_filter
+
+
+def _fires_without_opt_in(name: str) -> bool:
+    """Every hook point but the opt-in per-head ``attn.hook_result`` (TransformerLens's "cache all")."""
+    return not name.endswith("attn.hook_result")
+
+
+class _Trusted(partial):
+    """A hook of our own (TransformerLens's caching hooks), which ``hooks`` attaches unwrapped."""
+
+
+def _trusted(pairs: list) -> list:
+    return [(name, _Trusted(hook)) for name, hook in pairs]
 
 
 def _hook_label(hook_fn: Callable) -> str:

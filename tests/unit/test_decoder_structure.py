@@ -67,14 +67,28 @@ def expected_hook_shapes(cfg, b, p):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_hook_points_have_design_names_and_shapes(variant):
     model = make_model(variant)
-    _, cache = model.run_with_cache(torch.randint(0, model.cfg.d_vocab, (B, P)))
+    _, cache = model.run_with_cache(torch.randint(0, model.cfg.d_vocab, (B, P)), names_filter=lambda name: True)
     got = {name: tuple(t.shape) for name, t in cache.items()}
     assert got == expected_hook_shapes(model.cfg, B, P)
 
 
+def test_caching_every_hook_leaves_out_hook_result_unless_asked_as_transformer_lens_does():
+    model = make_model("gqa_rotary_rms_swiglu")
+    tokens = torch.randint(0, model.cfg.d_vocab, (B, P))
+    every = set(expected_hook_shapes(model.cfg, B, P))
+    result_hooks = {f"blocks.{l}.attn.hook_result" for l in range(model.cfg.n_layers)}
+    _, cache = model.run_with_cache(tokens)
+    assert set(cache.keys()) == every - result_hooks
+    _, cache = model.run_with_cache(tokens, names_filter=sorted(result_hooks))
+    assert set(cache.keys()) == result_hooks
+    model.set_use_attn_result(True)
+    _, cache = model.run_with_cache(tokens)
+    assert set(cache.keys()) == every
+
+
 def test_residual_stream_decomposes_into_hooked_parts():
     model = make_model("gqa_rotary_rms_swiglu")
-    _, cache = model.run_with_cache(torch.randint(0, model.cfg.d_vocab, (B, P)))
+    _, cache = model.run_with_cache(torch.randint(0, model.cfg.d_vocab, (B, P)), names_filter=lambda name: True)
     for l in range(model.cfg.n_layers):
         torch.testing.assert_close(cache[f"blocks.{l}.hook_resid_mid"],
                                    cache[f"blocks.{l}.hook_resid_pre"] + cache[f"blocks.{l}.hook_attn_out"])
