@@ -2,6 +2,10 @@
 
 Every command takes ``--model NAME_OR_PATH`` (default: ``workbench.default_model_name()``) and ``--out DIR``, and writes ``<stem>.csv``, ``<stem>.json`` and
 ``<stem>.html`` (a standalone plotly figure) there.
+
+``--workers N`` (default 1: everything in this process) and ``--ray-address ADDR`` run a command's
+per-prompt work on Ray workers through ``experiments.distributed`` (``worker_pool``), writing the
+same outputs; a command without per-prompt work (``make_parser(..., per_prompt=False)``) refuses them.
 """
 
 from __future__ import annotations
@@ -10,7 +14,8 @@ import argparse
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -22,20 +27,71 @@ DEFAULT_PROMPT = ("When Mary and John went to the store, John gave a drink to Ma
                   "The cat sat on the mat. The cat sat on the mat.")
 
 
-def make_parser(description: str) -> argparse.ArgumentParser:
+class _Parser(argparse.ArgumentParser):
+    """Checks ``--workers`` / ``--ray-address`` once the command line is parsed."""
+
+    def __init__(self, *args, command: Optional[str], per_prompt: bool, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.command, self.per_prompt = command, per_prompt
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed = super().parse_args(args, namespace)
+        if parsed.workers < 1:
+            self.error(f"--workers must be at least 1, got {parsed.workers}")
+        if sharded(parsed) and not self.per_prompt:
+            self.error(f"{self.prog} has no per-prompt work to share between Ray workers; "
+                       f"run it without --workers / --ray-address")
+        return parsed
+
+
+def make_parser(description: str, command: Optional[str] = None, per_prompt: bool = False) -> argparse.ArgumentParser:
     """The arguments every experiment command shares; each module adds its own.
+
+    ``command`` names it (``python -m experiments.<command>`` in usage and errors); ``per_prompt``
+    says it can run its per-prompt work on Ray workers (``--workers``, ``--ray-address``); a
+    command that cannot exits with an error naming it when they are given.
 
     Example:
         >>> make_parser("demo").parse_args(["--model", "m", "--out", "o"]).model
         'm'
     """
-    parser = argparse.ArgumentParser(description=description)
+    prog = f"python -m experiments.{command}" if command else None
+    parser = _Parser(prog=prog, description=description, command=command, per_prompt=per_prompt)
     parser.add_argument("--model", default=None,
                         help="registered name, HF directory, .gguf file or saved model (default: the workbench default)")
     parser.add_argument("--out", required=True, help="directory for the CSV, JSON and HTML outputs")
     parser.add_argument("--attn-impl", default="sdpa", choices=("eager", "sdpa", "flash"))
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="Ray workers for the per-prompt work (default 1: in this process, no Ray)")
+    parser.add_argument("--ray-address", default=None,
+                        help="an existing Ray cluster to run the workers on (default: a local Ray when --workers > 1)")
     return parser
+
+
+def sharded(args: argparse.Namespace) -> bool:
+    """Whether the command runs its per-prompt work on Ray workers (``--workers`` > 1 or ``--ray-address``).
+
+    Example:
+        >>> sharded(make_parser("demo", per_prompt=True).parse_args(["--out", "o", "--workers", "2"]))
+        True
+    """
+    return args.workers > 1 or bool(args.ray_address)
+
+
+@contextmanager
+def worker_pool(args: argparse.Namespace) -> Iterator:
+    """An ``experiments.distributed.WorkerPool`` of ``--workers`` workers that load ``--model`` with ``--attn-impl``.
+
+    Example:
+        >>> with worker_pool(args) as pool:                                  # doctest: +SKIP
+        ...     rows = pool.run(ioi_per_prompt, data, progress=not args.no_progress)
+    """
+    from experiments.distributed import WorkerPool
+
+    with WorkerPool(args.model or wb.default_model_name(), workers=args.workers, address=args.ray_address,
+                    load_kwargs={"attn_impl": args.attn_impl}) as pool:
+        yield pool
 
 
 def load(args: argparse.Namespace):

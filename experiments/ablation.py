@@ -25,7 +25,7 @@ that prompt would be alone. ``ablation_effect`` scores a metric (``experiments.m
 row read at its own last real token by default) clean and ablated, as the mean over prompts or
 per prompt.
 
-``python -m experiments.ablation --model NAME --out DIR [--prompt TEXT]`` runs a zero-ablation
+``python -m experiments.ablation --model NAME --out DIR [--prompt TEXT ...]`` runs a zero-ablation
 ``head_sweep`` and writes the per-head loss change.
 """
 
@@ -597,19 +597,35 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from experiments import _cli
     from experiments.figures import scores_heatmap
 
-    parser = _cli.make_parser("Ablate every head in turn and record the change in loss.")
-    parser.add_argument("--prompt", default=None, help="text to run (default: a fixed example)")
+    parser = _cli.make_parser("Ablate every head in turn and record the change in loss (mean over the prompts).",
+                              "ablation", per_prompt=True)
+    parser.add_argument("--prompt", action="append", default=None,
+                        help="text to run; repeat it for several prompts (default: a fixed example)")
     args = parser.parse_args(argv)
     model = _cli.load(args)
-    tokens = _cli.prompt_tokens(model, args.prompt)
-    # One prompt: mean and resample would replace it by itself, so the command zero-ablates.
-    table = head_sweep(model, tokens, "loss", "zero", progress=not args.no_progress)
+    prompts = args.prompt or [None]
+    if len(prompts) == 1:
+        tokens, mask = _cli.prompt_tokens(model, prompts[0]), None
+    elif model.tokenizer is None:
+        raise SystemExit("this model has no tokenizer, so --prompt cannot be tokenized")
+    else:
+        tokens, mask = model.to_tokens_and_mask(prompts)
+    # Zero ablation: mean and resample over these prompts would replace each by the others (or itself).
+    if _cli.sharded(args):
+        from experiments import distributed
+
+        with _cli.worker_pool(args) as pool:
+            rows = pool.run(distributed.head_sweep_per_prompt, tokens, attention_mask=mask,
+                            progress=not args.no_progress)
+        table = distributed.mean_over_prompts(rows.drop(columns="clean"), ["layer", "head"])
+    else:
+        table = head_sweep(model, tokens, "loss", "zero", progress=not args.no_progress, attention_mask=mask)
     deltas = torch.tensor(table.delta.values).view(model.cfg.n_layers, model.cfg.n_heads)
     fig = scores_heatmap(deltas, "Loss change when zero-ablating each head", colorscale="RdBu_r",
                          zmid=0.0, value_name="delta loss")
     _cli.write_outputs(args.out, "head_sweep", table, fig,
                        {"experiment": "head_sweep", "model": args.model, "method": "zero",
-                        "n_tokens": int(tokens.numel())})
+                        "n_prompts": len(prompts), "n_tokens": int(tokens.numel() if mask is None else mask.sum())})
 
 
 if __name__ == "__main__":

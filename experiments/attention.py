@@ -298,7 +298,7 @@ def layer_patterns_figure(
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from experiments import _cli
 
-    parser = _cli.make_parser("Attention patterns of one prompt: per-head summary and the layer x head grid.")
+    parser = _cli.make_parser("Attention patterns of one prompt: per-head summary and the layer x head grid.", "attention")
     parser.add_argument("--prompt", default=None, help="text to run (default: a fixed example)")
     args = parser.parse_args(argv)
     model = _cli.load(args)

@@ -115,6 +115,31 @@ class IOIDataset:
         """
         return PromptBatch(self.clean_tokens, self.clean_mask.bool()).last_positions
 
+    def select(self, indices: Union[slice, Sequence[int], Tensor]) -> "IOIDataset":
+        """The rows ``indices`` (a slice, or row numbers in the order wanted) as a dataset of their own.
+
+        Token tensors keep the whole dataset's width and padding side, so row i of the result is
+        row ``indices[i]`` unchanged (``experiments.distributed`` shards a dataset this way).
+
+        Example:
+            >>> ioi_dataset(model, 8).select(slice(2, 4)).clean_prompts == ioi_dataset(model, 8).clean_prompts[2:4]   # doctest: +SKIP
+            True
+        """
+        n = len(self)
+        rows = list(range(n))[indices] if isinstance(indices, slice) else [int(i) for i in indices]
+        if not rows or not all(-n <= i < n for i in rows):
+            raise InputError(f"select needs row numbers in 0..{n - 1} (at least one), got {indices!r}")
+        rows = [i % n for i in rows]
+        index = torch.tensor(rows, dtype=torch.long, device=self.clean_tokens.device)
+        pick = lambda values: [values[i] for i in rows]  # noqa: E731
+        return IOIDataset(
+            clean_prompts=pick(self.clean_prompts), corrupt_prompts=pick(self.corrupt_prompts),
+            clean_tokens=self.clean_tokens[index], clean_mask=self.clean_mask[index],
+            corrupt_tokens=self.corrupt_tokens[index], corrupt_mask=self.corrupt_mask[index],
+            answer_tokens=self.answer_tokens[index], wrong_tokens=self.wrong_tokens[index],
+            orders=pick(self.orders), io_names=pick(self.io_names), s_names=pick(self.s_names),
+            templates=pick(self.templates), corruption=self.corruption)
+
     def to_frame(self) -> pd.DataFrame:
         """One row per prompt: text, corrupt, io, s, order, template (for display).
 

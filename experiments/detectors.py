@@ -155,7 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from experiments.figures import scores_heatmap
     from experiments.induction import fitting_seq_len, repeated_random_tokens
 
-    parser = _cli.make_parser("Previous-token, duplicate-token and induction head detector scores.")
+    parser = _cli.make_parser("Previous-token, duplicate-token and induction head detector scores.", "detectors")
     parser.add_argument("--prompt", default=None, help="text to score (default: repeated random tokens)")
     parser.add_argument("--exclude-bos", action="store_true")
     parser.add_argument("--exclude-current-token", action="store_true")

@@ -447,7 +447,7 @@ def flow_figure(nodes: pd.DataFrame, edges: pd.DataFrame, str_toks: Sequence[str
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from experiments import _cli
 
-    parser = _cli.make_parser("Information flow routes: the graph of edges that carry one token's prediction.")
+    parser = _cli.make_parser("Information flow routes: the graph of edges that carry one token's prediction.", "flow")
     parser.add_argument("--prompt", default=None)
     parser.add_argument("--position", type=int, default=-1, help="the token whose prediction is traced (default: last)")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)

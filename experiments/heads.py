@@ -123,7 +123,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from experiments.figures import scores_heatmap
     from experiments.induction import fitting_seq_len, repeated_random_tokens
 
-    parser = _cli.make_parser("Every per-head score for a prompt set, and K-composition scores.")
+    parser = _cli.make_parser("Every per-head score for a prompt set, and K-composition scores.", "heads")
     parser.add_argument("--prompt", default=None, help="text (default: repeated random tokens)")
     parser.add_argument("--no-ablation", action="store_true", help="skip the zero-ablation sweep")
     args = parser.parse_args(argv)

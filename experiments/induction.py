@@ -146,15 +146,27 @@ def induction_loss_figure(loss_df: pd.DataFrame):
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from experiments import _cli
 
-    parser = _cli.make_parser("Induction scores on repeated random tokens, and the loss on each copy.")
+    parser = _cli.make_parser("Induction scores on repeated random tokens, and the loss on each copy.",
+                              "induction", per_prompt=True)
     parser.add_argument("--seq-len", type=int, default=50)
     parser.add_argument("--batch", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     model = _cli.load(args)
-    scores = induction_scores(model, args.seq_len, args.batch, args.seed, progress=not args.no_progress)
+    if _cli.sharded(args):  # per sequence, then the means over sequences
+        from experiments import distributed
+
+        tokens = repeated_random_tokens(model, args.seq_len, args.batch, args.seed)
+        with _cli.worker_pool(args) as pool:
+            rows = pool.run(distributed.induction_per_prompt, tokens, progress=not args.no_progress, seq_len=args.seq_len)
+            loss_rows = pool.run(distributed.induction_loss_per_prompt, tokens, progress=False, seq_len=args.seq_len)
+        means = distributed.mean_over_prompts(rows, ["layer", "head"])
+        scores = torch.tensor(means["score"].to_numpy()).view(model.cfg.n_layers, model.cfg.n_heads)
+        loss = distributed.mean_over_prompts(loss_rows, ["position", "copy"])
+    else:
+        scores = induction_scores(model, args.seq_len, args.batch, args.seed, progress=not args.no_progress)
+        loss = induction_loss(model, args.seq_len, args.batch, args.seed)
     table = top_heads(scores, scores.numel())
-    loss = induction_loss(model, args.seq_len, args.batch, args.seed)
     params = {"seq_len": args.seq_len, "batch": args.batch, "seed": args.seed}
     _cli.write_outputs(args.out, "induction", table, scores_heatmap(scores, "Induction score"),
                        {"experiment": "induction", "model": args.model, **params,

@@ -87,15 +87,25 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from experiments import _cli
     from experiments.datasets import ioi_dataset
 
-    parser = _cli.make_parser("IOI over a generated dataset: logit difference, head patching map, top heads.")
+    parser = _cli.make_parser("IOI over a generated dataset: logit difference, head patching map, top heads.",
+                              "ioi", per_prompt=True)
     parser.add_argument("--n", type=int, default=200, help="number of prompt pairs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--corruption", default="swap_subject", choices=("swap_subject", "abc"))
     parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--names", nargs="+", default=None, help="names to draw (default: the single-token DEFAULT_NAMES)")
     args = parser.parse_args(argv)
     model = _cli.load(args)
-    data = ioi_dataset(model, args.n, seed=args.seed, corruption=args.corruption)
-    result = ioi_patching(model, data, args.top_k, progress=not args.no_progress)
+    data = ioi_dataset(model, args.n, seed=args.seed, names=args.names, corruption=args.corruption)
+    if _cli.sharded(args):
+        from experiments import distributed
+        from experiments._tokens import str_tokens
+
+        with _cli.worker_pool(args) as pool:
+            rows = pool.run(distributed.ioi_per_prompt, data, progress=not args.no_progress)
+        result = distributed.ioi_result(rows, args.top_k, str_tokens(model, data.clean_tokens[0]))
+    else:
+        result = ioi_patching(model, data, args.top_k, progress=not args.no_progress)
     summary = {"model": args.model, "n": args.n, "seed": args.seed, "corruption": args.corruption,
                "mean_logit_diff_clean": float(result.logit_diff.clean.mean()),
                "mean_logit_diff_corrupt": float(result.logit_diff.corrupt.mean()),

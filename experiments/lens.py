@@ -362,7 +362,7 @@ def dla_figure(df: pd.DataFrame, title: str = "Direct logit attribution") -> go.
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from experiments import _cli
 
-    parser = _cli.make_parser("Logit lens over every layer, and direct logit attribution at the last position.")
+    parser = _cli.make_parser("Logit lens over every layer, and direct logit attribution at the last position.", "lens")
     parser.add_argument("--prompt", default=None)
     parser.add_argument("--top-k", type=int, default=5)
     parser.add_argument("--target", default=None, help="token text for the attribution (default: the model's top prediction)")

@@ -449,7 +449,7 @@ def head_map_figure(df: pd.DataFrame, title: str = "", value: Optional[str] = No
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from experiments import _cli
 
-    parser = _cli.make_parser("Activation patching (residual, attention/MLP, heads) and attribution patching.")
+    parser = _cli.make_parser("Activation patching (residual, attention/MLP, heads) and attribution patching.", "patching")
     parser.add_argument("--clean", default="When Mary and John went to the store, John gave a drink to")
     parser.add_argument("--corrupt", default="When Mary and John went to the store, Mary gave a drink to")
     parser.add_argument("--answer", default=" Mary")

@@ -271,7 +271,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from experiments import _cli
 
     parser = _cli.make_parser("Mixture-of-experts routing: expert load, router entropy and, with shared experts, "
-                              "the shared vs routed experts' output.")
+                              "the shared vs routed experts' output.", "router")
     parser.add_argument("--prompt", default=None)
     args = parser.parse_args(argv)
     model = _cli.load(args)

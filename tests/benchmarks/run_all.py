@@ -34,6 +34,8 @@ COMPARISONS = [
     ("bench_datasets", "8. Padded batches: masked forward, and IOI head patching over a dataset",
      "masked forward at most 1.1x the unmasked forward; IOI head patching reported against TransformerLens's "
      "get_act_patch_attn_head_out_all_pos"),
+    ("bench_distributed", "9. Ray sweep throughput",
+     "2 workers faster than 1 on this 2-core machine; per-GPU-worker throughput estimated in README"),
 ]
 TRITON_TITLE = "7. Triton FlashAttention-2 vs SDPA's flash backend (GPU)"
 TRITON_GOAL = "forward at least 0.9x and forward+backward at least 0.8x of SDPA's throughput on an H100"

@@ -1,0 +1,529 @@
+"""Experiments bigger than one machine: a per-prompt experiment run over a dataset sharded across Ray workers.
+
+Legend: B batch, P position, S key position, L n_layers, H n_heads.
+
+``run_sharded(fn, dataset, model)`` cuts ``dataset`` into shards of consecutive prompts and runs
+``fn(model, shard, **fn_kwargs)`` on Ray workers. ``fn`` returns a DataFrame of per-prompt rows
+with a ``prompt`` column numbered within its shard (0..len(shard)-1); the result is one DataFrame
+in dataset order (a stable sort by ``prompt``) with ``prompt`` renumbered to dataset indices: for a
+``fn`` whose rows are prompt-major, the rows, columns and dtypes of ``fn(model, whole_dataset)``,
+with values equal up to float noise (see Padding).
+
+- Datasets: an ``IOIDataset`` (shards by ``IOIDataset.select``), token ids [B, P] with an optional
+  ``attention_mask`` [B, P] (sharded alongside, passed to ``fn`` as ``attention_mask=``), or a list
+  of texts (``fn`` tokenizes its shard).
+- Workers: each is a Ray actor that loads the model once (``wb.load_model`` by registered name or
+  path, on "cuda" when it holds a GPU (``num_gpus``), else the CPU, with ``cpus_per_worker`` torch
+  threads) and runs shard after shard, the next shard going to whichever worker is free.
+  ``WorkerPool`` keeps the workers for several sweeps; ``run_sharded`` is one pool for one sweep.
+- Padding: a shard keeps only the columns some of its rows use (``trim_padding=True``), so it runs
+  at its own width. Masked rows give the numbers they give alone (``tests/integration/
+  test_padding_parity.py``), so trimming and the smaller batch change results by float noise only:
+  measured on SmolLM2-135M float32, at most 4e-5 on logit differences and losses (tests use 1e-4).
+  Pass ``trim_padding=False`` to a ``fn`` whose rows are per padded column.
+- Faults: a worker that dies (``RayActorError``/``ActorDiedError``, ``WorkerCrashedError``) is replaced
+  by a fresh actor and its shard rerun; results are keyed by shard index, so nothing is lost or
+  counted twice. After ``max_retries`` reruns of one shard, ``ShardFailedError`` names it. An
+  exception raised by ``fn`` itself is not retried: it is raised in the driver (an instance of the
+  original class) with a note naming the shard.
+- Ray: by default a local Ray is started for the pool (quiet: no dashboard, workers' logs not
+  forwarded) and shut down after it; ``address=`` or the ``RAY_ADDRESS`` variable connects to an
+  existing cluster instead (the driver disconnects after, the cluster keeps running); a Ray the
+  caller already initialised is used as it is and left running.
+
+Ready-made per-prompt experiments (top-level functions, so workers import them): ``ioi_per_prompt``
+(IOI logit differences and every head's patching effect), ``head_sweep_per_prompt``,
+``induction_per_prompt``, ``induction_loss_per_prompt``; ``mean_over_prompts`` and ``ioi_result``
+turn their rows into the dataset-level tables of ``head_sweep``, ``induction_scores`` and ``ioi_patching``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable, Collection, Optional, Sequence, Union
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+import workbench as wb
+from experiments._progress import Progress, ProgressArg
+from experiments.ablation import head_sweep
+from experiments.datasets import IOIDataset
+from experiments.induction import induction_stripe
+from experiments.ioi import IOIResult, ioi_logit_diffs
+from experiments.metrics import LogitDiff
+from experiments.patching import patch_heads
+from workbench.errors import CheckpointError, InputError
+from workbench.extras import require
+
+__all__ = ["run_sharded", "WorkerPool", "ShardFailedError", "ioi_per_prompt", "ioi_result", "head_sweep_per_prompt",
+           "induction_per_prompt", "induction_loss_per_prompt", "mean_over_prompts"]
+
+Dataset = Union[IOIDataset, Tensor, Sequence[str]]
+MAX_SHARD = 64  # default shards never exceed this many prompts (memory of one shard's caches)
+
+
+class ShardFailedError(RuntimeError):
+    """A shard's worker died on every attempt; the message names the shard, its prompts and the last error."""
+
+
+# ---- the worker ---------------------------------------------------------------------------------
+class _ShardWorker:
+    """The body of one Ray actor (wrapped by ``ray.remote`` at run time, so importing this module needs no Ray)."""
+
+    def __init__(self, source: str, load_kwargs: dict, device: str, threads: int):
+        torch.set_num_threads(threads)
+        self.source, self.load_kwargs, self.device, self.model = source, load_kwargs, device, None
+
+    def load(self) -> float:
+        """Loads the model; returns the seconds it took."""
+        start = time.perf_counter()
+        self.model = wb.load_model(self.source, device=self.device, **self.load_kwargs).eval()
+        return time.perf_counter() - start
+
+    def run(self, fn: Callable, shard: int, attempt: int, die_on_first_attempt: Collection[int],
+            payload: tuple, fn_kwargs: dict) -> pd.DataFrame:
+        if attempt == 0 and shard in die_on_first_attempt:
+            os._exit(1)  # test hook: the worker process dies as a crash would
+        args, kwargs = payload
+        args = [_to_device(value, self.device) for value in args]
+        kwargs = {key: _to_device(value, self.device) for key, value in kwargs.items()}
+        return fn(self.model, *args, **kwargs, **fn_kwargs)
+
+
+def _to_device(value: Any, device: str) -> Any:
+    if isinstance(value, Tensor):
+        return value.to(device)
+    if isinstance(value, IOIDataset):
+        return dataclasses.replace(value, **{f.name: getattr(value, f.name).to(device) for f in dataclasses.fields(value)
+                                             if isinstance(getattr(value, f.name), Tensor)})
+    return value
+
+
+# ---- datasets and shards ------------------------------------------------------------------------
+def _dataset_size(dataset: Dataset, attention_mask: Optional[Tensor]) -> int:
+    """The number of prompts, after checking ``dataset`` is a kind this module shards."""
+    if isinstance(dataset, IOIDataset):
+        n = len(dataset)
+    elif isinstance(dataset, Tensor):
+        if dataset.ndim != 2:
+            raise InputError(f"a token dataset must be ids [batch, pos], got shape {tuple(dataset.shape)}")
+        n = dataset.shape[0]
+    elif isinstance(dataset, (list, tuple)) and all(isinstance(text, str) for text in dataset):
+        n = len(dataset)
+    else:
+        raise InputError(f"dataset must be an IOIDataset, token ids [batch, pos] or a list of texts, "
+                         f"got {type(dataset).__name__}")
+    if n == 0:
+        raise InputError("the dataset is empty: there are no prompts to shard")
+    if attention_mask is not None:
+        if not isinstance(dataset, Tensor):
+            raise InputError("attention_mask goes with token ids [batch, pos] (an IOIDataset carries its own masks; "
+                             "a list of texts builds them)")
+        if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != tuple(dataset.shape):
+            shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
+            raise InputError(f"attention_mask must have the tokens' shape {tuple(dataset.shape)}, got {shape}")
+    return n
+
+
+def _checked_sweep(fn: Callable, dataset: Dataset, attention_mask: Optional[Tensor], shard_size: Optional[int]) -> int:
+    """The number of prompts, after checking a sweep's arguments."""
+    if not callable(fn):
+        raise InputError(f"fn must be a callable fn(model, shard, **fn_kwargs) -> DataFrame, got {fn!r}")
+    n = _dataset_size(dataset, attention_mask)
+    if shard_size is not None and (isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1):
+        raise InputError(f"shard_size must be a whole number of prompts >= 1, got {shard_size!r}")
+    return n
+
+
+def _shard_payload(dataset: Dataset, attention_mask: Optional[Tensor], start: int, stop: int,
+                   trim: bool) -> tuple[tuple, dict]:
+    """(args, kwargs) that ``fn`` takes after the model for prompts start..stop-1."""
+    if isinstance(dataset, IOIDataset):
+        shard = dataset.select(slice(start, stop))
+        if trim:
+            used = (shard.clean_mask.bool() | shard.corrupt_mask.bool()).any(0)
+            shard = dataclasses.replace(shard, **{name: getattr(shard, name)[:, used] for name in
+                                                  ("clean_tokens", "clean_mask", "corrupt_tokens", "corrupt_mask")})
+        return (shard,), {}
+    if isinstance(dataset, Tensor):
+        tokens = dataset[start:stop].cpu()
+        if attention_mask is None:
+            return (tokens,), {}
+        mask = attention_mask[start:stop].cpu()
+        if trim:
+            used = mask.bool().any(0)
+            tokens, mask = tokens[:, used], mask[:, used]
+        return (tokens,), {"attention_mask": mask}
+    return (list(dataset[start:stop]),), {}
+
+
+def _checked_rows(frame: Any, fn: Callable, shard: int, start: int, stop: int) -> pd.DataFrame:
+    """``fn``'s result for one shard, its ``prompt`` column renumbered to dataset indices."""
+    name = getattr(fn, "__name__", repr(fn))
+    if not isinstance(frame, pd.DataFrame) or "prompt" not in frame.columns:
+        raise InputError(f"{name} must return a DataFrame with a 'prompt' column (per-prompt rows numbered within "
+                         f"the shard); shard {shard} gave {type(frame).__name__}"
+                         f"{' with columns ' + str(list(frame.columns)) if isinstance(frame, pd.DataFrame) else ''}")
+    prompts = frame["prompt"].to_numpy()
+    if not np.issubdtype(prompts.dtype, np.integer) or (len(prompts) and not 0 <= prompts.min() <= prompts.max() < stop - start):
+        raise InputError(f"{name}: shard {shard} holds prompts {start}..{stop - 1}, so its 'prompt' column must number "
+                         f"them 0..{stop - start - 1}; got values {sorted(set(prompts.tolist()))[:8]}")
+    frame = frame.copy()
+    frame["prompt"] = prompts + start
+    return frame
+
+
+def _merged_attrs(frames: list[pd.DataFrame]) -> dict:
+    """Per-prompt lists in the shards' attrs (keys ending in ``_per_prompt``) joined in dataset order."""
+    keys = [key for key, value in frames[0].attrs.items() if key.endswith("_per_prompt") and isinstance(value, list)]
+    return {key: [v for frame in frames for v in frame.attrs.get(key, [])] for key in keys}
+
+
+# ---- Ray ----------------------------------------------------------------------------------------
+def _checked_source(model: Any, remote: bool) -> str:
+    """``model`` as a source every worker can load: a registered name (installed, for a local Ray) or a path."""
+    if isinstance(model, torch.nn.Module):
+        raise InputError("model must be a registered name or a path that each worker loads itself, not a loaded model; "
+                         "save one with model.save(directory) and pass the directory")
+    if not isinstance(model, (str, Path)) or not str(model):
+        raise InputError(f"model must be a registered name (wb.list_models()) or a path, got {model!r}")
+    from workbench.loading.registry import REGISTRY
+
+    if str(model) in REGISTRY:
+        if not remote:
+            REGISTRY[str(model)].path()  # a CheckpointError saying how to install it
+        return str(model)
+    if not remote and not Path(model).exists():
+        raise CheckpointError(f"{model}: no such file or directory, and not a registered model name "
+                              f"(registered: {sorted(REGISTRY)})")
+    return str(model)
+
+
+def _repo_root() -> str:
+    return str(Path(__file__).resolve().parents[1])
+
+
+class WorkerPool:
+    """Ray workers that each hold one loaded model, for one or more sharded sweeps.
+
+    ``workers`` actors load ``model`` once each (``load_kwargs`` go to ``wb.load_model``, e.g.
+    ``{"attn_impl": "sdpa"}``); ``num_gpus`` per worker puts its model on "cuda". ``cpus_per_worker``
+    (default: the machine's cores, or the cluster's CPUs, over ``workers``) is both the Ray
+    reservation and the worker's torch threads. ``max_retries``: reruns of a shard whose worker dies.
+    ``load_s`` holds each worker's load time in seconds. Use it as a context manager, or ``close()``.
+
+    Example:
+        >>> with WorkerPool("smollm2-135m", workers=2) as pool:                    # doctest: +SKIP
+        ...     rows = pool.run(ioi_per_prompt, ioi_dataset(model, 200))
+        ...     sweep = pool.run(head_sweep_per_prompt, windows, attention_mask=None)
+    """
+
+    def __init__(self, model: Union[str, Path] = "smollm2-135m", *, workers: int = 2, address: Optional[str] = None,
+                 num_gpus: float = 0, cpus_per_worker: Optional[int] = None, load_kwargs: Optional[dict] = None,
+                 max_retries: int = 2):
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise InputError(f"workers must be a whole number of at least 1, got {workers!r}")
+        if cpus_per_worker is not None and (not isinstance(cpus_per_worker, int) or cpus_per_worker < 1):
+            raise InputError(f"cpus_per_worker must be a whole number of at least 1, got {cpus_per_worker!r}")
+        if not isinstance(num_gpus, (int, float)) or num_gpus < 0:
+            raise InputError(f"num_gpus must be a number of GPUs per worker >= 0, got {num_gpus!r}")
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise InputError(f"max_retries must be a whole number >= 0, got {max_retries!r}")
+        if load_kwargs is not None and not isinstance(load_kwargs, dict):
+            raise InputError(f"load_kwargs must be a dict of wb.load_model options, got {type(load_kwargs).__name__}")
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        self.ray = require("ray", "sharded sweeps")
+        self.source = _checked_source(model, remote=address is not None and not self.ray.is_initialized())
+        self.workers, self.max_retries = workers, max_retries
+        self._load_kwargs = {"progress": False, **(load_kwargs or {})}
+        self._device = "cuda" if num_gpus > 0 else "cpu"
+        self._started, self._actors = self._connect(address, workers, cpus_per_worker), []
+        try:
+            self._cpus = cpus_per_worker or self._default_cpus(workers)
+            self._check_fits(workers, self._cpus, num_gpus)
+            self._actor_class = self.ray.remote(_ShardWorker).options(num_cpus=self._cpus, num_gpus=num_gpus,
+                                                                     max_restarts=0, max_task_retries=0)
+            self._actors = [self._actor_class.remote(self.source, self._load_kwargs, self._device, self._cpus)
+                            for _ in range(workers)]
+            self.load_s = self._get([actor.load.remote() for actor in self._actors], "loading the model")
+        except BaseException:
+            self.close()
+            raise
+
+    # -- Ray lifecycle
+    def _connect(self, address: Optional[str], workers: int, cpus: Optional[int]) -> bool:
+        """Connects to Ray; True when this pool started (or joined) it and must shut it down."""
+        if self.ray.is_initialized():
+            return False
+        quiet = dict(log_to_driver=False, logging_level=logging.ERROR)
+        if address:
+            self.ray.init(address=address, **quiet)
+        else:
+            cores = os.cpu_count() or 1
+            path = os.pathsep.join(p for p in (_repo_root(), os.environ.get("PYTHONPATH")) if p)
+            self.ray.init(num_cpus=max(cores, workers * (cpus or 1)), include_dashboard=False,
+                          runtime_env={"env_vars": {"PYTHONPATH": path}}, **quiet)
+        return True
+
+    def _default_cpus(self, workers: int) -> int:
+        nodes = [node["Resources"].get("CPU", 0) for node in self.ray.nodes() if node.get("Alive")]
+        total = int(self.ray.cluster_resources().get("CPU", 0))
+        return max(1, min(int(max(nodes, default=1)), total // workers))
+
+    def _check_fits(self, workers: int, cpus: int, gpus: float) -> None:
+        have = self.ray.cluster_resources()
+        if workers * cpus > have.get("CPU", 0) or workers * gpus > have.get("GPU", 0):
+            raise InputError(f"{workers} workers x ({cpus} CPUs, {gpus} GPUs) do not fit the Ray cluster's "
+                             f"{have.get('CPU', 0):g} CPUs and {have.get('GPU', 0):g} GPUs; use fewer workers or "
+                             f"cpus_per_worker/num_gpus")
+
+    def _get(self, refs: list, what: str) -> list:
+        try:
+            return self.ray.get(refs)
+        except self.ray.exceptions.RayTaskError as error:
+            raise error.as_instanceof_cause() from None
+        except self.ray.exceptions.RayActorError as error:
+            raise ShardFailedError(f"a worker died while {what}: {error}") from error
+
+    def close(self) -> None:
+        """Stops the workers, and Ray too when this pool started it.
+
+        Example:
+            >>> pool = WorkerPool("toy-attn-2l", workers=1); pool.close()   # doctest: +SKIP
+        """
+        for actor in self._actors:
+            self.ray.kill(actor, no_restart=True)
+        self._actors = []
+        if self._started:
+            self.ray.shutdown()
+            self._started = False
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _fresh_actor(self, slot: int) -> None:
+        """Replaces the actor in ``slot`` (dead) with a new one that has loaded the model."""
+        self.ray.kill(self._actors[slot], no_restart=True)
+        self._actors[slot] = self._actor_class.remote(self.source, self._load_kwargs, self._device, self._cpus)
+        self._get([self._actors[slot].load.remote()], "loading the model on a replacement worker")
+
+    # -- sweeps
+    def run(self, fn: Callable, dataset: Dataset, *, attention_mask: Optional[Tensor] = None,
+            shard_size: Optional[int] = None, progress: ProgressArg = True, trim_padding: bool = True,
+            _die_on_first_attempt: Collection[int] = (), **fn_kwargs) -> pd.DataFrame:
+        """``fn(model, shard, **fn_kwargs)`` over every shard of ``dataset``: one DataFrame in dataset order.
+
+        ``shard_size`` prompts per shard (default: a quarter of an even split per worker, at most
+        64). ``progress`` (bool or ``(done, total)`` callable) counts prompts as shards finish.
+        ``attrs["sharding"]`` holds the shard count, reruns and seconds; attrs lists ending in
+        ``_per_prompt`` are joined in dataset order. ``_die_on_first_attempt`` (tests only): shard
+        indices whose worker process exits (``os._exit(1)``) on their first attempt.
+
+        Example:
+            >>> rows = pool.run(head_sweep_per_prompt, tokens_BP, attention_mask=mask_BP, shard_size=8)   # doctest: +SKIP
+        """
+        n = _checked_sweep(fn, dataset, attention_mask, shard_size)
+        size = shard_size or min(MAX_SHARD, math.ceil(n / (4 * self.workers)))
+        if not self._actors:
+            raise InputError("this WorkerPool is closed")
+        spans = [(start, min(start + size, n)) for start in range(0, n, size)]
+        payloads = [self.ray.put(_shard_payload(dataset, attention_mask, a, b, trim_padding)) for a, b in spans]
+        kwargs_ref, die = self.ray.put(fn_kwargs), frozenset(int(i) for i in _die_on_first_attempt)
+        crashes = (self.ray.exceptions.RayActorError, self.ray.exceptions.WorkerCrashedError)
+        attempts, results, in_flight = [0] * len(spans), {}, {}
+        pending, idle = deque(range(len(spans))), deque(range(len(self._actors)))
+        started = time.perf_counter()
+        with Progress(progress, total=n, desc=f"sharded {getattr(fn, '__name__', 'sweep')}") as bar:
+            while pending or in_flight:
+                while pending and idle:
+                    shard, slot = pending.popleft(), idle.popleft()
+                    ref = self._actors[slot].run.remote(fn, shard, attempts[shard], die, payloads[shard], kwargs_ref)
+                    in_flight[ref] = (shard, slot)
+                [ref], _ = self.ray.wait(list(in_flight), num_returns=1)
+                shard, slot = in_flight.pop(ref)
+                start, stop = spans[shard]
+                try:
+                    frame = self.ray.get(ref)
+                except crashes as error:
+                    attempts[shard] += 1
+                    if attempts[shard] > self.max_retries:
+                        raise ShardFailedError(f"shard {shard} (prompts {start}..{stop - 1}) failed on "
+                                               f"{attempts[shard]} workers; the last error: {error}") from error
+                    self._fresh_actor(slot)
+                    pending.appendleft(shard)
+                    idle.append(slot)
+                    continue
+                except self.ray.exceptions.RayTaskError as error:
+                    cause = error.as_instanceof_cause()
+                    cause.add_note(f"raised by {getattr(fn, '__name__', fn)} on shard {shard} (prompts {start}..{stop - 1})")
+                    raise cause from None
+                results[shard] = _checked_rows(frame, fn, shard, start, stop)
+                idle.append(slot)
+                bar.advance(stop - start)
+        frames = [results[i] for i in range(len(spans))]
+        table = pd.concat(frames, ignore_index=True).sort_values("prompt", kind="stable", ignore_index=True)
+        table.attrs = {**_merged_attrs(frames), "sharding": {
+            "workers": self.workers, "shards": len(spans), "shard_size": size, "reruns": sum(attempts),
+            "seconds": time.perf_counter() - started, "load_s": list(self.load_s)}}
+        return table
+
+
+def run_sharded(fn: Callable, dataset: Dataset, model: Union[str, Path] = "smollm2-135m", *, workers: int = 2,
+                address: Optional[str] = None, attention_mask: Optional[Tensor] = None,
+                shard_size: Optional[int] = None, progress: ProgressArg = True, load_kwargs: Optional[dict] = None,
+                num_gpus: float = 0, cpus_per_worker: Optional[int] = None, max_retries: int = 2,
+                trim_padding: bool = True, _die_on_first_attempt: Collection[int] = (), **fn_kwargs) -> pd.DataFrame:
+    """Runs ``fn(model, shard, **fn_kwargs)`` over ``dataset`` on ``workers`` Ray workers: per-prompt rows in dataset order.
+
+    One ``WorkerPool`` for one sweep (see the module docstring for datasets, padding, faults and
+    the Ray lifecycle); the arguments are ``WorkerPool``'s and ``WorkerPool.run``'s. Arguments are
+    checked (and ``model`` resolved) before Ray starts.
+
+    Example:
+        >>> data = ioi_dataset(model, 200)                                                   # doctest: +SKIP
+        >>> rows = run_sharded(ioi_per_prompt, data, "smollm2-135m", workers=4)              # doctest: +SKIP
+        >>> result = ioi_result(rows)          # == ioi_patching(model, data), float noise   # doctest: +SKIP
+    """
+    _checked_sweep(fn, dataset, attention_mask, shard_size)  # before the pool starts Ray
+    with WorkerPool(model, workers=workers, address=address, num_gpus=num_gpus, cpus_per_worker=cpus_per_worker,
+                    load_kwargs=load_kwargs, max_retries=max_retries) as pool:
+        return pool.run(fn, dataset, attention_mask=attention_mask, shard_size=shard_size, progress=progress,
+                        trim_padding=trim_padding, _die_on_first_attempt=_die_on_first_attempt, **fn_kwargs)
+
+
+# ---- ready-made per-prompt experiments ----------------------------------------------------------
+def _prompt_major(table: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.DataFrame:
+    return table.sort_values(["prompt"] + keys, kind="stable", ignore_index=True)[["prompt"] + keys + columns]
+
+
+@torch.no_grad()
+def ioi_per_prompt(model, data: IOIDataset, progress: ProgressArg = False) -> pd.DataFrame:
+    """Per prompt: its clean and corrupted logit difference and each head's patching effect.
+
+    DataFrame[prompt, layer, head, clean, corrupt, metric, delta, normalized], prompt-major:
+    ``clean``/``corrupt`` as ``ioi_logit_diffs``, the rest as ``patch_heads(..., per_prompt=True)``.
+
+    Example:
+        >>> rows = ioi_per_prompt(model, ioi_dataset(model, 8))                      # doctest: +SKIP
+        >>> ioi_result(rows).top_heads                                              # doctest: +SKIP
+    """
+    diffs = ioi_logit_diffs(model, data)
+    heads = patch_heads(model, data.clean_tokens, data.corrupt_tokens, data.answer_tokens, data.wrong_tokens,
+                        progress, per_prompt=True, clean_mask=data.clean_mask, corrupt_mask=data.corrupt_mask)
+    return _prompt_major(heads.merge(diffs, on="prompt"), ["layer", "head"],
+                         ["clean", "corrupt", "metric", "delta", "normalized"])
+
+
+def mean_over_prompts(rows: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
+    """The mean over prompts of every other column, one row per ``by`` value in first-seen order, dtypes kept.
+
+    Example:
+        >>> rows = pd.DataFrame({"prompt": [0, 0, 1, 1], "head": [0, 1, 0, 1], "delta": [1.0, 2.0, 3.0, 6.0]})
+        >>> mean_over_prompts(rows, ["head"]).values.tolist()
+        [[0.0, 2.0], [1.0, 4.0]]
+    """
+    by = list(by)
+    missing = [c for c in by + ["prompt"] if c not in rows.columns]
+    if missing:
+        raise InputError(f"mean_over_prompts: the rows have no column(s) {missing} (columns: {list(rows.columns)})")
+    values = [c for c in rows.columns if c not in by and c != "prompt"]
+    means = rows.groupby(by, sort=False)[values].mean().reset_index()
+    means.attrs = {}  # the rows' attrs (sharding, per-prompt lists) do not describe the means
+    return means.astype({c: rows[c].dtype for c in values if rows[c].dtype.kind == "f"})
+
+
+def ioi_result(rows: pd.DataFrame, top_k: int = 10, str_tokens: Optional[list[str]] = None) -> IOIResult:
+    """``ioi_patching``'s result from ``ioi_per_prompt`` rows (of a whole dataset, e.g. sharded).
+
+    ``head_patching`` holds the means over prompts (normalized = mean delta / (mean clean - mean
+    corrupt)); its attrs the clean/corrupt metric means and per-prompt lists (and ``str_tokens``).
+
+    Example:
+        >>> result = ioi_result(run_sharded(ioi_per_prompt, data, "smollm2-135m"), top_k=5)   # doctest: +SKIP
+    """
+    logit_diff = rows.drop_duplicates("prompt")[["prompt", "clean", "corrupt"]].reset_index(drop=True)
+    heads = mean_over_prompts(rows[["prompt", "layer", "head", "metric", "delta"]], ["layer", "head"])
+    gap = float(logit_diff.clean.mean()) - float(logit_diff.corrupt.mean())
+    heads["normalized"] = heads["delta"] / gap if abs(gap) > 1e-12 else np.nan
+    heads.attrs.update(clean_metric=float(logit_diff.clean.mean()), corrupt_metric=float(logit_diff.corrupt.mean()),
+                       clean_metric_per_prompt=logit_diff.clean.tolist(),
+                       corrupt_metric_per_prompt=logit_diff.corrupt.tolist(),
+                       **({"str_tokens": str_tokens} if str_tokens is not None else {}))
+    return IOIResult(logit_diff, heads, heads.nlargest(top_k, "normalized").reset_index(drop=True))
+
+
+@torch.no_grad()
+def head_sweep_per_prompt(model, tokens: Union[IOIDataset, Tensor, Sequence[str]], metric="loss",
+                          method: str = "zero", *, attention_mask: Optional[Tensor] = None,
+                          reference_tokens=None, reference_mask: Optional[Tensor] = None,
+                          reference_means: Optional[dict] = None, position=None,
+                          progress: ProgressArg = False) -> pd.DataFrame:
+    """``head_sweep(..., per_prompt=True)`` with each prompt's unablated metric: DataFrame[prompt, layer, head, clean, metric, delta].
+
+    ``tokens`` may be an ``IOIDataset`` (its clean prompts and mask; ``metric="logit_diff"`` is its
+    IO-minus-S logit difference). "mean" and "resample" need a fixed reference (``reference_tokens``
+    or ``reference_means``): a shard is not the whole dataset, so its own mean would differ.
+
+    Example:
+        >>> rows = run_sharded(head_sweep_per_prompt, windows_BP, "smollm2-135m")   # doctest: +SKIP
+        >>> mean_over_prompts(rows, ["layer", "head"])     # == head_sweep(model, windows_BP)   # doctest: +SKIP
+    """
+    if method != "zero" and reference_tokens is None and reference_means is None:
+        raise InputError(f"{method} ablation over shards needs reference_tokens or reference_means: each shard would "
+                         f"otherwise use its own prompts as the reference, and shards would disagree")
+    if isinstance(tokens, IOIDataset):
+        data, tokens, attention_mask = tokens, tokens.clean_tokens, tokens.clean_mask
+        if isinstance(metric, str) and metric == "logit_diff":
+            metric = LogitDiff(data.answer_tokens, data.wrong_tokens)
+    table = head_sweep(model, tokens, metric, method, reference_tokens, progress, position=position, per_prompt=True,
+                       attention_mask=attention_mask, reference_mask=reference_mask, reference_means=reference_means)
+    clean = np.asarray(table.attrs["clean_metric_per_prompt"], dtype=table["metric"].dtype)
+    table["clean"] = clean[table["prompt"].to_numpy()]
+    return _prompt_major(table, ["layer", "head"], ["clean", "metric", "delta"])
+
+
+@torch.no_grad()
+def induction_per_prompt(model, tokens: Tensor, seq_len: int) -> pd.DataFrame:
+    """Each prompt's induction score per head on repeated random tokens [B, 1 + 2*seq_len]: DataFrame[prompt, layer, head, score].
+
+    The mean over prompts is ``induction_scores`` (the same stripe, ``experiments.induction.induction_stripe``).
+
+    Example:
+        >>> rows = induction_per_prompt(model, repeated_random_tokens(model, 50, 10), 50)   # doctest: +SKIP
+    """
+    L, H, B = model.cfg.n_layers, model.cfg.n_heads, tokens.shape[0]
+    scores_LBH = torch.zeros(L, B, H)
+
+    def score_layer(pattern_BHPS: Tensor, hook) -> None:
+        scores_LBH[hook.layer()] = induction_stripe(pattern_BHPS.float(), seq_len).mean(2).cpu()
+
+    model.run_with_hooks(tokens, return_type=None,
+                         fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", score_layer) for l in range(L)])
+    return pd.DataFrame({"prompt": np.repeat(np.arange(B), L * H), "layer": np.tile(np.repeat(np.arange(L), H), B),
+                         "head": np.tile(np.arange(H), B * L), "score": scores_LBH.permute(1, 0, 2).reshape(-1).numpy()})
+
+
+@torch.no_grad()
+def induction_loss_per_prompt(model, tokens: Tensor, seq_len: int) -> pd.DataFrame:
+    """Each prompt's next-token loss on both copies: DataFrame[prompt, position, copy, loss] (mean over prompts: ``induction_loss``).
+
+    Example:
+        >>> rows = induction_loss_per_prompt(model, repeated_random_tokens(model, 50, 10), 50)   # doctest: +SKIP
+    """
+    loss_BP = model(tokens, return_type="loss", loss_per_token=True).float().cpu()
+    B = tokens.shape[0]
+    return pd.DataFrame({"prompt": np.repeat(np.arange(B), 2 * seq_len), "position": np.tile(np.arange(seq_len), 2 * B),
+                         "copy": np.tile(["first"] * seq_len + ["second"] * seq_len, B),
+                         "loss": loss_BP.reshape(-1).numpy()})
