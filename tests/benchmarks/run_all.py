@@ -36,6 +36,8 @@ COMPARISONS = [
      "get_act_patch_attn_head_out_all_pos"),
     ("bench_distributed", "9. Ray sweep throughput",
      "2 workers faster than 1 on this 2-core machine; per-GPU-worker throughput estimated in README"),
+    ("bench_offload", "10. CPU + disk offload (accelerate device map)",
+     "reported: the offloaded forward's time against the in-memory model, equal logits"),
 ]
 TRITON_TITLE = "7. Triton FlashAttention-2 vs SDPA's flash backend (GPU)"
 TRITON_GOAL = "forward at least 0.9x and forward+backward at least 0.8x of SDPA's throughput on an H100"
