@@ -42,8 +42,8 @@ from torch import Tensor
 from experiments._batched import DEFAULT_TOKENS_PER_PASS, Edit, metric_from_final_resid, score_edits, unedited_run
 from experiments._progress import ProgressArg
 from experiments._tokens import TokensLike, str_tokens
-from experiments.datasets import mean_activations
-from experiments.metrics import (Metric, MetricLike, PositionSelector, PromptBatch, as_metric, per_prompt_table,
+from experiments.datasets import IOIDataset, mean_activations
+from experiments.metrics import (LogitDiff, Metric, MetricLike, PositionSelector, PromptBatch, as_metric, per_prompt_table,
                                  prompt_batch, require_per_prompt_values)
 from experiments.sites import Site
 from workbench.errors import InputError
@@ -593,6 +593,37 @@ def ablation_effect(model, tokens: TokensLike, targets: Sequence[AblationTarget]
     return table
 
 
+@torch.no_grad()
+def head_sweep_per_prompt(model, tokens: Union[IOIDataset, Tensor, Sequence[str]], metric="loss",
+                          method: str = "zero", *, attention_mask: Optional[Tensor] = None,
+                          reference_tokens=None, reference_mask: Optional[Tensor] = None,
+                          reference_means: Optional[dict] = None, position=None,
+                          progress: ProgressArg = False) -> pd.DataFrame:
+    """``head_sweep(..., per_prompt=True)`` with each prompt's unablated metric: DataFrame[prompt, layer, head, clean, metric, delta].
+
+    ``tokens`` may be an ``IOIDataset`` (its clean prompts and mask; ``metric="logit_diff"`` is its
+    IO-minus-S logit difference). "mean" and "resample" need a fixed reference (``reference_tokens``
+    or ``reference_means``): a shard is not the whole dataset, so its own mean would differ.
+
+    Example:
+        >>> rows = run_sharded(head_sweep_per_prompt, windows_BP, "smollm2-135m")   # doctest: +SKIP
+        >>> mean_over_prompts(rows, ["layer", "head"])     # == head_sweep(model, windows_BP)   # doctest: +SKIP
+    """
+    if method != "zero" and reference_tokens is None and reference_means is None:
+        raise InputError(f"{method} ablation over shards needs reference_tokens or reference_means: each shard would "
+                         f"otherwise use its own prompts as the reference, and shards would disagree")
+    if isinstance(tokens, IOIDataset):
+        data, tokens, attention_mask = tokens, tokens.clean_tokens, tokens.clean_mask
+        if isinstance(metric, str) and metric == "logit_diff":
+            metric = LogitDiff(data.answer_tokens, data.wrong_tokens)
+    table = head_sweep(model, tokens, metric, method, reference_tokens, progress, position=position, per_prompt=True,
+                       attention_mask=attention_mask, reference_mask=reference_mask, reference_means=reference_means)
+    clean = np.asarray(table.attrs["clean_metric_per_prompt"], dtype=table["metric"].dtype)
+    table["clean"] = clean[table["prompt"].to_numpy()]
+    table = table.sort_values(["prompt", "layer", "head"], kind="stable", ignore_index=True)
+    return table[["prompt", "layer", "head", "clean", "metric", "delta"]]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from experiments import _cli
     from experiments.figures import scores_heatmap
@@ -615,7 +646,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         from experiments import distributed
 
         with _cli.worker_pool(args) as pool:
-            rows = pool.run(distributed.head_sweep_per_prompt, tokens, attention_mask=mask,
+            rows = pool.run(head_sweep_per_prompt, tokens, attention_mask=mask,
                             progress=not args.no_progress)
         table = distributed.mean_over_prompts(rows.drop(columns="clean"), ["layer", "head"])
     else:

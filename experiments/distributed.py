@@ -31,10 +31,11 @@ with values equal up to float noise (see Padding).
   existing cluster instead (the driver disconnects after, the cluster keeps running); a Ray the
   caller already initialised is used as it is and left running.
 
-Ready-made per-prompt experiments (top-level functions, so workers import them): ``ioi_per_prompt``
-(IOI logit differences and every head's patching effect), ``head_sweep_per_prompt``,
-``induction_per_prompt``, ``induction_loss_per_prompt``; ``mean_over_prompts`` and ``ioi_result``
-turn their rows into the dataset-level tables of ``head_sweep``, ``induction_scores`` and ``ioi_patching``.
+Ready-made per-prompt experiments live beside the experiment they split (top-level functions, so
+workers import them): ``experiments.ioi.ioi_per_prompt`` (IOI logit differences and every head's
+patching effect; ``ioi_result`` rebuilds ``ioi_patching``'s result), ``experiments.ablation.head_sweep_per_prompt``,
+``experiments.induction.induction_per_prompt`` and ``induction_loss_per_prompt``; ``mean_over_prompts``
+turns their rows into the dataset-level tables of ``head_sweep`` and ``induction_scores``.
 """
 
 from __future__ import annotations
@@ -55,17 +56,11 @@ from torch import Tensor
 
 import workbench as wb
 from experiments._progress import Progress, ProgressArg
-from experiments.ablation import head_sweep
 from experiments.datasets import IOIDataset
-from experiments.induction import induction_stripe
-from experiments.ioi import IOIResult, ioi_logit_diffs
-from experiments.metrics import LogitDiff
-from experiments.patching import patch_heads
 from workbench.errors import CheckpointError, InputError
 from workbench.extras import require
 
-__all__ = ["run_sharded", "WorkerPool", "ShardFailedError", "ioi_per_prompt", "ioi_result", "head_sweep_per_prompt",
-           "induction_per_prompt", "induction_loss_per_prompt", "mean_over_prompts"]
+__all__ = ["run_sharded", "WorkerPool", "ShardFailedError", "mean_over_prompts"]
 
 Dataset = Union[IOIDataset, Tensor, Sequence[str]]
 MAX_SHARD = 64  # default shards never exceed this many prompts (memory of one shard's caches)
@@ -403,27 +398,7 @@ def run_sharded(fn: Callable, dataset: Dataset, model: Union[str, Path] = "smoll
                         trim_padding=trim_padding, _die_on_first_attempt=_die_on_first_attempt, **fn_kwargs)
 
 
-# ---- ready-made per-prompt experiments ----------------------------------------------------------
-def _prompt_major(table: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.DataFrame:
-    return table.sort_values(["prompt"] + keys, kind="stable", ignore_index=True)[["prompt"] + keys + columns]
-
-
-@torch.no_grad()
-def ioi_per_prompt(model, data: IOIDataset, progress: ProgressArg = False) -> pd.DataFrame:
-    """Per prompt: its clean and corrupted logit difference and each head's patching effect.
-
-    DataFrame[prompt, layer, head, clean, corrupt, metric, delta, normalized], prompt-major:
-    ``clean``/``corrupt`` as ``ioi_logit_diffs``, the rest as ``patch_heads(..., per_prompt=True)``.
-
-    Example:
-        >>> rows = ioi_per_prompt(model, ioi_dataset(model, 8))                      # doctest: +SKIP
-        >>> ioi_result(rows).top_heads                                              # doctest: +SKIP
-    """
-    diffs = ioi_logit_diffs(model, data)
-    heads = patch_heads(model, data.clean_tokens, data.corrupt_tokens, data.answer_tokens, data.wrong_tokens,
-                        progress, per_prompt=True, clean_mask=data.clean_mask, corrupt_mask=data.corrupt_mask)
-    return _prompt_major(heads.merge(diffs, on="prompt"), ["layer", "head"],
-                         ["clean", "corrupt", "metric", "delta", "normalized"])
+# ---- per-prompt rows back to dataset-level tables ------------------------------------------------
 
 
 def mean_over_prompts(rows: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
@@ -442,88 +417,3 @@ def mean_over_prompts(rows: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
     means = rows.groupby(by, sort=False)[values].mean().reset_index()
     means.attrs = {}  # the rows' attrs (sharding, per-prompt lists) do not describe the means
     return means.astype({c: rows[c].dtype for c in values if rows[c].dtype.kind == "f"})
-
-
-def ioi_result(rows: pd.DataFrame, top_k: int = 10, str_tokens: Optional[list[str]] = None) -> IOIResult:
-    """``ioi_patching``'s result from ``ioi_per_prompt`` rows (of a whole dataset, e.g. sharded).
-
-    ``head_patching`` holds the means over prompts (normalized = mean delta / (mean clean - mean
-    corrupt)); its attrs the clean/corrupt metric means and per-prompt lists (and ``str_tokens``).
-
-    Example:
-        >>> result = ioi_result(run_sharded(ioi_per_prompt, data, "smollm2-135m"), top_k=5)   # doctest: +SKIP
-    """
-    logit_diff = rows.drop_duplicates("prompt")[["prompt", "clean", "corrupt"]].reset_index(drop=True)
-    heads = mean_over_prompts(rows[["prompt", "layer", "head", "metric", "delta"]], ["layer", "head"])
-    gap = float(logit_diff.clean.mean()) - float(logit_diff.corrupt.mean())
-    heads["normalized"] = heads["delta"] / gap if abs(gap) > 1e-12 else np.nan
-    heads.attrs.update(clean_metric=float(logit_diff.clean.mean()), corrupt_metric=float(logit_diff.corrupt.mean()),
-                       clean_metric_per_prompt=logit_diff.clean.tolist(),
-                       corrupt_metric_per_prompt=logit_diff.corrupt.tolist(),
-                       **({"str_tokens": str_tokens} if str_tokens is not None else {}))
-    return IOIResult(logit_diff, heads, heads.nlargest(top_k, "normalized").reset_index(drop=True))
-
-
-@torch.no_grad()
-def head_sweep_per_prompt(model, tokens: Union[IOIDataset, Tensor, Sequence[str]], metric="loss",
-                          method: str = "zero", *, attention_mask: Optional[Tensor] = None,
-                          reference_tokens=None, reference_mask: Optional[Tensor] = None,
-                          reference_means: Optional[dict] = None, position=None,
-                          progress: ProgressArg = False) -> pd.DataFrame:
-    """``head_sweep(..., per_prompt=True)`` with each prompt's unablated metric: DataFrame[prompt, layer, head, clean, metric, delta].
-
-    ``tokens`` may be an ``IOIDataset`` (its clean prompts and mask; ``metric="logit_diff"`` is its
-    IO-minus-S logit difference). "mean" and "resample" need a fixed reference (``reference_tokens``
-    or ``reference_means``): a shard is not the whole dataset, so its own mean would differ.
-
-    Example:
-        >>> rows = run_sharded(head_sweep_per_prompt, windows_BP, "smollm2-135m")   # doctest: +SKIP
-        >>> mean_over_prompts(rows, ["layer", "head"])     # == head_sweep(model, windows_BP)   # doctest: +SKIP
-    """
-    if method != "zero" and reference_tokens is None and reference_means is None:
-        raise InputError(f"{method} ablation over shards needs reference_tokens or reference_means: each shard would "
-                         f"otherwise use its own prompts as the reference, and shards would disagree")
-    if isinstance(tokens, IOIDataset):
-        data, tokens, attention_mask = tokens, tokens.clean_tokens, tokens.clean_mask
-        if isinstance(metric, str) and metric == "logit_diff":
-            metric = LogitDiff(data.answer_tokens, data.wrong_tokens)
-    table = head_sweep(model, tokens, metric, method, reference_tokens, progress, position=position, per_prompt=True,
-                       attention_mask=attention_mask, reference_mask=reference_mask, reference_means=reference_means)
-    clean = np.asarray(table.attrs["clean_metric_per_prompt"], dtype=table["metric"].dtype)
-    table["clean"] = clean[table["prompt"].to_numpy()]
-    return _prompt_major(table, ["layer", "head"], ["clean", "metric", "delta"])
-
-
-@torch.no_grad()
-def induction_per_prompt(model, tokens: Tensor, seq_len: int) -> pd.DataFrame:
-    """Each prompt's induction score per head on repeated random tokens [B, 1 + 2*seq_len]: DataFrame[prompt, layer, head, score].
-
-    The mean over prompts is ``induction_scores`` (the same stripe, ``experiments.induction.induction_stripe``).
-
-    Example:
-        >>> rows = induction_per_prompt(model, repeated_random_tokens(model, 50, 10), 50)   # doctest: +SKIP
-    """
-    L, H, B = model.cfg.n_layers, model.cfg.n_heads, tokens.shape[0]
-    scores_LBH = torch.zeros(L, B, H)
-
-    def score_layer(pattern_BHPS: Tensor, hook) -> None:
-        scores_LBH[hook.layer()] = induction_stripe(pattern_BHPS.float(), seq_len).mean(2).cpu()
-
-    model.run_with_hooks(tokens, return_type=None,
-                         fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", score_layer) for l in range(L)])
-    return pd.DataFrame({"prompt": np.repeat(np.arange(B), L * H), "layer": np.tile(np.repeat(np.arange(L), H), B),
-                         "head": np.tile(np.arange(H), B * L), "score": scores_LBH.permute(1, 0, 2).reshape(-1).numpy()})
-
-
-@torch.no_grad()
-def induction_loss_per_prompt(model, tokens: Tensor, seq_len: int) -> pd.DataFrame:
-    """Each prompt's next-token loss on both copies: DataFrame[prompt, position, copy, loss] (mean over prompts: ``induction_loss``).
-
-    Example:
-        >>> rows = induction_loss_per_prompt(model, repeated_random_tokens(model, 50, 10), 50)   # doctest: +SKIP
-    """
-    loss_BP = model(tokens, return_type="loss", loss_per_token=True).float().cpu()
-    B = tokens.shape[0]
-    return pd.DataFrame({"prompt": np.repeat(np.arange(B), 2 * seq_len), "position": np.tile(np.arange(seq_len), 2 * B),
-                         "copy": np.tile(["first"] * seq_len + ["second"] * seq_len, B),
-                         "loss": loss_BP.reshape(-1).numpy()})

@@ -143,6 +143,41 @@ def induction_loss_figure(loss_df: pd.DataFrame):
     return fig
 
 
+@torch.no_grad()
+def induction_per_prompt(model, tokens: Tensor, seq_len: int) -> pd.DataFrame:
+    """Each prompt's induction score per head on repeated random tokens [B, 1 + 2*seq_len]: DataFrame[prompt, layer, head, score].
+
+    The mean over prompts is ``induction_scores`` (the same stripe, ``experiments.induction.induction_stripe``).
+
+    Example:
+        >>> rows = induction_per_prompt(model, repeated_random_tokens(model, 50, 10), 50)   # doctest: +SKIP
+    """
+    L, H, B = model.cfg.n_layers, model.cfg.n_heads, tokens.shape[0]
+    scores_LBH = torch.zeros(L, B, H)
+
+    def score_layer(pattern_BHPS: Tensor, hook) -> None:
+        scores_LBH[hook.layer()] = induction_stripe(pattern_BHPS.float(), seq_len).mean(2).cpu()
+
+    model.run_with_hooks(tokens, return_type=None,
+                         fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", score_layer) for l in range(L)])
+    return pd.DataFrame({"prompt": np.repeat(np.arange(B), L * H), "layer": np.tile(np.repeat(np.arange(L), H), B),
+                         "head": np.tile(np.arange(H), B * L), "score": scores_LBH.permute(1, 0, 2).reshape(-1).numpy()})
+
+
+@torch.no_grad()
+def induction_loss_per_prompt(model, tokens: Tensor, seq_len: int) -> pd.DataFrame:
+    """Each prompt's next-token loss on both copies: DataFrame[prompt, position, copy, loss] (mean over prompts: ``induction_loss``).
+
+    Example:
+        >>> rows = induction_loss_per_prompt(model, repeated_random_tokens(model, 50, 10), 50)   # doctest: +SKIP
+    """
+    loss_BP = model(tokens, return_type="loss", loss_per_token=True).float().cpu()
+    B = tokens.shape[0]
+    return pd.DataFrame({"prompt": np.repeat(np.arange(B), 2 * seq_len), "position": np.tile(np.arange(seq_len), 2 * B),
+                         "copy": np.tile(["first"] * seq_len + ["second"] * seq_len, B),
+                         "loss": loss_BP.reshape(-1).numpy()})
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from experiments import _cli
 
@@ -158,8 +193,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
         tokens = repeated_random_tokens(model, args.seq_len, args.batch, args.seed)
         with _cli.worker_pool(args) as pool:
-            rows = pool.run(distributed.induction_per_prompt, tokens, progress=not args.no_progress, seq_len=args.seq_len)
-            loss_rows = pool.run(distributed.induction_loss_per_prompt, tokens, progress=False, seq_len=args.seq_len)
+            rows = pool.run(induction_per_prompt, tokens, progress=not args.no_progress, seq_len=args.seq_len)
+            loss_rows = pool.run(induction_loss_per_prompt, tokens, progress=False, seq_len=args.seq_len)
         means = distributed.mean_over_prompts(rows, ["layer", "head"])
         scores = torch.tensor(means["score"].to_numpy()).view(model.cfg.n_layers, model.cfg.n_heads)
         loss = distributed.mean_over_prompts(loss_rows, ["position", "copy"])

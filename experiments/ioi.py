@@ -19,12 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import torch
 
 from experiments._progress import ProgressArg
 from experiments.datasets import IOIDataset
+from experiments.distributed import mean_over_prompts
 from experiments.metrics import LogitDiff, PromptBatch
 from experiments.patching import patch_heads, patching_heatmap
 
@@ -83,6 +85,44 @@ def logit_diff_figure(logit_diff: pd.DataFrame) -> go.Figure:
     return fig
 
 
+@torch.no_grad()
+def ioi_per_prompt(model, data: IOIDataset, progress: ProgressArg = False) -> pd.DataFrame:
+    """Per prompt: its clean and corrupted logit difference and each head's patching effect.
+
+    DataFrame[prompt, layer, head, clean, corrupt, metric, delta, normalized], prompt-major:
+    ``clean``/``corrupt`` as ``ioi_logit_diffs``, the rest as ``patch_heads(..., per_prompt=True)``.
+
+    Example:
+        >>> rows = ioi_per_prompt(model, ioi_dataset(model, 8))                      # doctest: +SKIP
+        >>> ioi_result(rows).top_heads                                              # doctest: +SKIP
+    """
+    diffs = ioi_logit_diffs(model, data)
+    heads = patch_heads(model, data.clean_tokens, data.corrupt_tokens, data.answer_tokens, data.wrong_tokens,
+                        progress, per_prompt=True, clean_mask=data.clean_mask, corrupt_mask=data.corrupt_mask)
+    rows = heads.merge(diffs, on="prompt").sort_values(["prompt", "layer", "head"], kind="stable", ignore_index=True)
+    return rows[["prompt", "layer", "head", "clean", "corrupt", "metric", "delta", "normalized"]]
+
+
+def ioi_result(rows: pd.DataFrame, top_k: int = 10, str_tokens: Optional[list[str]] = None) -> IOIResult:
+    """``ioi_patching``'s result from ``ioi_per_prompt`` rows (of a whole dataset, e.g. sharded).
+
+    ``head_patching`` holds the means over prompts (normalized = mean delta / (mean clean - mean
+    corrupt)); its attrs the clean/corrupt metric means and per-prompt lists (and ``str_tokens``).
+
+    Example:
+        >>> result = ioi_result(run_sharded(ioi_per_prompt, data, "smollm2-135m"), top_k=5)   # doctest: +SKIP
+    """
+    logit_diff = rows.drop_duplicates("prompt")[["prompt", "clean", "corrupt"]].reset_index(drop=True)
+    heads = mean_over_prompts(rows[["prompt", "layer", "head", "metric", "delta"]], ["layer", "head"])
+    gap = float(logit_diff.clean.mean()) - float(logit_diff.corrupt.mean())
+    heads["normalized"] = heads["delta"] / gap if abs(gap) > 1e-12 else np.nan
+    heads.attrs.update(clean_metric=float(logit_diff.clean.mean()), corrupt_metric=float(logit_diff.corrupt.mean()),
+                       clean_metric_per_prompt=logit_diff.clean.tolist(),
+                       corrupt_metric_per_prompt=logit_diff.corrupt.tolist(),
+                       **({"str_tokens": str_tokens} if str_tokens is not None else {}))
+    return IOIResult(logit_diff, heads, heads.nlargest(top_k, "normalized").reset_index(drop=True))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from experiments import _cli
     from experiments.datasets import ioi_dataset
@@ -98,12 +138,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     model = _cli.load(args)
     data = ioi_dataset(model, args.n, seed=args.seed, names=args.names, corruption=args.corruption)
     if _cli.sharded(args):
-        from experiments import distributed
         from experiments._tokens import str_tokens
 
         with _cli.worker_pool(args) as pool:
-            rows = pool.run(distributed.ioi_per_prompt, data, progress=not args.no_progress)
-        result = distributed.ioi_result(rows, args.top_k, str_tokens(model, data.clean_tokens[0]))
+            rows = pool.run(ioi_per_prompt, data, progress=not args.no_progress)
+        result = ioi_result(rows, args.top_k, str_tokens(model, data.clean_tokens[0]))
     else:
         result = ioi_patching(model, data, args.top_k, progress=not args.no_progress)
     summary = {"model": args.model, "n": args.n, "seed": args.seed, "corruption": args.corruption,

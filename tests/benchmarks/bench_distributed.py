@@ -1,6 +1,6 @@
 """Ray sweep throughput: IOI head patching per prompt on SmolLM2-135M, in this process and on 1 and 2 Ray workers.
 
-The sweep is ``experiments.distributed.ioi_per_prompt`` (each prompt's clean and corrupted logit
+The sweep is ``experiments.ioi.ioi_per_prompt`` (each prompt's clean and corrupted logit
 difference and all 270 heads' patching effects) over ``ioi_dataset(model, n, seed=0)``:
   - in this process (no Ray; torch's default threads): the reference for Ray's overhead;
   - ``WorkerPool(workers=1, cpus_per_worker=1)``: one worker of one core, the unit that scaling out adds;
@@ -37,7 +37,8 @@ import torch
 
 import workbench as wb
 from experiments.datasets import ioi_dataset
-from experiments.distributed import WorkerPool, ioi_per_prompt
+from experiments.distributed import WorkerPool
+from experiments.ioi import ioi_per_prompt
 from tests.benchmarks.common import machine_line, markdown_table
 
 MODEL = "smollm2-135m"

@@ -24,6 +24,8 @@ import torch
 
 import workbench as wb
 from experiments import distributed as dist
+from experiments.ablation import head_sweep_per_prompt
+from experiments.ioi import ioi_per_prompt, ioi_result
 from experiments.ablation import head_sweep
 from experiments.datasets import ioi_dataset
 from experiments.ioi import ioi_logit_diffs, ioi_patching
@@ -71,8 +73,8 @@ def test_ioi_patching_and_head_sweep_on_two_workers_equal_one_process(cluster, s
     data = ioi_dataset(smollm2, 4, seed=0)
     texts = ioi_dataset(smollm2, 4, seed=1).clean_prompts  # a list of texts: each shard pads its own
     with dist.WorkerPool("smollm2-135m", workers=2) as pool:
-        rows = pool.run(dist.ioi_per_prompt, data, shard_size=2, progress=False)
-        sweep = pool.run(dist.head_sweep_per_prompt, texts, shard_size=2, progress=False)
+        rows = pool.run(ioi_per_prompt, data, shard_size=2, progress=False)
+        sweep = pool.run(head_sweep_per_prompt, texts, shard_size=2, progress=False)
     assert rows.attrs["sharding"]["shards"] == 2 and rows.attrs["sharding"]["reruns"] == 0
     with torch.no_grad():
         heads = _prompt_major(patch_heads(smollm2, data.clean_tokens, data.corrupt_tokens, data.answer_tokens,
@@ -114,20 +116,20 @@ class TestOnePoolOfToyWorkers:
             yield pool
 
     def test_sharded_result_is_the_function_on_the_whole_dataset(self, pool, toy, toy_data):
-        rows = pool.run(dist.ioi_per_prompt, toy_data, shard_size=5, progress=False)
-        whole = dist.ioi_per_prompt(toy, toy_data)
+        rows = pool.run(ioi_per_prompt, toy_data, shard_size=5, progress=False)
+        whole = ioi_per_prompt(toy, toy_data)
         assert list(rows.columns) == list(whole.columns) and rows.dtypes.equals(whole.dtypes)
         assert rows[["prompt", "layer", "head"]].equals(whole[["prompt", "layer", "head"]])
         _assert_close(rows, whole, ["clean", "corrupt", "metric", "delta"], atol=1e-5)
-        result, expected = dist.ioi_result(rows), ioi_patching(toy, toy_data, progress=False)
+        result, expected = ioi_result(rows), ioi_patching(toy, toy_data, progress=False)
         pd.testing.assert_frame_equal(result.head_patching, expected.head_patching, check_exact=False, rtol=0,
                                       atol=1e-5)
         pd.testing.assert_frame_equal(result.logit_diff, expected.logit_diff, check_exact=False, rtol=0, atol=1e-5)
 
     def test_token_ids_with_a_mask_shard_with_their_mask(self, pool, toy, toy_data):
         tokens, mask = toy_data.clean_tokens, toy_data.clean_mask
-        rows = pool.run(dist.head_sweep_per_prompt, tokens, attention_mask=mask, shard_size=7, progress=False)
-        whole = dist.head_sweep_per_prompt(toy, tokens, attention_mask=mask)
+        rows = pool.run(head_sweep_per_prompt, tokens, attention_mask=mask, shard_size=7, progress=False)
+        whole = head_sweep_per_prompt(toy, tokens, attention_mask=mask)
         assert rows.dtypes.equals(whole.dtypes)
         assert rows[["prompt", "layer", "head"]].equals(whole[["prompt", "layer", "head"]])
         _assert_close(rows, whole, ["clean", "metric", "delta"], atol=1e-5)
@@ -137,10 +139,10 @@ class TestOnePoolOfToyWorkers:
 
     def test_a_worker_that_dies_has_its_shard_rerun_and_nothing_is_lost_or_doubled(self, pool, toy, toy_data):
         counted = []
-        rows = pool.run(dist.ioi_per_prompt, toy_data, shard_size=4, _die_on_first_attempt={0, 3},
+        rows = pool.run(ioi_per_prompt, toy_data, shard_size=4, _die_on_first_attempt={0, 3},
                         progress=lambda done, total: counted.append((done, total)))
         assert rows.attrs["sharding"]["reruns"] == 2  # shards 0 and 3 ran twice, on fresh workers
-        whole = dist.ioi_per_prompt(toy, toy_data)
+        whole = ioi_per_prompt(toy, toy_data)
         assert rows[["prompt", "layer", "head"]].equals(whole[["prompt", "layer", "head"]])  # each row once
         assert not rows.duplicated(["prompt", "layer", "head"]).any()
         _assert_close(rows, whole, ["clean", "corrupt", "metric", "delta"], atol=1e-5)

@@ -12,6 +12,8 @@ import torch
 
 import workbench as wb
 from experiments import distributed as dist
+from experiments.ablation import head_sweep_per_prompt
+from experiments.induction import induction_loss_per_prompt, induction_per_prompt
 from experiments.ablation import head_sweep
 from experiments.datasets import ioi_dataset, repeated_random_tokens
 from experiments.induction import induction_loss, induction_scores
@@ -36,7 +38,7 @@ def _ray_running() -> bool:
 ])
 def test_bad_arguments_are_input_errors_raised_before_ray_starts(kwargs, message):
     with pytest.raises(wb.InputError, match=message):
-        dist.run_sharded(dist.head_sweep_per_prompt, TOKENS, TOY, **kwargs)
+        dist.run_sharded(head_sweep_per_prompt, TOKENS, TOY, **kwargs)
     assert not _ray_running()
 
 
@@ -48,7 +50,7 @@ def test_bad_arguments_are_input_errors_raised_before_ray_starts(kwargs, message
 ])
 def test_a_dataset_that_cannot_be_sharded_is_an_input_error(dataset, message):
     with pytest.raises(wb.InputError, match=message):
-        dist.run_sharded(dist.head_sweep_per_prompt, dataset, TOY)
+        dist.run_sharded(head_sweep_per_prompt, dataset, TOY)
 
 
 def test_fn_must_be_callable():
@@ -58,16 +60,16 @@ def test_fn_must_be_callable():
 
 def test_unknown_model_is_a_checkpoint_error_naming_it_and_a_loaded_model_is_refused():
     with pytest.raises(wb.CheckpointError, match="no-such-model.*registered: .*toy-attn-2l"):
-        dist.run_sharded(dist.head_sweep_per_prompt, TOKENS, "no-such-model")
+        dist.run_sharded(head_sweep_per_prompt, TOKENS, "no-such-model")
     with pytest.raises(wb.InputError, match="save one with model.save"):
-        dist.run_sharded(dist.head_sweep_per_prompt, TOKENS, make_model("mha_learned_ln"))
+        dist.run_sharded(head_sweep_per_prompt, TOKENS, make_model("mha_learned_ln"))
     assert not _ray_running()
 
 
 def test_missing_ray_names_the_scale_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
     with pytest.raises(MissingExtraError, match=r'sharded sweeps need the package .ray.*pip install -e "\.\[scale\]"'):
-        dist.run_sharded(dist.head_sweep_per_prompt, TOKENS, TOY)
+        dist.run_sharded(head_sweep_per_prompt, TOKENS, TOY)
     with pytest.raises(MissingExtraError, match=r"\[scale\]"):
         dist.WorkerPool(TOY, workers=1)
 
@@ -75,7 +77,7 @@ def test_missing_ray_names_the_scale_extra(monkeypatch):
 def test_mean_or_resample_ablation_over_shards_needs_a_fixed_reference():
     model = make_model("mha_learned_ln")
     with pytest.raises(wb.InputError, match="mean ablation over shards needs reference_tokens or reference_means"):
-        dist.head_sweep_per_prompt(model, TOKENS, method="mean")
+        head_sweep_per_prompt(model, TOKENS, method="mean")
 
 
 def test_fn_rows_must_carry_a_prompt_column_numbered_within_the_shard():
@@ -122,10 +124,10 @@ def test_ioi_dataset_select_keeps_rows_and_width():
 def test_induction_rows_average_to_the_dataset_functions():
     model, seq_len = make_model("mha_learned_ln"), 6
     tokens = repeated_random_tokens(model, seq_len, batch=4, seed=3)
-    scores = dist.mean_over_prompts(dist.induction_per_prompt(model, tokens, seq_len), ["layer", "head"])
+    scores = dist.mean_over_prompts(induction_per_prompt(model, tokens, seq_len), ["layer", "head"])
     expected = induction_scores(model, seq_len, batch=4, seed=3)
     assert torch.allclose(torch.tensor(scores["score"].to_numpy()).view(2, 4), expected, atol=1e-6)
-    loss = dist.mean_over_prompts(dist.induction_loss_per_prompt(model, tokens, seq_len), ["position", "copy"])
+    loss = dist.mean_over_prompts(induction_loss_per_prompt(model, tokens, seq_len), ["position", "copy"])
     pd.testing.assert_frame_equal(loss, induction_loss(model, seq_len, batch=4, seed=3), check_exact=False, atol=1e-6)
 
 
@@ -133,7 +135,7 @@ def test_head_sweep_rows_are_head_sweep_per_prompt_and_average_to_it():
     model = make_model("gqa_rotary_rms_swiglu")
     mask = torch.ones_like(TOKENS)
     mask[1, 5:] = mask[4, 3:] = 0
-    rows = dist.head_sweep_per_prompt(model, TOKENS, attention_mask=mask)
+    rows = head_sweep_per_prompt(model, TOKENS, attention_mask=mask)
     per_prompt = head_sweep(model, TOKENS, attention_mask=mask, per_prompt=True, progress=False)
     expected = per_prompt.sort_values(["prompt", "layer", "head"], ignore_index=True)
     pd.testing.assert_frame_equal(rows.drop(columns="clean"), expected[["prompt", "layer", "head", "metric", "delta"]])

@@ -217,7 +217,7 @@ def test_expert_corpus_maxima_count_only_routed_tokens(tokenizer, cache_dir):
     mlp = model.blocks[layer].mlp
     acts_BPM = F.silu(x_BPD @ mlp.W_gate[expert]) * (x_BPD @ mlp.W_in[expert])
     acts_BPM = acts_BPM.masked_fill(~routed_BP[..., None], -math.inf)[:, 1:]
-    torch.testing.assert_close(maxima.max_BM, acts_BPM.max(dim=1).values.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(maxima.max_BM, acts_BPM.max(dim=1).values.detach(), rtol=1e-4, atol=1e-5)
 
 
 def test_the_disk_cache_is_reused_without_a_forward_pass_and_keyed_by_the_weights(tokenizer, cache_dir):
