@@ -25,6 +25,9 @@ from tests.benchmarks.common import machine_line, markdown_table
 COMPARISONS = [
     ("bench_forward", "1-2. Forward (no hooks) and run_with_cache",
      "forward within 1.05x of transformers sdpa; cache-all within 1.3x; pattern-only cache within 1.15x"),
+    ("bench_generation", "2b. Greedy generation with the KV cache",
+     "tokens/s at least transformers' generate (SmolLM2, prompt 32, 128 new, batch 1 and 8); a hook on every "
+     "hook_resid_post at most 1.2x the unhooked time; TransformerBridge reported"),
     ("bench_head_sweep", "3. Head-ablation sweep over every head",
      "batched head_sweep at least 5x faster than one run_with_hooks per head (issue 4: at least 3x), identical results"),
     ("bench_attention_memory", "4. Attention memory and time vs sequence length", "flash at 8,192 tokens under 10% of eager's peak memory"),
