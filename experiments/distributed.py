@@ -57,8 +57,9 @@ from torch import Tensor
 import workbench as wb
 from experiments._progress import Progress, ProgressArg
 from experiments.datasets import IOIDataset
-from workbench.errors import CheckpointError, InputError
+from workbench.errors import InputError
 from workbench.extras import require
+from workbench.loading import model_config
 
 __all__ = ["run_sharded", "WorkerPool", "ShardFailedError", "mean_over_prompts"]
 
@@ -191,15 +192,8 @@ def _checked_source(model: Any, remote: bool) -> str:
                          "save one with model.save(directory) and pass the directory")
     if not isinstance(model, (str, Path)) or not str(model):
         raise InputError(f"model must be a registered name (wb.list_models()) or a path, got {model!r}")
-    from workbench.loading.registry import REGISTRY
-
-    if str(model) in REGISTRY:
-        if not remote:
-            REGISTRY[str(model)].path()  # a CheckpointError saying how to install it
-        return str(model)
-    if not remote and not Path(model).exists():
-        raise CheckpointError(f"{model}: no such file or directory, and not a registered model name "
-                              f"(registered: {sorted(REGISTRY)})")
+    if not remote:  # the CheckpointError load_model would give: unknown name, not installed, missing path, bad config
+        model_config(model)
     return str(model)
 
 
@@ -399,8 +393,6 @@ def run_sharded(fn: Callable, dataset: Dataset, model: Union[str, Path] = "smoll
 
 
 # ---- per-prompt rows back to dataset-level tables ------------------------------------------------
-
-
 def mean_over_prompts(rows: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
     """The mean over prompts of every other column, one row per ``by`` value in first-seen order, dtypes kept.
 

@@ -28,6 +28,7 @@ from transformer_lens import ActivationCache
 from workbench.cache_store import ShardWriter, load_cache
 from workbench.errors import CacheTooLargeError, InputError
 from workbench.loss import next_token_loss
+from workbench.memory import readable_bytes
 from workbench.tokens_api import TextOrTokens, check_attention_mask
 
 if TYPE_CHECKING:
@@ -319,9 +320,4 @@ def _check_fits(acts: dict[str, Tensor], row_outputs: dict[str, Tensor], rows: i
 
 def _bytes(n: int) -> str:
     """``n`` bytes in words: "1,461,456 bytes (1.4 MiB)"."""
-    value, unit = float(n), "bytes"
-    for larger in ("KiB", "MiB", "GiB", "TiB"):
-        if value < 1024:
-            break
-        value, unit = value / 1024, larger
-    return f"{n:,} bytes" + (f" ({value:.1f} {unit})" if unit != "bytes" else "")
+    return f"{n:,} bytes" + (f" ({readable_bytes(n)})" if n >= 1024 else "")

@@ -42,3 +42,18 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, _LARGEST)) and bool(mallopt(M_TRIM_THRESHOLD, _LARGEST))
+
+
+def readable_bytes(n_bytes: float) -> str:
+    """A byte count in binary units, for messages and tables.
+
+    Example:
+        >>> readable_bytes(512), readable_bytes(1_461_456), readable_bytes(3 * 2**30)
+        ('512 B', '1.4 MiB', '3.0 GiB')
+    """
+    value, unit = float(n_bytes), "B"
+    for larger in ("KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024:
+            break
+        value, unit = value / 1024, larger
+    return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"

@@ -16,7 +16,7 @@ import torch
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.gguf_loader import GGUF_MODELS, GGUFFile, load_gguf, model_config_from_gguf
-from workbench.loading.hf import FAMILIES, hf_checkpoint_dtype, hf_model_config, is_hf_directory, load_hf_directory, read_config
+from workbench.loading.hf import FAMILIES, hf_checkpoint_dtype, hf_model_config, is_hf_config, load_hf_directory, read_config
 from workbench.loading.native import FORMAT_TAG, load_native, native_config
 from workbench.loading.placement import DeviceMapSpec, MaxMemory, Placement, plan
 from workbench.loading.registry import REGISTRY, default_model_name, list_models
@@ -104,16 +104,17 @@ def _load(source: Union[str, Path], attn_impl: str, dtype: Optional[torch.dtype]
           progress: Optional[bool], placement: Optional[Placement]):
     """The model exactly as the checkpoint holds it, by whichever loader ``source`` calls for."""
     options = dict(attn_impl=attn_impl, dtype=dtype, device=device, placement=placement)
-    path = _checkpoint_path(source)
-    if path.is_file():
+    path, kind = _locate(source)
+    if kind == "gguf":
         return load_gguf(path, progress=progress, **{**options, "dtype": dtype or torch.float32})
-    if _is_native(path):
+    if kind == "native":
         return load_native(path, **options)
     return load_hf_directory(path, progress=progress, **options)
 
 
-def _checkpoint_path(source: Union[str, Path]) -> Path:
-    """The file or directory ``source`` names, checked to be a .gguf file or a model directory."""
+def _locate(source: Union[str, Path]) -> tuple[Path, str]:
+    """The file or directory ``source`` names and its format: "gguf", "native" (written by
+    ``model.save()``) or "hf"; a ``CheckpointError`` for anything else."""
     if isinstance(source, str) and source in REGISTRY:
         source = REGISTRY[source].path()
     path = Path(source)
@@ -123,19 +124,18 @@ def _checkpoint_path(source: Union[str, Path]) -> Path:
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise CheckpointError(f"{path}: a file must be a .gguf checkpoint; for safetensors pass its directory")
-        return path
+        return path, "gguf"
     config_path = path / "config.json"
     if not config_path.exists():
         raise CheckpointError(f"{config_path}: not found; a model directory needs config.json "
                               "(HF format or written by model.save())")
-    if _is_native(path) or is_hf_directory(path):
-        return path
+    data = read_config(config_path)
+    if data.get("format") == FORMAT_TAG:
+        return path, "native"
+    if is_hf_config(data):
+        return path, "hf"
     raise CheckpointError(f"{config_path}: neither an HF config (no field 'architectures' or 'model_type') "
                           f"nor one written by model.save() (no field 'format': '{FORMAT_TAG}')")
-
-
-def _is_native(directory: Path) -> bool:
-    return read_config(directory / "config.json").get("format") == FORMAT_TAG
 
 
 def model_config(source: Union[str, Path]) -> ModelConfig:
@@ -146,10 +146,10 @@ def model_config(source: Union[str, Path]) -> ModelConfig:
         >>> wb.loading.model_config("smollm2-135m").n_layers   # doctest: +SKIP
         30
     """
-    path = _checkpoint_path(source)
-    if path.is_file():
+    path, kind = _locate(source)
+    if kind == "gguf":
         return model_config_from_gguf(GGUFFile(path)).replace(dtype=torch.float32)
-    if _is_native(path):
+    if kind == "native":
         return native_config(path)
     return hf_model_config(path).replace(dtype=hf_checkpoint_dtype(path))
 

@@ -32,8 +32,7 @@ from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.common import cannot_honour, show_progress
 from workbench.loading.gguf_tokenizer import tokenizer_from_gguf
-from workbench.loading.placement import Placement, build_model
-from workbench.model import Decoder
+from workbench.loading.placement import Placement, build_model, empty_model
 
 # general.architecture values we read, and the models they cover.
 GGUF_MODELS = {"llama": "Llama-architecture GGUF files (SmolLM2, Llama, Mistral; Mixtral-style experts); "
@@ -213,7 +212,6 @@ def load_gguf(path: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtyp
     file = GGUFFile(Path(path))
     cfg = model_config_from_gguf(file).replace(attn_impl=attn_impl, dtype=dtype)
     tokenizer = tokenizer_from_gguf(file.field, str(file.path))
-    with torch.device("meta"):  # built only to know every parameter's shape: no memory
-        shapes = {name: tuple(param.shape) for name, param in Decoder(cfg, init_weights=False).state_dict(keep_vars=True).items()}
+    shapes = {name: tuple(param.shape) for name, param in empty_model(cfg).state_dict(keep_vars=True).items()}
     tensors = read_tensors(file, cfg, shapes, progress)
     return build_model(cfg, tokenizer, tensors, str(file.path), device, placement)

@@ -42,17 +42,13 @@ _NOT_DECODERS = {"Mamba": "a state-space model", "Rwkv": "a recurrent model",
                  "Vision": "a vision model", "ForImageClassification": "a vision model"}
 
 
-def is_hf_directory(path: Path) -> bool:
-    """A directory whose config.json says which transformers architecture it holds.
+def is_hf_config(data: dict) -> bool:
+    """config.json's data names a transformers architecture (``architectures`` or ``model_type``).
 
     Example:
-        >>> is_hf_directory(Path("/nonexistent"))
-        False
+        >>> is_hf_config({"model_type": "llama"}), is_hf_config({"format": "workbench"})
+        (True, False)
     """
-    config = path / CONFIG_FILE
-    if not (path.is_dir() and config.exists()):
-        return False
-    data = read_config(config)
     return "architectures" in data or "model_type" in data
 
 
@@ -110,12 +106,16 @@ def hf_model_config(directory: Union[str, Path]) -> ModelConfig:
         >>> hf_model_config("checkpoints/tiny-llama").n_layers   # doctest: +SKIP
         2
     """
-    directory = Path(directory)
+    return _read_hf_config(Path(directory))[2]
+
+
+def _read_hf_config(directory: Path) -> tuple[dict, str, ModelConfig]:
+    """config.json's data, the architecture it names and the ``ModelConfig`` it maps to (read once)."""
     config_path = directory / CONFIG_FILE
     data = read_config(config_path)
     architecture = architecture_of(data, str(config_path))
     cfg = ARCHITECTURES[architecture].model_config(HFConfig(data, str(config_path)), architecture)
-    return cfg.replace(model_name=directory.name)
+    return data, architecture, cfg.replace(model_name=directory.name)
 
 
 def hf_checkpoint_dtype(directory: Union[str, Path]) -> torch.dtype:
@@ -149,10 +149,9 @@ def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtyp
         >>> model = load_hf_directory("checkpoints/tiny-llama", attn_impl="eager")   # doctest: +SKIP
     """
     directory = Path(directory)
-    data = read_config(directory / CONFIG_FILE)
-    architecture = architecture_of(data, str(directory / CONFIG_FILE))
+    data, architecture, cfg = _read_hf_config(directory)
     family = ARCHITECTURES[architecture]
-    cfg = hf_model_config(directory).replace(attn_impl=attn_impl)
+    cfg = cfg.replace(attn_impl=attn_impl)
 
     ckpt = SafetensorsCheckpoint(directory, progress=progress)
     try:

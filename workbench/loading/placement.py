@@ -35,6 +35,7 @@ from workbench.config import ModelConfig
 from workbench.errors import ConfigError
 from workbench.extras import require
 from workbench.loading.weights import assign_weights, check_weights
+from workbench.memory import readable_bytes
 from workbench.model import Decoder
 from workbench.tokenizer import Tokenizer
 
@@ -116,14 +117,21 @@ def _accelerate_device(label: str) -> Union[int, str]:
 
 def _check_devices_exist(device_map: Mapping[str, str]) -> None:
     for unit, label in device_map.items():
-        if label.startswith("cuda:") and int(label.split(":")[1]) >= torch.cuda.device_count():
+        index = _accelerate_device(label)
+        if isinstance(index, int) and index >= torch.cuda.device_count():
             raise ConfigError(f"device_map['{unit}'] = '{label}', but this machine has "
                               f"{torch.cuda.device_count()} CUDA device(s)")
 
 
-def _empty_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer] = None) -> Decoder:
+def empty_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer] = None) -> Decoder:
     """A ``Decoder`` whose parameters are on the meta device (no memory), tied as in a real one, and
-    whose tables (RoPE, ALiBi, sinusoidal) are real CPU buffers."""
+    whose tables (RoPE, ALiBi, sinusoidal) are real CPU buffers: parameter shapes and placement
+    without the weights.
+
+    Example:
+        >>> empty_model(cfg).embed.W_E.device   # doctest: +SKIP
+        device(type='meta')
+    """
     with torch.device("meta"):
         return Decoder(cfg, tokenizer=tokenizer, init_weights=False)
 
@@ -232,8 +240,8 @@ def _fill(model: Decoder, max_memory: MaxMemory, balanced: bool) -> dict[str, st
     first = devices[0]
     top_bytes = sum(sizes[unit] for unit in top)
     if top_bytes > free[first]:
-        raise ConfigError(f"the embedding, final norm and unembedding need {_readable(top_bytes)} on {first}, "
-                          f"but max_memory allows {_readable(free[first])} there; they cannot go to disk")
+        raise ConfigError(f"the embedding, final norm and unembedding need {readable_bytes(top_bytes)} on {first}, "
+                          f"but max_memory allows {readable_bytes(free[first])} there; they cannot go to disk")
     free[first] -= top_bytes
     if sum(sizes[unit] for unit in blocks) > sum(free.values()) and "cpu" in free:
         free["cpu"] -= max(sizes[unit] for unit in blocks)  # an offloaded block is read into RAM to run
@@ -247,14 +255,6 @@ def _fill(model: Decoder, max_memory: MaxMemory, balanced: bool) -> dict[str, st
             free[device] -= sizes[unit]
         device_map[unit] = device
     return device_map
-
-
-def _readable(n_bytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n_bytes) < 1024 or unit == "GiB":
-            return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
-        n_bytes /= 1024
-    return f"{n_bytes:.1f} GiB"
 
 
 def _prepare_offload_folder(folder: Optional[Union[str, Path]], device_map: Mapping[str, str]) -> Optional[Path]:
@@ -277,12 +277,14 @@ def _prepare_offload_folder(folder: Optional[Union[str, Path]], device_map: Mapp
     return folder
 
 
-def _clear_offload(folder: Path) -> None:
-    """Removes an offload's files (its index and the weights it lists), nothing else."""
-    try:
-        names = json.loads((folder / OFFLOAD_INDEX).read_text())
-    except (OSError, json.JSONDecodeError):
-        names = {}
+def _clear_offload(folder: Path, names=None) -> None:
+    """Removes an offload's files, nothing else: the weights ``names`` lists (default: those its index
+    lists) and the index."""
+    if names is None:
+        try:
+            names = json.loads((folder / OFFLOAD_INDEX).read_text())
+        except (OSError, json.JSONDecodeError):
+            names = {}
     for name in names:
         (folder / f"{name}.dat").unlink(missing_ok=True)
     (folder / OFFLOAD_INDEX).unlink(missing_ok=True)
@@ -318,11 +320,12 @@ def build_dispatched(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: 
     from accelerate import dispatch_model
     from accelerate.utils import find_tied_parameters, offload_weight, retie_parameters, set_module_tensor_to_device
 
-    model = _empty_model(cfg, tokenizer)
+    model = empty_model(cfg, tokenizer)
     check_weights(model, tensors, source)
     device_map = resolve_device_map(model, placement)
     folder = _prepare_offload_folder(placement.offload_folder, device_map)
     ties = find_tied_parameters(model)
+    first = units(model)[0]  # where tokens enter
     index: dict = {}
     try:
         for name in list(tensors):
@@ -336,18 +339,16 @@ def build_dispatched(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: 
         if index:
             (folder / OFFLOAD_INDEX).write_text(json.dumps(index, indent=1))
         main_device = "cpu" if "cpu" in device_map.values() or "disk" in device_map.values() else \
-            _accelerate_device(device_map[units(model)[0]])
+            _accelerate_device(device_map[first])
         with _quiet_accelerate():
             dispatch_model(model, {unit: _accelerate_device(device) for unit, device in device_map.items()},
                            main_device=main_device, offload_dir=str(folder) if folder else None,
                            preload_module_classes=["TransformerBlock"], force_hooks=True)
     except BaseException:
         if folder is not None:
-            _clear_offload(folder)
-            for name in index:
-                (folder / f"{name}.dat").unlink(missing_ok=True)
+            _clear_offload(folder, index)  # what this load wrote, index file or not
         raise
-    model.cfg = model.cfg.replace(device=device_map[units(model)[0]])
+    model.cfg = model.cfg.replace(device=device_map[first])
     model.device_map = device_map
     return model.eval()
 
@@ -374,7 +375,7 @@ def plan(cfg: ModelConfig, placement: Placement, batch: int = 1, pos: int = 1024
     Example:
         >>> plan(cfg, Placement("auto", max_memory={"cpu": "200MiB"}), batch=8, pos=128)   # doctest: +SKIP
     """
-    model = _empty_model(cfg)
+    model = empty_model(cfg)
     device_map = resolve_device_map(model, placement)
     sizes = unit_bytes(model)
     cache = _cache_bytes_per_unit(model, batch, min(pos, cfg.n_ctx), names_filter)
@@ -385,8 +386,8 @@ def plan(cfg: ModelConfig, placement: Placement, batch: int = 1, pos: int = 1024
         rows.append({"device": device, "units": _describe(placed), "weights_bytes": sum(sizes[u] for u in placed),
                      "cache_bytes": sum(cache.get(u, 0) for u in placed), "cache_on": cache_device})
     table = pd.DataFrame(rows)
-    table["weights"] = table["weights_bytes"].map(_readable)
-    table["cache"] = table["cache_bytes"].map(_readable)
+    table["weights"] = table["weights_bytes"].map(readable_bytes)
+    table["cache"] = table["cache_bytes"].map(readable_bytes)
     table.attrs.update(dtype=str(cfg.dtype).removeprefix("torch."), batch=batch, pos=min(pos, cfg.n_ctx))
     return table
 
