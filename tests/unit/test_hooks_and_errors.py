@@ -157,3 +157,52 @@ def test_attached_hooks_counts_what_is_on_and_nothing_after_a_raising_hook():
     with pytest.raises(RuntimeError):
         model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.hook_resid_post", boom)])
     assert model.attached_hooks() == {}
+
+
+def transformer_lens_cache(model, tokens, names_filter=None) -> dict:
+    """TransformerLens's own run_with_cache (its caching hooks) on our model: the reference for the plain path."""
+    from transformer_lens import HookedRootModule
+
+    if names_filter is None:  # TransformerLens's "every hook that fires": hook_result is opt-in
+        names_filter = lambda name: not name.endswith("attn.hook_result")
+    return HookedRootModule.run_with_cache(model, tokens, names_filter=names_filter)[1]
+
+
+@pytest.mark.parametrize("names_filter", [None, "blocks.1.attn.hook_pattern",
+                                          ["blocks.0.hook_resid_post", "blocks.1.mlp.hook_post"],
+                                          lambda name: name.endswith(("hook_z", "hook_scale"))])
+def test_plain_cache_path_caches_what_transformer_lens_caches(names_filter):
+    model = make_model("gqa_rotary_rms_swiglu")
+    tokens = torch.randint(0, 61, (2, 6))
+    expected = transformer_lens_cache(model, tokens, names_filter)
+    logits, cache = model.run_with_cache(tokens, names_filter=names_filter)
+    assert list(cache.keys()) == list(expected)  # the same hooks, in the order they fire
+    for name, tensor in expected.items():
+        torch.testing.assert_close(cache[name], tensor, rtol=0, atol=0)
+    torch.testing.assert_close(logits, model(tokens))
+    assert no_live_hooks(model)
+
+
+def test_plain_cache_path_sees_attached_hooks_edits_and_detaches():
+    model = make_model("gqa_rotary_rms_swiglu")
+    tokens = torch.randint(0, 61, (1, 5))
+    zero = lambda t, hook: torch.zeros_like(t)
+    with model.hooks(fwd_hooks=[("blocks.0.hook_attn_out", zero)]):
+        expected = transformer_lens_cache(model, tokens)
+        _, cache = model.run_with_cache(tokens)
+        assert model.attached_hooks() == {"blocks.0.hook_attn_out": 1}  # the user's hook survives the cache's
+    assert not cache["blocks.0.hook_attn_out"].any()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(cache[name], tensor, rtol=0, atol=0)
+    _, cache = model.run_with_cache(tokens)  # with grad on: stored detached, as TransformerLens does
+    assert not any(t.requires_grad for t in cache.values())
+    assert no_live_hooks(model)
+
+
+def test_plain_cache_path_leaves_no_hook_when_the_forward_raises():
+    model = make_model("gqa_rotary_rms_swiglu")
+    with pytest.raises(InputError):
+        model.run_with_cache(torch.tensor([[1, 2, 999]]))
+    assert no_live_hooks(model)
+    with pytest.raises(InputError, match="names_filter"):
+        model.run_with_cache(torch.tensor([[1, 2]]), names_filter=3)

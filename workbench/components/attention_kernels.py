@@ -13,6 +13,7 @@ against the group's single K/V head serves them all: K and V are never copied pe
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -75,6 +76,16 @@ class MaskSpec:
             bias = bias - self.alibi_slopes_H.to(device)[None, :, None, None] * (i - j).float()
         return bias
 
+    def grouped_bias(self, B: int, H: int, G: int, P: int, S: int, device: torch.device,
+                     dtype: torch.dtype) -> Tensor:
+        """The bias of all P queries against all S keys in eager attention's grouped layout: broadcastable
+        to [B*G, g*P, S], each group's g query heads side by side. The plain causal one is built once per
+        shape (it is the same for every layer of a forward pass) while it is small."""
+        if self.alibi_slopes_H is None and self.key_mask_BS is None and (H // G) * P * S <= _CACHED_BIAS_MAX:
+            return _grouped_window_bias(H // G, P, S, self.q_offset, self.sliding_window, device, dtype)
+        bias_bhPS = self.bias(0, P, 0, S, device).to(dtype)
+        return bias_bhPS.expand(B, H, P, S).reshape(B * G, (H // G) * P, S)
+
     def key_range(self, q_start: int, q_end: int, n_keys: int) -> tuple[int, int]:
         """Keys [lo, hi) that any query in [q_start, q_end) can see: tiles outside are skipped."""
         hi = min(n_keys, q_end + self.q_offset)
@@ -82,13 +93,18 @@ class MaskSpec:
         return lo, hi
 
 
+_CACHED_BIAS_MAX = 2**20  # elements (4 MiB in float32): larger biases are rebuilt per layer, not kept
+
+
+@functools.lru_cache(maxsize=8)
+def _grouped_window_bias(g: int, P: int, S: int, q_offset: int, sliding_window: Optional[int],
+                         device: torch.device, dtype: torch.dtype) -> Tensor:
+    """[1, g*P, S]: the causal (and sliding-window) bias repeated for g query heads. Read only: cached."""
+    bias_11PS = MaskSpec(scale=1.0, q_offset=q_offset, sliding_window=sliding_window).bias(0, P, 0, S, device)
+    return bias_11PS.to(dtype).expand(1, g, P, S).reshape(1, g * P, S)
+
+
 Hook = Callable[[Tensor], Tensor]
-
-
-def _group_queries(q_BHPK: Tensor, n_kv: int) -> Tensor:
-    """[B, H, P, K] -> [B, G, g*P, K]: the query heads of one K/V group side by side."""
-    B, H, P, K = q_BHPK.shape
-    return q_BHPK.reshape(B, n_kv, (H // n_kv) * P, K)
 
 
 def identity_hook(t: Tensor) -> Tensor:
@@ -106,13 +122,20 @@ def eager_attention(
     hook_sink_weight: Hook = identity_hook,
 ) -> Float[Tensor, "batch pos n_heads d_head_v"]:
     """Materialises scores and pattern so hooks can read and edit them. With sinks the pattern holds the
-    real keys' weights (rows sum to less than one) and ``hook_sink_weight`` [B, H, P] the sinks' share."""
+    real keys' weights (rows sum to less than one) and ``hook_sink_weight`` [B, H, P] the sinks' share.
+
+    The B*G (batch, key/value head) pairs are one batch of matmuls (N below) whose rows are the group's
+    g query heads side by side; scaling and the mask's bias are fused into the scores' matmul (baddbmm)."""
     B, H, P, K = q_BHPK.shape
     G, S, J = k_BGSK.shape[1], k_BGSK.shape[2], v_BGSJ.shape[-1]
-    scores_BGxS = _group_queries(q_BHPK, G) @ k_BGSK.transpose(-1, -2)
-    # In place on the fresh matmul output: each [B, H, P, S] allocation is a page fault per 4 KiB on a CPU.
-    scores_BHPS = mask.capped(scores_BGxS.view(B, H, P, S).mul_(mask.scale))
-    scores_BHPS = hook_scores(scores_BHPS.add_(mask.bias(0, P, 0, S, q_BHPK.device).to(scores_BHPS.dtype)))
+    N, gP = B * G, (H // G) * P
+    q_NxK, k_NSK, v_NSJ = q_BHPK.reshape(N, gP, K), k_BGSK.reshape(N, S, K), v_BGSJ.reshape(N, S, J)
+    bias_NxS = mask.grouped_bias(B, H, G, P, S, q_BHPK.device, q_BHPK.dtype)
+    if mask.soft_cap is None:
+        scores_NxS = torch.baddbmm(bias_NxS, q_NxK, k_NSK.transpose(1, 2), alpha=mask.scale)
+    else:  # the cap applies to the scaled scores before the bias
+        scores_NxS = mask.capped(torch.bmm(q_NxK, k_NSK.transpose(1, 2)).mul_(mask.scale)).add_(bias_NxS)
+    scores_BHPS = hook_scores(scores_NxS.view(B, H, P, S))
     if mask.sinks_H is None:
         probs_BHPS = torch.softmax(scores_BHPS.float(), dim=-1)
     else:
@@ -121,8 +144,8 @@ def eager_attention(
         probs_BHPS = probs_BHPS1[..., :S]
         hook_sink_weight(probs_BHPS1[..., S].to(q_BHPK.dtype))
     pattern_BHPS = hook_pattern(probs_BHPS.to(q_BHPK.dtype))
-    z_BGxJ = pattern_BHPS.reshape(B, G, (H // G) * P, S) @ v_BGSJ
-    return z_BGxJ.view(B, H, P, J).transpose(1, 2)
+    z_NxJ = torch.bmm(pattern_BHPS.reshape(N, gP, S), v_NSJ)
+    return z_NxJ.view(B, H, P, J).transpose(1, 2)
 
 
 def sdpa_attention(
