@@ -41,3 +41,17 @@ def test_kv_cache_tracks_length():
     model(torch.randint(0, 61, (1, 1)), kv_cache=cache)
     assert cache.length == 7
     assert cache.layers[0].k_BGSK.shape == (1, 2, 7, 8)
+
+
+def test_step_logits_are_the_forward_logits_and_can_be_left_out():
+    model = make_model("gqa_rotary_rms_swiglu")
+    prompt = torch.randint(0, 61, (2, 5))
+    tokens, step_logits = generate_tokens(model, prompt, 6, stop_at_eos=False)
+    with torch.no_grad():
+        logits = model(tokens[:, :-1])
+    torch.testing.assert_close(step_logits, logits[:, 4:], atol=1e-5, rtol=0)
+    seen = []
+    with model.hooks(fwd_hooks=[("ln_final.hook_normalized", lambda x, hook: seen.append(x.shape[1]))]):
+        same, none = generate_tokens(model, prompt, 6, stop_at_eos=False, keep_logits=False)
+    assert torch.equal(same, tokens) and none is None
+    assert seen == [5, 1, 1, 1, 1, 1]  # the final norm's hooks see the whole prompt, then each new token

@@ -29,6 +29,10 @@ from workbench.config import ModelConfig
 Scaling = Optional[tuple[tuple[str, Any], ...]]  # rotary_scaling as a hashable, sorted tuple of items
 
 
+# The angles of the last (positions, table, dtype) seen: shared by all layers of one forward pass.
+_LAST_ANGLES: list[Optional[tuple]] = [None]
+
+
 class Rotary(nn.Module):
     """Rotates the first ``rotary_dim`` dimensions of each head by position-dependent angles."""
 
@@ -48,13 +52,25 @@ class Rotary(nn.Module):
         self, x_BPHK: Float[Tensor, "batch pos heads d_head"], positions: Int[Tensor, "*batch pos"]
     ) -> Float[Tensor, "batch pos heads d_head"]:
         """``positions``: [P], or [B, P] when each row has its own (padded batches)."""
-        cos_PR, sin_PR = self._angles(positions)  # [P, R] or [B, P, R]
-        cos_P1R, sin_P1R = cos_PR.unsqueeze(-2).to(x_BPHK.dtype), sin_PR.unsqueeze(-2).to(x_BPHK.dtype)
+        cos_P1R, sin_P1R = self._head_angles(positions, x_BPHK.dtype)
         rotate = rotate_adjacent if self.adjacent_pairs else rotate_half
         if self.rotary_dim == x_BPHK.shape[-1]:
             return x_BPHK * cos_P1R + rotate(x_BPHK) * sin_P1R
         rot, rest = x_BPHK[..., : self.rotary_dim], x_BPHK[..., self.rotary_dim :]
         return torch.cat([rot * cos_P1R + rotate(rot) * sin_P1R, rest], dim=-1)
+
+    def _head_angles(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos and sin [P, 1, R] (or [B, P, 1, R]) in ``dtype``. Every layer of a forward pass gets the same
+        ``positions`` tensor and, with the same rotary config, the same cached table: the angles are
+        gathered once per forward, not once per layer (a tenth of a decoding step's small ops)."""
+        key = (positions, self.cos, dtype)
+        memo = _LAST_ANGLES[0]
+        if memo is not None and all(a is b for a, b in zip(memo[0], key)):
+            return memo[1]
+        cos_PR, sin_PR = self._angles(positions)  # [P, R] or [B, P, R]
+        angles = cos_PR.unsqueeze(-2).to(dtype), sin_PR.unsqueeze(-2).to(dtype)
+        _LAST_ANGLES[0] = (key, angles)  # one assignment: a concurrent forward sees the old or the new pair
+        return angles
 
     def _angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         # Only dynamic scaling reads the longest position (a device sync on GPU).
