@@ -54,10 +54,10 @@ class Rotary(nn.Module):
         """``positions``: [P], or [B, P] when each row has its own (padded batches)."""
         cos_P1R, sin_P1R = self._head_angles(positions, x_BPHK.dtype)
         rotate = rotate_adjacent if self.adjacent_pairs else rotate_half
-        if self.rotary_dim == x_BPHK.shape[-1]:
-            return x_BPHK * cos_P1R + rotate(x_BPHK) * sin_P1R
+        if self.rotary_dim == x_BPHK.shape[-1]:  # x cos + rotate(x) sin, the sum fused into addcmul
+            return torch.addcmul(x_BPHK * cos_P1R, rotate(x_BPHK), sin_P1R)
         rot, rest = x_BPHK[..., : self.rotary_dim], x_BPHK[..., self.rotary_dim :]
-        return torch.cat([rot * cos_P1R + rotate(rot) * sin_P1R, rest], dim=-1)
+        return torch.cat([torch.addcmul(rot * cos_P1R, rotate(rot), sin_P1R), rest], dim=-1)
 
     def _head_angles(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos and sin [P, 1, R] (or [B, P, 1, R]) in ``dtype``. Every layer of a forward pass gets the same
