@@ -36,8 +36,10 @@ from experiments.patching import attribution_patching, patch_heads
 from tests.benchmarks.common import interleaved_timings, machine_line, markdown_table, timing_rows
 
 # Repeated random tokens of 2 x seq_len + BOS: 11 and 41 tokens. Short prompts are where a
-# per-head loop wastes most (each forward re-reads ~540 MB of weights for a few tokens).
+# per-head loop wastes most (each forward re-reads ~540 MB of weights for a few tokens). At 128
+# tokens (seq_len 64, cut to 128) only head_sweep runs: the loop would take ~45 s a repeat.
 SEQ_LENS, SEQ_LENS_QUICK = (5, 20), (5,)
+LONG_TOKENS = 128
 CLEAN = "When Mary and John went to the store, John gave a drink to"
 CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
 
@@ -84,31 +86,49 @@ def matmul_rate(model, rows: int = 2048, repeats: int = 7) -> float:
     return 2.0 * rows * model.cfg.d_model * model.cfg.d_mlp / float(np.median(times))
 
 
-def sweep_rows(model, seq_len: int, batch: int, repeats: int, peak_flops: float) -> list[dict]:
-    tokens = repeated_random_tokens(model, seq_len=seq_len, batch=batch, seed=0)
+LOOP, BATCHED = "loop: one run_with_hooks per head", "head_sweep (batched)"
+
+REPORT_NOTES = """
+**The FLOP bound** (`share_of_flop_bound`). An exact zero-ablation sweep over every head must, for each of the
+L x H heads, run the blocks from the head's layer on and the unembedding over the B x (P - 1) positions the
+loss reads (the last position predicts nothing; attention is causal, so no other position sees it). Per token a
+block's weight matrices cost 2 x (their parameter count) FLOPs (q, k, v, o, gate, up, down: 7.08 MFLOP for
+SmolLM2-135M) and the unembedding 2 x d_model x d_vocab (56.6 MFLOP). Summed over the staircase:
+FLOPs = sum over layers a of H x B x (P - 1) x ((L - a) x block + unembed) (`weight_GFLOP`). Attention scores,
+norms, activations and the softmax of the loss are left out (they are not matmuls against weights), so they
+count against the sweep. The fastest this hardware runs such matmuls is `matmul_GFLOP_per_s`: one
+[2048, d_model] x [d_model, d_mlp] matmul, the sweep's largest shape at its row count, timed in the same run.
+The bound is FLOPs / that rate, and `share_of_flop_bound` is the bound over the measured median time.
+"""
+
+
+def sweep_rows(model, tokens: torch.Tensor, repeats: int, peak_flops: float, with_loop: bool = True) -> list[dict]:
+    """head_sweep timed (against the per-head loop, with_loop) with its FLOPs, its rate and its share of
+    the FLOP bound: the staircase's weight FLOPs at this machine's large-matmul rate."""
     results: dict[str, list[float]] = {}
-    contenders = {
-        "loop: one run_with_hooks per head": lambda: results.__setitem__("loop", loop_sweep(model, tokens)),
-        "head_sweep (batched)": lambda: results.__setitem__(
-            "batched", head_sweep(model, tokens, progress=False).metric.tolist()),
-    }
+    contenders = {BATCHED: lambda: results.__setitem__(BATCHED, head_sweep(model, tokens, progress=False).metric.tolist())}
+    if with_loop:
+        contenders = {LOOP: lambda: results.__setitem__(LOOP, loop_sweep(model, tokens)), **contenders}
     times = interleaved_timings(contenders, repeats=repeats, warmup=0)
-    max_diff = float(np.abs(np.array(results["loop"]) - np.array(results["batched"])).max())
     loop_flops, staircase_flops = sweep_flops(model, *tokens.shape)
-    flops = {"loop: one run_with_hooks per head": loop_flops, "head_sweep (batched)": staircase_flops}
+    flops = {LOOP: loop_flops, BATCHED: staircase_flops}
     n_heads = model.cfg.n_layers * model.cfg.n_heads
-    shape = f"{n_heads} heads, batch {batch} x {tokens.shape[1]} tokens"
-    rows = timing_rows(f"zero-ablation sweep ({shape})", times, "loop: one run_with_hooks per head",
-                       extra={name: {"max_abs_diff_vs_loop": max_diff} for name in contenders})
-    loop_median = rows[0]["median_s"]
+    shape = f"{n_heads} heads, batch {tokens.shape[0]} x {tokens.shape[1]} tokens"
+    extra = {}
+    if with_loop:
+        max_diff = float(np.abs(np.array(results[LOOP]) - np.array(results[BATCHED])).max())
+        extra = {name: {"max_abs_diff_vs_loop": max_diff} for name in contenders}
+    rows = timing_rows(f"zero-ablation sweep ({shape})", times, LOOP if with_loop else BATCHED, extra=extra)
     for row in rows:
-        row["speedup_vs_loop"] = 1.0 / row["ratio_to_reference"]
+        row["speedup_vs_loop"] = 1.0 / row["ratio_to_reference"] if with_loop else None
         row["weight_GFLOP"] = flops[row["contender"]] / 1e9
         row["GFLOP_per_s"] = flops[row["contender"]] / row["median_s"] / 1e9
-    # The most an exact batched sweep could gain: the loop's time over the staircase's FLOPs run
-    # at the machine's large-matmul rate.
-    rows[1]["matmul_GFLOP_per_s"] = peak_flops / 1e9
-    rows[1]["bound_speedup_at_matmul_rate"] = loop_median / (staircase_flops / peak_flops)
+    sweep = rows[-1]
+    sweep["matmul_GFLOP_per_s"] = peak_flops / 1e9
+    # The FLOP bound: the staircase's weight FLOPs at the large-matmul rate; the goal is 90% of it.
+    sweep["share_of_flop_bound"] = (staircase_flops / peak_flops) / sweep["median_s"]
+    if with_loop:  # the most an exact batched sweep could gain over the loop
+        sweep["bound_speedup_at_matmul_rate"] = rows[0]["median_s"] / (staircase_flops / peak_flops)
     return rows
 
 
@@ -147,12 +167,18 @@ def load_model():
 
 def run(quick: bool = False) -> list[dict]:
     """Rows for BENCHMARKS.md: the sweep comparison, then attribution vs exact head patching."""
+    wb.keep_freed_memory()  # as the docs advise for sweeps: ~1.1M page faults fewer per 41-token sweep here
     model, label = load_model()
     started = time.perf_counter()
     peak = matmul_rate(model)
     rows = []
+    repeats = 1 if quick else 3
     for seq_len in SEQ_LENS_QUICK if quick else SEQ_LENS:
-        rows += sweep_rows(model, seq_len=seq_len, batch=1, repeats=1 if quick else 3, peak_flops=peak)
+        tokens = repeated_random_tokens(model, seq_len=seq_len, batch=1, seed=0)
+        rows += sweep_rows(model, tokens, repeats, peak)
+    if not quick:
+        long_tokens = repeated_random_tokens(model, seq_len=LONG_TOKENS // 2, batch=1, seed=0)[:, :LONG_TOKENS]
+        rows += sweep_rows(model, long_tokens, repeats, peak, with_loop=False)
     if model.tokenizer is not None:
         rows += attribution_rows(model, repeats=1 if quick else 3)
     for row in rows:
