@@ -15,7 +15,8 @@ methods wrap TransformerLens's own. What it adds to TransformerLens's behaviour:
   to memory or to disk (``workbench.cache_batches``).
 
 The per-call cost is one Python call and a shape/dtype comparison per hook; names are checked
-once, when hooks are added.
+once, when hooks are added. ``run_with_cache`` with TransformerLens's default options stores through
+one plain torch forward hook per cached point (TransformerLens's own caching hooks serve the rest).
 """
 
 from __future__ import annotations

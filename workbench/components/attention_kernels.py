@@ -80,7 +80,15 @@ class MaskSpec:
                      dtype: torch.dtype) -> Tensor:
         """The bias of all P queries against all S keys in eager attention's grouped layout: broadcastable
         to [B*G, g*P, S], each group's g query heads side by side. The plain causal one is built once per
-        shape (it is the same for every layer of a forward pass) while it is small."""
+        shape (it is the same for every layer of a forward pass) while it is small.
+
+        Example:
+            >>> MaskSpec(scale=1.0).grouped_bias(1, 4, 2, 2, 2, torch.device("cpu"), torch.float32)[0]
+            tensor([[0., -inf],
+                    [0., 0.],
+                    [0., -inf],
+                    [0., 0.]])
+        """
         if self.alibi_slopes_H is None and self.key_mask_BS is None and (H // G) * P * S <= _CACHED_BIAS_MAX:
             return _grouped_window_bias(H // G, P, S, self.q_offset, self.sliding_window, device, dtype)
         bias_bhPS = self.bias(0, P, 0, S, device).to(dtype)
