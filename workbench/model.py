@@ -22,7 +22,6 @@ from typing import Any, Callable, Literal, Optional, Union
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
-from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
 from workbench.components import Embed, TransformerBlock, Unembed
@@ -31,6 +30,7 @@ from workbench.components.norm import make_norm
 from workbench.config import AttnImpl, ModelConfig
 from workbench.errors import InputError
 from workbench.generation import KVCache, generate
+from workbench.hook_point import HookPoint
 from workbench.loss import next_token_loss, token_losses_from_normed
 from workbench.hooking import HookMethods
 from workbench.saving import save_native

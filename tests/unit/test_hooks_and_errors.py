@@ -24,7 +24,7 @@ def word_tokenizer() -> Tokenizer:
 
 def no_live_hooks(model) -> bool:
     return all(not hp._forward_hooks and not hp._backward_hooks and not hp.fwd_hooks and not hp.bwd_hooks
-               for hp in model.hook_dict.values())
+               and hp.cache_into is None for hp in model.hook_dict.values())
 
 
 def test_run_with_cache_returns_activation_cache_and_filters():
@@ -206,3 +206,23 @@ def test_plain_cache_path_leaves_no_hook_when_the_forward_raises():
     assert no_live_hooks(model)
     with pytest.raises(InputError, match="names_filter"):
         model.run_with_cache(torch.tensor([[1, 2]]), names_filter=3)
+
+
+def test_plain_cache_path_inside_a_hook_of_another_keeps_the_outer_cache():
+    model = make_model("gqa_rotary_rms_swiglu")
+    tokens = torch.randint(0, 61, (1, 5))
+    inner, calls = {}, []
+
+    def cache_again(resid, hook):  # a hook that runs a cached forward of its own (which calls it once more)
+        calls.append(1)
+        if len(calls) == 1:
+            inner.update(model.run_with_cache(tokens, names_filter="blocks.1.hook_resid_post")[1])
+
+    with model.hooks(fwd_hooks=[("blocks.0.hook_resid_post", cache_again)]):
+        _, outer = model.run_with_cache(tokens)
+    assert list(inner) == ["blocks.1.hook_resid_post"]
+    expected = transformer_lens_cache(model, tokens)
+    assert sorted(outer) == sorted(expected)  # every point, the later ones included
+    for name, tensor in expected.items():
+        torch.testing.assert_close(outer[name], tensor, rtol=0, atol=0)
+    assert no_live_hooks(model)

@@ -35,12 +35,12 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
-from transformer_lens.hook_points import HookPoint
 
 from workbench.components.attention_kernels import FAST_KERNELS, MaskSpec, eager_attention, identity_hook
 from workbench.components.norm import make_norm
 from workbench.components.rotary import Rotary, alibi_slopes
 from workbench.config import ModelConfig
+from workbench.hook_point import HookPoint
 
 
 class AttentionBase(nn.Module):
@@ -236,9 +236,9 @@ PATTERN_HOOKS = ("hook_attn_scores", "hook_pattern", "hook_sink_weight")
 
 
 def _is_hooked(hook_point: HookPoint) -> bool:
-    # Forward hooks (TransformerLens fwd hooks, run_with_cache) and backward hooks both register
-    # on the module, so this sees every way a user can attach to the point.
-    return bool(hook_point._forward_hooks or hook_point._backward_hooks)
+    # Forward hooks (TransformerLens's, its caching hooks) and backward hooks register on the module;
+    # run_with_cache's plain path stores through the point itself (cache_into): every way to read it.
+    return bool(hook_point._forward_hooks or hook_point._backward_hooks or hook_point.cache_into is not None)
 
 
 class LayerKVCache:

@@ -20,7 +20,6 @@ from typing import Callable, Optional
 
 from jaxtyping import Float, Int
 from torch import Tensor, nn
-from transformer_lens.hook_points import HookPoint
 
 from workbench.components.attention import Attention, LayerKVCache
 from workbench.components.latent_attention import LatentAttention
@@ -28,6 +27,7 @@ from workbench.components.mlp import MLP, GatedMLP
 from workbench.components.moe import MixtureOfExperts
 from workbench.components.norm import make_norm
 from workbench.config import ModelConfig
+from workbench.hook_point import HookPoint
 
 
 def make_mlp(cfg: ModelConfig) -> nn.Module:

@@ -33,12 +33,12 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
-from transformer_lens.hook_points import HookPoint
 
 from workbench.components.attention import AttentionBase, LayerKVCache
 from workbench.components.norm import RMSNorm
 from workbench.components.rotary import Rotary
 from workbench.config import ModelConfig
+from workbench.hook_point import HookPoint
 
 
 class LatentAttention(AttentionBase):

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
-from transformer_lens.hook_points import HookPoint
 
 from workbench.config import ModelConfig
+from workbench.hook_point import HookPoint
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,

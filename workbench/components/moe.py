@@ -44,10 +44,10 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
-from transformer_lens.hook_points import HookPoint
 
 from workbench.components.mlp import ACTIVATIONS, GatedMLP
 from workbench.config import ModelConfig
+from workbench.hook_point import HookPoint
 
 RENORMALIZE_EPS = 1e-20  # DeepSeek-V3's guard in the renormalising sum (no effect on any other router)
 

@@ -19,9 +19,9 @@ from typing import Optional
 import torch
 from jaxtyping import Float
 from torch import Tensor, nn
-from transformer_lens.hook_points import HookPoint
 
 from workbench.config import ModelConfig
+from workbench.hook_point import HookPoint
 
 
 class LayerNorm(nn.Module):
