@@ -6,6 +6,8 @@ repeats), the ratio, the largest difference between their results, and the weigh
 each does with the rate it reached. The staircase does ~0.6x the loop's FLOPs; the rest of its
 lead is running them in large matmuls, so the last column bounds what a sweep doing these FLOPs
 could reach: the loop's time over the staircase's FLOPs at this machine's large-matmul rate.
+``share_of_flop_bound`` is that bound's time over head_sweep's (REPORT_NOTES derives it); at 128
+tokens only head_sweep runs.
 
 A second comparison times attribution patching over the same heads (one clean forward, one
 corrupted forward, one backward) against exact head patching, and reports the Pearson
@@ -120,7 +122,8 @@ def sweep_rows(model, tokens: torch.Tensor, repeats: int, peak_flops: float, wit
         extra = {name: {"max_abs_diff_vs_loop": max_diff} for name in contenders}
     rows = timing_rows(f"zero-ablation sweep ({shape})", times, LOOP if with_loop else BATCHED, extra=extra)
     for row in rows:
-        row["speedup_vs_loop"] = 1.0 / row["ratio_to_reference"] if with_loop else None
+        if with_loop:
+            row["speedup_vs_loop"] = 1.0 / row["ratio_to_reference"]
         row["weight_GFLOP"] = flops[row["contender"]] / 1e9
         row["GFLOP_per_s"] = flops[row["contender"]] / row["median_s"] / 1e9
     sweep = rows[-1]
