@@ -11,7 +11,8 @@ attribute test per call when not caching.
 
 from __future__ import annotations
 
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence
 
 from torch import Tensor
 from transformer_lens.hook_points import HookPoint as TransformerLensHookPoint
@@ -34,3 +35,27 @@ class HookPoint(TransformerLensHookPoint):
         if self.cache_into is not None:
             self.cache_into[self.name] = out.detach()
         return out
+
+
+@contextmanager
+def caching_into(points: Sequence[HookPoint], cache: dict) -> Iterator[dict]:
+    """Within the block each of ``points`` stores its output into ``cache``; afterwards each gets back
+    what it stored into before (None, or the cache of a ``run_with_cache`` this one runs inside a hook of),
+    even when the block raises.
+
+    Example:
+        >>> import torch
+        >>> point = HookPoint(); point.name = "hook_x"
+        >>> with caching_into([point], {}) as cache:
+        ...     _ = point(torch.zeros(1))
+        >>> cache, point.cache_into
+        ({'hook_x': tensor([0.])}, None)
+    """
+    outer = [point.cache_into for point in points]
+    for point in points:
+        point.cache_into = cache
+    try:
+        yield cache
+    finally:
+        for point, previous in zip(points, outer):
+            point.cache_into = previous

@@ -32,6 +32,7 @@ from transformer_lens.hook_points import HookPoint
 
 from workbench.cache_batches import run_with_cache_in_batches
 from workbench.errors import InputError
+from workbench.hook_point import caching_into
 
 
 class HookMethods:
@@ -129,16 +130,8 @@ class HookMethods:
         kwargs = {key: value for key, value in kwargs.items() if key not in _TL_CACHE_DEFAULTS}
         is_cached = _as_predicate(self._checked_names_filter(kwargs.pop("names_filter", None)),
                                   self.cfg.use_attn_result)
-        cache: dict[str, Tensor] = {}
-        points = [point for name, point in self.hook_dict.items() if is_cached(name)]
-        outer = [point.cache_into for point in points]  # a run_with_cache inside a hook of another one
-        for point in points:
-            point.cache_into = cache
-        try:
+        with caching_into([point for name, point in self.hook_dict.items() if is_cached(name)], {}) as cache:
             out = self(*model_args, **kwargs)
-        finally:
-            for point, previous in zip(points, outer):
-                point.cache_into = previous
         return out, cache
 
     def get_caching_hooks(self, names_filter=None, *args: Any, **kwargs: Any):

@@ -24,6 +24,8 @@ import torch
 
 import workbench as wb
 from tests.benchmarks.common import interleaved_timings, machine_line, markdown_table, timing_rows, transformer_bridge
+from workbench.hook_point import caching_into
+from workbench.hooking import _fires_without_opt_in  # what cache-all caches
 
 LLAMA_SHAPE = dict(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=6,
                    num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
@@ -46,17 +48,12 @@ class _Discard(dict):
         pass
 
 
-def cached_nothing_kept(model, is_cached, tokens):
-    """The forward as cache-all runs it (every cached point storing through ``cache_into``, patterns
+def cached_nothing_kept(model, tokens):
+    """The forward as cache-all runs it (every point it caches storing through ``cache_into``, patterns
     materialised) into a cache that keeps nothing: cache-all without keeping the activations."""
-    points = [point for name, point in model.hook_dict.items() if is_cached(name)]
-    for point in points:
-        point.cache_into = _Discard()
-    try:
+    points = [point for name, point in model.hook_dict.items() if _fires_without_opt_in(name)]
+    with caching_into(points, _Discard()):
         return model(tokens)
-    finally:
-        for point in points:
-            point.cache_into = None
 
 
 def cache_mb(cache) -> float:
@@ -96,13 +93,12 @@ def contenders_for(hf_dir: str, tokens: torch.Tensor, hf_kwargs: dict, ours_sour
         "TransformerBridge": lambda: bridge(tokens),
     }
     is_pattern = lambda name: name.endswith("hook_pattern")
-    every_cached_point = lambda name: not name.endswith("attn.hook_result")  # what "cache all" caches
     caching = {
         "transformers sdpa (forward, reference)": forward["transformers sdpa"],
         # Where cache-all's time goes, step by step: patterns materialised (eager), then every cached point
         # storing into a cache that keeps nothing, then the activations kept (cache all).
         "workbench eager, no hooks": lambda: ours_eager(tokens),
-        "workbench cache all, nothing kept": lambda: cached_nothing_kept(ours_sdpa, every_cached_point, tokens),
+        "workbench cache all, nothing kept": lambda: cached_nothing_kept(ours_sdpa, tokens),
         "workbench cache all": lambda: ours_sdpa.run_with_cache(tokens),
         "TransformerBridge cache all": lambda: bridge.run_with_cache(tokens),
         "workbench cache patterns": lambda: ours_sdpa.run_with_cache(tokens, names_filter=is_pattern),
