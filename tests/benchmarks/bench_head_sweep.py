@@ -22,7 +22,9 @@ import argparse
 import os
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
+from typing import Callable, Optional
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if __package__ in (None, ""):
@@ -35,6 +37,7 @@ import workbench as wb
 from experiments.ablation import head_sweep
 from experiments.induction import repeated_random_tokens
 from experiments.patching import attribution_patching, patch_heads
+from workbench.hook_point import caching_into
 from tests.benchmarks.common import interleaved_timings, machine_line, markdown_table, timing_rows
 
 # Repeated random tokens of 2 x seq_len + BOS: 11 and 41 tokens. Short prompts are where a
@@ -80,15 +83,21 @@ def sweep_flops(model, batch: int, pos: int) -> tuple[float, float]:
     return loop, staircase
 
 
-def matmul_rate(model, rows: int = 2048, repeats: int = 7) -> float:
-    """FLOP/s of one large MLP-shaped matmul on this machine: the rate an exact sweep could at best run at."""
+def matmul_probe(model, rows: int = 2048, calls: int = 10) -> tuple[Callable[[], object], float]:
+    """``calls`` of one large MLP-shaped matmul, and their FLOPs: timed between the sweeps (a contender of
+    their interleaved rounds), the probe gives the rate an exact sweep could at best run at, at the same time."""
     x = torch.randn(rows, model.cfg.d_model)
     w = torch.randn(model.cfg.d_mlp, model.cfg.d_model)
-    times = interleaved_timings({"mm": lambda: torch.nn.functional.linear(x, w)}, repeats=repeats)["mm"]
-    return 2.0 * rows * model.cfg.d_model * model.cfg.d_mlp / float(np.median(times))
+
+    def probe() -> None:
+        for _ in range(calls):
+            torch.nn.functional.linear(x, w)
+
+    return probe, calls * 2.0 * rows * model.cfg.d_model * model.cfg.d_mlp
 
 
 LOOP, BATCHED = "loop: one run_with_hooks per head", "head_sweep (batched)"
+PROBE = "matmul probe"
 
 REPORT_NOTES = """
 **The FLOP bound** (`share_of_flop_bound`). An exact zero-ablation sweep over every head must, for each of the
@@ -99,19 +108,23 @@ SmolLM2-135M) and the unembedding 2 x d_model x d_vocab (56.6 MFLOP). Summed ove
 FLOPs = sum over layers a of H x B x (P - 1) x ((L - a) x block + unembed) (`weight_GFLOP`). Attention scores,
 norms, activations and the softmax of the loss are left out (they are not matmuls against weights), so they
 count against the sweep. The fastest this hardware runs such matmuls is `matmul_GFLOP_per_s`: one
-[2048, d_model] x [d_model, d_mlp] matmul, the sweep's largest shape at its row count, timed in the same run.
-The bound is FLOPs / that rate, and `share_of_flop_bound` is the bound over the measured median time.
+[2048, d_model] x [d_model, d_mlp] matmul, the sweep's largest shape at its row count, timed ten at a time
+between the sweeps of the same interleaved rounds (median). The bound is FLOPs / that rate, and
+`share_of_flop_bound` is the bound over the measured median time.
 """
 
 
-def sweep_rows(model, tokens: torch.Tensor, repeats: int, peak_flops: float, with_loop: bool = True) -> list[dict]:
+def sweep_rows(model, tokens: torch.Tensor, repeats: int, with_loop: bool = True) -> list[dict]:
     """head_sweep timed (against the per-head loop, with_loop) with its FLOPs, its rate and its share of
-    the FLOP bound: the staircase's weight FLOPs at this machine's large-matmul rate."""
+    the FLOP bound: the staircase's weight FLOPs at this machine's large-matmul rate, probed in the same rounds."""
     results: dict[str, list[float]] = {}
-    contenders = {BATCHED: lambda: results.__setitem__(BATCHED, head_sweep(model, tokens, progress=False).metric.tolist())}
+    probe, probe_flops = matmul_probe(model)
+    contenders = {BATCHED: lambda: results.__setitem__(BATCHED, head_sweep(model, tokens, progress=False).metric.tolist()),
+                  PROBE: probe}
     if with_loop:
         contenders = {LOOP: lambda: results.__setitem__(LOOP, loop_sweep(model, tokens)), **contenders}
     times = interleaved_timings(contenders, repeats=repeats, warmup=0)
+    peak_flops = probe_flops / float(np.median(times.pop(PROBE)))
     loop_flops, staircase_flops = sweep_flops(model, *tokens.shape)
     flops = {LOOP: loop_flops, BATCHED: staircase_flops}
     n_heads = model.cfg.n_layers * model.cfg.n_heads
@@ -119,7 +132,7 @@ def sweep_rows(model, tokens: torch.Tensor, repeats: int, peak_flops: float, wit
     extra = {}
     if with_loop:
         max_diff = float(np.abs(np.array(results[LOOP]) - np.array(results[BATCHED])).max())
-        extra = {name: {"max_abs_diff_vs_loop": max_diff} for name in contenders}
+        extra = {name: {"max_abs_diff_vs_loop": max_diff} for name in (LOOP, BATCHED)}
     rows = timing_rows(f"zero-ablation sweep ({shape})", times, LOOP if with_loop else BATCHED, extra=extra)
     for row in rows:
         if with_loop:
@@ -133,6 +146,99 @@ def sweep_rows(model, tokens: torch.Tensor, repeats: int, peak_flops: float, wit
     if with_loop:  # the most an exact batched sweep could gain over the loop
         sweep["bound_speedup_at_matmul_rate"] = rows[0]["median_s"] / (staircase_flops / peak_flops)
     return rows
+
+
+# Where a sweep's time goes. Every hook point inside a block notes the time it is reached; the time since
+# the point before is the work between them: (the points, relative to their block; the part; the block's
+# weight matrices that work multiplies by). The loss (final norm, unembedding, log-sum-exp) is timed whole.
+PROFILE_PARTS = [
+    (("ln1.hook_scale", "ln1.hook_normalized", "ln2.hook_scale", "ln2.hook_normalized"), "RMS norms", ()),
+    (("attn.hook_q",), "q projection", ("attn._W_Q_lin",)),
+    (("attn.hook_k", "attn.hook_v"), "k, v projections", ("attn._W_K_lin", "attn._W_V_lin")),
+    (("attn.hook_rot_q", "attn.hook_rot_k"), "rotary (q, k)", ()),
+    (("attn.hook_z",), "attention kernel (SDPA)", ()),
+    (("hook_attn_out",), "o projection", ("attn._W_O_lin",)),
+    (("mlp.hook_pre", "mlp.hook_pre_linear"), "gate, up projections", ("mlp._W_gate_lin", "mlp._W_in_lin")),
+    (("mlp.hook_post",), "silu(gate) x up", ()),
+    (("hook_mlp_out",), "down projection", ("mlp._W_out_lin",)),
+    (("hook_resid_pre", "hook_resid_mid", "hook_resid_post"), "residual adds, the edits, between blocks", ()),
+]
+LOSS_PART = "loss: final norm, unembedding, log-sum-exp"
+REST_PART = "outside blocks and loss (set-up, torch.cat, Python)"
+
+
+class _PartTimer(dict):
+    """A hook point's ``cache_into`` that keeps, instead of the tensor, the seconds since the point before."""
+
+    def __init__(self, part_of_point: dict[str, str]):
+        super().__init__()
+        self.part_of_point, self.seconds, self.last = part_of_point, defaultdict(float), None
+
+    def __setitem__(self, name: str, tensor: torch.Tensor) -> None:
+        now = time.perf_counter()
+        if self.last is not None:
+            self.seconds[self.part_of_point[name]] += now - self.last
+        self.last = time.perf_counter()  # the bookkeeping above is not counted
+
+
+def profile_sweep(model, tokens: torch.Tensor, matmul_flops_per_s: float) -> list[dict]:
+    """One head_sweep split into the parts of PROFILE_PARTS, each with its seconds, share of the sweep, weight
+    FLOPs and their rate against ``matmul_flops_per_s``; the loss and the remainder as parts of their own."""
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    B, P = tokens.shape
+    # Token-blocks: the unedited run's B x P through every block, then the staircase's (see sweep_flops).
+    token_blocks = B * P * L + sum(H * B * (P - 1) * (L - layer) for layer in range(L))
+    loss_tokens = B * (P - 1) * (1 + L * H)
+    parameters = dict(model.blocks[0].named_parameters())
+    part_of_point, gflop = {}, {LOSS_PART: 2.0 * model.unembed.W_U.numel() * loss_tokens / 1e9}
+    for suffixes, part, weights in PROFILE_PARTS:
+        gflop[part] = 2.0 * sum(parameters[w].numel() for w in weights) * token_blocks / 1e9 if weights else None
+        for layer in range(L):
+            part_of_point.update({f"blocks.{layer}.{suffix}": part for suffix in suffixes})
+    timer = _PartTimer(part_of_point)
+    loss_from_resid = model.loss_from_resid
+
+    def timed_loss(*args):
+        start = time.perf_counter()
+        try:
+            return loss_from_resid(*args)
+        finally:
+            timer.seconds[LOSS_PART] += time.perf_counter() - start
+            timer.last = None  # the next pass starts afresh
+
+    points = [model.hook_dict[name] for name in part_of_point if name in model.hook_dict]
+    model.loss_from_resid = timed_loss  # an instance attribute over the method, removed below
+    try:
+        with caching_into(points, timer):
+            start = time.perf_counter()
+            head_sweep(model, tokens, progress=False)
+            total = time.perf_counter() - start
+    finally:
+        del model.loss_from_resid
+    parts = [part for _, part, _ in PROFILE_PARTS] + [LOSS_PART]
+    seconds = {part: timer.seconds[part] for part in parts}
+    seconds[REST_PART] = total - sum(seconds.values())
+    rows = []
+    for part, spent in {**seconds, "whole sweep (timed by this split)": total}.items():
+        row = {"part": part, "seconds": spent, "share_of_sweep": spent / total}
+        if gflop.get(part):
+            row.update(weight_GFLOP=gflop[part], GFLOP_per_s=gflop[part] / spent,
+                       share_of_matmul_rate=gflop[part] / spent / matmul_flops_per_s * 1e9)
+        rows.append(row)
+    return rows
+
+
+def profile_summary(rows: list[dict], matmul_flops_per_s: float) -> str:
+    """The bound a sweep could reach with its matmuls at the matmul rate and its other parts as measured."""
+    total = rows[-1]["seconds"]
+    matmul_parts = [row for row in rows[:-1] if "weight_GFLOP" in row]
+    other = sum(row["seconds"] for row in rows[:-1] if "weight_GFLOP" not in row)
+    bound = sum(row["weight_GFLOP"] for row in matmul_parts) * 1e9 / matmul_flops_per_s
+    matmul_seconds = sum(row["seconds"] for row in matmul_parts)
+    return (f"The parts with weight matmuls took {matmul_seconds:.2f} s of {total:.2f} s, the FLOP bound being "
+            f"{bound:.2f} s ({bound / matmul_seconds:.0%} of the matmul rate, the loss's log-sum-exp included); "
+            f"the parts without any took {other:.2f} s. With every matmul at the probe's rate and the rest as "
+            f"measured, the sweep would take {bound + other:.2f} s: share_of_flop_bound {bound / (bound + other):.2f}.")
 
 
 def attribution_rows(model, repeats: int) -> list[dict]:
@@ -168,20 +274,33 @@ def load_model():
         return wb.Decoder(cfg).eval(), "random SmolLM2-shaped model"
 
 
+_profile_report = ""  # the last run's time split, for report_notes
+
+
+def report_notes() -> str:
+    """What BENCHMARKS.md prints under this module's table: the bound's derivation and the last run's time split."""
+    return REPORT_NOTES + _profile_report
+
+
 def run(quick: bool = False) -> list[dict]:
     """Rows for BENCHMARKS.md: the sweep comparison, then attribution vs exact head patching."""
     wb.keep_freed_memory()  # as the docs advise for sweeps: ~1.1M page faults fewer per 41-token sweep here
     model, label = load_model()
     started = time.perf_counter()
-    peak = matmul_rate(model)
     rows = []
     repeats = 1 if quick else 3
     for seq_len in SEQ_LENS_QUICK if quick else SEQ_LENS:
         tokens = repeated_random_tokens(model, seq_len=seq_len, batch=1, seed=0)
-        rows += sweep_rows(model, tokens, repeats, peak)
+        rows += sweep_rows(model, tokens, repeats)
+    rate = rows[-1]["matmul_GFLOP_per_s"] * 1e9  # the longest loop-compared sweep is split into its parts
+    split = profile_sweep(model, tokens, rate)
+    global _profile_report
+    _profile_report = (f"\n**Where the time goes** in one more {tokens.shape[1]}-token head_sweep (`profile_sweep`: "
+                          "each hook point in a block notes when it is reached; the matmul rate is that sweep's "
+                          f"probe's). {profile_summary(split, rate)}\n\n{markdown_table(split)}")
     if not quick:
         long_tokens = repeated_random_tokens(model, seq_len=LONG_TOKENS // 2, batch=1, seed=0)[:, :LONG_TOKENS]
-        rows += sweep_rows(model, long_tokens, repeats, peak, with_loop=False)
+        rows += sweep_rows(model, long_tokens, repeats, with_loop=False)
     if model.tokenizer is not None:
         rows += attribution_rows(model, repeats=1 if quick else 3)
     for row in rows:
@@ -197,6 +316,7 @@ def main() -> None:
     rows = run(quick=args.quick)
     print(f"Machine: {machine_line()}\n")
     print(markdown_table(rows, "Head-ablation sweep and attribution patching"))
+    print(report_notes())
 
 
 if __name__ == "__main__":

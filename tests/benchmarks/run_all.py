@@ -97,7 +97,8 @@ def main() -> None:
             module = importlib.import_module(f"tests.benchmarks.{module_name}")
             rows = module.run(quick=args.quick)
             table = markdown_table(rows)
-            notes = getattr(module, "REPORT_NOTES", "")  # what the table's columns mean, where a module says
+            # What the table's columns mean (and what the run measured beside them), where a module says.
+            notes = module.report_notes() if hasattr(module, "report_notes") else getattr(module, "REPORT_NOTES", "")
         except Exception:  # one broken comparison must not hide the others' figures
             table, notes = "Failed:\n\n```\n" + traceback.format_exc() + "```\n", ""
         print(table, flush=True)
