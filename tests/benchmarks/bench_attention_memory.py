@@ -12,7 +12,6 @@ showed as 0 MB for every sdpa and flash run before this fix.)
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
 
-from tests.benchmarks.common import machine_line, markdown_table
+from tests.benchmarks.common import script_main
 
 # One Llama-like layer's attention: 8 query heads sharing 2 K/V heads, d_head 64, batch 1.
 SHAPE = dict(batch=1, heads=8, kv_heads=2, d_head=64)
@@ -76,14 +75,6 @@ def run(quick: bool = False) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer lengths and one repeat")
-    args = parser.parse_args()
-    print(machine_line())
-    print(f"shape: {SHAPE}, causal, fp32")
-    print(markdown_table(run(args.quick), "Attention kernels: peak memory and time vs sequence length"))
-
-
 if __name__ == "__main__":
-    main()
+    script_main(__name__, f"Attention kernels ({SHAPE}, causal, fp32): peak memory and time vs sequence length",
+                "fewer lengths and one repeat")

@@ -12,7 +12,6 @@ start within 10 s, re-render within 1 s (the median).
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.benchmarks.common import machine_line, markdown_table
+from tests.benchmarks.common import script_main
 from tests.e2e import dashboard
 
 MODEL = "smollm2-135m"
@@ -160,14 +159,5 @@ def run(quick: bool = False) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one cold start and the 64-token prompt only")
-    args = parser.parse_args()
-    rows = run(quick=args.quick)
-    print(f"Machine: {machine_line()}.\n")
-    print(markdown_table(rows, "Dashboard in Chromium, SmolLM2-135M"))
-
-
 if __name__ == "__main__":
-    main()
+    script_main(__name__, "Dashboard in Chromium, SmolLM2-135M", "one cold start and the 64-token prompt only")

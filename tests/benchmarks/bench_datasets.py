@@ -29,7 +29,6 @@ b. IOI head patching. ``ioi_dataset(model, n, seed=0)`` on SmolLM2-135M; every o
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -45,7 +44,7 @@ import torch
 import workbench as wb
 from experiments.datasets import IOI_TEMPLATES, ioi_dataset
 from experiments.patching import patch_heads
-from tests.benchmarks.common import interleaved_timings, machine_line, markdown_table, timing_rows, transformer_bridge
+from tests.benchmarks.common import interleaved_timings, script_main, timing_rows, transformer_bridge
 
 FORWARD_GOAL = 1.1  # masked forward at most 1.1x the unmasked one
 BATCH, WIDTH, SHORTEST = 8, 64, 16
@@ -211,14 +210,6 @@ def run(quick: bool = False) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 forward repeats and 8 IOI pairs instead of 11 and 64")
-    args = parser.parse_args()
-    rows = run(quick=args.quick)
-    print(f"Machine: {machine_line()}\n")
-    print(markdown_table(rows, "Padded batches: masked forward and IOI head patching"))
-
-
 if __name__ == "__main__":
-    main()
+    script_main(__name__, "Padded batches: masked forward and IOI head patching",
+                "3 forward repeats and 8 IOI pairs instead of 11 and 64")

@@ -20,7 +20,6 @@ reported. Full size: 12 prompts, 3 repeats; ``--quick``: 4 prompts, 3 repeats.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import statistics
@@ -39,7 +38,7 @@ import workbench as wb
 from experiments.datasets import ioi_dataset
 from experiments.distributed import WorkerPool
 from experiments.ioi import ioi_per_prompt
-from tests.benchmarks.common import machine_line, markdown_table
+from tests.benchmarks.common import script_main
 
 MODEL = "smollm2-135m"
 TOLERANCE = 1e-4
@@ -108,14 +107,5 @@ def run(quick: bool = False) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4 prompts instead of 12")
-    args = parser.parse_args()
-    rows = run(quick=args.quick)
-    print(f"Machine: {machine_line()}\n")
-    print(markdown_table(rows, "Ray sweep throughput"))
-
-
 if __name__ == "__main__":
-    main()
+    script_main(__name__, "Ray sweep throughput", "4 prompts instead of 12")

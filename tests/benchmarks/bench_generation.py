@@ -11,7 +11,6 @@ new tokens over the batch.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ if __package__ in (None, ""):
 import torch
 
 import workbench as wb
-from tests.benchmarks.common import interleaved_timings, machine_line, markdown_table, timing_rows, transformer_bridge
+from tests.benchmarks.common import interleaved_timings, script_main, timing_rows, transformer_bridge
 
 PROMPT, NEW = 32, 128
 
@@ -87,13 +86,5 @@ def run(quick: bool = False) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 repeats instead of 5")
-    args = parser.parse_args()
-    print(machine_line())
-    print(markdown_table(run(args.quick), "Greedy generation"))
-
-
 if __name__ == "__main__":
-    main()
+    script_main(__name__, "Greedy generation", "2 repeats instead of 5")

@@ -18,13 +18,12 @@ correlation between the two.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if __package__ in (None, ""):
@@ -38,7 +37,7 @@ from experiments.ablation import head_sweep
 from experiments.induction import repeated_random_tokens
 from experiments.patching import attribution_patching, patch_heads
 from workbench.hook_point import caching_into
-from tests.benchmarks.common import interleaved_timings, machine_line, markdown_table, timing_rows
+from tests.benchmarks.common import interleaved_timings, markdown_table, script_main, timing_rows
 
 # Repeated random tokens of 2 x seq_len + BOS: 11 and 41 tokens. Short prompts are where a
 # per-head loop wastes most (each forward re-reads ~540 MB of weights for a few tokens). At 128
@@ -309,15 +308,5 @@ def run(quick: bool = False) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="shorter tokens, one repeat")
-    args = parser.parse_args()
-    rows = run(quick=args.quick)
-    print(f"Machine: {machine_line()}\n")
-    print(markdown_table(rows, "Head-ablation sweep and attribution patching"))
-    print(report_notes())
-
-
 if __name__ == "__main__":
-    main()
+    script_main(__name__, "Head-ablation sweep and attribution patching", "shorter tokens, one repeat")

@@ -13,7 +13,6 @@ Contenders, timed in interleaved rounds (workbench, transformers, bridge, workbe
 
 from __future__ import annotations
 
-import argparse
 import gc
 import os
 import statistics
@@ -26,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.benchmarks.common import machine_line, markdown_table, timing_rows  # noqa: E402
+from tests.benchmarks.common import script_main, timing_rows  # noqa: E402
 
 COMPARISON = "SmolLM2-135M GGUF -> ready model"
 
@@ -97,13 +96,5 @@ def run(quick: bool = False) -> list[dict]:
     return timing_rows(COMPARISON, times, reference="transformers", extra=notes)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one round instead of three")
-    args = parser.parse_args()
-    print(f"Machine: {machine_line()}\n")
-    print(markdown_table(run(quick=args.quick), title=COMPARISON))
-
-
 if __name__ == "__main__":
-    main()
+    script_main(__name__, COMPARISON, "one round instead of three")

@@ -9,7 +9,6 @@ folder sits in the page cache here, so this is the cost of reading blocks back, 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -21,7 +20,7 @@ if __package__ in (None, ""):
 import torch
 
 import workbench as wb
-from tests.benchmarks.common import interleaved_timings, machine_line, markdown_table, timing_rows
+from tests.benchmarks.common import interleaved_timings, script_main, timing_rows
 
 PROMPT = "When Mary and John went to the store, John gave a drink to"
 
@@ -47,13 +46,5 @@ def run(quick: bool = False) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 repeats instead of 9")
-    args = parser.parse_args()
-    print(machine_line())
-    print(markdown_table(run(args.quick), "CPU + disk offload"))
-
-
 if __name__ == "__main__":
-    main()
+    script_main(__name__, "CPU + disk offload", "3 repeats instead of 9")

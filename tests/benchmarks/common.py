@@ -6,9 +6,11 @@ alike and cancels in the ratios.
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 from typing import Callable, Optional
 
@@ -59,7 +61,7 @@ def timing_rows(comparison: str, times: dict[str, list[float]], reference: str,
     for name, values in times.items():
         median = statistics.median(values)
         rows.append({"comparison": comparison, "contender": name, "median_s": median, "min_s": min(values),
-                     "max_s": max(values), "repeats": len(values), f"ratio_to_reference": median / ref,
+                     "max_s": max(values), "repeats": len(values), "ratio_to_reference": median / ref,
                      "reference": reference, **(extra or {}).get(name, {})})
     return rows
 
@@ -74,3 +76,26 @@ def markdown_table(rows: list[dict], title: str = "") -> str:
     lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(row.get(c, "")) for c in columns) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def module_notes(module) -> str:
+    """What BENCHMARKS.md prints under a module's table: its ``report_notes()`` (what the columns mean and what
+    the run measured beside them) or its ``REPORT_NOTES``, or nothing."""
+    return module.report_notes() if hasattr(module, "report_notes") else getattr(module, "REPORT_NOTES", "")
+
+
+def script_main(module_name: str, title: str, quick_help: str) -> None:
+    """A benchmark script run alone: ``--quick`` (``quick_help`` says what it shortens), then the module's rows
+    as one markdown table under the machine line, and its notes.
+
+    Example (at the end of a benchmark script):
+        >>> if __name__ == "__main__":                                                      # doctest: +SKIP
+        ...     script_main(__name__, "Greedy generation", "2 repeats instead of 5")
+    """
+    module = sys.modules[module_name]
+    parser = argparse.ArgumentParser(description=module.__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    rows = module.run(quick=parser.parse_args().quick)
+    print(f"Machine: {machine_line()}\n")
+    print(markdown_table(rows, title))
+    print(module_notes(module))

@@ -19,7 +19,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.benchmarks.common import machine_line, markdown_table
+from tests.benchmarks.common import machine_line, markdown_table, module_notes
 
 # (module, title, goal) in the order of the benchmarks issue.
 COMPARISONS = [
@@ -97,8 +97,7 @@ def main() -> None:
             module = importlib.import_module(f"tests.benchmarks.{module_name}")
             rows = module.run(quick=args.quick)
             table = markdown_table(rows)
-            # What the table's columns mean (and what the run measured beside them), where a module says.
-            notes = module.report_notes() if hasattr(module, "report_notes") else getattr(module, "REPORT_NOTES", "")
+            notes = module_notes(module)
         except Exception:  # one broken comparison must not hide the others' figures
             table, notes = "Failed:\n\n```\n" + traceback.format_exc() + "```\n", ""
         print(table, flush=True)
