@@ -7,7 +7,8 @@ each does with the rate it reached. The staircase does ~0.6x the loop's FLOPs; t
 lead is running them in large matmuls, so the last column bounds what a sweep doing these FLOPs
 could reach: the loop's time over the staircase's FLOPs at this machine's large-matmul rate.
 ``share_of_flop_bound`` is that bound's time over head_sweep's (REPORT_NOTES derives it); at 128
-tokens only head_sweep runs.
+tokens only head_sweep runs. One more 41-token sweep is split into its parts (``profile_sweep``: norms,
+each projection, rotary, the attention kernel, the loss, ...) with each matmul's rate, printed under the table.
 
 A second comparison times attribution patching over the same heads (one clean forward, one
 corrupted forward, one backward) against exact head patching, and reports the Pearson
@@ -234,10 +235,11 @@ def profile_summary(rows: list[dict], matmul_flops_per_s: float) -> str:
     other = sum(row["seconds"] for row in rows[:-1] if "weight_GFLOP" not in row)
     bound = sum(row["weight_GFLOP"] for row in matmul_parts) * 1e9 / matmul_flops_per_s
     matmul_seconds = sum(row["seconds"] for row in matmul_parts)
-    return (f"The parts with weight matmuls took {matmul_seconds:.2f} s of {total:.2f} s, the FLOP bound being "
-            f"{bound:.2f} s ({bound / matmul_seconds:.0%} of the matmul rate, the loss's log-sum-exp included); "
-            f"the parts without any took {other:.2f} s. With every matmul at the probe's rate and the rest as "
-            f"measured, the sweep would take {bound + other:.2f} s: share_of_flop_bound {bound / (bound + other):.2f}.")
+    return (f"The parts with weight matmuls took {matmul_seconds:.2f} s of {total:.2f} s: {bound:.2f} s at the probe's "
+            f"rate, so they ran at {bound / matmul_seconds:.0%} of it (the loss's log-sum-exp counted with its "
+            f"matmuls). The parts without any took {other:.2f} s. With every matmul at the probe's rate and the rest "
+            f"as measured, the sweep would take {bound + other:.2f} s: share_of_flop_bound "
+            f"{bound / (bound + other):.2f}, the most these non-matmul parts leave.")
 
 
 def attribution_rows(model, repeats: int) -> list[dict]:
@@ -295,8 +297,8 @@ def run(quick: bool = False) -> list[dict]:
     split = profile_sweep(model, tokens, rate)
     global _profile_report
     _profile_report = (f"\n**Where the time goes** in one more {tokens.shape[1]}-token head_sweep (`profile_sweep`: "
-                          "each hook point in a block notes when it is reached; the matmul rate is that sweep's "
-                          f"probe's). {profile_summary(split, rate)}\n\n{markdown_table(split)}")
+                       "each hook point in a block notes when it is reached; the matmul rate is that sweep's "
+                       f"probe's). {profile_summary(split, rate)}\n\n{markdown_table(split)}")
     if not quick:
         long_tokens = repeated_random_tokens(model, seq_len=LONG_TOKENS // 2, batch=1, seed=0)[:, :LONG_TOKENS]
         rows += sweep_rows(model, long_tokens, repeats, with_loop=False)
