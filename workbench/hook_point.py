@@ -6,7 +6,8 @@ caches at its cache dict instead of attaching a caching hook there: the point th
 detached, after any attached hooks have run (so the cache holds what they returned, as a caching hook
 added last would). A torch forward hook per point costs torch's slow call path plus a handle added and
 removed per call (~4 us a point, 2-3 ms of SmolLM2-135M's ~600-point cached forward); this costs one
-attribute test per call when not caching.
+attribute test per call when not caching. A point with nothing attached skips torch's module call, whose
+result would be its input (~1 us -> ~0.4 us a point; a decoding step of SmolLM2-135M passes ~600 points).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator, Optional, Sequence
 
+import torch
 from torch import Tensor
+from torch.nn.modules import module as _torch_module
 from transformer_lens.hook_points import HookPoint as TransformerLensHookPoint
 
 
@@ -31,10 +34,21 @@ class HookPoint(TransformerLensHookPoint):
     cache_into: Optional[dict] = None  # set on an instance only while run_with_cache caches it
 
     def __call__(self, tensor: Tensor) -> Tensor:
-        out = super().__call__(tensor)  # forward and any attached hooks, as for every module
+        # Torch's module call runs forward (the identity) and any attached hooks; with none it returns the
+        # input, which is given back here directly, ~0.6 us sooner.
+        out = super().__call__(tensor) if _anything_attached(self) else tensor
         if self.cache_into is not None:
             self.cache_into[self.name] = out.detach()
         return out
+
+
+def _anything_attached(point: HookPoint) -> bool:
+    """Whether torch's module call would do more than call ``forward``: a hook on the point or on every
+    module, a compiled call, JIT tracing (the conditions of ``nn.Module._call_impl``'s own fast path)."""
+    return bool(point._forward_hooks or point._forward_pre_hooks or point._backward_hooks or point._backward_pre_hooks
+                or _torch_module._global_forward_hooks or _torch_module._global_forward_pre_hooks
+                or _torch_module._global_backward_hooks or _torch_module._global_backward_pre_hooks
+                or getattr(point, "_compiled_call_impl", None) is not None or torch._C._get_tracing_state())
 
 
 @contextmanager

@@ -226,3 +226,34 @@ def test_plain_cache_path_inside_a_hook_of_another_keeps_the_outer_cache():
     for name, tensor in expected.items():
         torch.testing.assert_close(outer[name], tensor, rtol=0, atol=0)
     assert no_live_hooks(model)
+
+
+def test_hook_points_reach_torch_global_module_hooks_and_pass_input_on_unchanged():
+    # A point with nothing attached skips torch's module call; one on every module (torch's global hooks,
+    # as a profiler or a tracer registers them) must still see every point, and its return value count.
+    model = make_model("gqa_rotary_rms_swiglu")
+    tokens = torch.randint(0, 61, (1, 5))
+    clean = model(tokens)
+    point = model.hook_dict["blocks.0.hook_resid_post"]
+    x = torch.randn(2)
+    assert point(x) is x  # nothing attached: the input itself, as torch's call of the identity forward gives
+    seen = []
+
+    def every_module(module, inputs, output):
+        if module is point:
+            return torch.zeros_like(output)
+        seen.append(module)
+
+    handle = torch.nn.modules.module.register_module_forward_hook(every_module)
+    try:
+        edited = model(tokens)
+    finally:
+        handle.remove()
+    # The points a plain forward passes: all but those only computed when asked for (patterns force eager).
+    passed = lambda name: not name.endswith(("hook_attn_scores", "hook_pattern", "hook_result"))
+    called = {model.hook_dict[name] for name in model.run_with_cache(tokens, names_filter=passed)[1]}
+    assert called - {point} <= set(seen)
+    zeroed_resid = torch.zeros(1, 5, model.cfg.d_model)
+    expected = model(zeroed_resid, start_at_layer=1)  # layer 1 onwards from a zeroed residual stream
+    torch.testing.assert_close(edited, expected)
+    assert not torch.allclose(edited, clean)
