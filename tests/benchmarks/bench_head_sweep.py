@@ -72,6 +72,13 @@ def weight_flops_per_token(model) -> tuple[float, float]:
     return 2.0 * block, 2.0 * model.unembed.W_U.numel()
 
 
+def staircase_tokens(model, batch: int, pos: int) -> tuple[int, int]:
+    """Tokens the staircase runs through blocks (counted once per block) and through the unembedding: every
+    head's B x (P - 1) positions (the last one the loss never reads) from its own layer on."""
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    return sum(H * batch * (pos - 1) * (L - layer) for layer in range(L)), L * H * batch * (pos - 1)
+
+
 def sweep_flops(model, batch: int, pos: int) -> tuple[float, float]:
     """FLOPs of the loop (every head: a whole forward over every position) and of the staircase
     (every head: the blocks from its own layer on and the unembedding, without the last position,
@@ -79,8 +86,8 @@ def sweep_flops(model, batch: int, pos: int) -> tuple[float, float]:
     block, unembed = weight_flops_per_token(model)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     loop = L * H * batch * pos * (L * block + unembed)
-    staircase = sum(H * batch * (pos - 1) * ((L - layer) * block + unembed) for layer in range(L))
-    return loop, staircase
+    block_tokens, unembed_tokens = staircase_tokens(model, batch, pos)
+    return loop, block_tokens * block + unembed_tokens * unembed
 
 
 def matmul_probe(model, rows: int = 2048, calls: int = 10) -> tuple[Callable[[], object], float]:
@@ -184,11 +191,11 @@ class _PartTimer(dict):
 def profile_sweep(model, tokens: torch.Tensor, matmul_flops_per_s: float) -> list[dict]:
     """One head_sweep split into the parts of PROFILE_PARTS, each with its seconds, share of the sweep, weight
     FLOPs and their rate against ``matmul_flops_per_s``; the loss and the remainder as parts of their own."""
-    L, H = model.cfg.n_layers, model.cfg.n_heads
+    L = model.cfg.n_layers
     B, P = tokens.shape
-    # Token-blocks: the unedited run's B x P through every block, then the staircase's (see sweep_flops).
-    token_blocks = B * P * L + sum(H * B * (P - 1) * (L - layer) for layer in range(L))
-    loss_tokens = B * (P - 1) * (1 + L * H)
+    # The unedited run's B x P tokens through every block and its B x (P - 1) through the loss, then the staircase's.
+    block_tokens, unembed_tokens = staircase_tokens(model, B, P)
+    token_blocks, loss_tokens = B * P * L + block_tokens, B * (P - 1) + unembed_tokens
     parameters = dict(model.blocks[0].named_parameters())
     part_of_point, gflop = {}, {LOSS_PART: 2.0 * model.unembed.W_U.numel() * loss_tokens / 1e9}
     for suffixes, part, weights in PROFILE_PARTS:
