@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if __package__ in (None, ""):
@@ -38,7 +40,19 @@ REPORT_NOTES = """
 `workbench cache all, nothing kept` (every cached point storing its output into a cache that discards it: the
 caching machinery), and `workbench cache all` (the activations kept: the difference is the cost of writing
 `cache_mb` of activations to fresh memory instead of reusing a few cache-resident buffers).
+
+**The floor for keeping them** (`floor_ratio`, on the cache-all row). Two probes in the same rounds write tensors
+of the cache-all's shapes, one each, as a forward writes its outputs: `memory probe: activations kept` keeps them
+all (each lands in memory no cache holds, as a kept cache's do), `memory probe: activations dropped` drops each at
+once (the allocator hands the same cache-resident block back, as in a forward that keeps nothing). Their difference
+is what writing `cache_mb` to memory costs this machine. `floor_ratio` is (cache all, nothing kept + that
+difference) / the reference: what cache-all would take if keeping its activations cost only the writes.
 """
+
+
+CACHE_REFERENCE, CACHE_ALL = "transformers sdpa (forward, reference)", "workbench cache all"
+NOTHING_KEPT = "workbench cache all, nothing kept"
+PROBE_KEPT, PROBE_DROPPED = "memory probe: activations kept", "memory probe: activations dropped"
 
 
 class _Discard(dict):
@@ -54,6 +68,28 @@ def cached_nothing_kept(model, tokens):
     points = [point for name, point in model.hook_dict.items() if _fires_without_opt_in(name)]
     with caching_into(points, _Discard()):
         return model(tokens)
+
+
+def writing_activations(shapes: list[torch.Size], keep: bool) -> Callable[[], list[torch.Tensor]]:
+    """A probe that writes one tensor of each shape and keeps them all (``keep``) or drops each at once: the
+    memory traffic of a cache's activations without the forward that computes them."""
+
+    def write() -> list[torch.Tensor]:
+        kept = []
+        for shape in shapes:
+            tensor = torch.ones(shape)
+            if keep:
+                kept.append(tensor)
+        return kept
+
+    return write
+
+
+def floor_ratio(times: dict[str, list[float]], reference: str) -> float:
+    """Cache-all's floor over the reference: nothing kept, plus what keeping the probe's writes cost over dropping them."""
+    median = {name: statistics.median(values) for name, values in times.items()}
+    keeping = median[PROBE_KEPT] - median[PROBE_DROPPED]
+    return (median[NOTHING_KEPT] + keeping) / median[reference]
 
 
 def cache_mb(cache) -> float:
@@ -94,12 +130,12 @@ def contenders_for(hf_dir: str, tokens: torch.Tensor, hf_kwargs: dict, ours_sour
     }
     is_pattern = lambda name: name.endswith("hook_pattern")
     caching = {
-        "transformers sdpa (forward, reference)": forward["transformers sdpa"],
+        CACHE_REFERENCE: forward["transformers sdpa"],
         # Where cache-all's time goes, step by step: patterns materialised (eager), then every cached point
         # storing into a cache that keeps nothing, then the activations kept (cache all).
         "workbench eager, no hooks": lambda: ours_eager(tokens),
-        "workbench cache all, nothing kept": lambda: cached_nothing_kept(ours_sdpa, tokens),
-        "workbench cache all": lambda: ours_sdpa.run_with_cache(tokens),
+        NOTHING_KEPT: lambda: cached_nothing_kept(ours_sdpa, tokens),
+        CACHE_ALL: lambda: ours_sdpa.run_with_cache(tokens),
         "TransformerBridge cache all": lambda: bridge.run_with_cache(tokens),
         "workbench cache patterns": lambda: ours_sdpa.run_with_cache(tokens, names_filter=is_pattern),
         "TransformerBridge cache patterns": lambda: bridge.run_with_cache(tokens, names_filter=is_pattern),
@@ -107,6 +143,9 @@ def contenders_for(hf_dir: str, tokens: torch.Tensor, hf_kwargs: dict, ours_sour
     with torch.no_grad():
         sizes = {name: {"cache_mb": cache_mb(fn()[1])} for name, fn in caching.items()
                  if name.endswith(("cache all", "cache patterns"))}
+        shapes = [tensor.shape for tensor in ours_sdpa.run_with_cache(tokens)[1].values()]
+    caching[PROBE_KEPT] = writing_activations(shapes, keep=True)
+    caching[PROBE_DROPPED] = writing_activations(shapes, keep=False)
     return forward, caching, sizes
 
 
@@ -114,8 +153,9 @@ def bench_model(label: str, hf_dir: str, ours_source: str, tokens: torch.Tensor,
     forward, caching, sizes = contenders_for(hf_dir, tokens, hf_kwargs, ours_source)
     shape = f"{label}, batch {tokens.shape[0]} x {tokens.shape[1]}"
     rows = timing_rows(f"forward, no hooks ({shape})", interleaved_timings(forward, repeats), "transformers sdpa")
-    rows += timing_rows(f"run_with_cache ({shape})", interleaved_timings(caching, repeats),
-                        "transformers sdpa (forward, reference)", extra=sizes)
+    cache_times = interleaved_timings(caching, repeats)
+    sizes[CACHE_ALL]["floor_ratio"] = floor_ratio(cache_times, CACHE_REFERENCE)
+    rows += timing_rows(f"run_with_cache ({shape})", cache_times, CACHE_REFERENCE, extra=sizes)
     return rows
 
 
