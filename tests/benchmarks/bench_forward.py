@@ -45,7 +45,10 @@ caching machinery), and `workbench cache all` (the activations kept: the differe
 of the cache-all's shapes, one each, as a forward writes its outputs: `memory probe: activations kept` keeps them
 all (each lands in memory no cache holds, as a kept cache's do), `memory probe: activations dropped` drops each at
 once (the allocator hands the same cache-resident block back, as in a forward that keeps nothing). Their difference
-is what writing `cache_mb` to memory costs this machine. `floor_ratio` is (cache all, nothing kept + that
+is what writing `cache_mb` to memory costs this machine. A third, `memory probe: activations refilled`, writes the
+same values into tensors kept from one call to the next (what reusing a cache's buffers across calls would do):
+when it costs as much as keeping fresh ones, the cost is the writes and not the allocation, and reusing buffers
+would gain nothing. `floor_ratio` is (cache all, nothing kept + that
 difference) / the reference: what cache-all would take if keeping its activations cost only the writes.
 """
 
@@ -53,6 +56,7 @@ difference) / the reference: what cache-all would take if keeping its activation
 CACHE_REFERENCE, CACHE_ALL = "transformers sdpa (forward, reference)", "workbench cache all"
 NOTHING_KEPT = "workbench cache all, nothing kept"
 PROBE_KEPT, PROBE_DROPPED = "memory probe: activations kept", "memory probe: activations dropped"
+PROBE_REFILLED = "memory probe: activations refilled"
 
 
 class _Discard(dict):
@@ -83,6 +87,17 @@ def writing_activations(shapes: list[torch.Size], keep: bool) -> Callable[[], li
         return kept
 
     return write
+
+
+def refilling(buffers: list[torch.Tensor]) -> Callable[[], list[torch.Tensor]]:
+    """A probe that writes into the same tensors on every call, as a cache reusing its buffers across calls would."""
+
+    def refill() -> list[torch.Tensor]:
+        for tensor in buffers:
+            tensor.fill_(1.0)
+        return buffers
+
+    return refill
 
 
 def floor_ratio(times: dict[str, list[float]], reference: str) -> float:
@@ -146,6 +161,7 @@ def contenders_for(hf_dir: str, tokens: torch.Tensor, hf_kwargs: dict, ours_sour
         shapes = [tensor.shape for tensor in ours_sdpa.run_with_cache(tokens)[1].values()]
     caching[PROBE_KEPT] = writing_activations(shapes, keep=True)
     caching[PROBE_DROPPED] = writing_activations(shapes, keep=False)
+    caching[PROBE_REFILLED] = refilling(writing_activations(shapes, keep=True)())
     return forward, caching, sizes
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.benchmarks.bench_forward import (CACHE_REFERENCE, NOTHING_KEPT, PROBE_DROPPED, PROBE_KEPT, floor_ratio,
-                                            writing_activations)
+                                            refilling, writing_activations)
 
 
 def test_the_kept_probe_keeps_one_written_tensor_per_shape_and_the_dropped_one_keeps_none():
@@ -14,6 +14,14 @@ def test_the_kept_probe_keeps_one_written_tensor_per_shape_and_the_dropped_one_k
     assert all(torch.equal(tensor, torch.ones(tensor.shape)) for tensor in kept)
     assert len({tensor.data_ptr() for tensor in kept}) == len(shapes)  # each in memory of its own
     assert writing_activations(shapes, keep=False)() == []
+
+
+def test_the_refilling_probe_writes_into_the_same_tensors_every_call():
+    buffers = [torch.zeros(2, 3), torch.zeros(4)]
+    pointers = [tensor.data_ptr() for tensor in buffers]
+    refilled = refilling(buffers)()
+    assert [tensor.data_ptr() for tensor in refilled] == pointers
+    assert all(torch.equal(tensor, torch.ones(tensor.shape)) for tensor in refilled)
 
 
 def test_floor_is_nothing_kept_plus_what_keeping_the_writes_costs_over_the_reference():
