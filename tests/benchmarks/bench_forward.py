@@ -48,8 +48,8 @@ once (the allocator hands the same cache-resident block back, as in a forward th
 is what writing `cache_mb` to memory costs this machine. A third, `memory probe: activations refilled`, writes the
 same values into tensors kept from one call to the next (what reusing a cache's buffers across calls would do):
 when it costs as much as keeping fresh ones, the cost is the writes and not the allocation, and reusing buffers
-would gain nothing. `floor_ratio` is (cache all, nothing kept + that
-difference) / the reference: what cache-all would take if keeping its activations cost only the writes.
+would gain nothing. `floor_ratio` is (cache all, nothing kept + that difference) / the reference: what cache-all
+would take if keeping its activations cost only the writes.
 """
 
 
