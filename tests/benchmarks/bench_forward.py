@@ -155,10 +155,14 @@ def contenders_for(hf_dir: str, tokens: torch.Tensor, hf_kwargs: dict, ours_sour
         "workbench cache patterns": lambda: ours_sdpa.run_with_cache(tokens, names_filter=is_pattern),
         "TransformerBridge cache patterns": lambda: bridge.run_with_cache(tokens, names_filter=is_pattern),
     }
+    sizes, shapes = {}, []
     with torch.no_grad():
-        sizes = {name: {"cache_mb": cache_mb(fn()[1])} for name, fn in caching.items()
-                 if name.endswith(("cache all", "cache patterns"))}
-        shapes = [tensor.shape for tensor in ours_sdpa.run_with_cache(tokens)[1].values()]
+        for name, fn in caching.items():
+            if name.endswith(("cache all", "cache patterns")):
+                cache = fn()[1]
+                sizes[name] = {"cache_mb": cache_mb(cache)}
+                if name == CACHE_ALL:
+                    shapes = [tensor.shape for tensor in cache.values()]
     caching[PROBE_KEPT] = writing_activations(shapes, keep=True)
     caching[PROBE_DROPPED] = writing_activations(shapes, keep=False)
     caching[PROBE_REFILLED] = refilling(writing_activations(shapes, keep=True)())
