@@ -316,7 +316,7 @@ def per_prompt_table(labels: pd.DataFrame, values_nR: Tensor, prompts: int, what
 
     Example:
         >>> per_prompt_table(pd.DataFrame({"head": [0, 1]}), torch.tensor([[1., 2.], [3., 4.]]), 2, "sweep").values.tolist()
-        [[0, 0, 1.0], [0, 1, 2.0], [1, 0, 3.0], [1, 1, 4.0]]
+        [[0.0, 0.0, 1.0], [0.0, 1.0, 2.0], [1.0, 0.0, 3.0], [1.0, 1.0, 4.0]]
     """
     n, R = values_nR.shape
     require_per_prompt_values(R, prompts, what)

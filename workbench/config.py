@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, get_args
 
 import torch
 
@@ -42,14 +42,16 @@ AttnImpl = Literal["eager", "sdpa", "flash"]
 # TransformerLens's weight processing, in the order it is applied (``Decoder.process_weights_``).
 WEIGHT_PROCESSING_STEPS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
 
+# The allowed values of each choice field: read off its Literal, so they are written down once.
+ATTN_IMPLS: tuple[str, ...] = get_args(AttnImpl)
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "normalization": ("LN", "RMS"),
-    "norm_placement": ("pre", "post", "sandwich", "sublayer_output"),
-    "positional": ("rotary", "learned", "sinusoidal", "alibi", "none"),
-    "act_fn": ("gelu", "gelu_new", "silu", "relu"),
-    "attn_impl": ("eager", "sdpa", "flash"),
-    "router_scoring": ("softmax", "sigmoid", "topk_softmax"),
-    "router_group_score": ("max", "top2_sum"),
+    "normalization": get_args(Normalization),
+    "norm_placement": get_args(NormPlacement),
+    "positional": get_args(Positional),
+    "act_fn": get_args(ActFn),
+    "attn_impl": ATTN_IMPLS,
+    "router_scoring": get_args(RouterScoring),
+    "router_group_score": get_args(RouterGroupScore),
 }
 # RoPE scalings (transformers' rope_type values) and the keys each one needs besides "factor".
 ROTARY_SCALINGS: dict[str, tuple[str, ...]] = {

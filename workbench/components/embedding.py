@@ -111,6 +111,6 @@ def soft_capped(x: Tensor, cap: Optional[float]) -> Tensor:
 
     Example:
         >>> round(soft_capped(torch.tensor([100.0]), 30.0).item(), 3)
-        29.963
+        29.924
     """
     return x if cap is None else torch.tanh(x / cap) * cap
