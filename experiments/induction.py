@@ -123,8 +123,8 @@ def top_heads(scores_LH: Float[Tensor, "n_layers n_heads"], k: int = 10) -> pd.D
     """The k highest-scoring heads as a table [layer, head, score], best first.
 
     Example:
-        >>> top_heads(torch.tensor([[0.1, 0.9], [0.5, 0.2]], dtype=torch.float64), 2).values.tolist()
-        [[0.0, 1.0, 0.9], [1.0, 0.0, 0.5]]
+        >>> top_heads(torch.tensor([[0.25, 0.75], [0.5, 0.125]]), 2).values.tolist()
+        [[0.0, 1.0, 0.75], [1.0, 0.0, 0.5]]
     """
     H = scores_LH.shape[1]
     values, flat = scores_LH.flatten().topk(min(k, scores_LH.numel()))
