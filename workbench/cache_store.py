@@ -54,9 +54,19 @@ class ShardWriter:
     overwritten. Each shard is written under a temporary name and renamed when complete.
 
     Example:
-        >>> writer = ShardWriter("runs/cache", model)                       # doctest: +SKIP
-        >>> writer.write(0, 8, {"blocks.0.hook_resid_post": resid[:8]})     # doctest: +SKIP
-        >>> writer.finish(rows=8)                                           # doctest: +SKIP
+        >>> import shutil, tempfile
+        >>> directory = Path(tempfile.mkdtemp()) / "cache"
+        >>> writer = ShardWriter(directory, model)
+        >>> resid = cache["blocks.0.hook_resid_post"]                  # [1, 14, 128]: one row
+        >>> writer.write(0, 1, {"blocks.0.hook_resid_post": resid})
+        >>> writer.write(1, 2, {"blocks.0.hook_resid_post": resid})
+        >>> writer.finish(rows=2) == directory
+        True
+        >>> sorted(path.name for path in directory.iterdir())
+        ['index.json', 'shard-00000.safetensors', 'shard-00001.safetensors']
+        >>> wb.load_cache(directory)["blocks.0.hook_resid_post"].shape
+        torch.Size([2, 14, 128])
+        >>> shutil.rmtree(directory.parent)
     """
 
     def __init__(self, directory: Union[str, Path], model: "Decoder"):
@@ -79,7 +89,12 @@ class ShardWriter:
         """Writes rows ``start:stop`` of every hook (each tensor [stop - start, ...]) as the next shard.
 
         Example:
-            >>> writer.write(8, 16, chunk_cache)   # doctest: +SKIP
+            >>> import tempfile
+            >>> writer = ShardWriter(Path(tempfile.mkdtemp()) / "cache", model)
+            >>> writer.write(0, 1, {"hook_embed": cache["hook_embed"]})
+            >>> writer.shards
+            [{'file': 'shard-00000.safetensors', 'rows': [0, 1]}]
+            >>> writer.abort()
         """
         entries = {name: (list(t.shape[1:]), t.dtype) for name, t in activations.items()}
         if self.entries is None:
@@ -98,7 +113,13 @@ class ShardWriter:
         """Writes ``index.json`` (atomically) and returns the directory.
 
         Example:
-            >>> writer.finish(rows=16)   # doctest: +SKIP
+            >>> import shutil, tempfile
+            >>> writer = ShardWriter(tempfile.mkdtemp(), model)
+            >>> writer.write(0, 1, {"hook_embed": cache["hook_embed"]})
+            >>> directory = writer.finish(rows=1)
+            >>> json.loads((directory / INDEX_NAME).read_text())["shapes"]
+            {'hook_embed': [1, 14, 128]}
+            >>> shutil.rmtree(directory)
         """
         entries = self.entries or {}
         index = {
@@ -120,7 +141,13 @@ class ShardWriter:
         """Removes every file this writer wrote and the directories it created (if left empty).
 
         Example:
-            >>> writer.abort()   # doctest: +SKIP
+            >>> import tempfile
+            >>> directory = Path(tempfile.mkdtemp()) / "runs" / "cache"
+            >>> writer = ShardWriter(directory, model)
+            >>> writer.write(0, 1, {"hook_embed": cache["hook_embed"]})
+            >>> writer.abort()
+            >>> directory.parent.exists()   # "runs" was made by the writer, so it went too
+            False
         """
         for path in self.written:
             path.unlink(missing_ok=True)
@@ -154,9 +181,16 @@ class ShardedActivations(MutableMapping):
     the shards; deleting a stored name hides it. Nothing is ever written back to disk.
 
     Example:
-        >>> activations = ShardedActivations("runs/cache", index, torch.device("cpu"))   # doctest: +SKIP
-        >>> activations["blocks.0.hook_resid_post"].shape                                 # doctest: +SKIP
-        torch.Size([1000, 128, 576])
+        >>> import shutil, tempfile
+        >>> directory = tempfile.mkdtemp()
+        >>> _ = model.run_with_cache(tokens, cache_dir=directory, names_filter="blocks.0.hook_resid_post")
+        >>> index = json.loads((Path(directory) / INDEX_NAME).read_text())
+        >>> activations = ShardedActivations(directory, index, torch.device("cpu"))
+        >>> activations
+        ShardedActivations('...', 1 hooks, 1 rows)
+        >>> activations["blocks.0.hook_resid_post"].shape   # read from the shards now
+        torch.Size([1, 14, 128])
+        >>> shutil.rmtree(directory)
     """
 
     def __init__(self, directory: Union[str, Path], index: dict[str, Any], device: torch.device):
@@ -207,8 +241,10 @@ class ShardedActivations(MutableMapping):
         """Bytes of every stored hook's tensor together (what loading them all would take), from the index.
 
         Example:
-            >>> activations.nbytes()   # doctest: +SKIP
-            419430400
+            >>> index = {"names": ["hook_embed"], "shapes": {"hook_embed": [1, 14, 128]},
+            ...          "dtypes": {"hook_embed": "float32"}}
+            >>> ShardedActivations("runs/cache", index, torch.device("cpu")).nbytes()   # 1 x 14 x 128 float32s; no file read
+            7168
         """
         return sum(math.prod(self.index["shapes"][name]) * getattr(torch, self.index["dtypes"][name]).itemsize
                    for name in self._stored)
@@ -225,9 +261,13 @@ def load_cache(path: Union[str, Path], model: Optional["Decoder"] = None,
     tensors load (default: the model's device, else the CPU).
 
     Example:
-        >>> cache = wb.load_cache("runs/cache", model)            # doctest: +SKIP
-        >>> cache["pattern", 0].shape                             # doctest: +SKIP
-        torch.Size([1000, 9, 128, 128])
+        >>> import shutil, tempfile
+        >>> directory = tempfile.mkdtemp()
+        >>> _ = model.run_with_cache(tokens, cache_dir=directory)   # every hook, written to disk
+        >>> cache = wb.load_cache(directory, model)
+        >>> cache["pattern", 0].shape                               # layer 0's pattern, read now
+        torch.Size([1, 4, 14, 14])
+        >>> shutil.rmtree(directory)
     """
     directory = Path(path)
     index_path = directory / INDEX_NAME
