@@ -25,7 +25,12 @@ class TokenMethods:
     """TransformerLens's token helpers (``to_tokens``, ``to_str_tokens``, ``to_string``, ``to_single_token``,
     ``to_single_str_token``, ``get_token_position``) and the checked ``as_tokens``, for a model with
     ``cfg`` and ``tokenizer``. ``prepend_bos=None`` everywhere is TransformerLens's default: BOS first
-    when the tokenizer has a BOS token."""
+    when the tokenizer has a BOS token.
+
+    Example:
+        >>> model.to_str_tokens(model.to_tokens("import os"))
+        ['<|endoftext|>', 'import', ' os']
+    """
 
     def as_tokens(self, input: TextOrTokens, prepend_bos: Optional[bool] = None, offset: int = 0) -> Int[Tensor, "batch pos"]:
         """Token ids [batch, pos] on the model's device from text, a list of texts, or ids ([pos] or [batch, pos]).
@@ -35,8 +40,13 @@ class TokenMethods:
         RoPE). The one place inputs are validated.
 
         Example:
-            >>> model.as_tokens(torch.tensor([1, 2, 3])).shape   # doctest: +SKIP
+            >>> model.as_tokens(torch.tensor([1, 2, 3])).shape   # [pos] -> [1, pos]
             torch.Size([1, 3])
+            >>> model.as_tokens("import os")
+            tensor([[  0, 717, 608]])
+            >>> model.as_tokens(torch.tensor([5000]))
+            Traceback (most recent call last):
+            workbench.errors.InputError: token id 5000 is out of range for a vocabulary of 2048 (0..2047)
         """
         if isinstance(input, (str, list)):
             tokens = self.to_tokens(input, prepend_bos=prepend_bos)
@@ -72,7 +82,7 @@ class TokenMethods:
         default (``cfg.default_prepend_bos``, True) where the tokenizer has a BOS token.
 
         Example:
-            >>> model.bos_first(), model.bos_first(False)   # doctest: +SKIP
+            >>> model.bos_first(), model.bos_first(False)
             (True, False)
         """
         if prepend_bos is not None:
@@ -90,10 +100,10 @@ class TokenMethods:
         (``cfg.default_prepend_bos``, see ``bos_first``); ``False``/``True`` overrides it.
 
         Example:
-            >>> model.to_tokens("Hello world").shape                     # BOS, "Hello", " world"  # doctest: +SKIP
-            torch.Size([1, 3])
-            >>> model.to_tokens("Hello world", prepend_bos=False).shape  # doctest: +SKIP
-            torch.Size([1, 2])
+            >>> model.to_tokens("import os")                     # BOS, "import", " os"
+            tensor([[  0, 717, 608]])
+            >>> model.to_tokens("import os", prepend_bos=False)
+            tensor([[717, 608]])
         """
         return self.to_tokens_and_mask(text, prepend_bos, padding_side)[0]
 
@@ -103,8 +113,11 @@ class TokenMethods:
         text or a list of texts padded on ``padding_side`` ("right" or "left").
 
         Example:
-            >>> tokens, mask = model.to_tokens_and_mask(["a b c", "a"], padding_side="left")   # doctest: +SKIP
-            >>> logits = model(tokens, attention_mask=mask)                                     # doctest: +SKIP
+            >>> tokens, mask = model.to_tokens_and_mask(["import os", "x"], padding_side="left")
+            >>> tokens.tolist(), mask.tolist()   # "x" is BOS and one token: left-padded (pad id 0)
+            ([[0, 717, 608], [0, 0, 88]], [[1, 1, 1], [0, 1, 1]])
+            >>> model(tokens, attention_mask=mask).shape
+            torch.Size([2, 3, 2048])
         """
         tokens, mask = self._require_tokenizer().to_tokens_and_mask(text, self.bos_first(prepend_bos), padding_side)
         return tokens.to(self.cfg.device), mask.to(self.cfg.device)
@@ -117,7 +130,12 @@ class TokenMethods:
         shape must be the tokens', every row must hold a real token.
 
         Example:
-            >>> tokens, mask = model.as_tokens_and_mask(["a b c", "a"], padding_side="left")   # doctest: +SKIP
+            >>> tokens, mask = model.as_tokens_and_mask(["import os", "x"], padding_side="left")
+            >>> mask
+            tensor([[ True,  True,  True],
+                    [False,  True,  True]])
+            >>> model.as_tokens_and_mask("import os")[1] is None   # nothing is padding
+            True
         """
         texts = isinstance(input, list) and input and all(isinstance(item, str) for item in input)
         if texts and attention_mask is None and len(input) > 1:
@@ -136,10 +154,12 @@ class TokenMethods:
         TransformerLens), a [batch, pos] tensor or a list of texts / id rows (a list of lists).
 
         Example:
-            >>> model.to_str_tokens("Hello world")               # doctest: +SKIP
-            ['<|endoftext|>', 'Hello', ' world']
-            >>> model.to_str_tokens(["a b", "c"], prepend_bos=False)   # doctest: +SKIP
+            >>> model.to_str_tokens("import os")
+            ['<|endoftext|>', 'import', ' os']
+            >>> model.to_str_tokens(["a b", "c"], prepend_bos=False)
             [['a', ' b'], ['c']]
+            >>> model.to_str_tokens(tokens[0, :4])
+            ['<|endoftext|>', 'The', ' c', 'at']
         """
         tok = self._require_tokenizer()
         if isinstance(input, str):
@@ -155,10 +175,10 @@ class TokenMethods:
         tensor or a list of ints; a list of strings for [batch, pos] (or a list of id rows).
 
         Example:
-            >>> model.to_string(torch.tensor([15496, 995]))   # doctest: +SKIP
-            'Hello world'
-            >>> model.to_string(logits[0, -1].argmax())       # one id (0-d tensor) -> its text   # doctest: +SKIP
-            ' Paris'
+            >>> model.to_string(tokens[0, 1:])                # past BOS
+            'The cat sat on the mat. The cat'
+            >>> model.to_string(logits[0, -1].argmax())       # one id (0-d tensor): the next token, " s" of " sat"
+            ' s'
         """
         rows, batched = _id_rows(tokens, "to_string")
         texts = [self._require_tokenizer().decode(row) for row in rows]
@@ -168,8 +188,11 @@ class TokenMethods:
         """The id of a string that is exactly one token (no BOS); ``InputError`` otherwise.
 
         Example:
-            >>> model.to_single_token(" Paris")   # doctest: +SKIP
-            6342
+            >>> model.to_single_token(" return")
+            334
+            >>> model.to_single_token(" cat")
+            Traceback (most recent call last):
+            workbench.errors.InputError: ' cat' is 2 tokens, not one: [' c', 'at']
         """
         ids = self._require_tokenizer().encode(string, prepend_bos=False)
         if len(ids) != 1:
@@ -180,8 +203,8 @@ class TokenMethods:
         """The string of one token id (the inverse of ``to_single_token``).
 
         Example:
-            >>> model.to_single_str_token(6342)   # doctest: +SKIP
-            ' Paris'
+            >>> model.to_single_str_token(334)
+            ' return'
         """
         if not _is_int(int_token):
             raise InputError(f"to_single_str_token takes one token id (an int), got {type(int_token).__name__}")
@@ -201,10 +224,10 @@ class TokenMethods:
         ``InputError`` when the token does not occur in the input.
 
         Example:
-            >>> model.get_token_position(" Mary", "When Mary and John went to the store, John gave a drink to")  # doctest: +SKIP
-            2
-            >>> model.get_token_position(" John", "When Mary and John went to the store, John gave a drink to", mode="last")  # doctest: +SKIP
-            10
+            >>> model.get_token_position(" return", "def f(self):\\n    return self.x")   # BOS is position 0
+            7
+            >>> model.get_token_position(" c", tokens), model.get_token_position(" c", tokens, mode="last")
+            (2, 12)
         """
         if mode not in ("first", "last"):
             raise InputError(f"mode must be 'first' or 'last', not {mode!r}")
