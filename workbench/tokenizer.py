@@ -34,6 +34,10 @@ class SpecialTokens:
     ``add_special_tokens=True``, llama.cpp's ``add_bos_token``). It is not the workbench's default,
     which is TransformerLens's (``Tokenizer.default_prepend_bos``); pass it as ``prepend_bos=`` to
     get the ids those libraries give.
+
+    Example:
+        >>> model.tokenizer.specials
+        SpecialTokens(bos_token='<|endoftext|>', eos_token='<|endoftext|>', pad_token='<|endoftext|>', prepend_bos=True)
     """
 
     bos_token: Optional[str] = None
@@ -46,9 +50,12 @@ class Tokenizer:
     """Text <-> token ids for one model.
 
     Example:
-        >>> tok = Tokenizer.from_directory("path/to/saved/model")   # doctest: +SKIP
-        >>> tok.to_tokens(["a b", "c"]).shape                       # doctest: +SKIP
-        torch.Size([2, 2])
+        >>> tok = model.tokenizer
+        >>> tok.to_tokens(["a b", "c"])               # BOS first; "c" padded on the right
+        tensor([[  0,  65, 303],
+                [  0,  67,   0]])
+        >>> tok.decode(tok.encode("def f(x):"))
+        '<|endoftext|>def f(x):'
     """
 
     def __init__(self, backend: tokenizers.Tokenizer, specials: SpecialTokens = SpecialTokens()):
@@ -69,7 +76,16 @@ class Tokenizer:
 
     @classmethod
     def from_directory(cls, directory: Union[str, Path]) -> "Tokenizer":
-        """Reads ``tokenizer.json`` and, if present, ``special_tokens.json`` from a saved model."""
+        """Reads ``tokenizer.json`` and, if present, ``special_tokens.json`` from a saved model.
+
+        Example:
+            >>> import shutil, tempfile
+            >>> directory = tempfile.mkdtemp()
+            >>> model.tokenizer.save(directory)
+            >>> Tokenizer.from_directory(directory).encode("import os") == model.tokenizer.encode("import os")
+            True
+            >>> shutil.rmtree(directory)
+        """
         directory = Path(directory)
         backend = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
         specials_path = directory / SPECIALS_FILE
@@ -77,12 +93,28 @@ class Tokenizer:
         return cls(backend, specials)
 
     def save(self, directory: Union[str, Path]) -> None:
+        """Writes ``tokenizer.json`` and ``special_tokens.json`` into an existing ``directory``.
+
+        Example:
+            >>> import shutil, tempfile
+            >>> directory = Path(tempfile.mkdtemp())
+            >>> model.tokenizer.save(directory)
+            >>> sorted(path.name for path in directory.iterdir())
+            ['special_tokens.json', 'tokenizer.json']
+            >>> shutil.rmtree(directory)
+        """
         directory = Path(directory)
         self.backend.save(str(directory / "tokenizer.json"))
         (directory / SPECIALS_FILE).write_text(json.dumps(asdict(self.specials), indent=2))
 
     @property
     def vocab_size(self) -> int:
+        """The number of ids, special tokens included.
+
+        Example:
+            >>> model.tokenizer.vocab_size
+            2048
+        """
         return self.backend.get_vocab_size()
 
     @property
@@ -90,7 +122,8 @@ class Tokenizer:
         """What ``prepend_bos=None`` means: TransformerLens's default, True when there is a BOS token.
 
         Example:
-            >>> tok.default_prepend_bos, tok.encode("a")[0] == tok.bos_token_id   # doctest: +SKIP
+            >>> tok = model.tokenizer
+            >>> tok.default_prepend_bos, tok.encode("a")[0] == tok.bos_token_id
             (True, True)
         """
         return self.bos_token_id is not None
@@ -99,8 +132,9 @@ class Tokenizer:
         """Token ids of one string, BOS first when ``prepend_bos`` (default: ``default_prepend_bos``).
 
         Example:
-            >>> tok.encode("a b", prepend_bos=False), tok.encode("a b")   # doctest: +SKIP
-            ([64, 65], [0, 64, 65])
+            >>> tok = model.tokenizer
+            >>> tok.encode("a b", prepend_bos=False), tok.encode("a b")
+            ([65, 303], [0, 65, 303])
         """
         if not isinstance(text, str):
             raise InputError(f"expected a string to tokenize, got {type(text).__name__}")
@@ -114,7 +148,13 @@ class Tokenizer:
 
     def to_tokens(self, text: Union[str, list[str]], prepend_bos: Optional[bool] = None,
                   padding_side: str = "right") -> Int[Tensor, "batch pos"]:
-        """[batch, pos] ids; a list of strings is padded with the pad token on ``padding_side``."""
+        """[batch, pos] ids; a list of strings is padded with the pad token on ``padding_side``.
+
+        Example:
+            >>> model.tokenizer.to_tokens(["a b", "a"], prepend_bos=False, padding_side="left")
+            tensor([[ 65, 303],
+                    [  0,  65]])
+        """
         return self.to_tokens_and_mask(text, prepend_bos, padding_side)[0]
 
     def to_tokens_and_mask(self, text: Union[str, list[str]], prepend_bos: Optional[bool] = None,
@@ -123,7 +163,7 @@ class Tokenizer:
         [batch, pos] (1 = a real token, 0 = padding).
 
         Example:
-            >>> tok.to_tokens_and_mask(["a b", "a"], prepend_bos=False, padding_side="left")[1].tolist()   # doctest: +SKIP
+            >>> model.tokenizer.to_tokens_and_mask(["a b", "a"], prepend_bos=False, padding_side="left")[1].tolist()
             [[1, 1], [0, 1]]
         """
         if padding_side not in ("right", "left"):
@@ -148,12 +188,23 @@ class Tokenizer:
         return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
 
     def decode(self, ids: Union[list[int], Tensor]) -> str:
+        """The text of a list (or 1-D tensor) of ids, special tokens kept.
+
+        Example:
+            >>> model.tokenizer.decode(tokens[0])
+            '<|endoftext|>The cat sat on the mat. The cat'
+        """
         if isinstance(ids, Tensor):
             ids = ids.tolist()
         return self.backend.decode(ids, skip_special_tokens=False)
 
     def to_str_tokens(self, ids: Union[list[int], Tensor]) -> list[str]:
-        """Each id decoded on its own (what TransformerLens shows as string tokens)."""
+        """Each id decoded on its own (what TransformerLens shows as string tokens).
+
+        Example:
+            >>> model.tokenizer.to_str_tokens([0, 65, 303])
+            ['<|endoftext|>', 'a', ' b']
+        """
         if isinstance(ids, Tensor):
             ids = ids.tolist()
         return [self.backend.decode([i], skip_special_tokens=False) for i in ids]
