@@ -88,15 +88,33 @@ class TrainConfig:
 
     @property
     def induction_steps(self) -> int:
-        """How many steps train on the induction task rather than the corpus."""
+        """How many steps train on the induction task rather than the corpus.
+
+        Example:
+            >>> TrainConfig(steps=10, induction_every=4, induction_warmup_steps=2).induction_steps   # 0, 1, 4, 8
+            4
+        """
         return sum(1 for step in range(self.steps) if self.is_induction_step(step))
 
     def is_induction_step(self, step: int) -> bool:
+        """Whether ``step`` (from 0) trains on the induction task: every warmup step, then one in
+        ``induction_every``.
+
+        Example:
+            >>> cfg = TrainConfig(steps=10, induction_every=4, induction_warmup_steps=2)
+            >>> [step for step in range(cfg.steps) if cfg.is_induction_step(step)]
+            [0, 1, 4, 8]
+        """
         return step < self.induction_warmup_steps or bool(self.induction_every and step % self.induction_every == 0)
 
     @property
     def induction_len_range(self) -> tuple[int, int]:
-        """The induction task's copy length n is drawn uniformly from ``low..high`` (both included)."""
+        """The induction task's copy length n is drawn uniformly from ``low..high`` (both included).
+
+        Example:
+            >>> TrainConfig(induction_len=100).induction_len_range, TrainConfig(induction_len=5).induction_len_range
+            ((8, 100), (5, 5))
+        """
         return min(MIN_REPEAT_LEN, self.induction_len), self.induction_len
 
     @property
@@ -109,7 +127,12 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
-    """What a run measured: the loss curve (every step), periodic evaluations and the wall time."""
+    """What a run measured: the loss curve (every step), periodic evaluations and the wall time.
+
+    Example:
+        >>> TrainResult(evals=[{"step": 500, "held_out_loss": 4.2}]).final, TrainResult().final
+        ({'step': 500, 'held_out_loss': 4.2}, {})
+    """
 
     train_loss: list[float] = field(default_factory=list)  # per step, the batch's LM loss
     evals: list[dict] = field(default_factory=list)  # {"step", "train_loss", "held_out_loss"}
@@ -117,6 +140,12 @@ class TrainResult:
 
     @property
     def final(self) -> dict:
+        """The last evaluation (``{}`` before the first).
+
+        Example:
+            >>> TrainResult(evals=[{"step": 1}, {"step": 2}]).final
+            {'step': 2}
+        """
         return self.evals[-1] if self.evals else {}
 
 
@@ -139,8 +168,8 @@ def tokenize_documents(tokenizer: Tokenizer, texts: Sequence[str]) -> Int[Tensor
     """All texts as one stream of ids, each document followed by the EOS (boundary) token.
 
     Example:
-        >>> tokenize_documents(tok, ["a", "b"]).tolist()   # doctest: +SKIP
-        [64, 0, 65, 0]
+        >>> tokenize_documents(model.tokenizer, ["a", "b"]).tolist()   # EOS is id 0
+        [65, 0, 66, 0]
     """
     if tokenizer.eos_token_id is None:
         raise InputError("the tokenizer has no EOS token to separate documents with")
@@ -219,7 +248,10 @@ def mean_loss(model: Decoder, windows_BP: Int[Tensor, "windows seq_len"], batch:
     """Mean next-token loss over all windows (every predicted token weighs the same).
 
     Example:
-        >>> mean_loss(model, fixed_windows(stream, 128, 64, bos=0))   # doctest: +SKIP
+        >>> round(mean_loss(model, tokens.repeat(3, 1), batch=2), 4)   # 3 windows, 2 at a time
+        4.7025
+        >>> round(model(tokens, return_type="loss").item(), 4)         # each is the same window
+        4.7025
     """
     total, count = 0.0, 0
     for chunk in windows_BP.split(batch):
@@ -265,8 +297,17 @@ def train(model: Decoder, train_stream: Int[Tensor, "n_train"], held_out_stream:
     ``on_eval(model)`` may add measurements (e.g. induction scores) to each periodic evaluation.
 
     Example:
-        >>> result = train(model, stream[:-5000], stream[-5000:], TrainConfig(steps=20), out="runs/x")   # doctest: +SKIP
-        >>> result.final["held_out_loss"]                                                                 # doctest: +SKIP
+        >>> import inspect, shutil, tempfile, textwrap
+        >>> stream = tokenize_documents(model.tokenizer, [inspect.getsource(textwrap)])   # one stdlib file
+        >>> cfg = TrainConfig(steps=2, batch_size=2, seq_len=32, warmup_steps=1, eval_windows=2)
+        >>> out = tempfile.mkdtemp()
+        >>> result = train(model, stream[:-1000], stream[-1000:], cfg, out=out, progress=False)
+        step 2: train_loss ..., held_out_loss ...
+        >>> len(result.train_loss), result.final["step"]
+        (2, 2)
+        >>> wb.load_model(out).cfg.model_name   # the checkpoint written at the end
+        'toy-attn-2l'
+        >>> shutil.rmtree(out)
     """
     generator = torch.Generator().manual_seed(cfg.seed)
     train_eval = fixed_windows(train_stream, cfg.seq_len, cfg.eval_windows, bos)
