@@ -21,7 +21,16 @@ if TYPE_CHECKING:
 
 class KVCache:
     """One ``LayerKVCache`` per layer; ``length`` is the number of positions already seen; ``mask_BS``
-    which of them are real tokens (padded batches; None: every one)."""
+    which of them are real tokens (padded batches; None: every one).
+
+    Example:
+        >>> kv_cache = KVCache(model.cfg.n_layers)
+        >>> _ = model(tokens, kv_cache=kv_cache)                 # the prompt's keys and values stay cached
+        >>> model(tokens[:, -1:], kv_cache=kv_cache).shape        # so a step feeds only the new token
+        torch.Size([1, 1, 2048])
+        >>> kv_cache.length
+        15
+    """
 
     def __init__(self, n_layers: int):
         self.layers = [LayerKVCache() for _ in range(n_layers)]
@@ -29,6 +38,16 @@ class KVCache:
 
     @property
     def length(self) -> int:
+        """Positions cached so far.
+
+        Example:
+            >>> kv_cache = KVCache(model.cfg.n_layers)
+            >>> kv_cache.length
+            0
+            >>> _ = model(tokens, kv_cache=kv_cache)
+            >>> kv_cache.length
+            14
+        """
         return self.layers[0].length
 
 
@@ -56,7 +75,14 @@ def generate_tokens(
     its prompt alone would, and stops at its own EOS (later steps repeat EOS in that row).
 
     Example:
-        >>> tokens, step_logits = generate_tokens(model, model.to_tokens("Hi"), 5)   # doctest: +SKIP
+        >>> out, step_logits = generate_tokens(model, tokens, 5)
+        >>> out.shape, step_logits.shape   # 14 prompt tokens + 5 new ones; the logits of each step
+        (torch.Size([1, 19]), torch.Size([1, 5, 2048]))
+        >>> model.to_string(out[0, 14:])   # greedy: after " cat" the model copies " sat"
+        ' sat sat s'
+        >>> sampled = [generate_tokens(model, tokens, 5, temperature=1.0, seed=0)[0] for _ in range(2)]
+        >>> torch.equal(*sampled)          # a seed fixes the samples
+        True
     """
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -103,7 +129,16 @@ def sample_next(
     top_p: Optional[float] = None,
     generator: Optional[torch.Generator] = None,
 ) -> Int[Tensor, "batch"]:
-    """Greedy argmax at temperature 0; otherwise a sample after top-k / nucleus filtering."""
+    """Greedy argmax at temperature 0; otherwise a sample after top-k / nucleus filtering.
+
+    Example:
+        >>> logits = torch.tensor([[1.0, 3.0, 2.0]])   # probabilities 0.09, 0.67, 0.24
+        >>> sample_next(logits), sample_next(logits, temperature=1.0, top_k=1)
+        (tensor([1]), tensor([1]))
+        >>> generator = torch.Generator().manual_seed(0)
+        >>> sample_next(logits.expand(100, 3), 1.0, top_p=0.8, generator=generator).unique()   # the top two
+        tensor([1, 2])
+    """
     if temperature == 0.0:
         return logits_BV.argmax(dim=-1)
     if temperature < 0:
@@ -129,7 +164,10 @@ def generate(
     TransformerLens); token ids in -> token ids out.
 
     Example:
-        >>> generate(model, "The capital of France is", 5)   # doctest: +SKIP
+        >>> generate(model, "if __name__ ==", 6)   # greedy; the toy model has read the standard library
+        "if __name__ == '__main__': ' '"
+        >>> model.to_str_tokens(generate(model, tokens, 3)[0, -3:])   # ids in, ids out
+        [' s', 'at', ' s']
     """
     as_text = isinstance(input, (str, list))
     if not as_text:
