@@ -105,7 +105,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ``train`` hands every argument after it to ``python -m experiments.zoo``.
 
     Example:
-        >>> main(["models"])   # doctest: +SKIP
+        >>> main(["models"])   # prints the registered models, then the default; returns the exit status
+        name ... toy-attn-2l ...
+        default: ...
+        0
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:

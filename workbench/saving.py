@@ -27,8 +27,13 @@ def save_native(model: "Decoder", directory: Union[str, Path]) -> Path:
     Tied parameters (one Parameter under two names) are written once. Nothing is pickled.
 
     Example:
-        >>> save_native(model, "runs/my-model")   # doctest: +SKIP
-        PosixPath('runs/my-model')
+        >>> import shutil, tempfile
+        >>> directory = save_native(model, Path(tempfile.mkdtemp()) / "my-model")
+        >>> sorted(path.name for path in directory.iterdir())
+        ['config.json', 'model.safetensors', 'special_tokens.json', 'tokenizer.json']
+        >>> torch.equal(wb.load_model(directory)(tokens), model(tokens))   # the same model again
+        True
+        >>> shutil.rmtree(directory.parent)
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

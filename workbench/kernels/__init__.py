@@ -24,6 +24,10 @@ def triton_available() -> bool:
 
     Checked without importing triton (see the module docstring); a triton that is
     already imported counts as available.
+
+    Example:
+        >>> isinstance(triton_available(), bool)   # True where the optional triton extra is installed
+        True
     """
     if "triton" in sys.modules:
         return True
@@ -44,8 +48,11 @@ def triton_flash_attention(
 ) -> Float[torch.Tensor, "batch n_heads pos d_head"]:
     """FlashAttention-2 in Triton; see :func:`workbench.kernels.triton_flash.triton_flash_attention`.
 
-    Example:
-        >>> out = triton_flash_attention(q, k, v, causal=True, sliding_window=4096)  # doctest: +SKIP
+    Example (a CUDA GPU only):
+        >>> q = torch.randn(1, 8, 256, 64, device="cuda", dtype=torch.bfloat16)   # doctest: +SKIP
+        >>> k = v = torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16)   # doctest: +SKIP
+        >>> triton_flash_attention(q, k, v, causal=True, sliding_window=128).shape   # doctest: +SKIP
+        torch.Size([1, 8, 256, 64])
 
     Raises:
         ImportError: triton is not installed (check :func:`triton_available` first).
