@@ -16,7 +16,12 @@ EXTRAS = {"scale": ("accelerate", "ray")}
 
 
 class MissingExtraError(ImportError):
-    """A feature needs a package from an optional extra that is not installed; the message names both."""
+    """A feature needs a package from an optional extra that is not installed; the message names both.
+
+    Example:
+        >>> issubclass(MissingExtraError, ImportError)   # an ``except ImportError`` catches it too
+        True
+    """
 
 
 def require(module: str, feature: str, extra: str = "scale") -> ModuleType:

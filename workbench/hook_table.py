@@ -218,7 +218,12 @@ _LAYER = re.compile(r"^blocks\.\d+\.")
 
 @dataclass(frozen=True)
 class HookRow:
-    """One line of the table: a hook name (layers collapsed), its axes, where it exists, a note."""
+    """One line of the table: a hook name (layers collapsed), its axes, where it exists, a note.
+
+    Example:
+        >>> HookRow("blocks.{l}.attn.hook_z", ("batch", "pos", "n_heads", "d_head"), "all").shape[-1]
+        'd_head'
+    """
 
     name: str
     shape: tuple[str, ...]
