@@ -21,7 +21,12 @@ from workbench.config import ModelConfig
 
 
 class Embed(nn.Module):
-    """Token id -> vector: ``W_E`` [V, D], times ``embed_scale`` (Gemma's sqrt(d_model))."""
+    """Token id -> vector: ``W_E`` [V, D], times ``embed_scale`` (Gemma's sqrt(d_model)).
+
+    Example:
+        >>> model.embed.W_E.shape, torch.equal(model.embed(tokens), cache["hook_embed"])
+        (torch.Size([2048, 128]), True)
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -37,7 +42,13 @@ class Embed(nn.Module):
 
 
 class LearnedPosEmbed(nn.Module):
-    """Absolute position -> vector: ``W_pos`` [n_ctx, D] (GPT-2)."""
+    """Absolute position -> vector: ``W_pos`` [n_ctx, D] (GPT-2).
+
+    Example:
+        >>> pos_embed = LearnedPosEmbed(model.cfg.replace(positional="learned"))
+        >>> pos_embed.W_pos.shape, pos_embed(torch.arange(3)).shape
+        (torch.Size([256, 128]), torch.Size([3, 128]))
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -48,7 +59,14 @@ class LearnedPosEmbed(nn.Module):
 
 
 class SinusoidalPosEmbed(nn.Module):
-    """The fixed sin/cos table of "Attention Is All You Need" (no parameters)."""
+    """The fixed sin/cos table of "Attention Is All You Need" (no parameters).
+
+    Example:
+        >>> pos_embed = SinusoidalPosEmbed(ModelConfig(n_layers=1, d_model=2, n_heads=1, d_vocab=3, n_ctx=4))
+        >>> pos_embed(torch.arange(2)).round(decimals=4)   # (sin p, cos p)
+        tensor([[0.0000, 1.0000],
+                [0.8415, 0.5403]])
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -79,7 +97,14 @@ POS_EMBEDS: dict[str, type[nn.Module]] = {"learned": LearnedPosEmbed, "sinusoida
 
 
 def make_pos_embed(cfg: ModelConfig) -> Optional[nn.Module]:
-    """The absolute position embedding, or None where position enters inside attention (RoPE, ALiBi)."""
+    """The absolute position embedding, or None where position enters inside attention (RoPE, ALiBi).
+
+    Example:
+        >>> make_pos_embed(model.cfg) is None   # rotary
+        True
+        >>> make_pos_embed(model.cfg.replace(positional="sinusoidal"))
+        SinusoidalPosEmbed()
+    """
     cls = POS_EMBEDS.get(cfg.positional)
     return cls(cfg) if cls else None
 
@@ -90,6 +115,10 @@ class Unembed(nn.Module):
 
     With tied embeddings the decoder points the storage ``_W_U_lin`` at the embedding's own
     ``W_E`` Parameter (one tensor, two names); ``Decoder.save`` writes it once.
+
+    Example:
+        >>> torch.equal(model.unembed(cache["ln_final.hook_normalized"]), logits)
+        True
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -103,6 +132,12 @@ class Unembed(nn.Module):
 
     @property
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        """TransformerLens's [D, V] unembedding: a transposed view of the stored [V, D] matrix.
+
+        Example:
+            >>> model.unembed.W_U.shape
+            torch.Size([128, 2048])
+        """
         return self._W_U_lin.T
 
 

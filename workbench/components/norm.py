@@ -25,7 +25,15 @@ from workbench.hook_point import HookPoint
 
 
 class LayerNorm(nn.Module):
-    """(x - mean) / sqrt(var + eps) * w + b."""
+    """(x - mean) / sqrt(var + eps) * w + b.
+
+    Example:
+        >>> ln = LayerNorm(ModelConfig(n_layers=1, d_model=2, n_heads=1, d_vocab=3, n_ctx=4))
+        >>> ln(torch.tensor([[[1.0, 3.0]]])).round(decimals=3).tolist()   # mean 2, standard deviation 1
+        [[[-1.0, 1.0]]]
+        >>> torch.equal(model.ln_final(cache["blocks.1.hook_resid_post"]), cache["ln_final.hook_normalized"])
+        True
+    """
 
     def __init__(self, cfg: ModelConfig, shape: Optional[tuple[int, ...]] = None):
         super().__init__()
@@ -55,7 +63,13 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * w (no centring, no bias)."""
+    """x / sqrt(mean(x^2) + eps) * w (no centring, no bias).
+
+    Example:
+        >>> rms = RMSNorm(ModelConfig(n_layers=1, d_model=2, n_heads=1, d_vocab=3, n_ctx=4))
+        >>> rms(torch.tensor([[[-2.0, 2.0]]])).round(decimals=3).tolist()   # root mean square 2
+        [[[-1.0, 1.0]]]
+    """
 
     def __init__(self, cfg: ModelConfig, shape: Optional[tuple[int, ...]] = None):
         super().__init__()
@@ -84,5 +98,10 @@ NORMS: dict[str, type[nn.Module]] = {"LN": LayerNorm, "RMS": RMSNorm}
 
 
 def make_norm(cfg: ModelConfig, shape: Optional[tuple[int, ...]] = None) -> nn.Module:
-    """The normalisation layer ``cfg.normalization`` names, with gains of ``shape`` (default [d_model])."""
+    """The normalisation layer ``cfg.normalization`` names, with gains of ``shape`` (default [d_model]).
+
+    Example:
+        >>> make_norm(model.cfg).w.shape, make_norm(model.cfg.replace(normalization="RMS"), (4, 32)).w.shape
+        (torch.Size([128]), torch.Size([4, 32]))
+    """
     return NORMS[cfg.normalization](cfg, shape)

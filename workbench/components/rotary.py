@@ -34,7 +34,14 @@ _LAST_ANGLES: list[Optional[tuple]] = [None]
 
 
 class Rotary(nn.Module):
-    """Rotates the first ``rotary_dim`` dimensions of each head by position-dependent angles."""
+    """Rotates the first ``rotary_dim`` dimensions of each head by position-dependent angles.
+
+    Example:
+        >>> rotary = Rotary(model.cfg)
+        >>> q = cache["blocks.0.attn.hook_q"]   # [batch, pos, n_heads, d_head]
+        >>> torch.equal(rotary(q, torch.arange(q.shape[1])), cache["blocks.0.attn.hook_rot_q"])
+        True
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -163,6 +170,13 @@ def rotary_table(n_ctx: int, rotary_dim: int, base: float, scaling: Scaling = No
     Cached: every layer of a model shares one table (float64 cos/sin over 8192 x 64 angles takes
     ~0.1 s on a small CPU; recomputed per layer it dominated loading a 30-layer model). Buffers
     are never written in place, so sharing is safe; ``.to()`` gives each module its own copy.
+
+    Example:
+        >>> cos, sin = rotary_table(n_ctx=3, rotary_dim=2, base=10000.0)   # one frequency: angle = position
+        >>> cos.round(decimals=4)
+        tensor([[ 1.0000,  1.0000],
+                [ 0.5403,  0.5403],
+                [-0.4161, -0.4161]])
     """
     inv_freq, attention_factor = inverse_frequencies(rotary_dim, base, scaling, n_ctx, seq_len)
     length = max(n_ctx, seq_len)
@@ -172,7 +186,12 @@ def rotary_table(n_ctx: int, rotary_dim: int, base: float, scaling: Scaling = No
 
 
 def rotate_half(x: Float[Tensor, "... dim"]) -> Float[Tensor, "... dim"]:
-    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension."""
+    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension.
+
+    Example:
+        >>> rotate_half(torch.tensor([1.0, 2.0, 3.0, 4.0])).tolist()
+        [-3.0, -4.0, 1.0, 2.0]
+    """
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([-x2, x1], dim=-1)
 
