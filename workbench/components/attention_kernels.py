@@ -38,6 +38,11 @@ class MaskSpec:
 
     ``sinks_H`` (gpt-oss): one logit per head that joins every query's softmax as an extra key with
     no value, so it takes probability mass without adding to z.
+
+    Example:
+        >>> mask = MaskSpec(scale=1 / model.cfg.attn_scale)   # the toy model's: 1 / sqrt(d_head)
+        >>> mask.is_plain_causal, MaskSpec(scale=1.0, sliding_window=4).is_plain_causal
+        (True, False)
     """
 
     scale: float
@@ -50,18 +55,36 @@ class MaskSpec:
 
     @property
     def is_plain_causal(self) -> bool:
-        """True when a bottom-right-aligned causal mask is all there is."""
+        """True when a bottom-right-aligned causal mask is all there is.
+
+        Example:
+            >>> padding = torch.tensor([[False, True, True]])   # the first key is a pad
+            >>> MaskSpec(1.0, q_offset=5).is_plain_causal, MaskSpec(1.0, key_mask_BS=padding).is_plain_causal
+            (True, False)
+        """
         return (self.sliding_window is None and self.alibi_slopes_H is None and self.key_mask_BS is None
                 and self.sinks_H is None)
 
     def capped(self, scaled_scores: Tensor) -> Tensor:
-        """Soft-capping of scaled scores (identity without ``soft_cap``)."""
+        """Soft-capping of scaled scores (identity without ``soft_cap``).
+
+        Example:
+            >>> MaskSpec(scale=1.0, soft_cap=30.0).capped(torch.tensor([1.0, 100.0])).round(decimals=3)
+            tensor([ 1.0000, 29.9240])
+        """
         if self.soft_cap is None:
             return scaled_scores
         return torch.tanh(scaled_scores / self.soft_cap) * self.soft_cap
 
     def bias(self, q_start: int, q_len: int, k_start: int, k_len: int, device: torch.device) -> Tensor:
-        """Additive bias [1 or B, 1 or H, q_len, k_len] in float32: 0 where visible, -inf where masked."""
+        """Additive bias [1 or B, 1 or H, q_len, k_len] in float32: 0 where visible, -inf where masked.
+
+        Example:
+            >>> MaskSpec(scale=1.0, sliding_window=2).bias(0, 3, 0, 3, torch.device("cpu"))[0, 0]
+            tensor([[0., -inf, -inf],
+                    [0., 0., -inf],
+                    [-inf, 0., 0.]])
+        """
         i = torch.arange(q_start + self.q_offset, q_start + self.q_offset + q_len, device=device)[:, None]
         j = torch.arange(k_start, k_start + k_len, device=device)[None, :]
         visible = (j <= i)[None]  # [1, q, k]
@@ -95,7 +118,12 @@ class MaskSpec:
         return bias_bhPS.expand(B, H, P, S).reshape(B * G, (H // G) * P, S)
 
     def key_range(self, q_start: int, q_end: int, n_keys: int) -> tuple[int, int]:
-        """Keys [lo, hi) that any query in [q_start, q_end) can see: tiles outside are skipped."""
+        """Keys [lo, hi) that any query in [q_start, q_end) can see: tiles outside are skipped.
+
+        Example:
+            >>> MaskSpec(scale=1.0, sliding_window=4).key_range(8, 12, 16)   # query 8 sees keys 5..8, query 11 up to 11
+            (5, 12)
+        """
         hi = min(n_keys, q_end + self.q_offset)
         lo = 0 if self.sliding_window is None else max(0, q_start + self.q_offset - self.sliding_window + 1)
         return lo, hi
@@ -116,7 +144,12 @@ Hook = Callable[[Tensor], Tensor]
 
 
 def identity_hook(t: Tensor) -> Tensor:
-    """A hook that leaves its tensor as it is (the default where no HookPoint is passed)."""
+    """A hook that leaves its tensor as it is (the default where no HookPoint is passed).
+
+    Example:
+        >>> identity_hook(tokens) is tokens
+        True
+    """
     return t
 
 
@@ -133,7 +166,14 @@ def eager_attention(
     real keys' weights (rows sum to less than one) and ``hook_sink_weight`` [B, H, P] the sinks' share.
 
     The B*G (batch, key/value head) pairs are one batch of matmuls (N below) whose rows are the group's
-    g query heads side by side; scaling and the mask's bias are fused into the scores' matmul (baddbmm)."""
+    g query heads side by side; scaling and the mask's bias are fused into the scores' matmul (baddbmm).
+
+    Example:
+        >>> q, k, v = (cache[f"blocks.0.attn.hook_{name}"].transpose(1, 2) for name in ("rot_q", "rot_k", "v"))
+        >>> z = eager_attention(q, k, v, MaskSpec(scale=1 / model.cfg.attn_scale))   # [batch, pos, n_heads, d_head]
+        >>> torch.equal(z, cache["blocks.0.attn.hook_z"])   # what the model computed (caching runs it eager)
+        True
+    """
     B, H, P, K = q_BHPK.shape
     G, S, J = k_BGSK.shape[1], k_BGSK.shape[2], v_BGSJ.shape[-1]
     N, gP = B * G, (H // G) * P
@@ -165,7 +205,14 @@ def sdpa_attention(
     """`torch.nn.functional.scaled_dot_product_attention`, GQA handled by torch (enable_gqa).
 
     SDPA has no soft-capping, so a capped layer runs the eager computation (without hooks). Sinks
-    become one more key whose vector and value are zero (score 0) with the sink logit as its bias."""
+    become one more key whose vector and value are zero (score 0) with the sink logit as its bias.
+
+    Example:
+        >>> q, k, v = (cache[f"blocks.0.attn.hook_{name}"].transpose(1, 2) for name in ("rot_q", "rot_k", "v"))
+        >>> z = sdpa_attention(q, k, v, MaskSpec(scale=1 / model.cfg.attn_scale))
+        >>> torch.allclose(z, cache["blocks.0.attn.hook_z"], atol=1e-5)   # eager's z, up to rounding
+        True
+    """
     if mask.soft_cap is not None:
         return eager_attention(q_BHPK, k_BGSK, v_BGSJ, mask)
     B, H, P, S = *q_BHPK.shape[:3], k_BGSK.shape[2]
@@ -200,6 +247,12 @@ def tiled_flash_attention(
     max ``m`` and running sum ``l`` (online softmax), so at most [B, H, block_q, block_k] scores
     exist at once, never [P, S]. Key tiles that the causal mask or sliding window hides
     entirely are skipped. A sink starts each row's running max at its logit and its sum at one.
+
+    Example:
+        >>> q, k, v = (cache[f"blocks.0.attn.hook_{name}"].transpose(1, 2) for name in ("rot_q", "rot_k", "v"))
+        >>> z = tiled_flash_attention(q, k, v, MaskSpec(scale=1 / model.cfg.attn_scale), block_q=4, block_k=4)
+        >>> torch.allclose(z, cache["blocks.0.attn.hook_z"], atol=1e-5)   # 14 positions in tiles of 4
+        True
     """
     B, H, P, K = q_BHPK.shape
     G, S, J = k_BGSK.shape[1], k_BGSK.shape[2], v_BGSJ.shape[-1]
@@ -244,7 +297,14 @@ def flash_attention(
     mask: MaskSpec,
 ) -> Float[Tensor, "batch pos n_heads d_head_v"]:
     """``attn_impl="flash"``: the Triton kernel on CUDA where it applies, else the tiled torch path
-    (which also takes sinks, padding masks, ALiBi, soft-caps and value widths unlike the key width)."""
+    (which also takes sinks, padding masks, ALiBi, soft-caps and value widths unlike the key width).
+
+    Example:
+        >>> q, k, v = (cache[f"blocks.0.attn.hook_{name}"].transpose(1, 2) for name in ("rot_q", "rot_k", "v"))
+        >>> z = flash_attention(q, k, v, MaskSpec(scale=1 / model.cfg.attn_scale))   # on the CPU: the tiled path
+        >>> torch.allclose(z, cache["blocks.0.attn.hook_z"], atol=1e-5)
+        True
+    """
     if (q_BHPK.is_cuda and mask.alibi_slopes_H is None and mask.soft_cap is None and mask.key_mask_BS is None
             and mask.sinks_H is None and mask.q_offset == 0 and v_BGSJ.shape[-1] == q_BHPK.shape[-1]
             and q_BHPK.shape[2] == k_BGSK.shape[2]):
