@@ -119,7 +119,14 @@ class TrainConfig:
 
     @property
     def tokens_seen(self) -> int:
-        """Corpus tokens plus the induction task's expected tokens (its copy length n is uniform in its range)."""
+        """Corpus tokens plus the induction task's expected tokens (its copy length n is uniform in its range).
+
+        Example:
+            >>> cfg = TrainConfig(steps=2, batch_size=2, seq_len=16,
+            ...                   induction_every=2, induction_batch=4, induction_len=8)
+            >>> cfg.tokens_seen   # step 1: 2 x 16 corpus tokens; step 0, the induction task: 4 x (BOS + 8 + 8)
+            100
+        """
         mean_row = 1 + sum(self.induction_len_range)  # BOS + 2 x the mean copy length
         corpus_steps = self.steps - self.induction_steps
         return round(corpus_steps * self.batch_size * self.seq_len + self.induction_steps * self.induction_batch * mean_row)
