@@ -243,7 +243,9 @@ class ShardedActivations(MutableMapping):
         Example:
             >>> index = {"names": ["hook_embed"], "shapes": {"hook_embed": [1, 14, 128]},
             ...          "dtypes": {"hook_embed": "float32"}}
-            >>> ShardedActivations("runs/cache", index, torch.device("cpu")).nbytes()   # 1 x 14 x 128 float32s; no file read
+            >>> ShardedActivations("runs/cache", index, torch.device("cpu")).nbytes()   # no file is read
+            7168
+            >>> 1 * 14 * 128 * torch.float32.itemsize
             7168
         """
         return sum(math.prod(self.index["shapes"][name]) * getattr(torch, self.index["dtypes"][name]).itemsize
