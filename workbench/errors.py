@@ -33,10 +33,11 @@ class CheckpointError(ValueError):
     The message names the file and the tensor or config field at fault.
 
     Example:
-        >>> import tempfile
-        >>> wb.load_model(tempfile.mkdtemp())   # an empty directory
-        Traceback (most recent call last):
-        workbench.errors.CheckpointError: /tmp/.../config.json: not found; a model directory needs config.json ...
+        >>> try:
+        ...     wb.load_model("runs/no-such-model")
+        ... except CheckpointError as error:
+        ...     print(error)
+        runs/no-such-model: no such file or directory, and not a registered model name (registered: [...])
     """
 
 
