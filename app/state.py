@@ -17,7 +17,9 @@ import workbench as wb
 
 SOURCE_KEY = "model_source"  # a registered name or a path (HF dir, .gguf, saved dir)
 IMPL_KEY = "attn_impl"
-ATTN_IMPLS = ("sdpa", "eager", "flash")
+DEFAULT_IMPL = "sdpa"
+# The model's kernels (``workbench.ATTN_IMPLS``), the default first: the order the Home page offers them in.
+ATTN_IMPLS = (DEFAULT_IMPL, *(impl for impl in wb.ATTN_IMPLS if impl != DEFAULT_IMPL))
 
 
 @dataclass(eq=False)
@@ -56,7 +58,7 @@ def attn_impl() -> str:
         >>> attn_impl()   # doctest: +SKIP
         'sdpa'
     """
-    return st.session_state.setdefault(IMPL_KEY, "sdpa")
+    return st.session_state.setdefault(IMPL_KEY, DEFAULT_IMPL)
 
 
 def open_linked_model() -> None:
