@@ -38,13 +38,14 @@ def induction_scores(loaded: LoadedModel, seq_len: int, batch: int, seed: int, b
 
 @st.cache_data(show_spinner="Measuring the loss on both copies …", max_entries=16, hash_funcs=BY_MODEL_KEY)
 def induction_loss(loaded: LoadedModel, seq_len: int, batch: int, seed: int) -> pd.DataFrame:
-    """The per-position loss on the first and second copy of ``batch`` repeated random sequences.
+    """The per-position loss on the first and second copy of ``batch`` repeated random sequences (averaged
+    over the batch).
 
     Example:
         >>> loaded = LoadedModel(model, "toy-attn-2l|sdpa")
         >>> loss = induction_loss(loaded, seq_len=8, batch=2, seed=0)
-        >>> loss.groupby("copy")["loss"].count().to_dict()   # 2 sequences x 8 positions per copy
-        {'first': 16, 'second': 16}
+        >>> loss.groupby("copy")["loss"].count().to_dict()   # 8 positions per copy
+        {'first': 8, 'second': 8}
     """
     with loaded.lock:
         return induction.induction_loss(loaded.model, seq_len=seq_len, batch=batch, seed=seed)

@@ -77,8 +77,8 @@ def neuron_top_windows(loaded: LoadedModel, maxima: "neurons.CorpusMaxima", neur
         ...                               max_BM=torch.tensor([[0.5], [2.0]]), argmax_BM=torch.tensor([[1], [2]]),
         ...                               path=None, from_disk=False)   # 2 windows of 3 tokens, 1 neuron
         >>> table, html = neuron_top_windows(loaded, maxima, 0, k=2)
-        >>> table[["rank", "window", "position", "max_activation"]].values.tolist()
-        [[1, 1, 2, 2.0], [2, 0, 1, 0.5]]
+        >>> table[["rank", "window", "position"]].values.tolist(), table["max_activation"].tolist()
+        ([[1, 1, 2], [2, 0, 1]], [2.0, 0.5])
         >>> html.count('class="wb-token-view"')
         2
     """
