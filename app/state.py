@@ -30,8 +30,11 @@ class LoadedModel:
     are serialised by its lock (two tabs must not see each other's hooks).
 
     Example:
-        >>> loaded = LoadedModel(wb.Decoder(cfg), "toy-attn-2l|sdpa")   # doctest: +SKIP
-        >>> with loaded.lock: loaded.model(tokens)                     # doctest: +SKIP
+        >>> loaded = LoadedModel(model, "toy-attn-2l|sdpa")
+        >>> with loaded.lock:
+        ...     logits = loaded.model(tokens)
+        >>> logits.shape == (1, tokens.shape[1], model.cfg.d_vocab)
+        True
     """
 
     model: wb.Decoder

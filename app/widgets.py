@@ -36,8 +36,10 @@ class Prompt:
     """A checked prompt: its text, token ids (a tuple, so results can be cached on it) and labels.
 
     Example:
-        >>> prompt.tensor.shape, prompt.str_tokens[:2]   # doctest: +SKIP
-        (torch.Size([1, 7]), ['The', ' cat'])
+        >>> ids = model.to_tokens("The cat")[0]
+        >>> prompt = Prompt("The cat", tuple(ids.tolist()), model.to_str_tokens(ids))
+        >>> prompt.tensor.shape, prompt.str_tokens   # BOS, then the zoo's code tokenizer's pieces
+        (torch.Size([1, 4]), ['<|endoftext|>', 'The', ' c', 'at'])
     """
 
     text: str
