@@ -21,6 +21,7 @@ from app import results, state
 from app.results.long_runs import LongRun
 from app.state import LoadedModel
 from experiments import attention, heads
+from tests.unit.test_app_pages import SHORT_PROMPT, assert_clean, chart, dense, run_page  # noqa: F401  (fixture)
 
 APP = Path(__file__).resolve().parents[2] / "app"
 PAGES = sorted((APP / "pages").glob("*.py"))
@@ -188,3 +189,14 @@ def test_kernel_names_come_from_the_model_package():
     listed = {node.value for node in ast.walk(ast.parse((APP / "state.py").read_text()))
               if isinstance(node, ast.Constant) and node.value in wb.ATTN_IMPLS}
     assert listed == {"sdpa"}  # the default is named; the list is not
+
+
+def test_the_head_sweep_stays_drawn_once_run(dense):
+    """The Ablation page draws the sweep again on a later run (``has_head_sweep``) without the button."""
+    at = run_page("ablation", dense, SHORT_PROMPT)
+    assert not any(c.proto.id.endswith("-head_sweep_chart") for c in at.get("plotly_chart"))
+    at.button(key="ablation_sweep").click().run()
+    swept = chart(at, "head_sweep")
+    at.run()  # a rerun with the button not pressed: read from the long-run store
+    assert_clean(at)
+    assert chart(at, "head_sweep") == swept
