@@ -30,7 +30,8 @@ def attention_patterns(loaded: LoadedModel, ids: tuple[int, ...]) -> torch.Tenso
         return attention.attention_patterns(loaded.model, torch.tensor([ids]))
 
 
-@st.cache_data(show_spinner="Summarising every head …", max_entries=16, hash_funcs=BY_MODEL_KEY)
+# No spinner: a fast reduction of the patterns just drawn (the page showed none before it was cached).
+@st.cache_data(show_spinner=False, max_entries=16, hash_funcs=BY_MODEL_KEY)
 def head_summary(loaded: LoadedModel, ids: tuple[int, ...]) -> pd.DataFrame:
     """One row per (layer, head) of the prompt's patterns: entropy, attention to BOS, previous-token and
     duplicate-token share, mean distance (``experiments.attention.head_summary``).
