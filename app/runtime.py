@@ -20,7 +20,7 @@ def leave_a_core_free() -> None:
     when torch's spinning worker threads take every core, a 0.3 s forward pass on a 2-core
     machine was measured at 3-9 s. One core left free keeps the pages responsive.
 
-    Example:
+    Example (it changes torch's threads for the whole process, once):
         >>> leave_a_core_free()   # doctest: +SKIP
         >>> torch.get_num_threads() == max(1, (os.cpu_count() or 1) - 1)   # doctest: +SKIP
         True

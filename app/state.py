@@ -17,7 +17,9 @@ import workbench as wb
 
 SOURCE_KEY = "model_source"  # a registered name or a path (HF dir, .gguf, saved dir)
 IMPL_KEY = "attn_impl"
-ATTN_IMPLS = ("sdpa", "eager", "flash")
+DEFAULT_IMPL = "sdpa"
+# The model's kernels (``workbench.ATTN_IMPLS``), the default first: the order the Home page offers them in.
+ATTN_IMPLS = (DEFAULT_IMPL, *(impl for impl in wb.ATTN_IMPLS if impl != DEFAULT_IMPL))
 
 
 @dataclass(eq=False)
@@ -28,8 +30,11 @@ class LoadedModel:
     are serialised by its lock (two tabs must not see each other's hooks).
 
     Example:
-        >>> loaded = LoadedModel(wb.Decoder(cfg), "toy-attn-2l|sdpa")   # doctest: +SKIP
-        >>> with loaded.lock: loaded.model(tokens)                     # doctest: +SKIP
+        >>> loaded = LoadedModel(model, "toy-attn-2l|sdpa")
+        >>> with loaded.lock:
+        ...     logits = loaded.model(tokens)
+        >>> logits.shape == (1, tokens.shape[1], model.cfg.d_vocab)
+        True
     """
 
     model: wb.Decoder
@@ -56,7 +61,7 @@ def attn_impl() -> str:
         >>> attn_impl()   # doctest: +SKIP
         'sdpa'
     """
-    return st.session_state.setdefault(IMPL_KEY, "sdpa")
+    return st.session_state.setdefault(IMPL_KEY, DEFAULT_IMPL)
 
 
 def open_linked_model() -> None:

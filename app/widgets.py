@@ -36,8 +36,10 @@ class Prompt:
     """A checked prompt: its text, token ids (a tuple, so results can be cached on it) and labels.
 
     Example:
-        >>> prompt.tensor.shape, prompt.str_tokens[:2]   # doctest: +SKIP
-        (torch.Size([1, 7]), ['The', ' cat'])
+        >>> ids = model.to_tokens("The cat")[0]
+        >>> prompt = Prompt("The cat", tuple(ids.tolist()), model.to_str_tokens(ids))
+        >>> prompt.tensor.shape, prompt.str_tokens   # BOS, then the zoo's code tokenizer's pieces
+        (torch.Size([1, 4]), ['<|endoftext|>', 'The', ' c', 'at'])
     """
 
     text: str
@@ -198,11 +200,11 @@ def head_picker(loaded: LoadedModel, label: str, key: str, default: tuple[int, i
 def progress_callback(text: str) -> tuple[Callable[[int, int], None], Callable[[], None]]:
     """A ``(done, total)`` callback driving a fresh ``st.progress`` bar, and a function that removes the bar.
 
-    The ``bar`` that pages hand to ``results.with_progress``.
+    The ``bar`` that pages hand to the results layer's long runs (``results.head_sweep(..., bar=progress_callback)``).
 
-    Example:
+    Example (on a page: it draws a bar):
         >>> report, finish = progress_callback("Sweeping heads")   # doctest: +SKIP
-        >>> head_sweep(model, tokens, progress=report); finish()   # doctest: +SKIP
+        >>> sweep = ablation.head_sweep(model, tokens, progress=report); finish()   # doctest: +SKIP
     """
     slot = st.empty()
     bar = slot.progress(0.0, text=text)

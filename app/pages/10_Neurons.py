@@ -82,7 +82,7 @@ def _top_windows(loaded: LoadedModel, unit: neurons.MLPUnit, neuron: int) -> Non
     if not search:
         return
     maxima = results.neuron_corpus_maxima(loaded, unit, int(n_windows), int(window), bar=progress_callback)
-    table = neurons.top_windows(loaded.model, maxima, neuron, k=TOP_K)
+    table, html = results.neuron_top_windows(loaded, maxima, neuron, TOP_K)
     where = f"read from {maxima.path}" if maxima.from_disk else (f"saved to {maxima.path}" if maxima.path else "")
     st.caption(f"{maxima.windows_BP.shape[0]} windows of {window} tokens from the first lines of evenly spaced files "
                f"of the Python standard library (the zoo's training corpus); the BOS position is left out. Every "
@@ -90,7 +90,7 @@ def _top_windows(loaded: LoadedModel, unit: neurons.MLPUnit, neuron: int) -> Non
     if table.empty:
         st.info(f"No corpus token went to {unit.label}: the neuron never ran on this corpus.")
         return
-    token_text(neurons.top_windows_html(loaded.model, maxima, table), f"top_windows_{unit.label}_{neuron}".replace(" ", "_"),
+    token_text(html, f"top_windows_{unit.label}_{neuron}".replace(" ", "_"),
                key="neurons_top_windows", title=f"{unit.label}, neuron {neuron}: top windows")
     downloads.table(table, f"top_windows_{unit.label}_{neuron}".replace(" ", "_"),
                     key="neurons_top_windows_table", height=250)

@@ -74,7 +74,7 @@ def main() -> None:
     st.subheader("Per-head summary")
     st.caption("entropy in nats; bos_attention: mean attention to position 0; prev_token_share: mean attention "
                "to the previous token; mean_distance: how far back a head looks on average.")
-    summary = attention.head_summary(patterns_LHPS, prompt.tensor[0])
+    summary = results.head_summary(loaded, prompt.ids)
     downloads.table(summary, "attention_head_summary", key="head_summary", height=300)
 
     _grid(loaded, prompt, patterns_LHPS)

@@ -14,7 +14,7 @@ from app import downloads, results
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import Prompt, guarded, head_picker, page_setup, progress_callback, prompt_box, require_model, run_page
-from experiments import attention, heads
+from experiments import attention
 from experiments.figures import scores_heatmap
 
 # column -> (tab title, colour scale, centre of the scale); signed scores get a diverging scale.
@@ -25,10 +25,6 @@ SCORES = {
     "entropy": ("Entropy (nats)", "Viridis", None),
     "ablation_delta": ("Ablation effect (loss change)", "RdBu_r", 0.0),
 }
-
-
-def _scores_table(model, ids: tuple[int, ...], include_ablation: bool, progress) -> pd.DataFrame:
-    return heads.head_scores_table(model, torch.tensor([ids]), include_ablation=include_ablation, progress=progress)
 
 
 def _heatmaps(table, n_layers: int, n_heads: int) -> None:
@@ -72,8 +68,7 @@ def main() -> None:
         st.checkbox, "Include the ablation effect (zero-ablates every head in turn)", value=cfg.n_layers * cfg.n_heads <= 64,
         key="heads_include_ablation",
         help=f"{cfg.n_layers * cfg.n_heads} heads; each is ablated once on this prompt (batched).")
-    table = results.with_progress(loaded, "Scoring heads", _scores_table, prompt.ids, include_ablation,
-                                  bar=progress_callback)
+    table = results.head_scores(loaded, prompt.ids, include_ablation, bar=progress_callback)
     st.caption("Scores on this prompt: induction, previous-token and duplicate-token are TransformerLens's "
                "“mul” detector scores; entropy is the mean entropy of each query's attention; the ablation effect "
                "is the change in mean next-token loss when the head is zero-ablated.")

@@ -41,8 +41,7 @@ def main() -> None:
                "occurrence; its score is the mean attention on that stripe.")
     loaded = require_model()
     seq_len, batch, seed = _settings(loaded)
-    scores_LH = results.with_progress(loaded, "Scanning layers", induction.induction_scores,
-                                      seq_len=seq_len, batch=batch, seed=seed, bar=progress_callback)
+    scores_LH = results.induction_scores(loaded, seq_len, batch, seed, bar=progress_callback)
     left, right = st.columns([3, 2])
     with left:
         fig = induction.scores_heatmap(scores_LH, f"Induction score ({batch} x 2 x {seq_len} random tokens)")

@@ -13,13 +13,7 @@ import torch
 from app import downloads, results
 from app.ablation_picker import choose_method, choose_targets, reference_rows
 from app.widgets import page_setup, progress_callback, prompt_box, require_model, run_page
-from experiments import ablation
 from experiments.figures import scores_heatmap, signed_token_bars
-
-
-def _sweep(model, ids: tuple[int, ...], method: str, reference, progress) -> pd.DataFrame:
-    ref = torch.tensor(reference) if reference else None
-    return ablation.head_sweep(model, torch.tensor([ids]), "loss", method, reference_tokens=ref, progress=progress)
 
 
 def _effects_view(per_token: pd.DataFrame, top: pd.DataFrame) -> None:
@@ -53,8 +47,8 @@ def main() -> None:
     cfg = loaded.model.cfg
     args = (prompt.ids, method, reference)
     if st.button(f"Run the head sweep ({cfg.n_layers * cfg.n_heads} heads, {method} ablation)", key="ablation_sweep") \
-            or results.has_result(loaded, "Sweeping heads", _sweep, *args):
-        sweep = results.with_progress(loaded, "Sweeping heads", _sweep, *args, bar=progress_callback)
+            or results.has_head_sweep(loaded, *args):
+        sweep = results.head_sweep(loaded, *args, bar=progress_callback)
         delta_LH = torch.tensor(sweep["delta"].values).view(cfg.n_layers, cfg.n_heads)
         fig = scores_heatmap(delta_LH, f"Loss change when {method}-ablating each head", colorscale="RdBu_r",
                              zmid=0.0, value_name="loss change")

@@ -1,4 +1,4 @@
-"""The dashboard's layers: importing it does nothing, ``app/results.py`` is the one cache layer and
+"""The dashboard's layers: importing it does nothing, ``app/results/`` is the one cache layer and
 looks only down, and the figure builders produce the light figures the pages used to make by hand.
 
 Expected labels, gaps and layout numbers are worked out by hand in each test.
@@ -21,8 +21,10 @@ from experiments.attention import layer_patterns_figure, pattern_grid_figure
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "app"
+RESULTS = APP / "results"
 # Every importable app module (Home.py and pages/ are scripts: running them is starting the dashboard).
-APP_MODULES = ["app"] + sorted(f"app.{path.stem}" for path in APP.glob("*.py") if path.stem not in ("Home", "__init__"))
+APP_MODULES = ["app"] + sorted([f"app.{path.stem}" for path in APP.glob("*.py") if path.stem not in ("Home", "__init__")]
+                               + ["app.results"] + [f"app.results.{path.stem}" for path in RESULTS.glob("[!_]*.py")])
 # What the pages import besides app modules.
 PAGE_HELPERS = ["experiments.ablation", "experiments.attention", "experiments.continuations", "experiments.datasets",
                 "experiments.figures", "experiments.flow", "experiments.heads", "experiments.induction",
@@ -63,7 +65,8 @@ def import_report() -> dict:
 
 
 def test_app_modules_list_is_complete():
-    assert {"app.results", "app.state", "app.widgets", "app.downloads", "app.runtime"} <= set(APP_MODULES)
+    assert {"app.results", "app.results.models", "app.results.long_runs", "app.state", "app.widgets", "app.downloads",
+            "app.runtime"} <= set(APP_MODULES)
 
 
 def test_importing_the_app_changes_neither_threads_nor_environment(import_report):
@@ -77,12 +80,16 @@ def test_the_dashboard_leaves_a_core_free_once_when_it_starts(import_report):
 
 
 def test_results_imports_no_widget_or_page(import_report):
-    assert import_report["app_modules_under_results"] == ["app.results", "app.state"]
-    tree = ast.parse((APP / "results.py").read_text())
-    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {f"app.{alias.name}" for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.module == "app" for alias in node.names}
+    under_results = import_report["app_modules_under_results"]
+    assert "app.results" in under_results and "app.state" in under_results
+    assert all(name == "app.state" or name.split(".")[:2] == ["app", "results"] for name in under_results), under_results
+    imported = set()
+    for path in RESULTS.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {f"app.{alias.name}" for node in ast.walk(tree)
+                     if isinstance(node, ast.ImportFrom) and node.module == "app" for alias in node.names}
     assert "app.state" in imported
     assert not {name for name in imported if name == "app.widgets" or name.startswith("app.pages")}
 
@@ -91,11 +98,11 @@ def test_only_results_caches():
     sources = {path.relative_to(APP).as_posix(): path.read_text() for path in APP.rglob("*.py")}
     assert "pages/1_Attention.py" in sources and len(sources) >= 12
     caching = sorted(name for name, text in sources.items() if "cache_data" in text or "cache_resource" in text)
-    assert caching == ["results.py"]
-    results = sources["results.py"]
+    assert caching and all(name.startswith("results/") for name in caching), caching
+    results = "".join(text for name, text in sources.items() if name.startswith("results/"))
     # the models and the long-run store are resources; every cached result is data
     assert results.count("@st.cache_resource") == 2 and results.count("@st.cache_data") >= 7
-    assert "def load_model(" in results
+    assert "def load_model(" in sources["results/models.py"]
 
 
 def test_light_grid_has_axis_labels_float32_values_and_no_customdata():

@@ -1,0 +1,50 @@
+"""The Information flow page's results: every attention edge's, residual's and block's importance on the
+prompt, and what one block writes in vocabulary terms.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+import torch
+
+from app.results.long_runs import LongRun, ProgressBar
+from app.results.models import BY_MODEL_KEY
+from app.state import LoadedModel
+from experiments import flow
+
+
+def _flow_contributions(model, ids: tuple[int, ...], progress) -> "flow.FlowContributions":
+    return flow.flow_contributions(model, torch.tensor([ids]), progress=progress)
+
+
+_FLOW = LongRun("Tracing the information flow", _flow_contributions)
+
+
+def flow_contributions(loaded: LoadedModel, ids: tuple[int, ...], bar: ProgressBar) -> "flow.FlowContributions":
+    """Every attention edge's, residual's and block's importance on the prompt (one forward pass, then a
+    per-layer decomposition with a progress bar); kept in the long-run store, not pickled.
+
+    Example:
+        >>> quiet = lambda text: ((lambda done, total: None), (lambda: None))
+        >>> contributions = flow_contributions(LoadedModel(model, "toy-attn-2l|sdpa"), tuple(tokens[0].tolist()),
+        ...                                    bar=quiet)
+        >>> contributions.n_layers
+        2
+    """
+    return _FLOW(loaded, ids, bar=bar)
+
+
+@st.cache_data(show_spinner="Projecting the block onto the vocabulary …", max_entries=64, hash_funcs=BY_MODEL_KEY)
+def flow_vocab_projection(loaded: LoadedModel, ids: tuple[int, ...], layer: int, position: int, block: str,
+                          k: int) -> pd.DataFrame:
+    """The tokens ``block``'s output at (layer, position) promotes and suppresses most (its direct effect).
+
+    Example:
+        >>> vocab = flow_vocab_projection(LoadedModel(model, "toy-attn-2l|sdpa"), tuple(tokens[0].tolist()),
+        ...                               1, 3, "attn", 2)
+        >>> vocab[["direction", "rank"]].values.tolist()
+        [['promoted', 1], ['promoted', 2], ['suppressed', 1], ['suppressed', 2]]
+    """
+    with loaded.lock:
+        return flow.vocab_projection(loaded.model, torch.tensor([ids]), layer, position, block, k)
