@@ -16,7 +16,7 @@ import torch
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.gguf_loader import GGUF_MODELS, GGUFFile, load_gguf, model_config_from_gguf
-from workbench.loading.hf import FAMILIES, hf_checkpoint_dtype, hf_model_config, is_hf_config, load_hf_directory, read_config
+from workbench.loading.hf import ARCHITECTURES, hf_checkpoint_dtype, hf_model_config, is_hf_config, load_hf_directory, read_config
 from workbench.loading.native import FORMAT_TAG, load_native, native_config
 from workbench.loading.placement import DeviceMapSpec, MaxMemory, Placement, plan
 from workbench.loading.registry import REGISTRY, default_model_name, list_models
@@ -189,8 +189,9 @@ def supported_architectures() -> pd.DataFrame:
         >>> "LlamaForCausalLM" in set(table.architecture), table.columns.tolist()
         (True, ['format', 'architecture', 'model_type', 'models'])
     """
+    hf_rows = [(architecture, *family.architectures[architecture]) for architecture, family in ARCHITECTURES.items()]
     rows = [{"format": "HF directory", "architecture": architecture, "model_type": model_type, "models": models}
-            for family in FAMILIES for architecture, (model_type, models) in family.ARCHITECTURES.items()]
+            for architecture, model_type, models in hf_rows]
     rows += [{"format": "GGUF", "architecture": arch, "model_type": arch, "models": models}
              for arch, models in GGUF_MODELS.items()]
     return pd.DataFrame(rows, columns=["format", "architecture", "model_type", "models"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import ModuleType
 from typing import Optional, Union
 
 import torch
@@ -18,6 +17,7 @@ import torch
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError
 from workbench.loading import hf_deepseek, hf_gemma, hf_gpt2, hf_llama, hf_neox, hf_opt_bloom, hf_phi
+from workbench.loading.family import Family, register
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
 from workbench.loading.hf_tokenizer import tokenizer_from_hf_directory
@@ -25,14 +25,16 @@ from workbench.loading.placement import Placement, build_model
 
 CONFIG_FILE = "config.json"
 
-# Each family module names the architectures it loads: {architecture: (model_type, models)}.
-FAMILIES: tuple[ModuleType, ...] = (hf_gpt2, hf_llama, hf_neox, hf_gemma, hf_phi, hf_opt_bloom, hf_deepseek)
+# The family modules, each exporting FAMILIES (workbench.loading.family.Family), in the order
+# wb.supported_architectures() lists them.
+FAMILY_MODULES = (hf_gpt2, hf_llama, hf_neox, hf_gemma, hf_phi, hf_opt_bloom, hf_deepseek)
 
-# architectures[0] in config.json -> the module that knows its config fields and tensor names.
-ARCHITECTURES: dict[str, ModuleType] = {arch: module for module in FAMILIES for arch in module.ARCHITECTURES}
+# architectures[0] in config.json -> the family that knows its config fields and tensor names
+# (every family checked against the contract here, at import).
+ARCHITECTURES: dict[str, Family] = register(FAMILY_MODULES)
 
 # model_type -> architecture, for configs that lack the "architectures" list.
-MODEL_TYPES = {model_type: arch for module in FAMILIES for arch, (model_type, _) in module.ARCHITECTURES.items()}
+MODEL_TYPES = {family.architectures[arch][0]: arch for arch, family in ARCHITECTURES.items()}
 
 
 # Name fragments of architectures that are not decoder-only transformers, and what they are.
@@ -156,7 +158,7 @@ def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtyp
     ckpt = SafetensorsCheckpoint(directory, progress=progress)
     try:
         tensors = family.convert_tensors(ckpt, cfg, architecture)
-        leftover = [n for n in ckpt.untaken() if not family.IGNORED_TENSORS.fullmatch(n)]
+        leftover = [n for n in ckpt.untaken() if not family.ignored_tensors.fullmatch(n)]
         if leftover:
             raise CheckpointError(f"{ckpt.source}: unexpected tensor(s) {leftover[:5]}"
                                   f"{' ...' if len(leftover) > 5 else ''} for {architecture} with this config")
