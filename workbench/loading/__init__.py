@@ -18,7 +18,9 @@ from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.gguf_loader import GGUF_MODELS, GGUFFile, load_gguf, model_config_from_gguf
 from workbench.loading.hf import ARCHITECTURES, hf_checkpoint_dtype, hf_model_config, is_hf_config, load_hf_directory, read_config
 from workbench.loading.native import FORMAT_TAG, load_native, native_config
-from workbench.loading.placement import DeviceMapSpec, MaxMemory, Placement, plan
+from workbench.loading.build import runtime_config
+from workbench.loading.memory_plan import plan
+from workbench.loading.placement import DeviceMapSpec, MaxMemory, Placement
 from workbench.loading.registry import REGISTRY, default_model_name, list_models
 
 __all__ = ["load_model", "plan_memory", "model_config", "list_models", "default_model_name", "supported_architectures", "CheckpointNotFoundError"]
@@ -148,10 +150,10 @@ def model_config(source: Union[str, Path]) -> ModelConfig:
     """
     path, kind = _locate(source)
     if kind == "gguf":
-        return model_config_from_gguf(GGUFFile(path)).replace(dtype=torch.float32)
+        return runtime_config(model_config_from_gguf(GGUFFile(path)), dtype=torch.float32)
     if kind == "native":
         return native_config(path)
-    return hf_model_config(path).replace(dtype=hf_checkpoint_dtype(path))
+    return runtime_config(hf_model_config(path), dtype=hf_checkpoint_dtype(path))
 
 
 def plan_memory(source: Union[str, Path], dtype: Optional[torch.dtype] = None, device_map: DeviceMapSpec = "auto",
@@ -173,9 +175,7 @@ def plan_memory(source: Union[str, Path], dtype: Optional[torch.dtype] = None, d
     """
     if batch < 1 or pos < 1:
         raise ConfigError(f"batch and pos must be at least 1, got batch={batch}, pos={pos}")
-    cfg = model_config(source)
-    if dtype is not None:
-        cfg = cfg.replace(dtype=dtype)
+    cfg = runtime_config(model_config(source), dtype=dtype)
     return plan(cfg, Placement(device_map, max_memory), batch=batch, pos=pos, names_filter=names_filter)
 
 

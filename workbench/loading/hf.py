@@ -21,7 +21,8 @@ from workbench.loading.family import Family, register
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
 from workbench.loading.hf_tokenizer import tokenizer_from_hf_directory
-from workbench.loading.placement import Placement, build_model
+from workbench.loading.build import build_model, runtime_config
+from workbench.loading.placement import Placement
 
 CONFIG_FILE = "config.json"
 
@@ -153,7 +154,7 @@ def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtyp
     directory = Path(directory)
     data, architecture, cfg = _read_hf_config(directory)
     family = ARCHITECTURES[architecture]
-    cfg = cfg.replace(attn_impl=attn_impl)
+    runtime_config(cfg, dtype=dtype, attn_impl=attn_impl)  # a bad option fails before any tensor is read
 
     ckpt = SafetensorsCheckpoint(directory, progress=progress)
     try:
@@ -165,5 +166,5 @@ def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtyp
     finally:
         ckpt.close()
     tokenizer = tokenizer_from_hf_directory(directory, data)
-    cfg = cfg.replace(dtype=dtype or checkpoint_dtype(tensors))
-    return build_model(cfg, tokenizer, tensors, ckpt.source, device, placement)
+    return build_model(cfg, tokenizer, tensors, ckpt.source, dtype=dtype or checkpoint_dtype(tensors),
+                       attn_impl=attn_impl, device=device, placement=placement)

@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
-from workbench.loading.placement import Placement, build_model
+from workbench.loading.build import build_model, runtime_config
+from workbench.loading.placement import Placement
 from workbench.model import Decoder
 from workbench.saving import CONFIG_FILE, FORMAT_TAG, WEIGHTS_FILE
 from workbench.tokenizer import Tokenizer
@@ -62,8 +63,7 @@ def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype
     directory = Path(directory)
     weights_path = directory / WEIGHTS_FILE
     cfg = native_config(directory)
-    overrides = {k: v for k, v in (("attn_impl", attn_impl), ("dtype", dtype)) if v is not None}
-    cfg = cfg.replace(**overrides)
+    runtime_config(cfg, dtype=dtype, attn_impl=attn_impl)  # a bad option fails before the weights are read
     if not weights_path.exists():
         raise CheckpointError(f"{weights_path}: weights file not found")
     try:
@@ -71,4 +71,5 @@ def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype
     except (SafetensorError, OSError) as error:
         raise CheckpointError(f"{weights_path}: unreadable or truncated safetensors file ({error})") from error
     tokenizer = Tokenizer.from_directory(directory) if (directory / "tokenizer.json").exists() else None
-    return build_model(cfg, tokenizer, _current_names(tensors), str(weights_path), device, placement)
+    return build_model(cfg, tokenizer, _current_names(tensors), str(weights_path), dtype=dtype, attn_impl=attn_impl,
+                       device=device, placement=placement)
