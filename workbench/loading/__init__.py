@@ -15,10 +15,10 @@ import torch
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
+from workbench.loading.build import runtime_config
 from workbench.loading.gguf_loader import GGUF_MODELS, GGUFFile, load_gguf, model_config_from_gguf
 from workbench.loading.hf import ARCHITECTURES, hf_checkpoint_dtype, hf_model_config, is_hf_config, load_hf_directory, read_config
 from workbench.loading.native import FORMAT_TAG, load_native, native_config
-from workbench.loading.build import runtime_config
 from workbench.loading.memory_plan import plan
 from workbench.loading.placement import DeviceMapSpec, MaxMemory, Placement
 from workbench.loading.registry import REGISTRY, default_model_name, list_models
@@ -74,6 +74,9 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
 
     Example:
         >>> import workbench as wb
+        >>> toy = wb.load_model("toy-attn-2l", attn_impl="eager", dtype=torch.bfloat16)
+        >>> toy.cfg.n_layers, toy.cfg.attn_impl, toy.cfg.dtype
+        (2, 'eager', torch.bfloat16)
         >>> model = wb.load_model("smollm2-135m", attn_impl="sdpa")   # doctest: +SKIP
         >>> model = wb.load_model("runs/my-model", attn_impl="flash")  # doctest: +SKIP
         >>> gpt2 = wb.load_model("checkpoints/gpt2", fold_ln=True, center_writing_weights=True,
@@ -145,8 +148,8 @@ def model_config(source: Union[str, Path]) -> ModelConfig:
     weights read, in the dtype ``load_model(source)`` would give (an HF checkpoint's own, from its header).
 
     Example:
-        >>> wb.loading.model_config("smollm2-135m").n_layers   # doctest: +SKIP
-        30
+        >>> wb.loading.model_config("toy-attn-2l").n_layers
+        2
     """
     path, kind = _locate(source)
     if kind == "gguf":
@@ -168,6 +171,9 @@ def plan_memory(source: Union[str, Path], dtype: Optional[torch.dtype] = None, d
     Also ``workbench plan SOURCE`` on the command line.
 
     Example:
+        >>> wb.plan_memory("toy-attn-2l", device_map={"embed": "cpu", "ln_final": "cpu", "unembed": "cpu",
+        ...                                           "blocks.0": "cpu", "blocks.1": "disk"}, pos=8).units.tolist()
+        ['embed, ln_final, unembed, blocks.0', 'blocks.1']
         >>> wb.plan_memory("smollm2-135m", max_memory={"cpu": "300MiB"}, batch=8, pos=128)   # doctest: +SKIP
           device                                 units  weights_bytes  cache_bytes cache_on    weights     cache
         0    cpu  embed, ln_final, unembed, blocks.0-4      297296640     73859968      cpu  283.5 MiB  70.4 MiB

@@ -30,9 +30,9 @@ from tqdm.auto import tqdm
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
+from workbench.loading.build import build_model, runtime_config
 from workbench.loading.common import cannot_honour, show_progress
 from workbench.loading.gguf_tokenizer import tokenizer_from_gguf
-from workbench.loading.build import build_model, runtime_config
 from workbench.loading.placement import Placement
 
 # general.architecture values we read, and the models they cover.

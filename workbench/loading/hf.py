@@ -17,11 +17,11 @@ import torch
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError
 from workbench.loading import hf_deepseek, hf_gemma, hf_gpt2, hf_llama, hf_neox, hf_opt_bloom, hf_phi
+from workbench.loading.build import build_model, runtime_config
 from workbench.loading.family import Family, register
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
 from workbench.loading.hf_tokenizer import tokenizer_from_hf_directory
-from workbench.loading.build import build_model, runtime_config
 from workbench.loading.placement import Placement
 
 CONFIG_FILE = "config.json"
@@ -59,8 +59,13 @@ def read_config(path: Path) -> dict:
     """config.json as a dict, or a ``CheckpointError`` naming the file.
 
     Example:
-        >>> read_config(Path("tiny-llama/config.json"))["architectures"]   # doctest: +SKIP
-        ['LlamaForCausalLM']
+        >>> from workbench.loading.registry import ZOO
+        >>> read_config(ZOO / "toy-attn-2l" / "config.json")["n_layers"]
+        2
+        >>> read_config(ZOO / "no-such-model" / "config.json")
+        Traceback (most recent call last):
+        ...
+        workbench.errors.CheckpointError: .../no-such-model/config.json: unreadable config ([Errno 2] No such file or directory: ...)
     """
     try:
         data = json.loads(path.read_text())
@@ -125,7 +130,8 @@ def hf_checkpoint_dtype(directory: Union[str, Path]) -> torch.dtype:
     """The dtype an HF checkpoint's weights are stored in, from its safetensors header (no data read).
 
     Example:
-        >>> hf_checkpoint_dtype("checkpoints/tiny-llama")   # doctest: +SKIP
+        >>> from workbench.loading.registry import ZOO
+        >>> hf_checkpoint_dtype(ZOO / "toy-attn-2l")   # any directory of safetensors files
         torch.float32
     """
     ckpt = SafetensorsCheckpoint(Path(directory), progress=False)

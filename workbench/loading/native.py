@@ -38,7 +38,8 @@ def native_config(directory: Union[str, Path]) -> ModelConfig:
     """The ``ModelConfig`` a directory written by ``Decoder.save`` holds (no weights read).
 
     Example:
-        >>> native_config("runs/my-model").n_layers   # doctest: +SKIP
+        >>> from workbench.loading.registry import ZOO
+        >>> native_config(ZOO / "toy-attn-2l").n_layers
         2
     """
     config_path = Path(directory) / CONFIG_FILE
@@ -58,7 +59,9 @@ def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype
     """Rebuilds a model written by ``Decoder.save`` (``workbench.saving``).
 
     Example:
-        >>> load_native("runs/my-model", attn_impl="eager")   # doctest: +SKIP
+        >>> from workbench.loading.registry import ZOO
+        >>> load_native(ZOO / "toy-attn-2l", attn_impl="eager").cfg.attn_impl
+        'eager'
     """
     directory = Path(directory)
     weights_path = directory / WEIGHTS_FILE
