@@ -29,7 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, Gemma2Config, Gemma3T
 
 import workbench as wb
 import workbench.loading.hf as hf_loading
-import workbench.loading.placement as placement
+import workbench.loading.build as build
 from tests.integration.family_parity import TOLERANCE, Case, build_and_save, family_parity_tests, max_diff
 
 TINY = dict(vocab_size=101, hidden_size=48, num_attention_heads=6, num_hidden_layers=2, intermediate_size=80,
@@ -191,7 +191,7 @@ def test_refused_values_name_the_field_before_anything_is_read(saved, tmp_path, 
         raise AssertionError("a refused config must fail before tensors are read or a model is built")
 
     monkeypatch.setattr(hf_loading, "SafetensorsCheckpoint", must_not_run)
-    monkeypatch.setattr(placement, "Decoder", must_not_run)  # every loader builds its model there
+    monkeypatch.setattr(build, "Decoder", must_not_run)  # every loader builds its model there
     with pytest.raises(wb.ConfigError, match=rf"'{re.escape(field)}'.*cannot be honoured"):
         wb.load_model(directory)
 

@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, Phi3Config, PhiConfig, StableLmConfig
 
 import workbench as wb
-import workbench.loading.placement as placement
+import workbench.loading.build as build
 from tests.integration.family_parity import SEQ_LEN, TOLERANCE, Case, build_and_save, family_parity_tests
 from tests.integration.hf_tiny import N_CTX, SLIDING_WINDOW, VOCAB
 
@@ -123,8 +123,8 @@ def saved_dirs(tmp_path_factory) -> dict[str, Path]:
 def no_model_built(monkeypatch):
     """Fails the test if the loader gets as far as building a Decoder (nothing may be half-loaded)."""
     built = []
-    real = placement.Decoder  # every loader builds its model there
-    monkeypatch.setattr(placement, "Decoder", lambda *a, **k: built.append(1) or real(*a, **k))
+    real = build.Decoder  # every loader builds its model there
+    monkeypatch.setattr(build, "Decoder", lambda *a, **k: built.append(1) or real(*a, **k))
     yield built
     assert not built, "a model was built before the error"
 

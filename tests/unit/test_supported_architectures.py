@@ -24,6 +24,24 @@ def test_every_family_module_is_listed_once():
     assert (table.models.str.len() > 0).all()
 
 
+def test_each_hf_architecture_is_transformers_causal_lm_of_its_model_type():
+    """An independent source for the table: transformers' own model_type -> causal-LM class map."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    hf = wb.supported_architectures().query("format == 'HF directory'")
+    assert len(hf) == 25
+    for architecture, model_type in zip(hf.architecture, hf.model_type):
+        assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) == architecture, (architecture, model_type)
+
+
+def test_the_table_is_the_readme_table_row_for_row():
+    """Every architecture, model_type and format the README lists, in its order, and nothing else."""
+    cells = [[cell.strip().strip("`") for cell in line.strip("|").split("|")]
+             for line in README.read_text().splitlines() if line.startswith(("| HF directory | `", "| GGUF | `"))]
+    table = wb.supported_architectures()
+    assert [tuple(row[:3]) for row in cells] == list(zip(table.format, table.architecture, table.model_type))
+
+
 def test_cli_prints_the_architectures(capsys):
     assert main(["models", "--architectures"]) == 0
     printed = capsys.readouterr().out

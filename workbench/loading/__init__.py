@@ -15,10 +15,12 @@ import torch
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
+from workbench.loading.build import runtime_config
 from workbench.loading.gguf_loader import GGUF_MODELS, GGUFFile, load_gguf, model_config_from_gguf
-from workbench.loading.hf import FAMILIES, hf_checkpoint_dtype, hf_model_config, is_hf_config, load_hf_directory, read_config
+from workbench.loading.hf import ARCHITECTURES, hf_checkpoint_dtype, hf_model_config, is_hf_config, load_hf_directory, read_config
 from workbench.loading.native import FORMAT_TAG, load_native, native_config
-from workbench.loading.placement import DeviceMapSpec, MaxMemory, Placement, plan
+from workbench.loading.memory_plan import plan
+from workbench.loading.placement import DeviceMapSpec, MaxMemory, Placement
 from workbench.loading.registry import REGISTRY, default_model_name, list_models
 
 __all__ = ["load_model", "plan_memory", "model_config", "list_models", "default_model_name", "supported_architectures", "CheckpointNotFoundError"]
@@ -72,6 +74,9 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
 
     Example:
         >>> import workbench as wb
+        >>> toy = wb.load_model("toy-attn-2l", attn_impl="eager", dtype=torch.bfloat16)
+        >>> toy.cfg.n_layers, toy.cfg.attn_impl, toy.cfg.dtype
+        (2, 'eager', torch.bfloat16)
         >>> model = wb.load_model("smollm2-135m", attn_impl="sdpa")   # doctest: +SKIP
         >>> model = wb.load_model("runs/my-model", attn_impl="flash")  # doctest: +SKIP
         >>> gpt2 = wb.load_model("checkpoints/gpt2", fold_ln=True, center_writing_weights=True,
@@ -143,15 +148,15 @@ def model_config(source: Union[str, Path]) -> ModelConfig:
     weights read, in the dtype ``load_model(source)`` would give (an HF checkpoint's own, from its header).
 
     Example:
-        >>> wb.loading.model_config("smollm2-135m").n_layers   # doctest: +SKIP
-        30
+        >>> wb.loading.model_config("toy-attn-2l").n_layers
+        2
     """
     path, kind = _locate(source)
     if kind == "gguf":
-        return model_config_from_gguf(GGUFFile(path)).replace(dtype=torch.float32)
+        return runtime_config(model_config_from_gguf(GGUFFile(path)), dtype=torch.float32)
     if kind == "native":
         return native_config(path)
-    return hf_model_config(path).replace(dtype=hf_checkpoint_dtype(path))
+    return runtime_config(hf_model_config(path), dtype=hf_checkpoint_dtype(path))
 
 
 def plan_memory(source: Union[str, Path], dtype: Optional[torch.dtype] = None, device_map: DeviceMapSpec = "auto",
@@ -166,6 +171,9 @@ def plan_memory(source: Union[str, Path], dtype: Optional[torch.dtype] = None, d
     Also ``workbench plan SOURCE`` on the command line.
 
     Example:
+        >>> wb.plan_memory("toy-attn-2l", device_map={"embed": "cpu", "ln_final": "cpu", "unembed": "cpu",
+        ...                                           "blocks.0": "cpu", "blocks.1": "disk"}, pos=8).units.tolist()
+        ['embed, ln_final, unembed, blocks.0', 'blocks.1']
         >>> wb.plan_memory("smollm2-135m", max_memory={"cpu": "300MiB"}, batch=8, pos=128)   # doctest: +SKIP
           device                                 units  weights_bytes  cache_bytes cache_on    weights     cache
         0    cpu  embed, ln_final, unembed, blocks.0-4      297296640     73859968      cpu  283.5 MiB  70.4 MiB
@@ -173,9 +181,7 @@ def plan_memory(source: Union[str, Path], dtype: Optional[torch.dtype] = None, d
     """
     if batch < 1 or pos < 1:
         raise ConfigError(f"batch and pos must be at least 1, got batch={batch}, pos={pos}")
-    cfg = model_config(source)
-    if dtype is not None:
-        cfg = cfg.replace(dtype=dtype)
+    cfg = runtime_config(model_config(source), dtype=dtype)
     return plan(cfg, Placement(device_map, max_memory), batch=batch, pos=pos, names_filter=names_filter)
 
 
@@ -189,8 +195,9 @@ def supported_architectures() -> pd.DataFrame:
         >>> "LlamaForCausalLM" in set(table.architecture), table.columns.tolist()
         (True, ['format', 'architecture', 'model_type', 'models'])
     """
+    hf_rows = [(architecture, *family.architectures[architecture]) for architecture, family in ARCHITECTURES.items()]
     rows = [{"format": "HF directory", "architecture": architecture, "model_type": model_type, "models": models}
-            for family in FAMILIES for architecture, (model_type, models) in family.ARCHITECTURES.items()]
+            for architecture, model_type, models in hf_rows]
     rows += [{"format": "GGUF", "architecture": arch, "model_type": arch, "models": models}
              for arch, models in GGUF_MODELS.items()]
     return pd.DataFrame(rows, columns=["format", "architecture", "model_type", "models"])

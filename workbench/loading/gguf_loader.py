@@ -20,7 +20,7 @@ Tensor names (GGUF dims are reversed; the arrays below are [rows, cols] as store
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import gguf
 import numpy as np
@@ -30,9 +30,10 @@ from tqdm.auto import tqdm
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
+from workbench.loading.build import build_model, runtime_config
 from workbench.loading.common import cannot_honour, show_progress
 from workbench.loading.gguf_tokenizer import tokenizer_from_gguf
-from workbench.loading.placement import Placement, build_model, empty_model
+from workbench.loading.placement import Placement
 
 # general.architecture values we read, and the models they cover.
 GGUF_MODELS = {"llama": "Llama-architecture GGUF files (SmolLM2, Llama, Mistral; Mixtral-style experts); "
@@ -133,72 +134,108 @@ def _unpermute_rows(w_RC: np.ndarray, n_heads: int) -> np.ndarray:
     return w_RC.reshape(n_heads, half, 2, *w_RC.shape[1:]).swapaxes(1, 2).reshape(w_RC.shape)
 
 
-def _tensor_names(cfg: ModelConfig) -> dict[str, tuple[str, Optional[int]]]:
-    """Our parameter name -> (GGUF tensor name, heads to un-permute by or None)."""
-    names = {"embed.W_E": ("token_embd.weight", None), "ln_final.w": ("output_norm.weight", None)}
+class Expected(NamedTuple):
+    """One tensor the model needs from a GGUF file: its GGUF name, its shape (rows, cols as stored:
+    our parameter's nn.Linear layout) and the heads its rows are interleaved over (None: not rotary)."""
+
+    gguf_name: str
+    shape: tuple[int, ...]
+    heads: Optional[int] = None
+
+
+def expected_tensors(cfg: ModelConfig) -> dict[str, Expected]:
+    """Our parameter name -> the GGUF tensor it comes from, with the shape ``cfg`` implies (no model is built).
+
+    Example:
+        >>> cfg = wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, n_key_value_heads=1, d_mlp=16, d_vocab=10,
+        ...                      n_ctx=4, normalization="RMS", positional="rotary", act_fn="silu", gated_mlp=True)
+        >>> expected_tensors(cfg)["blocks.0.attn._W_K_lin"]
+        Expected(gguf_name='blk.0.attn_k.weight', shape=(4, 8), heads=1)
+    """
+    V, D, M, E = cfg.d_vocab, cfg.d_model, cfg.d_mlp, cfg.num_experts
+    HK, GK = cfg.n_heads * cfg.d_head, cfg.n_key_value_heads * cfg.d_head
+    names = {"embed.W_E": Expected("token_embd.weight", (V, D)), "ln_final.w": Expected("output_norm.weight", (D,))}
     if not cfg.tie_embeddings:
-        names["unembed._W_U_lin"] = ("output.weight", None)
+        names["unembed._W_U_lin"] = Expected("output.weight", (V, D))
     for layer in range(cfg.n_layers):
         blk, ours = f"blk.{layer}", f"blocks.{layer}"
-        names[f"{ours}.ln1.w"] = (f"{blk}.attn_norm.weight", None)
-        names[f"{ours}.ln2.w"] = (f"{blk}.ffn_norm.weight", None)
-        for gguf_name, our_name, heads in (("attn_q", "Q", cfg.n_heads), ("attn_k", "K", cfg.n_key_value_heads),
-                                           ("attn_v", "V", None), ("attn_output", "O", None)):
-            names[f"{ours}.attn._W_{our_name}_lin"] = (f"{blk}.{gguf_name}.weight", heads)
+        names[f"{ours}.ln1.w"] = Expected(f"{blk}.attn_norm.weight", (D,))
+        names[f"{ours}.ln2.w"] = Expected(f"{blk}.ffn_norm.weight", (D,))
+        for gguf_name, our_name, (rows, cols), heads in (("attn_q", "Q", (HK, D), cfg.n_heads),
+                                                         ("attn_k", "K", (GK, D), cfg.n_key_value_heads),
+                                                         ("attn_v", "V", (GK, D), None), ("attn_output", "O", (D, HK), None)):
+            names[f"{ours}.attn._W_{our_name}_lin"] = Expected(f"{blk}.{gguf_name}.weight", (rows, cols), heads)
             if cfg.attn_bias and our_name != "O":
-                names[f"{ours}.attn._b_{our_name}_lin"] = (f"{blk}.{gguf_name}.bias", heads)
-        suffix, prefix = ("_exps", f"{ours}.mlp") if cfg.is_moe else ("", f"{ours}.mlp")
-        for gguf_name, our_name in (("ffn_gate", "_W_gate_lin"), ("ffn_up", "_W_in_lin"), ("ffn_down", "_W_out_lin")):
-            names[f"{prefix}.{our_name}"] = (f"{blk}.{gguf_name}{suffix}.weight", None)
+                names[f"{ours}.attn._b_{our_name}_lin"] = Expected(f"{blk}.{gguf_name}.bias", (rows,), heads)
+        suffix, experts = ("_exps", (E,)) if cfg.is_moe else ("", ())  # MoE: every expert stacked in one tensor
+        for gguf_name, our_name, shape in (("ffn_gate", "_W_gate_lin", (M, D)), ("ffn_up", "_W_in_lin", (M, D)),
+                                           ("ffn_down", "_W_out_lin", (D, M))):
+            names[f"{ours}.mlp.{our_name}"] = Expected(f"{blk}.{gguf_name}{suffix}.weight", experts + shape)
         if cfg.is_moe:
-            names[f"{prefix}._W_router_lin"] = (f"{blk}.ffn_gate_inp.weight", None)
+            names[f"{ours}.mlp._W_router_lin"] = Expected(f"{blk}.ffn_gate_inp.weight", (E, D))
     return names
 
 
-def read_tensors(file: GGUFFile, cfg: ModelConfig, shapes: dict[str, tuple[int, ...]],
-                 progress: Optional[bool] = None) -> dict[str, Tensor]:
+def read_tensors(file: GGUFFile, cfg: ModelConfig, progress: Optional[bool] = None) -> dict[str, Tensor]:
     """Every tensor the model needs, dequantised to float32 and renamed to ours.
 
-    ``shapes`` (our name -> shape) is checked against each GGUF tensor before it is used, so a
-    mis-shaped tensor is reported under its GGUF name.
+    Each GGUF tensor's shape is checked against the one ``cfg`` implies before it is dequantised, so a
+    mis-shaped tensor is reported under its GGUF name and nothing is allocated for it.
 
     Example:
         >>> file = GGUFFile(Path("SmolLM2-135M-Instruct.Q4_1.gguf"))                   # doctest: +SKIP
-        >>> cfg = model_config_from_gguf(file)                                         # doctest: +SKIP
-        >>> shapes = {n: p.shape for n, p in Decoder(cfg, init_weights=False).state_dict().items()}  # doctest: +SKIP
-        >>> read_tensors(file, cfg, shapes)["embed.W_E"].shape                         # doctest: +SKIP
+        >>> read_tensors(file, model_config_from_gguf(file))["embed.W_E"].shape       # doctest: +SKIP
         torch.Size([49152, 576])
     """
-    names = _tensor_names(cfg)
-    wanted = {gguf_name for gguf_name, _ in names.values()}
+    if cfg.n_layers > len(file.tensors):  # before listing per-layer names for a hostile block_count
+        raise CheckpointError(f"{file.path}: {cfg.n_layers} layers (field '{file.field('general.architecture')}"
+                              f".block_count'), but the file holds only {len(file.tensors)} tensors")
+    expected = expected_tensors(cfg)
+    wanted = {tensor.gguf_name for tensor in expected.values()}
     missing = sorted(wanted - set(file.tensors))
     if missing:
         raise CheckpointError(f"{file.path}: missing tensor(s) {missing[:5]}")
-    unexpected = sorted(set(file.tensors) - wanted - {f"blk.{l}.attn_output.bias" for l in range(cfg.n_layers)})
+    output_biases = {f"blk.{layer}.attn_output.bias": layer for layer in range(cfg.n_layers)}
+    unexpected = sorted(set(file.tensors) - wanted - set(output_biases))
     if unexpected:
         raise CheckpointError(f"{file.path}: unexpected tensor(s) {unexpected[:5]} for a {cfg.n_layers}-layer llama model")
+    for tensor in expected.values():  # every shape, before any dequantising
+        _check_shape(file, tensor.gguf_name, tuple(int(n) for n in reversed(file.tensors[tensor.gguf_name].shape)),
+                     tensor.shape)
     show = show_progress(file.path.stat().st_size, progress)
     out = {}
-    for our_name, (gguf_name, heads) in tqdm(names.items(), desc=f"dequantising {file.path.name}", unit="tensor",
-                                             disable=not show, leave=False):
-        entry = file.tensors[gguf_name]
-        try:
-            array = gguf.quants.dequantize(entry.data, entry.tensor_type)
-        except (NotImplementedError, ValueError) as error:
-            raise CheckpointError(f"{file.path}: cannot dequantise tensor '{gguf_name}' "
-                                  f"of type {entry.tensor_type.name} ({error})") from error
-        if tuple(array.shape) != tuple(shapes[our_name]):
-            raise CheckpointError(f"{file.path}: tensor '{gguf_name}' has shape {tuple(array.shape)} "
-                                  f"(rows, cols as stored), expected {tuple(shapes[our_name])}")
-        if heads is not None:
-            array = _unpermute_rows(array, heads)
+    for our_name, tensor in tqdm(expected.items(), desc=f"dequantising {file.path.name}", unit="tensor",
+                                 disable=not show, leave=False):
+        array = _dequantised(file, tensor.gguf_name)
+        _check_shape(file, tensor.gguf_name, array.shape, tensor.shape)
+        if tensor.heads is not None:
+            array = _unpermute_rows(array, tensor.heads)
         out[our_name] = torch.from_numpy(np.require(array, np.float32, ["C", "W"]))  # F32 data is a read-only map
     if cfg.attn_bias:  # llama's attention output has no bias unless the file says so
-        for layer in range(cfg.n_layers):
-            bias = file.tensors.get(f"blk.{layer}.attn_output.bias")
-            out[f"blocks.{layer}.attn.b_O"] = (torch.from_numpy(gguf.quants.dequantize(bias.data, bias.tensor_type).copy())
-                                             if bias is not None else torch.zeros(cfg.d_model))
+        for gguf_name, layer in output_biases.items():
+            if gguf_name in file.tensors:
+                array = _dequantised(file, gguf_name)
+                _check_shape(file, gguf_name, array.shape, (cfg.d_model,))
+                out[f"blocks.{layer}.attn.b_O"] = torch.from_numpy(np.require(array, np.float32, ["C", "W"]))
+            else:
+                out[f"blocks.{layer}.attn.b_O"] = torch.zeros(cfg.d_model)
     return out
+
+
+def _dequantised(file: GGUFFile, gguf_name: str) -> np.ndarray:
+    """A GGUF tensor as a float32 array [rows, cols] (quantised blocks expanded), or a ``CheckpointError``."""
+    entry = file.tensors[gguf_name]
+    try:
+        return gguf.quants.dequantize(entry.data, entry.tensor_type)
+    except (NotImplementedError, ValueError) as error:
+        raise CheckpointError(f"{file.path}: cannot dequantise tensor '{gguf_name}' "
+                              f"of type {entry.tensor_type.name} ({error})") from error
+
+
+def _check_shape(file: GGUFFile, gguf_name: str, shape: tuple[int, ...], expected: tuple[int, ...]) -> None:
+    if tuple(shape) != tuple(expected):
+        raise CheckpointError(f"{file.path}: tensor '{gguf_name}' has shape {tuple(shape)} "
+                              f"(rows, cols as stored), expected {tuple(expected)}")
 
 
 def load_gguf(path: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtype = torch.float32,
@@ -210,8 +247,9 @@ def load_gguf(path: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtyp
         >>> model.generate("The capital of France is", max_new_tokens=3)   # doctest: +SKIP
     """
     file = GGUFFile(Path(path))
-    cfg = model_config_from_gguf(file).replace(attn_impl=attn_impl, dtype=dtype)
+    cfg = model_config_from_gguf(file)
+    runtime_config(cfg, dtype=dtype, attn_impl=attn_impl)  # a bad option fails before any tensor is read
     tokenizer = tokenizer_from_gguf(file.field, str(file.path))
-    shapes = {name: tuple(param.shape) for name, param in empty_model(cfg).state_dict(keep_vars=True).items()}
-    tensors = read_tensors(file, cfg, shapes, progress)
-    return build_model(cfg, tokenizer, tensors, str(file.path), device, placement)
+    tensors = read_tensors(file, cfg, progress)
+    return build_model(cfg, tokenizer, tensors, str(file.path), dtype=dtype, attn_impl=attn_impl, device=device,
+                       placement=placement)

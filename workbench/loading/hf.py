@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import ModuleType
 from typing import Optional, Union
 
 import torch
@@ -18,21 +17,25 @@ import torch
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError
 from workbench.loading import hf_deepseek, hf_gemma, hf_gpt2, hf_llama, hf_neox, hf_opt_bloom, hf_phi
+from workbench.loading.build import build_model, runtime_config
+from workbench.loading.family import Family, register
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
 from workbench.loading.hf_tokenizer import tokenizer_from_hf_directory
-from workbench.loading.placement import Placement, build_model
+from workbench.loading.placement import Placement
 
 CONFIG_FILE = "config.json"
 
-# Each family module names the architectures it loads: {architecture: (model_type, models)}.
-FAMILIES: tuple[ModuleType, ...] = (hf_gpt2, hf_llama, hf_neox, hf_gemma, hf_phi, hf_opt_bloom, hf_deepseek)
+# The family modules, each exporting FAMILIES (workbench.loading.family.Family), in the order
+# wb.supported_architectures() lists them.
+FAMILY_MODULES = (hf_gpt2, hf_llama, hf_neox, hf_gemma, hf_phi, hf_opt_bloom, hf_deepseek)
 
-# architectures[0] in config.json -> the module that knows its config fields and tensor names.
-ARCHITECTURES: dict[str, ModuleType] = {arch: module for module in FAMILIES for arch in module.ARCHITECTURES}
+# architectures[0] in config.json -> the family that knows its config fields and tensor names
+# (every family checked against the contract here, at import).
+ARCHITECTURES: dict[str, Family] = register(FAMILY_MODULES)
 
 # model_type -> architecture, for configs that lack the "architectures" list.
-MODEL_TYPES = {model_type: arch for module in FAMILIES for arch, (model_type, _) in module.ARCHITECTURES.items()}
+MODEL_TYPES = {family.architectures[arch][0]: arch for arch, family in ARCHITECTURES.items()}
 
 
 # Name fragments of architectures that are not decoder-only transformers, and what they are.
@@ -56,8 +59,13 @@ def read_config(path: Path) -> dict:
     """config.json as a dict, or a ``CheckpointError`` naming the file.
 
     Example:
-        >>> read_config(Path("tiny-llama/config.json"))["architectures"]   # doctest: +SKIP
-        ['LlamaForCausalLM']
+        >>> from workbench.loading.registry import ZOO
+        >>> read_config(ZOO / "toy-attn-2l" / "config.json")["n_layers"]
+        2
+        >>> read_config(ZOO / "no-such-model" / "config.json")
+        Traceback (most recent call last):
+        ...
+        workbench.errors.CheckpointError: .../no-such-model/config.json: unreadable config ([Errno 2] No such file or directory: ...)
     """
     try:
         data = json.loads(path.read_text())
@@ -122,7 +130,8 @@ def hf_checkpoint_dtype(directory: Union[str, Path]) -> torch.dtype:
     """The dtype an HF checkpoint's weights are stored in, from its safetensors header (no data read).
 
     Example:
-        >>> hf_checkpoint_dtype("checkpoints/tiny-llama")   # doctest: +SKIP
+        >>> from workbench.loading.registry import ZOO
+        >>> hf_checkpoint_dtype(ZOO / "toy-attn-2l")   # any directory of safetensors files
         torch.float32
     """
     ckpt = SafetensorsCheckpoint(Path(directory), progress=False)
@@ -151,17 +160,17 @@ def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtyp
     directory = Path(directory)
     data, architecture, cfg = _read_hf_config(directory)
     family = ARCHITECTURES[architecture]
-    cfg = cfg.replace(attn_impl=attn_impl)
+    runtime_config(cfg, dtype=dtype, attn_impl=attn_impl)  # a bad option fails before any tensor is read
 
     ckpt = SafetensorsCheckpoint(directory, progress=progress)
     try:
         tensors = family.convert_tensors(ckpt, cfg, architecture)
-        leftover = [n for n in ckpt.untaken() if not family.IGNORED_TENSORS.fullmatch(n)]
+        leftover = [n for n in ckpt.untaken() if not family.ignored_tensors.fullmatch(n)]
         if leftover:
             raise CheckpointError(f"{ckpt.source}: unexpected tensor(s) {leftover[:5]}"
                                   f"{' ...' if len(leftover) > 5 else ''} for {architecture} with this config")
     finally:
         ckpt.close()
     tokenizer = tokenizer_from_hf_directory(directory, data)
-    cfg = cfg.replace(dtype=dtype or checkpoint_dtype(tensors))
-    return build_model(cfg, tokenizer, tensors, ckpt.source, device, placement)
+    return build_model(cfg, tokenizer, tensors, ckpt.source, dtype=dtype or checkpoint_dtype(tensors),
+                       attn_impl=attn_impl, device=device, placement=placement)

@@ -30,9 +30,12 @@ class SafetensorsCheckpoint:
     """Name -> tensor over all the safetensors files of one checkpoint directory.
 
     Example:
-        >>> ckpt = SafetensorsCheckpoint("path/to/hf-dir")              # doctest: +SKIP
-        >>> w = ckpt.take("model.embed_tokens.weight")                   # doctest: +SKIP
-        >>> sorted(ckpt.untaken())                                       # doctest: +SKIP
+        >>> from workbench.loading.registry import ZOO
+        >>> ckpt = SafetensorsCheckpoint(ZOO / "toy-attn-2l", progress=False)   # any directory of safetensors files
+        >>> ckpt.take("embed.W_E", (2048, 128)).shape
+        torch.Size([2048, 128])
+        >>> len(ckpt.untaken()), "embed.W_E" in ckpt.untaken()
+        (15, False)
     """
 
     def __init__(self, directory: Path, progress: Optional[bool] = None):
@@ -84,7 +87,12 @@ class SafetensorsCheckpoint:
         checkpoint may still hold the shared matrix a second time (then marked used, not loaded).
 
         Example:
-            >>> out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))   # doctest: +SKIP
+            >>> from workbench.loading.registry import ZOO
+            >>> ckpt = SafetensorsCheckpoint(ZOO / "toy-attn-2l", progress=False)
+            >>> list(ckpt.take_unembedding("unembed._W_U_lin", (2048, 128), tied=False))
+            ['unembed._W_U_lin']
+            >>> ckpt.take_unembedding("unembed._W_U_lin", (2048, 128), tied=True)   # marked used, not loaded
+            {}
         """
         if not tied:
             return {"unembed._W_U_lin": self.take(name, shape)}
@@ -96,8 +104,9 @@ class SafetensorsCheckpoint:
         """The dtype the weights are stored in (the first floating-point tensor's), read from the headers only.
 
         Example:
-            >>> SafetensorsCheckpoint("path/to/hf-dir").stored_dtype()   # doctest: +SKIP
-            torch.bfloat16
+            >>> from workbench.loading.registry import ZOO
+            >>> SafetensorsCheckpoint(ZOO / "toy-attn-2l", progress=False).stored_dtype()
+            torch.float32
         """
         for name, path in self.file_of.items():
             dtype = _HEADER_DTYPES.get(self._handles[path].get_slice(name).get_dtype())
@@ -110,7 +119,11 @@ class SafetensorsCheckpoint:
         layers), so it is not reported as unexpected.
 
         Example:
-            >>> ckpt.skip("model.layers.61.eh_proj.weight")   # doctest: +SKIP
+            >>> from workbench.loading.registry import ZOO
+            >>> ckpt = SafetensorsCheckpoint(ZOO / "toy-attn-2l", progress=False)
+            >>> ckpt.skip("blocks.1.ln1.b")
+            >>> "blocks.1.ln1.b" in ckpt.untaken()
+            False
         """
         self._taken.add(name)
 

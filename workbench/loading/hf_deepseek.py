@@ -40,17 +40,11 @@ from torch import Tensor
 
 from workbench.components.rotary import yarn_mscale
 from workbench.config import ModelConfig
+from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
 from workbench.loading.hf_experts import MoEKind, dense_gated_mlp, moe_layer_fields, read_experts, with_moe_layers
 
-ARCHITECTURES = {
-    "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepSeek-V2, V2-Lite (latent attention, group-limited softmax routing)"),
-    "DeepseekV3ForCausalLM": ("deepseek_v3", "DeepSeek-V3, R1 (latent attention, sigmoid routing with correction bias)"),
-}
-
-# RoPE buffers that older checkpoints carry are recomputed.
-IGNORED_TENSORS = re.compile(r".*rotary_emb\.inv_freq$")
 LAYER_INDEX = re.compile(r"model\.layers\.(\d+)\.")
 
 LATENT_NORM_EPS = 1e-6  # DeepseekV2/V3RMSNorm's default: the latent norms are built without rms_norm_eps
@@ -219,3 +213,16 @@ def _skip_prediction_layers(ckpt: SafetensorsCheckpoint, n_layers: int) -> None:
         match = LAYER_INDEX.match(name)
         if match and int(match.group(1)) >= n_layers:
             ckpt.skip(name)
+
+
+# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+FAMILIES = (Family(
+    architectures={
+        "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepSeek-V2, V2-Lite (latent attention, group-limited softmax routing)"),
+        "DeepseekV3ForCausalLM": ("deepseek_v3", "DeepSeek-V3, R1 (latent attention, sigmoid routing with correction bias)"),
+    },
+    model_config=model_config,
+    convert_tensors=convert_tensors,
+    # RoPE buffers that older checkpoints carry are recomputed.
+    ignored_tensors=re.compile(r".*rotary_emb\.inv_freq$"),
+),)

@@ -52,18 +52,9 @@ from typing import Any, Optional
 from torch import Tensor
 
 from workbench.config import ModelConfig
+from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
-
-# The architectures this module loads: {architecture: (model_type, models)}.
-ARCHITECTURES = {
-    "GemmaForCausalLM": ("gemma", "Gemma (2B, 7B), CodeGemma"),
-    "Gemma2ForCausalLM": ("gemma2", "Gemma 2"),
-    "Gemma3ForCausalLM": ("gemma3_text", "Gemma 3, text-only checkpoints (e.g. gemma-3-1b)"),
-}
-
-# RoPE's inverse frequencies are recomputed, never read; some exports still carry them.
-IGNORED_TENSORS = re.compile(r".*rotary_emb\.\w*inv_freq$")
 
 # transformers' config defaults for the fields a config.json may leave out (an absent field takes
 # its class default there, which is not always ours: e.g. Gemma 2 caps logits at 30 by default).
@@ -286,3 +277,17 @@ def _gain(w: Tensor) -> Tensor:
     """Gemma's RMSNorm multiplies by (1 + w), computed in float32; ours multiplies by its gain.
     Kept in float32 here: a float32 load keeps 1 + w exact, a bf16 one rounds it once."""
     return w.float() + 1.0
+
+
+# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+FAMILIES = (Family(
+    architectures={
+        "GemmaForCausalLM": ("gemma", "Gemma (2B, 7B), CodeGemma"),
+        "Gemma2ForCausalLM": ("gemma2", "Gemma 2"),
+        "Gemma3ForCausalLM": ("gemma3_text", "Gemma 3, text-only checkpoints (e.g. gemma-3-1b)"),
+    },
+    model_config=model_config,
+    convert_tensors=convert_tensors,
+    # RoPE's inverse frequencies are recomputed, never read; some exports still carry them.
+    ignored_tensors=re.compile(r".*rotary_emb\.\w*inv_freq$"),
+),)

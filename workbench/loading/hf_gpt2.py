@@ -23,14 +23,9 @@ import re
 from torch import Tensor
 
 from workbench.config import ModelConfig
+from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
-
-# Buffers some GPT-2 checkpoints carry that are not parameters (the causal mask).
-# The architectures this module loads: {architecture: (model_type, models)}.
-ARCHITECTURES = {"GPT2LMHeadModel": ("gpt2", "GPT-2")}
-
-IGNORED_TENSORS = re.compile(r"(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)$")
 
 
 def model_config(hf: HFConfig, architecture: str = "GPT2LMHeadModel") -> ModelConfig:
@@ -89,3 +84,13 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
         out[f"{ours}.mlp._W_out_lin"] = take(f"{hf}.mlp.c_proj.weight", (M, D)).T
         out[f"{ours}.mlp.b_out"] = take(f"{hf}.mlp.c_proj.bias", (D,))
     return out
+
+
+# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+FAMILIES = (Family(
+    architectures={"GPT2LMHeadModel": ("gpt2", "GPT-2")},
+    model_config=model_config,
+    convert_tensors=convert_tensors,
+    # Buffers some GPT-2 checkpoints carry that are not parameters (the causal mask).
+    ignored_tensors=re.compile(r"(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)$"),
+),)

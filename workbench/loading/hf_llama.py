@@ -55,27 +55,10 @@ import torch
 from torch import Tensor
 
 from workbench.config import ModelConfig
+from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
 from workbench.loading.hf_experts import MOE_KINDS, dense_gated_mlp, moe_layer_fields, read_experts, with_moe_layers
-
-# The architectures this module loads: {architecture: (model_type, models)}.
-ARCHITECTURES = {
-    "LlamaForCausalLM": ("llama", "Llama 1-3 (RoPE scaling: linear, dynamic, llama3, yarn)"),
-    "MistralForCausalLM": ("mistral", "Mistral"),
-    "Qwen2ForCausalLM": ("qwen2", "Qwen2, Qwen2.5 (yarn, sliding windows on some layers)"),
-    "Qwen3ForCausalLM": ("qwen3", "Qwen3"),
-    "SmolLM3ForCausalLM": ("smollm3", "SmolLM3"),
-    "MixtralForCausalLM": ("mixtral", "Mixtral"),
-    "Qwen2MoeForCausalLM": ("qwen2_moe", "Qwen2-MoE, Qwen1.5-MoE (a sigmoid-gated shared expert)"),
-    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3-MoE"),
-    "GptOssForCausalLM": ("gpt_oss", "gpt-oss (attention sinks, alternating windows, clamped SwiGLU experts)"),
-    "OlmoForCausalLM": ("olmo", "OLMo"),
-    "Olmo2ForCausalLM": ("olmo2", "OLMo 2"),
-}
-
-# Buffers older checkpoints carry that are not parameters (RoPE's inverse frequencies are recomputed).
-IGNORED_TENSORS = re.compile(r".*rotary_emb\.inv_freq$")
 
 OLMO_LAYER_NORM_EPS = 1e-5  # OlmoLayerNorm's eps is fixed; its config has no field for it
 
@@ -348,3 +331,25 @@ def _attention(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, variant: Variant, 
     if cfg.attn_sinks:
         out[f"{ours}.sinks"] = ckpt.take(f"{hf}.sinks", (H,))
     return out
+
+
+# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+FAMILIES = (Family(
+    architectures={
+        "LlamaForCausalLM": ("llama", "Llama 1-3 (RoPE scaling: linear, dynamic, llama3, yarn)"),
+        "MistralForCausalLM": ("mistral", "Mistral"),
+        "Qwen2ForCausalLM": ("qwen2", "Qwen2, Qwen2.5 (yarn, sliding windows on some layers)"),
+        "Qwen3ForCausalLM": ("qwen3", "Qwen3"),
+        "SmolLM3ForCausalLM": ("smollm3", "SmolLM3"),
+        "MixtralForCausalLM": ("mixtral", "Mixtral"),
+        "Qwen2MoeForCausalLM": ("qwen2_moe", "Qwen2-MoE, Qwen1.5-MoE (a sigmoid-gated shared expert)"),
+        "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3-MoE"),
+        "GptOssForCausalLM": ("gpt_oss", "gpt-oss (attention sinks, alternating windows, clamped SwiGLU experts)"),
+        "OlmoForCausalLM": ("olmo", "OLMo"),
+        "Olmo2ForCausalLM": ("olmo2", "OLMo 2"),
+    },
+    model_config=model_config,
+    convert_tensors=convert_tensors,
+    # Buffers older checkpoints carry that are not parameters (RoPE's inverse frequencies are recomputed).
+    ignored_tensors=re.compile(r".*rotary_emb\.inv_freq$"),
+),)

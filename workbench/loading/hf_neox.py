@@ -50,21 +50,9 @@ import torch
 from torch import Tensor
 
 from workbench.config import ModelConfig
+from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig, per_layer_config
-
-# The architectures this module loads: {architecture: (model_type, models)}.
-ARCHITECTURES = {
-    "GPTNeoXForCausalLM": ("gpt_neox", "GPT-NeoX, Pythia (partial RoPE; parallel or sequential blocks)"),
-    "GPTJForCausalLM": ("gptj", "GPT-J"),
-    "GPTNeoForCausalLM": ("gpt_neo", "GPT-Neo, TinyStories (global and local attention layers)"),
-}
-
-# Buffers older checkpoints carry that are not parameters: causal masks (``bias``, ``masked_bias``)
-# and RoPE's inverse frequencies, all recomputed.
-IGNORED_TENSORS = re.compile(
-    r"gpt_neox\.(layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)|rotary_emb\.inv_freq)"
-    r"|transformer\.h\.\d+\.attn\.(attention\.)?(bias|masked_bias)")
 
 _NEOX_DEFAULT_ROTARY_FACTOR = 0.25  # transformers' default when neither rope_parameters nor rotary_pct says
 _GPTJ_ROTARY_BASE = 10000.0  # GPT-J's sinusoid table has a fixed base (create_sinusoidal_positions)
@@ -297,3 +285,20 @@ def _attention(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, layout: Layout, hf
 
 def _layer_norm(ckpt: SafetensorsCheckpoint, hf: str, ours: str, D: int) -> dict[str, Tensor]:
     return {f"{ours}.w": ckpt.take(f"{hf}.weight", (D,)), f"{ours}.b": ckpt.take(f"{hf}.bias", (D,))}
+
+
+# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+FAMILIES = (Family(
+    architectures={
+        "GPTNeoXForCausalLM": ("gpt_neox", "GPT-NeoX, Pythia (partial RoPE; parallel or sequential blocks)"),
+        "GPTJForCausalLM": ("gptj", "GPT-J"),
+        "GPTNeoForCausalLM": ("gpt_neo", "GPT-Neo, TinyStories (global and local attention layers)"),
+    },
+    model_config=model_config,
+    convert_tensors=convert_tensors,
+    # Buffers older checkpoints carry that are not parameters: causal masks (``bias``, ``masked_bias``)
+    # and RoPE's inverse frequencies, all recomputed.
+    ignored_tensors=re.compile(
+        r"gpt_neox\.(layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)|rotary_emb\.inv_freq)"
+        r"|transformer\.h\.\d+\.attn\.(attention\.)?(bias|masked_bias)"),
+),)

@@ -40,7 +40,6 @@ views them so), so Q, K and V are the [:, 0], [:, 1], [:, 2] slices::
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -49,17 +48,9 @@ from torch import Tensor
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError
+from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
-
-# The architectures this module loads: {architecture: (model_type, models)}.
-ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "OPTForCausalLM": ("opt", "OPT (pre-norm and OPT-350m's post-norm with word_embed_proj_dim)"),
-    "BloomForCausalLM": ("bloom", "BLOOM, BLOOMZ"),
-}
-
-# Tensors in such checkpoints that are not parameters (buffers), never reported as unexpected.
-IGNORED_TENSORS = re.compile(r"$^")
 
 # OPT looks position p up at row p + 2 of embed_positions (fairseq reserved rows for padding).
 OPT_POSITION_OFFSET = 2
@@ -263,3 +254,14 @@ VARIANTS = {
     "OPTForCausalLM": Variant(config=opt_config, tensors=opt_tensors),
     "BloomForCausalLM": Variant(config=bloom_config, tensors=bloom_tensors),
 }
+
+
+# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+FAMILIES = (Family(
+    architectures={
+        "OPTForCausalLM": ("opt", "OPT (pre-norm and OPT-350m's post-norm with word_embed_proj_dim)"),
+        "BloomForCausalLM": ("bloom", "BLOOM, BLOOMZ"),
+    },
+    model_config=model_config,
+    convert_tensors=convert_tensors,
+),)

@@ -48,18 +48,9 @@ import torch
 from torch import Tensor
 
 from workbench.config import ModelConfig
+from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
-
-# The architectures this module loads: {architecture: (model_type, models)}.
-ARCHITECTURES = {
-    "PhiForCausalLM": ("phi", "Phi-1, Phi-1.5, Phi-2"),
-    "Phi3ForCausalLM": ("phi3", "Phi-3 4k-context, Phi-4 (unscaled RoPE; the longrope of the 128k and Phi-3.5 checkpoints is refused)"),
-    "StableLmForCausalLM": ("stablelm", "StableLM-3B-4E1T, StableLM 2, StableCode"),
-}
-
-# Buffers older checkpoints carry that are not parameters (RoPE's inverse frequencies are recomputed).
-IGNORED_TENSORS = re.compile(r".*rotary_emb\.inv_freq$")
 
 
 @dataclass(frozen=True)
@@ -271,3 +262,17 @@ def _mlp(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, variant: Variant, hf: st
         out.update({f"{ours}._W_gate_lin": ckpt.take(f"{hf}.gate_proj.weight", (M, D)),
                     f"{ours}._W_in_lin": ckpt.take(f"{hf}.up_proj.weight", (M, D))})
     return out
+
+
+# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+FAMILIES = (Family(
+    architectures={
+        "PhiForCausalLM": ("phi", "Phi-1, Phi-1.5, Phi-2"),
+        "Phi3ForCausalLM": ("phi3", "Phi-3 4k-context, Phi-4 (unscaled RoPE; the longrope of the 128k and Phi-3.5 checkpoints is refused)"),
+        "StableLmForCausalLM": ("stablelm", "StableLM-3B-4E1T, StableLM 2, StableCode"),
+    },
+    model_config=model_config,
+    convert_tensors=convert_tensors,
+    # Buffers older checkpoints carry that are not parameters (RoPE's inverse frequencies are recomputed).
+    ignored_tensors=re.compile(r".*rotary_emb\.inv_freq$"),
+),)

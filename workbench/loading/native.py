@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
-from workbench.loading.placement import Placement, build_model
+from workbench.loading.build import build_model, runtime_config
+from workbench.loading.placement import Placement
 from workbench.model import Decoder
 from workbench.saving import CONFIG_FILE, FORMAT_TAG, WEIGHTS_FILE
 from workbench.tokenizer import Tokenizer
@@ -37,7 +38,8 @@ def native_config(directory: Union[str, Path]) -> ModelConfig:
     """The ``ModelConfig`` a directory written by ``Decoder.save`` holds (no weights read).
 
     Example:
-        >>> native_config("runs/my-model").n_layers   # doctest: +SKIP
+        >>> from workbench.loading.registry import ZOO
+        >>> native_config(ZOO / "toy-attn-2l").n_layers
         2
     """
     config_path = Path(directory) / CONFIG_FILE
@@ -57,13 +59,14 @@ def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype
     """Rebuilds a model written by ``Decoder.save`` (``workbench.saving``).
 
     Example:
-        >>> load_native("runs/my-model", attn_impl="eager")   # doctest: +SKIP
+        >>> from workbench.loading.registry import ZOO
+        >>> load_native(ZOO / "toy-attn-2l", attn_impl="eager").cfg.attn_impl
+        'eager'
     """
     directory = Path(directory)
     weights_path = directory / WEIGHTS_FILE
     cfg = native_config(directory)
-    overrides = {k: v for k, v in (("attn_impl", attn_impl), ("dtype", dtype)) if v is not None}
-    cfg = cfg.replace(**overrides)
+    runtime_config(cfg, dtype=dtype, attn_impl=attn_impl)  # a bad option fails before the weights are read
     if not weights_path.exists():
         raise CheckpointError(f"{weights_path}: weights file not found")
     try:
@@ -71,4 +74,5 @@ def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype
     except (SafetensorError, OSError) as error:
         raise CheckpointError(f"{weights_path}: unreadable or truncated safetensors file ({error})") from error
     tokenizer = Tokenizer.from_directory(directory) if (directory / "tokenizer.json").exists() else None
-    return build_model(cfg, tokenizer, _current_names(tensors), str(weights_path), device, placement)
+    return build_model(cfg, tokenizer, _current_names(tensors), str(weights_path), dtype=dtype, attn_impl=attn_impl,
+                       device=device, placement=placement)

@@ -1,8 +1,8 @@
-"""Models across devices through ``accelerate``: blocks on GPUs and the CPU, offloaded to disk.
+"""Where a model's weights go across devices: blocks on GPUs and the CPU, offloaded to disk.
 
-``load_model(..., device_map=...)`` comes here once a loader has read and checked every tensor.
-The model is built without memory (``accelerate.init_empty_weights``), each tensor goes straight to
-the device its module is mapped to (or into ``offload_folder`` for "disk"), and
+``load_model(..., device_map=...)`` asks here, once a loader has read and checked every tensor,
+which device each unit goes to (``resolve_device_map``) and readies the folder for blocks on
+"disk" (``prepare_offload_folder``); ``workbench.loading.build`` then builds the model there and
 ``accelerate.dispatch_model`` adds the hooks that move activations between devices and read an
 offloaded block from disk for its forward pass only.
 
@@ -13,37 +13,29 @@ weights directly (the unembedding for logit differences, the final norm for the 
 a small part of a large model. Blocks mapped to "cpu" run on the CPU; blocks on "disk" are read into
 memory for their forward and run on the CPU.
 
-``plan`` answers the same question before anything is loaded: the weights' and a cache's bytes per
-device, from a model built on the meta device.
+Nothing here builds a model or moves a weight: it computes placements from a model's parameter
+shapes (a model on the meta device will do). ``workbench.loading.memory_plan`` answers the same
+question before anything is loaded.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Union
 
-import pandas as pd
 import torch
-from torch import Tensor
 
-from workbench.config import ModelConfig
 from workbench.errors import ConfigError
-from workbench.extras import require
-from workbench.loading.weights import assign_weights, check_weights
 from workbench.memory import readable_bytes
 from workbench.model import Decoder
-from workbench.tokenizer import Tokenizer
 
 DeviceMapSpec = Union[str, Mapping[str, Union[int, str, torch.device]]]
 MaxMemory = Optional[Mapping[Union[int, str], Union[int, str]]]
 AUTO_MAPS = ("auto", "sequential")
 OFFLOAD_INDEX = "index.json"
-FEATURE = "device maps and offloading"
 
 
 @dataclass(frozen=True)
@@ -65,8 +57,8 @@ def units(model: Decoder) -> list[str]:
     """The modules a device map assigns, in forward order: top-level modules with weights, then each block.
 
     Example:
-        >>> units(wb.Decoder(wb.ModelConfig(n_layers=2, d_model=8, n_heads=2, d_vocab=10, n_ctx=4)))   # doctest: +SKIP
-        ['embed', 'pos_embed', 'ln_final', 'unembed', 'blocks.0', 'blocks.1']
+        >>> units(model)   # toy-attn-2l: rotary, so no pos_embed
+        ['embed', 'ln_final', 'unembed', 'blocks.0', 'blocks.1']
     """
     top = [name for name, module in model.named_children()
            if name != "blocks" and next(module.parameters(), None) is not None]
@@ -111,37 +103,30 @@ def device_label(device: Union[int, str, torch.device]) -> str:
     return "cpu"
 
 
-def _accelerate_device(label: str) -> Union[int, str]:
+def accelerate_device(label: str) -> Union[int, str]:
+    """A device label as ``accelerate`` names it: "cuda:N" -> N; "cpu" and "disk" as they are.
+
+    Example:
+        >>> accelerate_device("cuda:1"), accelerate_device("cpu"), accelerate_device("disk")
+        (1, 'cpu', 'disk')
+    """
     return int(label.split(":")[1]) if label.startswith("cuda:") else label
 
 
 def _check_devices_exist(device_map: Mapping[str, str]) -> None:
     for unit, label in device_map.items():
-        index = _accelerate_device(label)
+        index = accelerate_device(label)
         if isinstance(index, int) and index >= torch.cuda.device_count():
             raise ConfigError(f"device_map['{unit}'] = '{label}', but this machine has "
                               f"{torch.cuda.device_count()} CUDA device(s)")
-
-
-def empty_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer] = None) -> Decoder:
-    """A ``Decoder`` whose parameters are on the meta device (no memory), tied as in a real one, and
-    whose tables (RoPE, ALiBi, sinusoidal) are real CPU buffers: parameter shapes and placement
-    without the weights.
-
-    Example:
-        >>> empty_model(cfg).embed.W_E.device   # doctest: +SKIP
-        device(type='meta')
-    """
-    with torch.device("meta"):
-        return Decoder(cfg, tokenizer=tokenizer, init_weights=False)
 
 
 def unit_bytes(model: Decoder) -> dict[str, int]:
     """Bytes of each unit's parameters (a parameter two units share counts once, in the first).
 
     Example:
-        >>> unit_bytes(model)["blocks.0"]   # doctest: +SKIP
-        13271040
+        >>> unit_bytes(model)["blocks.0"]   # 4 [128, 128] float32 projections and a LayerNorm's two [128]
+        263168
     """
     out = {unit: 0 for unit in units(model)}
     for name, param in model.named_parameters():  # named_parameters lists a shared one once
@@ -159,7 +144,7 @@ def resolve_device_map(model: Decoder, placement: Placement) -> dict[str, str]:
 
     Example:
         >>> resolve_device_map(model, Placement({"embed": "cpu", "unembed": "cpu", "ln_final": "cpu",
-        ...                                      "blocks.0": "cpu", "blocks.1": "disk"}))   # doctest: +SKIP
+        ...                                      "blocks.0": "cpu", "blocks.1": "disk"}))
         {'embed': 'cpu', 'ln_final': 'cpu', 'unembed': 'cpu', 'blocks.0': 'cpu', 'blocks.1': 'disk'}
     """
     spec = placement.device_map
@@ -213,7 +198,7 @@ def _budgets(max_memory: MaxMemory) -> dict[str, int]:
         for key, value in max_memory.items():
             label = device_label(key)
             if label != "disk":  # disk has no budget: whatever does not fit goes there
-                normalised[_accelerate_device(label)] = value
+                normalised[accelerate_device(label)] = value
         try:
             found = get_max_memory(normalised)
         except ValueError as error:
@@ -257,8 +242,17 @@ def _fill(model: Decoder, max_memory: MaxMemory, balanced: bool) -> dict[str, st
     return device_map
 
 
-def _prepare_offload_folder(folder: Optional[Union[str, Path]], device_map: Mapping[str, str]) -> Optional[Path]:
-    """The offload folder, empty and ready (a previous offload there is cleared), or None without disk units."""
+def prepare_offload_folder(folder: Optional[Union[str, Path]], device_map: Mapping[str, str]) -> Optional[Path]:
+    """The offload folder, empty and ready (a previous offload there is cleared), or None without disk units.
+
+    Example:
+        >>> prepare_offload_folder(None, {"embed": "cpu", "blocks.0": "cpu"}) is None   # nothing goes to disk
+        True
+        >>> prepare_offload_folder(None, {"embed": "cpu", "blocks.0": "disk"})
+        Traceback (most recent call last):
+        ...
+        workbench.errors.ConfigError: the device map puts blocks.0 on 'disk' (1 block(s)): pass offload_folder= for their weights
+    """
     on_disk = [unit for unit, device in device_map.items() if device == "disk"]
     if not on_disk:
         return None
@@ -272,14 +266,24 @@ def _prepare_offload_folder(folder: Optional[Union[str, Path]], device_map: Mapp
         if not (folder / OFFLOAD_INDEX).is_file():
             raise ConfigError(f"offload_folder {folder}: not empty and not an earlier offload (no {OFFLOAD_INDEX}); "
                               "use an empty or new directory")
-        _clear_offload(folder)
+        clear_offload(folder)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
-def _clear_offload(folder: Path, names=None) -> None:
+def clear_offload(folder: Path, names=None) -> None:
     """Removes an offload's files, nothing else: the weights ``names`` lists (default: those its index
-    lists) and the index."""
+    lists) and the index.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / "blocks.1.ln1.w.dat").write_bytes(b"weights"), (folder / "notes.txt").write_text("kept")
+        >>> _ = (folder / OFFLOAD_INDEX).write_text('{"blocks.1.ln1.w": {}}')
+        >>> clear_offload(folder)
+        >>> sorted(path.name for path in folder.iterdir())
+        ['notes.txt']
+    """
     if names is None:
         try:
             names = json.loads((folder / OFFLOAD_INDEX).read_text())
@@ -289,142 +293,4 @@ def _clear_offload(folder: Path, names=None) -> None:
         (folder / f"{name}.dat").unlink(missing_ok=True)
     (folder / OFFLOAD_INDEX).unlink(missing_ok=True)
 
-
-def build_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: dict[str, Tensor], source: str,
-                device: str = "cpu", placement: Optional[Placement] = None) -> Decoder:
-    """Every loader's last step: the model holding ``tensors`` (read and converted by the loader), on
-    ``device``, or placed across devices by ``placement``; in eval mode.
-
-    Example:
-        >>> model = build_model(cfg, tokenizer, tensors, "ckpt/model.safetensors", device="cpu")   # doctest: +SKIP
-    """
-    if placement is not None:
-        return build_dispatched(cfg, tokenizer, tensors, source, placement)
-    model = Decoder(cfg, tokenizer=tokenizer, init_weights=False)
-    assign_weights(model, tensors, source, move=True)
-    return model.to(device).eval()
-
-
-def build_dispatched(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: dict[str, Tensor], source: str,
-                     placement: Placement) -> Decoder:
-    """A ``Decoder`` holding ``tensors`` placed by ``placement`` and dispatched by accelerate.
-
-    Each tensor goes from the loader straight to its unit's device (cast to ``cfg.dtype``) or into the
-    offload folder; the model's ``device_map`` attribute records the map and ``cfg.device`` is the
-    embedding's device (where tokens go). On any error the files written so far are removed.
-
-    Example:
-        >>> model = build_dispatched(cfg, tokenizer, tensors, "ckpt", Placement("auto"))   # doctest: +SKIP
-    """
-    require("accelerate", FEATURE)
-    from accelerate import dispatch_model
-    from accelerate.utils import find_tied_parameters, offload_weight, retie_parameters, set_module_tensor_to_device
-
-    model = empty_model(cfg, tokenizer)
-    check_weights(model, tensors, source)
-    device_map = resolve_device_map(model, placement)
-    folder = _prepare_offload_folder(placement.offload_folder, device_map)
-    ties = find_tied_parameters(model)
-    first = units(model)[0]  # where tokens enter
-    index: dict = {}
-    try:
-        for name in list(tensors):
-            value = tensors.pop(name).to(cfg.dtype)  # dropped from the loader's dict as it is placed
-            device = device_map[unit_of(name)]
-            if device == "disk":
-                offload_weight(value, name, str(folder), index)
-            else:
-                set_module_tensor_to_device(model, name, _accelerate_device(device), value=value)
-        retie_parameters(model, ties)
-        if index:
-            (folder / OFFLOAD_INDEX).write_text(json.dumps(index, indent=1))
-        main_device = "cpu" if "cpu" in device_map.values() or "disk" in device_map.values() else \
-            _accelerate_device(device_map[first])
-        with _quiet_accelerate():
-            dispatch_model(model, {unit: _accelerate_device(device) for unit, device in device_map.items()},
-                           main_device=main_device, offload_dir=str(folder) if folder else None,
-                           preload_module_classes=["TransformerBlock"], force_hooks=True)
-    except BaseException:
-        if folder is not None:
-            _clear_offload(folder, index)  # what this load wrote, index file or not
-        raise
-    model.cfg = model.cfg.replace(device=device_map[first])
-    model.device_map = device_map
-    return model.eval()
-
-
-@contextmanager
-def _quiet_accelerate():
-    """Silences dispatch_model's warning that offloaded parameters sit on the meta device (expected here;
-    ``model.device_map`` says where each block is)."""
-    logger = logging.getLogger("accelerate.big_modeling")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-def plan(cfg: ModelConfig, placement: Placement, batch: int = 1, pos: int = 1024,
-         names_filter=None) -> pd.DataFrame:
-    """Per device: the units placed there, their weights' bytes, and the bytes ``run_with_cache`` of
-    ``batch`` x ``pos`` tokens caches there (every hook, or ``names_filter``'s; each hook's activation
-    stays on its block's device). Nothing is loaded: the shapes come from a forward pass on the meta device.
-
-    Example:
-        >>> plan(cfg, Placement("auto", max_memory={"cpu": "200MiB"}), batch=8, pos=128)   # doctest: +SKIP
-    """
-    model = empty_model(cfg)
-    device_map = resolve_device_map(model, placement)
-    sizes = unit_bytes(model)
-    cache = _cache_bytes_per_unit(model, batch, min(pos, cfg.n_ctx), names_filter)
-    rows = []
-    for device in dict.fromkeys(device_map.values()):
-        placed = [unit for unit, where in device_map.items() if where == device]
-        cache_device = "cpu" if device == "disk" else device  # an offloaded block runs on the CPU
-        rows.append({"device": device, "units": _describe(placed), "weights_bytes": sum(sizes[u] for u in placed),
-                     "cache_bytes": sum(cache.get(u, 0) for u in placed), "cache_on": cache_device})
-    table = pd.DataFrame(rows)
-    table["weights"] = table["weights_bytes"].map(readable_bytes)
-    table["cache"] = table["cache_bytes"].map(readable_bytes)
-    table.attrs.update(dtype=str(cfg.dtype).removeprefix("torch."), batch=batch, pos=min(pos, cfg.n_ctx))
-    return table
-
-
-def _describe(placed: list[str]) -> str:
-    """'embed, unembed, blocks.0-11' for a list of units."""
-    top = [unit for unit in placed if not unit.startswith("blocks.")]
-    layers = [int(unit.split(".")[1]) for unit in placed if unit.startswith("blocks.")]
-    runs, start = [], None
-    for index, layer in enumerate(layers):
-        if start is None:
-            start = layer
-        if index + 1 == len(layers) or layers[index + 1] != layer + 1:
-            runs.append(f"blocks.{start}" if start == layer else f"blocks.{start}-{layer}")
-            start = None
-    return ", ".join(top + runs)
-
-
-@torch.no_grad()
-def _cache_bytes_per_unit(model: Decoder, batch: int, pos: int, names_filter) -> dict[str, int]:
-    """Bytes each unit's hooks would cache for [batch, pos] tokens, from a forward pass on the meta device."""
-    model = model.to("meta")
-    _, caching_hooks, _ = model.get_caching_hooks(names_filter)
-    wanted = {name for name, _ in caching_hooks}
-    found: dict[str, int] = {}
-
-    def record(tensor: Tensor, hook) -> None:
-        found[hook.name] = tensor.numel() * tensor.element_size()
-
-    resid_BPD = torch.empty(batch, pos, model.cfg.d_model, device="meta", dtype=model.cfg.dtype)
-    with model.hooks(fwd_hooks=[(name, record) for name in wanted]):
-        for name in ("hook_embed", "hook_pos_embed"):  # before the first block: the run starts at layer 0
-            if name in wanted:
-                model.hook_dict[name](resid_BPD)
-        model(resid_BPD, start_at_layer=0, return_type=None)
-    out: dict[str, int] = {}
-    for name, n_bytes in found.items():
-        out[unit_of(name)] = out.get(unit_of(name), 0) + n_bytes
-    return out
 

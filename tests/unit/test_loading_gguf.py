@@ -1,0 +1,69 @@
+"""A GGUF load reads shapes from the file's metadata and builds its model once: every tensor's shape is
+what the config implies (checked before anything is dequantised), and a hostile file is refused before
+anything is allocated for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import workbench as wb
+from tests.integration.gguf_tiny import D_MLP, tiny_llama, write_gguf
+from workbench.loading import gguf_loader
+from workbench.loading.build import empty_model
+from workbench.loading.gguf_loader import GGUFFile, expected_tensors, model_config_from_gguf, read_tensors
+
+BASE = dict(n_layers=2, d_model=16, n_heads=4, n_key_value_heads=2, d_mlp=24, d_vocab=30, n_ctx=8,
+            normalization="RMS", positional="rotary", act_fn="silu", gated_mlp=True)
+CONFIGS = {
+    "tied": {},
+    "untied": dict(tie_embeddings=False),
+    "biased": dict(attn_bias=True),
+    "experts": dict(num_experts=4, experts_per_token=2),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory) -> Path:
+    return write_gguf(tiny_llama(), tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_expected_shapes_are_the_decoders_own(name):
+    """The shapes a config implies (no model built) are those of the model built from it."""
+    cfg = wb.ModelConfig(**BASE, **CONFIGS[name])
+    params = {n: tuple(p.shape) for n, p in empty_model(cfg).state_dict(keep_vars=True).items()}
+    if cfg.tie_embeddings:
+        params.pop("unembed._W_U_lin")  # the embedding itself, under a second name
+    output_biases = {n: params.pop(n) for n in list(params) if n.endswith(".attn.b_O")}  # read beside the table
+    assert {n: e.shape for n, e in expected_tensors(cfg).items()} == params
+    assert set(output_biases.values()) <= {(cfg.d_model,)}
+
+
+def test_a_gguf_load_builds_one_model(tiny_gguf, monkeypatch):
+    built = []
+    real_init = wb.Decoder.__init__
+    monkeypatch.setattr(wb.Decoder, "__init__", lambda self, *a, **k: built.append(1) or real_init(self, *a, **k))
+    model = wb.load_model(tiny_gguf)
+    assert len(built) == 1 and model.cfg.n_layers == 2
+
+
+def test_a_hostile_block_count_is_refused_before_any_layer_is_listed(tiny_gguf):
+    file = GGUFFile(tiny_gguf)
+    cfg = model_config_from_gguf(file).replace(n_layers=10**12)
+    with pytest.raises(wb.CheckpointError, match=r"tiny\.gguf: 1000000000000 layers \(field 'llama\.block_count'\), "
+                                                 r"but the file holds only \d+ tensors"):
+        read_tensors(file, cfg)
+
+
+def test_every_shape_is_checked_before_anything_is_dequantised(tiny_gguf, monkeypatch):
+    def must_not_run(*args):
+        raise AssertionError("dequantised before every shape was checked")
+
+    monkeypatch.setattr(gguf_loader, "_dequantised", must_not_run)
+    file = GGUFFile(tiny_gguf)
+    cfg = model_config_from_gguf(file).replace(d_mlp=D_MLP + 1)
+    with pytest.raises(wb.CheckpointError, match=rf"tiny\.gguf: tensor 'blk\.0\.ffn_gate\.weight' has shape "
+                                                 rf"\({D_MLP}, 64\) \(rows, cols as stored\), expected \({D_MLP + 1}, 64\)"):
+        read_tensors(file, cfg)

@@ -1,0 +1,152 @@
+"""Every loader's last step: the ``Decoder`` holding the tensors a loader has read, converted and checked.
+
+``build_model`` puts the model on one device, or (with a ``Placement``) hands it to
+``build_dispatched``, which builds it without memory, sends each tensor straight to the device
+``workbench.loading.placement`` maps its unit to (or into the offload folder for "disk") and lets
+``accelerate.dispatch_model`` add the hooks that move activations between devices.
+
+The load's runtime options (``dtype``, ``attn_impl``, the device) reach the model in one function,
+``runtime_config``: loaders pass them to ``build_model`` and never set them on the config themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import contextmanager
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from workbench.config import ModelConfig
+from workbench.extras import require
+from workbench.loading.placement import (OFFLOAD_INDEX, Placement, accelerate_device, clear_offload,
+                                         prepare_offload_folder, resolve_device_map, unit_of, units)
+from workbench.loading.weights import assign_weights, check_weights
+from workbench.model import Decoder
+from workbench.tokenizer import Tokenizer
+
+FEATURE = "device maps and offloading"
+
+
+def runtime_config(cfg: ModelConfig, *, dtype: Optional[torch.dtype] = None, attn_impl: Optional[str] = None,
+                   device: Optional[str] = None) -> ModelConfig:
+    """``cfg`` carrying a load's runtime options (None keeps ``cfg``'s own): the one place they meet the model.
+
+    Today dtype, attention implementation and device are ``ModelConfig`` fields, so this is
+    ``cfg.replace``, which validates them (a ``ConfigError`` naming the field). Loaders call it only
+    to fail early on a bad option; the model gets the options from ``build_model``.
+
+    Example:
+        >>> cfg = runtime_config(model.cfg, dtype=torch.bfloat16, attn_impl="eager")
+        >>> cfg.dtype, cfg.attn_impl, cfg.device
+        (torch.bfloat16, 'eager', 'cpu')
+        >>> runtime_config(model.cfg, attn_impl="fast")
+        Traceback (most recent call last):
+        ...
+        workbench.errors.ConfigError: ModelConfig.attn_impl must be one of ('eager', 'sdpa', 'flash'), got 'fast'
+    """
+    options = {name: value for name, value in (("dtype", dtype), ("attn_impl", attn_impl), ("device", device))
+               if value is not None}
+    return cfg.replace(**options) if options else cfg
+
+
+def empty_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer] = None) -> Decoder:
+    """A ``Decoder`` whose parameters are on the meta device (no memory), tied as in a real one, and
+    whose tables (RoPE, ALiBi, sinusoidal) are real CPU buffers: parameter shapes and placement
+    without the weights.
+
+    Example:
+        >>> meta = empty_model(model.cfg)
+        >>> meta.embed.W_E.device, meta.embed.W_E.shape == model.embed.W_E.shape
+        (device(type='meta'), True)
+    """
+    with torch.device("meta"):
+        return Decoder(cfg, tokenizer=tokenizer, init_weights=False)
+
+
+def build_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: dict[str, Tensor], source: str, *,
+                dtype: Optional[torch.dtype] = None, attn_impl: Optional[str] = None, device: str = "cpu",
+                placement: Optional[Placement] = None) -> Decoder:
+    """Every loader's last step: the model holding ``tensors`` (read and converted by the loader), in
+    ``dtype`` with ``attn_impl`` (None: ``cfg``'s), on ``device`` or placed across devices by
+    ``placement``; in eval mode. The tensors are handed over (each becomes its parameter's storage).
+
+    Example:
+        >>> tensors = {name: p.detach().clone() for name, p in model.state_dict().items()}
+        >>> rebuilt = build_model(model.cfg, model.tokenizer, tensors, "in memory", dtype=torch.float64)
+        >>> rebuilt.cfg.dtype, torch.allclose(rebuilt(tokens), model(tokens).double(), atol=1e-4)
+        (torch.float64, True)
+    """
+    cfg = runtime_config(cfg, dtype=dtype, attn_impl=attn_impl)
+    if placement is not None:
+        return build_dispatched(cfg, tokenizer, tensors, source, placement)
+    model = Decoder(cfg, tokenizer=tokenizer, init_weights=False)
+    assign_weights(model, tensors, source, move=True)
+    return model.to(device).eval()  # .to() records the device in the config
+
+
+def build_dispatched(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: dict[str, Tensor], source: str,
+                     placement: Placement) -> Decoder:
+    """A ``Decoder`` holding ``tensors`` placed by ``placement`` and dispatched by accelerate.
+
+    Each tensor goes from the loader straight to its unit's device (cast to ``cfg.dtype``) or into the
+    offload folder; the model's ``device_map`` attribute records the map and ``cfg.device`` is the
+    embedding's device (where tokens go). On any error the files written so far are removed.
+
+    Example:
+        >>> tensors = {name: p.detach().clone() for name, p in model.state_dict().items()}
+        >>> spread = build_dispatched(model.cfg, model.tokenizer, tensors, "in memory",
+        ...                           Placement({"embed": "cpu", "blocks": "cpu", "ln_final": "cpu", "unembed": "cpu"}))
+        >>> spread.device_map["blocks.1"], torch.equal(spread(tokens), model(tokens))
+        ('cpu', True)
+    """
+    require("accelerate", FEATURE)
+    from accelerate import dispatch_model
+    from accelerate.utils import find_tied_parameters, offload_weight, retie_parameters, set_module_tensor_to_device
+
+    model = empty_model(cfg, tokenizer)
+    check_weights(model, tensors, source)
+    device_map = resolve_device_map(model, placement)
+    folder = prepare_offload_folder(placement.offload_folder, device_map)
+    ties = find_tied_parameters(model)
+    first = units(model)[0]  # where tokens enter
+    index: dict = {}
+    try:
+        for name in list(tensors):
+            value = tensors.pop(name).to(cfg.dtype)  # dropped from the loader's dict as it is placed
+            device = device_map[unit_of(name)]
+            if device == "disk":
+                offload_weight(value, name, str(folder), index)
+            else:
+                set_module_tensor_to_device(model, name, accelerate_device(device), value=value)
+        retie_parameters(model, ties)
+        if index:
+            (folder / OFFLOAD_INDEX).write_text(json.dumps(index, indent=1))
+        main_device = "cpu" if "cpu" in device_map.values() or "disk" in device_map.values() else \
+            accelerate_device(device_map[first])
+        with _quiet_accelerate():
+            dispatch_model(model, {unit: accelerate_device(device) for unit, device in device_map.items()},
+                           main_device=main_device, offload_dir=str(folder) if folder else None,
+                           preload_module_classes=["TransformerBlock"], force_hooks=True)
+    except BaseException:
+        if folder is not None:
+            clear_offload(folder, index)  # what this load wrote, index file or not
+        raise
+    model.cfg = runtime_config(model.cfg, device=device_map[first])  # dispatch moves weights without .to()
+    model.device_map = device_map
+    return model.eval()
+
+
+@contextmanager
+def _quiet_accelerate():
+    """Silences dispatch_model's warning that offloaded parameters sit on the meta device (expected here;
+    ``model.device_map`` says where each block is)."""
+    logger = logging.getLogger("accelerate.big_modeling")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
