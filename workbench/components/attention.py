@@ -40,7 +40,7 @@ from workbench.components.attention_kernels import FAST_KERNELS, MaskSpec, eager
 from workbench.components.norm import make_norm
 from workbench.components.rotary import Rotary, alibi_slopes
 from workbench.config import ModelConfig
-from workbench.hook_point import HookPoint
+from workbench.hook_point import HookPoint, is_observed
 
 
 class AttentionBase(nn.Module):
@@ -87,15 +87,16 @@ class AttentionBase(nn.Module):
 
     def project_out(self, z_BPHJ: Float[Tensor, "batch pos n_heads d_head_v"]) -> Float[Tensor, "batch pos d_model"]:
         """The output projection, through per-head results (``hook_result``) when something needs them."""
-        if self.use_attn_result or _is_hooked(self.hook_result):
+        if self.use_attn_result or is_observed(self.hook_result):
             result_BPHD = self.hook_result(torch.einsum("bphk,hkd->bphd", z_BPHJ, self.W_O))
             out = result_BPHD.sum(dim=2)
             return out if self.b_O is None else out + self.b_O
         return F.linear(z_BPHJ.flatten(-2), self._W_O_lin, self.b_O)
 
     def pattern_is_hooked(self) -> bool:
-        """True when a hook on scores, pattern or sink weight needs them materialised (forces eager here)."""
-        return any(_is_hooked(getattr(self, name)) for name in PATTERN_HOOKS if hasattr(self, name))
+        """True when anything observes scores, pattern or sink weight (``workbench.hook_point.is_observed``),
+        which then must be materialised (forces eager here)."""
+        return any(is_observed(getattr(self, name)) for name in PATTERN_HOOKS if hasattr(self, name))
 
     @property
     def W_O(self) -> Float[Tensor, "n_heads d_head_v d_model"]:
@@ -233,12 +234,6 @@ def _project(x: Tensor, W_lin: Tensor, b_lin: Optional[Tensor], n: int, K: int) 
 
 
 PATTERN_HOOKS = ("hook_attn_scores", "hook_pattern", "hook_sink_weight")
-
-
-def _is_hooked(hook_point: HookPoint) -> bool:
-    # Forward hooks (TransformerLens's, its caching hooks) and backward hooks register on the module;
-    # run_with_cache's plain path stores through the point itself (cache_into): every way to read it.
-    return bool(hook_point._forward_hooks or hook_point._backward_hooks or hook_point.cache_into is not None)
 
 
 class LayerKVCache:
