@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from jaxtyping import Float, Int
@@ -31,9 +31,8 @@ from workbench.hook_point import caching
 from workbench.loss import next_token_loss
 from workbench.memory import readable_bytes
 from workbench.tokens_api import TextOrTokens, check_attention_mask
+from workbench.host import DecoderHost
 
-if TYPE_CHECKING:
-    from workbench.model import Decoder
 
 RETURN_TYPES = ("logits", "loss", "both", None)
 # TransformerLens's run_with_cache options that have no meaning when the rows run in batches.
@@ -79,7 +78,7 @@ def available_disk(directory: Path) -> int:
     return shutil.disk_usage(directory).free
 
 
-def cache_size(model: "Decoder", tokens: TextOrTokens, names_filter: Any = None,
+def cache_size(model: DecoderHost, tokens: TextOrTokens, names_filter: Any = None,
                attention_mask: Optional[Int[Tensor, "batch pos"]] = None) -> int:
     """Bytes that ``model.run_with_cache(tokens, names_filter=..., attention_mask=...)`` would cache,
     found by running one row only (``tokens[:1]`` at the full width): each selected hook's shape and
@@ -109,7 +108,7 @@ class _ShapeRecorder(dict):
 
 
 def run_with_cache_in_batches(
-    model: "Decoder",
+    model: DecoderHost,
     input: Union[TextOrTokens, Float[Tensor, "batch pos d_model"]],
     return_type: Optional[str] = "logits",
     *,
@@ -227,7 +226,7 @@ class _RowBuffers:
             self.tensors[name][start:stop].copy_(part)
 
 
-def _split_inputs(model: "Decoder", input: Any, attention_mask: Optional[Tensor], padding_side: str,
+def _split_inputs(model: DecoderHost, input: Any, attention_mask: Optional[Tensor], padding_side: str,
                   prepend_bos: Optional[bool], tokens: Optional[Tensor], start_at_layer: Optional[int]
                   ) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     """(what the model runs on, split by rows: ids [B, P] or a residual stream [B, P, D]; the bool

@@ -23,7 +23,7 @@ from __future__ import annotations
 import difflib
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from torch import Tensor
 from transformer_lens import ActivationCache
@@ -32,9 +32,14 @@ from transformer_lens.hook_points import HookPoint
 from workbench.cache_batches import run_with_cache_in_batches
 from workbench.errors import InputError
 from workbench.hook_point import caching, caching_hooks
+from workbench.host import DecoderHost
 
 
-class HookMethods:
+# Typed against the host it is mixed into (workbench.host.DecoderHost); at run time a plain base.
+_Host = DecoderHost if TYPE_CHECKING else object
+
+
+class HookMethods(_Host):
     """``hooks``, ``add_hook``, ``attached_hooks``, ``run_with_cache``, ``get_caching_hooks`` and ``layer_of`` for a
     ``HookedRootModule``."""
 

@@ -13,8 +13,8 @@ B, P = 3, 6
 
 def make_model(attn_impl: str = "sdpa") -> wb.Decoder:
     cfg = wb.ModelConfig(n_layers=2, d_model=32, n_heads=4, n_key_value_heads=2, d_vocab=50, n_ctx=16,
-                         normalization="RMS", positional="rotary", act_fn="silu", gated_mlp=True, attn_impl=attn_impl)
-    return wb.Decoder(cfg).eval()
+                         normalization="RMS", positional="rotary", act_fn="silu", gated_mlp=True)
+    return wb.Decoder(cfg, attn_impl=attn_impl).eval()
 
 
 def tokens() -> torch.Tensor:

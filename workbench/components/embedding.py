@@ -18,14 +18,15 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from workbench.config import ModelConfig
+from workbench.options import RuntimeOptions
 
 
 class Embed(nn.Module):
     """Token id -> vector: ``W_E`` [V, D], times ``embed_scale`` (Gemma's sqrt(d_model))."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
-        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=cfg.dtype))
+        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=options.dtype))
         self.embed_scale = cfg.embed_scale
 
     def forward(self, tokens_BP: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
@@ -39,9 +40,9 @@ class Embed(nn.Module):
 class LearnedPosEmbed(nn.Module):
     """Absolute position -> vector: ``W_pos`` [n_ctx, D] (GPT-2)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
-        self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model, dtype=cfg.dtype))
+        self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model, dtype=options.dtype))
 
     def forward(self, positions: Int[Tensor, "*batch pos"]) -> Float[Tensor, "*batch pos d_model"]:
         return self.W_pos[positions]
@@ -50,10 +51,10 @@ class LearnedPosEmbed(nn.Module):
 class SinusoidalPosEmbed(nn.Module):
     """The fixed sin/cos table of "Attention Is All You Need" (no parameters)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
         with torch.device("cpu"):  # a real table even when the model is built on the meta device
-            table = sinusoidal_table(cfg.n_ctx, cfg.d_model).to(cfg.dtype)
+            table = sinusoidal_table(cfg.n_ctx, cfg.d_model).to(options.dtype)
         self.register_buffer("table", table, persistent=False)
 
     def forward(self, positions: Int[Tensor, "*batch pos"]) -> Float[Tensor, "*batch pos d_model"]:
@@ -78,10 +79,10 @@ def sinusoidal_table(n_ctx: int, d_model: int) -> Float[Tensor, "n_ctx d_model"]
 POS_EMBEDS: dict[str, type[nn.Module]] = {"learned": LearnedPosEmbed, "sinusoidal": SinusoidalPosEmbed}
 
 
-def make_pos_embed(cfg: ModelConfig) -> Optional[nn.Module]:
+def make_pos_embed(cfg: ModelConfig, options: RuntimeOptions) -> Optional[nn.Module]:
     """The absolute position embedding, or None where position enters inside attention (RoPE, ALiBi)."""
     cls = POS_EMBEDS.get(cfg.positional)
-    return cls(cfg) if cls else None
+    return cls(cfg, options) if cls else None
 
 
 class Unembed(nn.Module):
@@ -92,10 +93,10 @@ class Unembed(nn.Module):
     ``W_E`` Parameter (one tensor, two names); ``Decoder.save`` writes it once.
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
-        self._W_U_lin = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=cfg.dtype))
-        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab, dtype=cfg.dtype)) if cfg.unembed_bias else None
+        self._W_U_lin = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=options.dtype))
+        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab, dtype=options.dtype)) if cfg.unembed_bias else None
         self.soft_cap = cfg.output_logits_soft_cap
 
     def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:

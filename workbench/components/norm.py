@@ -21,17 +21,18 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from workbench.config import ModelConfig
+from workbench.options import RuntimeOptions
 from workbench.hook_point import HookPoint
 
 
 class LayerNorm(nn.Module):
     """(x - mean) / sqrt(var + eps) * w + b."""
 
-    def __init__(self, cfg: ModelConfig, shape: Optional[tuple[int, ...]] = None):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions, shape: Optional[tuple[int, ...]] = None):
         super().__init__()
         self.eps = cfg.norm_eps
-        self.w = nn.Parameter(torch.ones(shape or (cfg.d_model,), dtype=cfg.dtype))
-        self.b = nn.Parameter(torch.zeros(shape or (cfg.d_model,), dtype=cfg.dtype))
+        self.w = nn.Parameter(torch.ones(shape or (cfg.d_model,), dtype=options.dtype))
+        self.b = nn.Parameter(torch.zeros(shape or (cfg.d_model,), dtype=options.dtype))
         self.hook_scale = HookPoint()  # [B, P, 1]
         self.hook_normalized = HookPoint()  # [B, P, D]
 
@@ -57,10 +58,10 @@ class LayerNorm(nn.Module):
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * w (no centring, no bias)."""
 
-    def __init__(self, cfg: ModelConfig, shape: Optional[tuple[int, ...]] = None):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions, shape: Optional[tuple[int, ...]] = None):
         super().__init__()
         self.eps = cfg.norm_eps
-        self.w = nn.Parameter(torch.ones(shape or (cfg.d_model,), dtype=cfg.dtype))
+        self.w = nn.Parameter(torch.ones(shape or (cfg.d_model,), dtype=options.dtype))
         self.hook_scale = HookPoint()  # [B, P, 1]
         self.hook_normalized = HookPoint()  # [B, P, D]
 
@@ -83,6 +84,6 @@ class RMSNorm(nn.Module):
 NORMS: dict[str, type[nn.Module]] = {"LN": LayerNorm, "RMS": RMSNorm}
 
 
-def make_norm(cfg: ModelConfig, shape: Optional[tuple[int, ...]] = None) -> nn.Module:
+def make_norm(cfg: ModelConfig, options: RuntimeOptions, shape: Optional[tuple[int, ...]] = None) -> nn.Module:
     """The normalisation layer ``cfg.normalization`` names, with gains of ``shape`` (default [d_model])."""
-    return NORMS[cfg.normalization](cfg, shape)
+    return NORMS[cfg.normalization](cfg, options, shape)

@@ -17,7 +17,7 @@ from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.gguf_loader import GGUF_MODELS, GGUFFile, load_gguf, model_config_from_gguf
 from workbench.loading.hf import FAMILIES, hf_checkpoint_dtype, hf_model_config, is_hf_config, load_hf_directory, read_config
-from workbench.loading.native import FORMAT_TAG, load_native, native_config
+from workbench.loading.native import FORMAT_TAG, load_native, native_config, native_options
 from workbench.loading.placement import DeviceMapSpec, MaxMemory, Placement, plan
 from workbench.loading.registry import REGISTRY, default_model_name, list_models
 
@@ -146,12 +146,18 @@ def model_config(source: Union[str, Path]) -> ModelConfig:
         >>> wb.loading.model_config("smollm2-135m").n_layers   # doctest: +SKIP
         30
     """
+    return _config_and_dtype(source)[0]
+
+
+def _config_and_dtype(source: Union[str, Path]) -> tuple[ModelConfig, torch.dtype]:
+    """The architecture and the dtype ``load_model(source)`` would give (an HF checkpoint's own, from its
+    header; a saved model's; float32 for a GGUF file's dequantised weights)."""
     path, kind = _locate(source)
     if kind == "gguf":
-        return model_config_from_gguf(GGUFFile(path)).replace(dtype=torch.float32)
+        return model_config_from_gguf(GGUFFile(path)), torch.float32
     if kind == "native":
-        return native_config(path)
-    return hf_model_config(path).replace(dtype=hf_checkpoint_dtype(path))
+        return native_config(path), getattr(torch, native_options(path).get("dtype", "float32"))
+    return hf_model_config(path), hf_checkpoint_dtype(path)
 
 
 def plan_memory(source: Union[str, Path], dtype: Optional[torch.dtype] = None, device_map: DeviceMapSpec = "auto",
@@ -173,10 +179,9 @@ def plan_memory(source: Union[str, Path], dtype: Optional[torch.dtype] = None, d
     """
     if batch < 1 or pos < 1:
         raise ConfigError(f"batch and pos must be at least 1, got batch={batch}, pos={pos}")
-    cfg = model_config(source)
-    if dtype is not None:
-        cfg = cfg.replace(dtype=dtype)
-    return plan(cfg, Placement(device_map, max_memory), batch=batch, pos=pos, names_filter=names_filter)
+    cfg, stored_dtype = _config_and_dtype(source)
+    return plan(cfg, Placement(device_map, max_memory), batch=batch, pos=pos, names_filter=names_filter,
+                dtype=dtype or stored_dtype)
 
 
 def supported_architectures() -> pd.DataFrame:

@@ -210,8 +210,8 @@ def load_gguf(path: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtyp
         >>> model.generate("The capital of France is", max_new_tokens=3)   # doctest: +SKIP
     """
     file = GGUFFile(Path(path))
-    cfg = model_config_from_gguf(file).replace(attn_impl=attn_impl, dtype=dtype)
+    cfg = model_config_from_gguf(file)
     tokenizer = tokenizer_from_gguf(file.field, str(file.path))
     shapes = {name: tuple(param.shape) for name, param in empty_model(cfg).state_dict(keep_vars=True).items()}
     tensors = read_tensors(file, cfg, shapes, progress)
-    return build_model(cfg, tokenizer, tensors, str(file.path), device, placement)
+    return build_model(cfg, tokenizer, tensors, str(file.path), device, placement, attn_impl=attn_impl, dtype=dtype)

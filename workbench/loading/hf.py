@@ -151,7 +151,6 @@ def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtyp
     directory = Path(directory)
     data, architecture, cfg = _read_hf_config(directory)
     family = ARCHITECTURES[architecture]
-    cfg = cfg.replace(attn_impl=attn_impl)
 
     ckpt = SafetensorsCheckpoint(directory, progress=progress)
     try:
@@ -163,5 +162,5 @@ def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtyp
     finally:
         ckpt.close()
     tokenizer = tokenizer_from_hf_directory(directory, data)
-    cfg = cfg.replace(dtype=dtype or checkpoint_dtype(tensors))
-    return build_model(cfg, tokenizer, tensors, ckpt.source, device, placement)
+    return build_model(cfg, tokenizer, tensors, ckpt.source, device, placement, attn_impl=attn_impl,
+                       dtype=dtype or checkpoint_dtype(tensors))

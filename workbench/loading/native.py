@@ -18,6 +18,7 @@ from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.placement import Placement, build_model
 from workbench.model import Decoder
+from workbench.options import split_saved_config
 from workbench.saving import CONFIG_FILE, FORMAT_TAG, WEIGHTS_FILE
 from workbench.tokenizer import Tokenizer
 
@@ -45,9 +46,24 @@ def native_config(directory: Union[str, Path]) -> ModelConfig:
         config = json.loads(config_path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise CheckpointError(f"{config_path}: cannot read the config ({error})") from error
-    config.pop("format", None)
+    return _split(config, config_path)[0]
+
+
+def native_options(directory: Union[str, Path]) -> dict:
+    """The runtime options a saved model was written with (``dtype``, ``attn_impl``, ``weight_processing``, ...).
+
+    Example:
+        >>> native_options("runs/my-model")["weight_processing"]   # doctest: +SKIP
+        ['fold_ln']
+    """
+    config_path = Path(directory) / CONFIG_FILE
+    return _split(json.loads(config_path.read_text()), config_path)[1]
+
+
+def _split(config: dict, config_path: Path) -> tuple[ModelConfig, dict]:
+    config = {key: value for key, value in config.items() if key != "format"}
     try:
-        return ModelConfig.from_dict(config)
+        return split_saved_config(config)
     except (ConfigError, TypeError) as error:
         raise CheckpointError(f"{config_path}: {error}") from error
 
@@ -63,7 +79,7 @@ def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype
     weights_path = directory / WEIGHTS_FILE
     cfg = native_config(directory)
     overrides = {k: v for k, v in (("attn_impl", attn_impl), ("dtype", dtype)) if v is not None}
-    cfg = cfg.replace(**overrides)
+    options = {**native_options(directory), **overrides}
     if not weights_path.exists():
         raise CheckpointError(f"{weights_path}: weights file not found")
     try:
@@ -71,4 +87,4 @@ def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype
     except (SafetensorError, OSError) as error:
         raise CheckpointError(f"{weights_path}: unreadable or truncated safetensors file ({error})") from error
     tokenizer = Tokenizer.from_directory(directory) if (directory / "tokenizer.json").exists() else None
-    return build_model(cfg, tokenizer, _current_names(tensors), str(weights_path), device, placement)
+    return build_model(cfg, tokenizer, _current_names(tensors), str(weights_path), device, placement, **options)

@@ -25,7 +25,7 @@ import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Union
 
 import pandas as pd
 import torch
@@ -123,7 +123,7 @@ def _check_devices_exist(device_map: Mapping[str, str]) -> None:
                               f"{torch.cuda.device_count()} CUDA device(s)")
 
 
-def empty_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer] = None) -> Decoder:
+def empty_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer] = None, **options: Any) -> Decoder:
     """A ``Decoder`` whose parameters are on the meta device (no memory), tied as in a real one, and
     whose tables (RoPE, ALiBi, sinusoidal) are real CPU buffers: parameter shapes and placement
     without the weights.
@@ -133,7 +133,7 @@ def empty_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer] = None) -> Deco
         device(type='meta')
     """
     with torch.device("meta"):
-        return Decoder(cfg, tokenizer=tokenizer, init_weights=False)
+        return Decoder(cfg, tokenizer=tokenizer, init_weights=False, **options)
 
 
 def unit_bytes(model: Decoder) -> dict[str, int]:
@@ -291,25 +291,26 @@ def _clear_offload(folder: Path, names=None) -> None:
 
 
 def build_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: dict[str, Tensor], source: str,
-                device: str = "cpu", placement: Optional[Placement] = None) -> Decoder:
+                device: str = "cpu", placement: Optional[Placement] = None, **options: Any) -> Decoder:
     """Every loader's last step: the model holding ``tensors`` (read and converted by the loader), on
-    ``device``, or placed across devices by ``placement``; in eval mode.
+    ``device``, or placed across devices by ``placement``; in eval mode. ``options``: its ``RuntimeOptions``
+    (``dtype``, ``attn_impl``, a saved model's ``weight_processing`` ...).
 
     Example:
         >>> model = build_model(cfg, tokenizer, tensors, "ckpt/model.safetensors", device="cpu")   # doctest: +SKIP
     """
     if placement is not None:
-        return build_dispatched(cfg, tokenizer, tensors, source, placement)
-    model = Decoder(cfg, tokenizer=tokenizer, init_weights=False)
+        return build_dispatched(cfg, tokenizer, tensors, source, placement, **options)
+    model = Decoder(cfg, tokenizer=tokenizer, init_weights=False, **options)
     assign_weights(model, tensors, source, move=True)
     return model.to(device).eval()
 
 
 def build_dispatched(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: dict[str, Tensor], source: str,
-                     placement: Placement) -> Decoder:
+                     placement: Placement, **options: Any) -> Decoder:
     """A ``Decoder`` holding ``tensors`` placed by ``placement`` and dispatched by accelerate.
 
-    Each tensor goes from the loader straight to its unit's device (cast to ``cfg.dtype``) or into the
+    Each tensor goes from the loader straight to its unit's device (cast to ``options['dtype']``) or into the
     offload folder; the model's ``device_map`` attribute records the map and ``cfg.device`` is the
     embedding's device (where tokens go). On any error the files written so far are removed.
 
@@ -320,7 +321,7 @@ def build_dispatched(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: 
     from accelerate import dispatch_model
     from accelerate.utils import find_tied_parameters, offload_weight, retie_parameters, set_module_tensor_to_device
 
-    model = empty_model(cfg, tokenizer)
+    model = empty_model(cfg, tokenizer, **options)
     check_weights(model, tensors, source)
     device_map = resolve_device_map(model, placement)
     folder = _prepare_offload_folder(placement.offload_folder, device_map)
@@ -329,7 +330,7 @@ def build_dispatched(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: 
     index: dict = {}
     try:
         for name in list(tensors):
-            value = tensors.pop(name).to(cfg.dtype)  # dropped from the loader's dict as it is placed
+            value = tensors.pop(name).to(model.options.dtype)  # dropped from the loader's dict as it is placed
             device = device_map[unit_of(name)]
             if device == "disk":
                 offload_weight(value, name, str(folder), index)
@@ -348,7 +349,7 @@ def build_dispatched(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: 
         if folder is not None:
             _clear_offload(folder, index)  # what this load wrote, index file or not
         raise
-    model.cfg = model.cfg.replace(device=device_map[first])
+    model.options.device = device_map[first]
     model.device_map = device_map
     return model.eval()
 
@@ -367,7 +368,7 @@ def _quiet_accelerate():
 
 
 def plan(cfg: ModelConfig, placement: Placement, batch: int = 1, pos: int = 1024,
-         names_filter=None) -> pd.DataFrame:
+         names_filter=None, dtype: torch.dtype = torch.float32) -> pd.DataFrame:
     """Per device: the units placed there, their weights' bytes, and the bytes ``run_with_cache`` of
     ``batch`` x ``pos`` tokens caches there (every hook, or ``names_filter``'s; each hook's activation
     stays on its block's device). Nothing is loaded: the shapes come from a forward pass on the meta device.
@@ -375,7 +376,7 @@ def plan(cfg: ModelConfig, placement: Placement, batch: int = 1, pos: int = 1024
     Example:
         >>> plan(cfg, Placement("auto", max_memory={"cpu": "200MiB"}), batch=8, pos=128)   # doctest: +SKIP
     """
-    model = empty_model(cfg)
+    model = empty_model(cfg, dtype=dtype)
     device_map = resolve_device_map(model, placement)
     sizes = unit_bytes(model)
     cache = _cache_bytes_per_unit(model, batch, min(pos, cfg.n_ctx), names_filter)
@@ -388,7 +389,7 @@ def plan(cfg: ModelConfig, placement: Placement, batch: int = 1, pos: int = 1024
     table = pd.DataFrame(rows)
     table["weights"] = table["weights_bytes"].map(readable_bytes)
     table["cache"] = table["cache_bytes"].map(readable_bytes)
-    table.attrs.update(dtype=str(cfg.dtype).removeprefix("torch."), batch=batch, pos=min(pos, cfg.n_ctx))
+    table.attrs.update(dtype=str(dtype).removeprefix("torch."), batch=batch, pos=min(pos, cfg.n_ctx))
     return table
 
 
