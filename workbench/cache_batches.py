@@ -3,7 +3,7 @@
 Legend: B batch, P position, D d_model, V d_vocab.
 
 ``Decoder.run_with_cache(..., batch_size=N)`` (or ``cache_dir=``) comes here. The rows run N at a
-time under TransformerLens's caching hooks. Each batch's activations are either copied into
+time, cached through ``workbench.hook_point.caching``. Each batch's activations are either copied into
 tensors for all B rows, allocated once the first batch has shown their shapes, or, with
 ``cache_dir``, written to disk as one safetensors shard (``workbench.cache_store``) and dropped.
 Before anything for all B rows is allocated, the bytes the run would hold are checked against the
@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from jaxtyping import Float, Int
@@ -27,12 +27,12 @@ from transformer_lens import ActivationCache
 
 from workbench.cache_store import ShardWriter, load_cache
 from workbench.errors import CacheTooLargeError, InputError
+from workbench.hook_point import caching
 from workbench.loss import next_token_loss
 from workbench.memory import readable_bytes
 from workbench.tokens_api import TextOrTokens, check_attention_mask
+from workbench.host import DecoderHost
 
-if TYPE_CHECKING:
-    from workbench.model import Decoder
 
 RETURN_TYPES = ("logits", "loss", "both", None)
 # TransformerLens's run_with_cache options that have no meaning when the rows run in batches.
@@ -78,7 +78,7 @@ def available_disk(directory: Path) -> int:
     return shutil.disk_usage(directory).free
 
 
-def cache_size(model: "Decoder", tokens: TextOrTokens, names_filter: Any = None,
+def cache_size(model: DecoderHost, tokens: TextOrTokens, names_filter: Any = None,
                attention_mask: Optional[Int[Tensor, "batch pos"]] = None) -> int:
     """Bytes that ``model.run_with_cache(tokens, names_filter=..., attention_mask=...)`` would cache,
     found by running one row only (``tokens[:1]`` at the full width): each selected hook's shape and
@@ -93,20 +93,22 @@ def cache_size(model: "Decoder", tokens: TextOrTokens, names_filter: Any = None,
         2097152
     """
     tokens_BP, mask_BP = model.as_tokens_and_mask(tokens, attention_mask=attention_mask)
-    _, caching_hooks, _ = model.get_caching_hooks(names_filter)
-    seen: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
-
-    def record(tensor: Tensor, hook: Any) -> None:
-        seen[hook.name] = (tuple(tensor.shape), tensor.dtype)
-
-    with torch.no_grad(), model.hooks(fwd_hooks=[(name, record) for name, _ in caching_hooks]):
+    seen = _ShapeRecorder()
+    with torch.no_grad(), caching(model.hook_dict, model.cached_names(names_filter), seen):
         model(tokens_BP[:1], return_type=None, attention_mask=None if mask_BP is None else mask_BP[:1])
     _check_batch_first({name: shape for name, (shape, _) in seen.items()}, 1)
     return tokens_BP.shape[0] * sum(math.prod(shape[1:]) * dtype.itemsize for shape, dtype in seen.values())
 
 
+class _ShapeRecorder(dict):
+    """A cache sink that keeps each tensor's shape and dtype instead of the tensor."""
+
+    def __setitem__(self, name: str, tensor: Tensor) -> None:
+        super().__setitem__(name, (tuple(tensor.shape), tensor.dtype))
+
+
 def run_with_cache_in_batches(
-    model: "Decoder",
+    model: DecoderHost,
     input: Union[TextOrTokens, Float[Tensor, "batch pos d_model"]],
     return_type: Optional[str] = "logits",
     *,
@@ -156,8 +158,11 @@ def run_with_cache_in_batches(
         raise InputError("the loss needs token ids: pass tokens= when starting from a residual stream")
     B = rows.shape[0]
     batch_size = min(batch_size or B, B)
+    if not reset_hooks_end:
+        raise InputError("run_with_cache cannot take reset_hooks_end=False with batch_size or cache_dir: the rows "
+                         "run in batches within the call, so nothing is left to cache afterwards")
     target = torch.device(device if device is not None else model.cfg.device)
-    chunk_cache, caching_hooks, _ = model.get_caching_hooks(names_filter, False, None, pos_slice=pos_slice)
+    is_cached, chunk_cache = model.cached_names(names_filter), {}
     outputs, loss_sum, loss_count = _RowBuffers(B, target), 0.0, 0
     starts = range(0, B, batch_size)
     bar = tqdm(total=len(starts), desc="run_with_cache", unit="batch", disable=not progress or len(starts) < 2)
@@ -165,8 +170,8 @@ def run_with_cache_in_batches(
     try:
         writer = ShardWriter(cache_dir, model) if cache_dir is not None else None
         activations = None if writer is not None else _RowBuffers(B, target)
-        with torch.no_grad(), model.hooks(fwd_hooks=caching_hooks, reset_hooks_end=reset_hooks_end,
-                                          clear_contexts=clear_contexts):
+        with torch.no_grad(), caching(model.hook_dict, is_cached, chunk_cache, pos_slice=pos_slice,
+                                      clear_contexts=clear_contexts):
             for start in starts:
                 rows_here = slice(start, min(start + batch_size, B))
                 mask = None if mask_BP is None else mask_BP[rows_here]
@@ -221,7 +226,7 @@ class _RowBuffers:
             self.tensors[name][start:stop].copy_(part)
 
 
-def _split_inputs(model: "Decoder", input: Any, attention_mask: Optional[Tensor], padding_side: str,
+def _split_inputs(model: DecoderHost, input: Any, attention_mask: Optional[Tensor], padding_side: str,
                   prepend_bos: Optional[bool], tokens: Optional[Tensor], start_at_layer: Optional[int]
                   ) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     """(what the model runs on, split by rows: ids [B, P] or a residual stream [B, P, D]; the bool

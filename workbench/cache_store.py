@@ -17,7 +17,7 @@ import math
 import os
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from safetensors import safe_open
@@ -26,9 +26,8 @@ from torch import Tensor
 from transformer_lens import ActivationCache
 
 from workbench.errors import InputError
+from workbench.host import DecoderHost
 
-if TYPE_CHECKING:
-    from workbench.model import Decoder
 
 INDEX_NAME = "index.json"
 FORMAT = "workbench-activation-cache"
@@ -69,7 +68,7 @@ class ShardWriter:
         >>> shutil.rmtree(directory.parent)
     """
 
-    def __init__(self, directory: Union[str, Path], model: "Decoder"):
+    def __init__(self, directory: Union[str, Path], model: DecoderHost):
         self.directory = Path(directory)
         self.model = model
         if self.directory.exists() and not self.directory.is_dir():
@@ -252,7 +251,7 @@ class ShardedActivations(MutableMapping):
                    for name in self._stored)
 
 
-def load_cache(path: Union[str, Path], model: Optional["Decoder"] = None,
+def load_cache(path: Union[str, Path], model: Optional[DecoderHost] = None,
                device: Union[None, str, torch.device] = None) -> ActivationCache:
     """Opens a cache directory written by ``model.run_with_cache(..., cache_dir=path)`` as a lazy
     ``ActivationCache``: ``cache[name]`` reads that hook's tensors from the shards when asked.

@@ -1,6 +1,7 @@
-"""``ModelConfig``: the one description of a decoder-only transformer.
+"""``ModelConfig``: the one description of a decoder-only transformer's architecture.
 
-Every architecture the loaders understand (see ``wb.supported_architectures()``) is expressed as
+What a built model runs under (dtype, device, kernel, TransformerLens's switches, the weight-processing
+record) is not here: see ``workbench.options.RuntimeOptions``. Every architecture the loaders understand (see ``wb.supported_architectures()``) is expressed as
 values of these fields; components read the config and never branch on an architecture name.
 Defaults that depend on other fields (``d_head``, ``n_key_value_heads``, ``d_mlp``, ``rotary_dim``,
 ``attn_scale``) are resolved once in ``__post_init__``, so after construction every field holds a
@@ -19,8 +20,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, get_args
 
-import torch
-
 from workbench.errors import ConfigError
 
 Normalization = Literal["LN", "RMS"]
@@ -38,18 +37,13 @@ RouterScoring = Literal["softmax", "sigmoid", "topk_softmax"]
 # The score of a group of experts under group-limited routing: its best expert's (DeepSeek-V2) or the
 # sum of its best two (DeepSeek-V3).
 RouterGroupScore = Literal["max", "top2_sum"]
-AttnImpl = Literal["eager", "sdpa", "flash"]
-# TransformerLens's weight processing, in the order it is applied (``Decoder.process_weights_``).
-WEIGHT_PROCESSING_STEPS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
 
 # The allowed values of each choice field: read off its Literal, so they are written down once.
-ATTN_IMPLS: tuple[str, ...] = get_args(AttnImpl)
 _CHOICES: dict[str, tuple[str, ...]] = {
     "normalization": get_args(Normalization),
     "norm_placement": get_args(NormPlacement),
     "positional": get_args(Positional),
     "act_fn": get_args(ActFn),
-    "attn_impl": ATTN_IMPLS,
     "router_scoring": get_args(RouterScoring),
     "router_group_score": get_args(RouterGroupScore),
 }
@@ -151,20 +145,8 @@ class ModelConfig:
     embed_norm: bool = False  # a norm (ln_embed) right after the embeddings (BLOOM)
     tie_embeddings: bool = False
     unembed_bias: bool = False  # a b_U [d_vocab] (TransformerLens's; weight processing may add one)
-    # TransformerLens's switches: always compute attn.hook_result (per-head outputs); give each head its own
-    # copy of the attention input (hook_q_input / hook_k_input / hook_v_input [batch, pos, heads, d_model]).
-    use_attn_result: bool = False
-    use_split_qkv_input: bool = False
-    # TransformerLens's: tokenizing text puts BOS first (when the tokenizer has one) unless told otherwise.
-    default_prepend_bos: bool = True
-    # What ``Decoder.process_weights_`` has done to the weights, in order ("fold_ln", ...); () = as loaded.
-    weight_processing: tuple[str, ...] = ()
     attn_bias: bool = False
     mlp_bias: bool = False
-    attn_impl: AttnImpl = "sdpa"
-    # Where the weights live. Kept current by ``Decoder.to``; TransformerLens utilities read them.
-    dtype: torch.dtype = torch.float32
-    device: str = "cpu"
     model_name: str = "custom"
     # One mapping per layer of the PER_LAYER_FIELDS that layer sets differently; () = all alike.
     layer_overrides: tuple[dict[str, Any], ...] = ()
@@ -226,13 +208,6 @@ class ModelConfig:
         if self.sliding_window is not None:
             _require(isinstance(self.sliding_window, int) and self.sliding_window > 0, "sliding_window",
                      f"must be a positive integer or None, got {self.sliding_window!r}")
-        _require(isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point, "dtype",
-                 f"must be a floating-point torch.dtype, got {self.dtype!r}")
-        _require(not (self.use_split_qkv_input and self.norm_placement != "pre"), "use_split_qkv_input",
-                 f"needs norm_placement='pre' (a norm in front of attention to give each head its own "
-                 f"copy of), got {self.norm_placement!r}")
-        unknown = sorted(set(self.weight_processing) - set(WEIGHT_PROCESSING_STEPS))
-        _require(not unknown, "weight_processing", f"has unknown step(s) {unknown}; known: {WEIGHT_PROCESSING_STEPS}")
         self._check_layer_overrides()
 
     def _check_router(self) -> None:
@@ -273,8 +248,6 @@ class ModelConfig:
                  f"got {self.n_key_value_heads}")
         for name in ("qk_norm", "clip_qkv"):
             _require(getattr(self, name) is None, name, "is not supported with latent attention (kv_lora_rank)")
-        _require(not self.use_split_qkv_input, "use_split_qkv_input",
-                 "is not supported with latent attention (kv_lora_rank): heads share the latent")
         _require(self.latent_norm_eps > 0, "latent_norm_eps", f"must be positive, got {self.latent_norm_eps}")
 
     def _check_layer_overrides(self) -> None:
@@ -386,24 +359,26 @@ class ModelConfig:
 
     # ---- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict; ``from_dict(cfg.to_dict()) == cfg``."""
-        out = dataclasses.asdict(self)
-        out["dtype"] = str(self.dtype).removeprefix("torch.")
-        return out
+        """A JSON-ready dict; ``from_dict(cfg.to_dict()) == cfg``.
+
+        Example:
+            >>> cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8)
+            >>> ModelConfig.from_dict(cfg.to_dict()) == cfg
+            True
+        """
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        """Inverse of ``to_dict``; unknown keys are an error naming them."""
+        """Inverse of ``to_dict``; unknown keys are an error naming them (a saved model's config.json, which
+        holds runtime options too, is read by ``workbench.options.split_saved_config``)."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"ModelConfig: unknown field(s) {unknown}")
         data = dict(data)
-        if isinstance(data.get("dtype"), str):
-            data["dtype"] = getattr(torch, data["dtype"])
-        for name in ("weight_processing", "layer_overrides"):  # JSON has no tuples
-            if isinstance(data.get(name), list):
-                data[name] = tuple(data[name])
+        if isinstance(data.get("layer_overrides"), list):  # JSON has no tuples
+            data["layer_overrides"] = tuple(data["layer_overrides"])
         return cls(**data)
 
     def replace(self, **changes: Any) -> "ModelConfig":

@@ -5,7 +5,7 @@ Legend: B batch, P position, V d_vocab.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Optional, Union
 
 import torch
 from jaxtyping import Float, Int
@@ -14,9 +14,7 @@ from tqdm.auto import tqdm
 
 from workbench.components.attention import LayerKVCache
 from workbench.errors import InputError
-
-if TYPE_CHECKING:
-    from workbench.model import Decoder
+from workbench.host import DecoderHost
 
 
 class KVCache:
@@ -52,7 +50,7 @@ class KVCache:
 
 
 def generate_tokens(
-    model: "Decoder",
+    model: DecoderHost,
     tokens_BP: Int[Tensor, "batch pos"],
     max_new_tokens: int,
     *,
@@ -157,7 +155,7 @@ def sample_next(
 
 
 def generate(
-    model: "Decoder", input: Union[str, list[str], Tensor], max_new_tokens: int = 20,
+    model: DecoderHost, input: Union[str, list[str], Tensor], max_new_tokens: int = 20,
     prepend_bos: Optional[bool] = None, **kwargs
 ) -> Union[str, list[str], Tensor]:
     """Text in -> text out (prompt plus continuation, without the BOS the tokenizer added, as
@@ -181,7 +179,7 @@ def generate(
     return texts[0] if isinstance(input, str) else texts
 
 
-def _up_to_first_eos(row: Tensor, prompt_length: int, model: "Decoder") -> Tensor:
+def _up_to_first_eos(row: Tensor, prompt_length: int, model: DecoderHost) -> Tensor:
     """The row up to its first generated EOS (kept), dropping the EOS repeats that fill a finished row."""
     eos = model.tokenizer.eos_token_id if model.tokenizer is not None else None
     if eos is None:

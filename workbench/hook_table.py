@@ -24,6 +24,7 @@ import torch
 from workbench.config import ModelConfig
 from workbench.generation import KVCache
 from workbench.model import Decoder
+from workbench.options import split_saved_config
 
 # One size per dimension name, all different, so a tensor's shape names its own axes.
 # batch, pos and key_pos are set by the run below (key_pos = prefix + pos through the KV cache).
@@ -240,7 +241,11 @@ def reference_models() -> dict[str, Decoder]:
         9
     """
     torch.manual_seed(0)
-    return {label: Decoder(ModelConfig(**{**_SHARED, **extra})).eval() for label, extra in REFERENCE_CONFIGS.items()}
+    models = {}
+    for label, extra in REFERENCE_CONFIGS.items():
+        cfg, options = split_saved_config({**_SHARED, **extra})  # an entry may set a runtime option too
+        models[label] = Decoder(cfg, **options).eval()
+    return models
 
 
 def layer_pattern(hook_name: str) -> str:
@@ -316,7 +321,7 @@ def hook_table(models: dict[str, Decoder] | None = None) -> list[HookRow]:
     per_model = {label: hook_shapes(model) for label, model in models.items()}
     for label, model in models.items():  # a split-input model: its twin's rows, plus the hooks only it has
         twin = next((other for other, m in models.items()
-                     if model.cfg.use_split_qkv_input and m.cfg == model.cfg.replace(use_split_qkv_input=False)), None)
+                     if model.cfg.use_split_qkv_input and not m.cfg.use_split_qkv_input and m.config == model.config), None)
         if twin is not None:  # (in its own firing order; ln1's shapes are the twin's, its split ones in NOTES)
             per_model[label] = {n: per_model[twin].get(n, d) for n, d in per_model[label].items()}
     names = _merge_orders([list(shapes) for shapes in per_model.values()])

@@ -15,8 +15,7 @@ methods wrap TransformerLens's own. What it adds to TransformerLens's behaviour:
   to memory or to disk (``workbench.cache_batches``).
 
 The per-call cost is one Python call and a shape/dtype comparison per hook; names are checked
-once, when hooks are added. ``run_with_cache`` with TransformerLens's default options has each cached
-point store into the cache itself (``workbench.hook_point``); TransformerLens's caching hooks serve the rest.
+once, when hooks are added. Caching of every kind goes through ``workbench.hook_point``'s one cacher.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from __future__ import annotations
 import difflib
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from torch import Tensor
 from transformer_lens import ActivationCache
@@ -32,10 +31,15 @@ from transformer_lens.hook_points import HookPoint
 
 from workbench.cache_batches import run_with_cache_in_batches
 from workbench.errors import InputError
-from workbench.hook_point import caching_into
+from workbench.hook_point import caching, caching_hooks
+from workbench.host import DecoderHost
 
 
-class HookMethods:
+# Typed against the host it is mixed into (workbench.host.DecoderHost); at run time a plain base.
+_Host = DecoderHost if TYPE_CHECKING else object
+
+
+class HookMethods(_Host):
     """``hooks``, ``add_hook``, ``attached_hooks``, ``run_with_cache``, ``get_caching_hooks`` and ``layer_of`` for a
     ``HookedRootModule``."""
 
@@ -86,7 +90,9 @@ class HookMethods:
         super().add_hook(name, _checked_hook(hook), dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
 
     def run_with_cache(self, *model_args: Any, batch_size: Optional[int] = None, cache_dir: Any = None,
-                       progress: bool = True, **kwargs: Any) -> tuple[Any, ActivationCache]:
+                       progress: bool = True, names_filter: Any = None, device: Any = None,
+                       remove_batch_dim: bool = False, incl_bwd: bool = False, reset_hooks_end: bool = True,
+                       clear_contexts: bool = False, pos_slice: Any = None, **kwargs: Any) -> tuple[Any, ActivationCache]:
         """Runs the model and caches activations (all, or those ``names_filter`` selects).
 
         ``names_filter``: None (all), a hook name, a list of hook names (each must exist:
@@ -102,11 +108,18 @@ class HookMethods:
         after the first batch when the whole would not fit in memory; after any error nothing the
         call wrote is left and no hook stays attached.
 
+        Every path caches through ``workbench.hook_point``'s one cacher: each selected point stores its
+        output, detached, after any attached hooks ran (so the cache holds what they returned).
+
         Example:
-            >>> logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))  # doctest: +SKIP
-            >>> cache["pattern", 0].shape   # [batch, n_heads, query_pos, key_pos]           # doctest: +SKIP
-            >>> _, cache = model.run_with_cache(tokens, batch_size=64, cache_dir="runs/acts", return_type=None)  # doctest: +SKIP
+            >>> logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+            >>> cache["pattern", 0].shape == (1, model.cfg.n_heads, tokens.shape[1], tokens.shape[1])
+            True
+            >>> _, last = model.run_with_cache(tokens, names_filter="blocks.0.hook_resid_post", pos_slice=-1)
+            >>> last["blocks.0.hook_resid_post"].shape == (1, 1, model.cfg.d_model)   # the last position
+            True
         """
+        options = dict(names_filter=names_filter, device=device, pos_slice=pos_slice)
         if batch_size is not None or cache_dir is not None:
             if not model_args and "input" in kwargs:
                 model_args = (kwargs.pop("input"),)
@@ -114,48 +127,85 @@ class HookMethods:
                 raise InputError("run_with_cache with batch_size or cache_dir takes the input and at most "
                                  f"return_type as positional arguments, got {len(model_args)}")
             return run_with_cache_in_batches(self, *model_args, batch_size=batch_size, cache_dir=cache_dir,
-                                             progress=progress, **kwargs)
-        if any(kwargs.get(option, default) != default for option, default in _TL_CACHE_DEFAULTS.items()):
-            out, cache_dict = super().run_with_cache(*model_args, **kwargs)
+                                             progress=progress, remove_batch_dim=remove_batch_dim, incl_bwd=incl_bwd,
+                                             reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts,
+                                             **options, **kwargs)
+        if remove_batch_dim and model_args and isinstance(model_args[0], Tensor) and model_args[0].ndim > 1 \
+                and model_args[0].shape[0] != 1:
+            raise InputError(f"remove_batch_dim=True needs a batch of one row, got {model_args[0].shape[0]}")
+        is_cached = self.cached_names(options.pop("names_filter"))
+        cache: dict[str, Tensor] = {}
+        if incl_bwd or not reset_hooks_end:  # the cacher must outlive this call: as hooks
+            fwd, bwd = caching_hooks(self.hook_dict, is_cached, cache, incl_bwd=incl_bwd,
+                                     remove_batch_dim=remove_batch_dim, **options)
+            with self.hooks(fwd_hooks=_trusted(fwd), bwd_hooks=_trusted(bwd), reset_hooks_end=reset_hooks_end,
+                            clear_contexts=clear_contexts):
+                out = self(*model_args, **kwargs)
+                if incl_bwd:
+                    out.backward()
         else:
-            out, cache_dict = self._run_with_plain_cache(model_args, kwargs)
-        return out, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+            with caching(self.hook_dict, is_cached, cache, remove_batch_dim=remove_batch_dim,
+                         clear_contexts=clear_contexts, **options):
+                out = self(*model_args, **kwargs)
+        return out, ActivationCache(cache, self, has_batch_dim=not remove_batch_dim)
 
-    def _run_with_plain_cache(self, model_args: tuple, kwargs: dict) -> tuple[Any, dict]:
-        """``run_with_cache`` with TransformerLens's default options: each selected hook point stores its output,
-        detached, into the cache itself (``workbench.hook_point``) instead of through TransformerLens's caching
-        hooks (their handles, wrappers and torch's hooked call path cost ~15 ms of SmolLM2-135M's 200 ms cached
-        forward). It stores after any attached hooks ran, so the cache holds what they returned, as in
-        TransformerLens; each point is reset even when the forward raises."""
-        kwargs = {key: value for key, value in kwargs.items() if key not in _TL_CACHE_DEFAULTS}
-        is_cached = _as_predicate(self._checked_names_filter(kwargs.pop("names_filter", None)),
-                                  self.cfg.use_attn_result)
-        with caching_into([point for name, point in self.hook_dict.items() if is_cached(name)], {}) as cache:
-            out = self(*model_args, **kwargs)
-        return out, cache
-
-    def get_caching_hooks(self, names_filter=None, *args: Any, **kwargs: Any):
-        """TransformerLens's ``get_caching_hooks`` (what ``run_with_cache`` uses), with a string or
-        list ``names_filter`` checked against the model's hook points.
-
-        ``names_filter=None`` caches every hook that fires in TransformerLens's sense: ``attn.hook_result``
-        only with ``model.set_use_attn_result(True)`` (a filter or list that names it caches it too).
-        The caching hooks are TransformerLens's own, so they skip the per-hook check user hooks get.
+    def cached_names(self, names_filter: Any = None) -> Callable[[str], bool]:
+        """``names_filter`` (None, a hook name, a list of hook names or a function of the name) as a function
+        of the name, as TransformerLens reads it, a string or list checked against the model's hook points.
+        None is every hook that fires without an opt-in: ``attn.hook_result`` only with
+        ``model.set_use_attn_result(True)`` (a filter or list that names it caches it too).
 
         Example:
-            >>> cache, fwd, bwd = model.get_caching_hooks(["blocks.0.attn.hook_z"])   # doctest: +SKIP
+            >>> is_cached = model.cached_names(None)
+            >>> is_cached("blocks.0.attn.hook_z"), is_cached("blocks.0.attn.hook_result")
+            (True, False)
         """
-        is_cached = _as_predicate(self._checked_names_filter(names_filter), self.cfg.use_attn_result)
-        cache, fwd, bwd = super().get_caching_hooks(is_cached, *args, **kwargs)
+        names_filter = self._checked_names_filter(names_filter)
+        if names_filter is None:
+            return (lambda name: True) if self.cfg.use_attn_result else _fires_without_opt_in
+        if isinstance(names_filter, str):
+            return names_filter.__eq__
+        if isinstance(names_filter, list):
+            return set(names_filter).__contains__
+        if callable(names_filter):
+            return names_filter
+        raise InputError(f"names_filter must be None, a hook name, a list of hook names or a function of the name, "
+                         f"got {names_filter!r}")
+
+    def get_caching_hooks(self, names_filter: Any = None, incl_bwd: bool = False, device: Any = None,
+                          remove_batch_dim: bool = False, cache: Optional[dict] = None, pos_slice: Any = None):
+        """TransformerLens's ``get_caching_hooks``: (cache, forward hooks, backward hooks) that store what
+        ``run_with_cache`` would (``workbench.hook_point.caching_hooks``), ``names_filter`` as in
+        ``cached_names``. The caching hooks skip the per-hook check user hooks get.
+
+        Example:
+            >>> cache, fwd, bwd = model.get_caching_hooks(["blocks.0.attn.hook_z"])
+            >>> with model.hooks(fwd_hooks=fwd):
+            ...     _ = model(tokens)
+            >>> list(cache)
+            ['blocks.0.attn.hook_z']
+        """
+        cache = {} if cache is None else cache
+        fwd, bwd = caching_hooks(self.hook_dict, self.cached_names(names_filter), cache, incl_bwd=incl_bwd,
+                                 device=device, remove_batch_dim=remove_batch_dim, pos_slice=pos_slice)
+        self.is_caching = True
         return cache, _trusted(fwd), _trusted(bwd)
 
-    def add_caching_hooks(self, names_filter=None, *args: Any, **kwargs: Any) -> dict:
-        """TransformerLens's ``add_caching_hooks``, with a string or list ``names_filter`` checked.
+    def add_caching_hooks(self, names_filter: Any = None, incl_bwd: bool = False, device: Any = None,
+                          remove_batch_dim: bool = False, cache: Optional[dict] = None) -> dict:
+        """TransformerLens's ``add_caching_hooks``: the hooks of ``get_caching_hooks`` attached until
+        ``reset_hooks``; returns the cache they fill.
 
         Example:
-            >>> cache = model.add_caching_hooks("blocks.0.attn.hook_z"); model(tokens); model.reset_hooks()   # doctest: +SKIP
+            >>> cache = model.add_caching_hooks("blocks.0.attn.hook_z"); _ = model(tokens); model.reset_hooks()
+            >>> list(cache), model.attached_hooks()
+            (['blocks.0.attn.hook_z'], {})
         """
-        return super().add_caching_hooks(self._checked_names_filter(names_filter), *args, **kwargs)
+        cache, fwd, bwd = self.get_caching_hooks(names_filter, incl_bwd, device, remove_batch_dim, cache)
+        for direction, pairs in (("fwd", fwd), ("bwd", bwd)):
+            for name, hook in pairs:
+                super().add_hook(name, hook, dir=direction)
+        return cache
 
     def check_hook_names(self, names) -> None:
         """``InputError`` naming each of ``names`` that is not a hook point, with the nearest real names.
@@ -215,26 +265,6 @@ class HookMethods:
             names_filter = list(names_filter)
             self.check_hook_names(names_filter)
         return names_filter
-
-
-# run_with_cache's TransformerLens options at their defaults: the case the plain caching path serves.
-_TL_CACHE_DEFAULTS = {"device": None, "remove_batch_dim": False, "incl_bwd": False, "reset_hooks_end": True,
-                      "clear_contexts": False, "pos_slice": None}
-
-
-def _as_predicate(names_filter: Any, use_attn_result: bool) -> Callable[[str], bool]:
-    """A ``names_filter`` (None, a name, a list of names or a function) as a function of the name, as
-    TransformerLens reads it; None is every hook that fires (``_fires_without_opt_in``)."""
-    if names_filter is None:
-        return (lambda name: True) if use_attn_result else _fires_without_opt_in
-    if isinstance(names_filter, str):
-        return names_filter.__eq__
-    if isinstance(names_filter, list):
-        return set(names_filter).__contains__
-    if callable(names_filter):
-        return names_filter
-    raise InputError(f"names_filter must be None, a hook name, a list of hook names or a function of the name, "
-                     f"got {names_filter!r}")
 
 
 def _fires_without_opt_in(name: str) -> bool:

@@ -12,6 +12,11 @@ never reach into components): ``as_tokens`` (checked token ids on the model's de
 ``apply_final_norm`` / ``logits_from_resid`` (the output head on any residual stream),
 ``loss_fn`` / ``loss_from_resid`` (next-token loss), ``tokens_to_residual_directions``,
 ``layer_of`` (the block a hook point belongs to), ``set_attn_impl`` and ``cfg.device`` / ``cfg.dtype``.
+
+A model is what it is (``model.config``, a ``ModelConfig``) and how it runs (``model.options``, a
+``RuntimeOptions``: dtype, device, kernel, TransformerLens's switches, the weight-processing record);
+``model.cfg`` reads both as one, as TransformerLens expects. Every option is set in one place: the
+setters below (and ``.to``) assign the one options object all components share.
 """
 
 from __future__ import annotations
@@ -27,11 +32,12 @@ from transformer_lens.HookedRootModule import HookedRootModule
 from workbench.components import Embed, TransformerBlock, Unembed
 from workbench.components.embedding import make_pos_embed
 from workbench.components.norm import make_norm
-from workbench.config import AttnImpl, ModelConfig
+from workbench.config import ModelConfig
 from workbench.errors import InputError
 from workbench.generation import KVCache, generate
 from workbench.hook_point import HookPoint
 from workbench.loss import next_token_loss, token_losses_from_normed
+from workbench.options import AttnImpl, ConfigView, RuntimeOptions
 from workbench.hooking import HookMethods
 from workbench.saving import save_native
 from workbench.tokenizer import Tokenizer
@@ -54,19 +60,26 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
         (torch.Size([1, 8, 50]), torch.Size([1, 4, 8, 8]))
     """
 
-    def __init__(self, cfg: ModelConfig, tokenizer: Optional[Tokenizer] = None, init_weights: bool = True):
+    def __init__(self, cfg: Union[ModelConfig, ConfigView], tokenizer: Optional[Tokenizer] = None,
+                 init_weights: bool = True, **options: Any):
+        """``cfg``: the architecture (or another model's ``cfg``, whose options are then the defaults);
+        ``options``: ``RuntimeOptions``'s (``attn_impl="eager"``, ``dtype=torch.bfloat16``, ...)."""
         super().__init__()
-        self.cfg = cfg
+        if isinstance(cfg, ConfigView):
+            cfg, options = cfg.config, {**cfg.options.to_saved(), **options}
+        self.config = cfg
+        self.options = RuntimeOptions(**options)
+        self.options.check_for(cfg)
         self.tokenizer = tokenizer
-        self.embed = Embed(cfg)
+        self.embed = Embed(cfg, self.options)
         self.hook_embed = HookPoint()  # [B, P, D]
-        self.ln_embed = make_norm(cfg) if cfg.embed_norm else None  # BLOOM's norm on the embeddings
-        self.pos_embed = make_pos_embed(cfg)
+        self.ln_embed = make_norm(cfg, self.options) if cfg.embed_norm else None  # BLOOM's norm on the embeddings
+        self.pos_embed = make_pos_embed(cfg, self.options)
         if self.pos_embed is not None:
             self.hook_pos_embed = HookPoint()  # [B, P, D]
-        self.blocks = nn.ModuleList(TransformerBlock(cfg.for_layer(layer)) for layer in range(cfg.n_layers))
-        self.ln_final = make_norm(cfg) if cfg.has_final_norm else None
-        self.unembed = Unembed(cfg)
+        self.blocks = nn.ModuleList(TransformerBlock(cfg.for_layer(layer), self.options) for layer in range(cfg.n_layers))
+        self.ln_final = make_norm(cfg, self.options) if cfg.has_final_norm else None
+        self.unembed = Unembed(cfg, self.options)
         if cfg.tie_embeddings:
             self.unembed._W_U_lin = self.embed.W_E  # one Parameter under two names (W_U is its transpose)
         if init_weights:
@@ -89,11 +102,21 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
             else:
                 param.normal_(0.0, std)
 
+    @property
+    def cfg(self) -> ConfigView:
+        """TransformerLens's ``model.cfg``: the architecture and the runtime options, read-only.
+
+        Example:
+            >>> model.cfg.n_layers == model.config.n_layers, model.cfg.attn_impl == model.options.attn_impl
+            (True, True)
+        """
+        return ConfigView(self.config, self.options)
+
     def _apply(self, fn: Callable, recurse: bool = True) -> "Decoder":
-        # .to()/.half()/.cuda() all come through here: keep cfg.device/dtype true for TL utilities.
+        # .to()/.half()/.cuda() all come through here: keep options.device/dtype true for TL utilities.
         super()._apply(fn, recurse)
         weight = self.embed.W_E
-        self.cfg = self.cfg.replace(device=str(weight.device), dtype=weight.dtype)
+        self.options.device, self.options.dtype = str(weight.device), weight.dtype
         return self
 
     # ---- forward --------------------------------------------------------------------------------
@@ -260,17 +283,44 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
         W_U_VD = self.unembed.W_U.T
         return W_U_VD[torch.as_tensor(tokens, device=W_U_VD.device)]
 
-    # ---- kernels ----------------------------------------------------------------------------------
+    # ---- runtime options ----------------------------------------------------------------------------
     def set_attn_impl(self, attn_impl: AttnImpl) -> "Decoder":
         """Switches every layer's attention kernel ("eager", "sdpa" or "flash") of this model, in place.
 
         Example:
-            >>> model.set_attn_impl("flash")   # doctest: +SKIP
+            >>> model.set_attn_impl("flash").cfg.attn_impl
+            'flash'
         """
-        self.cfg = self.cfg.replace(attn_impl=attn_impl)  # validates the name
-        for block in self.blocks:
-            block.attn.attn_impl = attn_impl
+        self.options.attn_impl = attn_impl  # checked; every layer reads this one object
         return self
+
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """Always compute ``attn.hook_result`` (per-head outputs [batch, pos, n_heads, d_model]),
+        as TransformerLens's flag. Without it the result is computed only for layers whose
+        ``hook_result`` is observed (``run_with_cache(names_filter=...)`` naming it), which is faster.
+
+        Example:
+            >>> model.set_use_attn_result(True)
+            >>> "blocks.0.attn.hook_result" in model.run_with_cache(tokens)[1]
+            True
+        """
+        self.options.use_attn_result = bool(use_attn_result)
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """Give each attention head its own copy of the residual stream it reads, on the hook points
+        ``blocks.{l}.hook_q_input`` [batch, pos, n_heads, d_model] and ``hook_k_input``/``hook_v_input``
+        [batch, pos, n_key_value_heads, d_model] (each normed by ln1 on its own), as TransformerLens's
+        flag: patching one head's input then leaves the others alone. Slower (one matmul per head);
+        pre-norm models only.
+
+        Example:
+            >>> model.set_use_split_qkv_input(True)
+            >>> model.run_with_cache(tokens)[1]["blocks.0.hook_q_input"].shape[2] == model.cfg.n_heads
+            True
+        """
+        checked = self.options.replace(use_split_qkv_input=bool(use_split_qkv_input))
+        checked.check_for(self.config)  # pre-norm only: an error leaves the model as it was
+        self.options.use_split_qkv_input = checked.use_split_qkv_input
 
     # ---- generation and persistence ---------------------------------------------------------------
     def generate(self, input: TextOrTokens, max_new_tokens: int = 20, **kwargs: Any) -> Union[str, list[str], Tensor]:

@@ -37,23 +37,21 @@ float32 and rounded back once at the end, as TransformerLens does.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
 from workbench.components.moe import MixtureOfExperts
-from workbench.config import WEIGHT_PROCESSING_STEPS
+from workbench.options import WEIGHT_PROCESSING_STEPS
 from workbench.errors import ConfigError
-
-if TYPE_CHECKING:  # annotations only: the model imports this module (through weights_api)
-    from workbench.model import Decoder
+from workbench.host import DecoderHost
 
 __all__ = ["process_weights"]
 
 
-def process_weights(model: "Decoder", fold_ln: bool = True, center_writing_weights: bool = True,
-                    center_unembed: bool = True, fold_value_biases: bool = True) -> "Decoder":
+def process_weights(model: DecoderHost, fold_ln: bool = True, center_writing_weights: bool = True,
+                    center_unembed: bool = True, fold_value_biases: bool = True) -> DecoderHost:
     """Applies TransformerLens's weight processing to ``model`` in place and returns it.
 
     Args:
@@ -99,10 +97,10 @@ def process_weights(model: "Decoder", fold_ln: bool = True, center_writing_weigh
         try:
             for step in todo:
                 _STEPS[step](model)
-                model.cfg = model.cfg.replace(weight_processing=model.cfg.weight_processing + (step,))
+                model.options.weight_processing += (step,)
         finally:
             for param in model.parameters():  # biases created on the way take the model's dtype
-                param.data = param.data.to(original_dtype.get(id(param), model.cfg.dtype))
+                param.data = param.data.to(original_dtype.get(id(param), model.options.dtype))
     return model
 
 
@@ -112,12 +110,12 @@ def _nonzero_bias(norm: nn.Module) -> bool:
     return getattr(norm, "b", None) is not None and bool(norm.b.detach().any())
 
 
-def _layers_with_nonzero_bias(model: "Decoder", norm: str) -> list[int]:
+def _layers_with_nonzero_bias(model: DecoderHost, norm: str) -> list[int]:
     """The layers whose ``norm`` ("ln1" or "ln2") has a nonzero bias."""
     return [i for i, block in enumerate(model.blocks) if _nonzero_bias(getattr(block, norm))]
 
 
-def _check(model: "Decoder", todo: list[str]) -> None:
+def _check(model: DecoderHost, todo: list[str]) -> None:
     cfg = model.cfg
     if "fold_ln" in todo:
         if cfg.norm_placement == "post":
@@ -199,13 +197,13 @@ def _new_zeros(numel: int, like: Tensor) -> nn.Parameter:
     return nn.Parameter(torch.zeros(numel, dtype=like.dtype, device=like.device), requires_grad=like.requires_grad)
 
 
-def _untie(model: "Decoder") -> None:
+def _untie(model: DecoderHost) -> None:
     """Gives ``unembed`` its own copy of the shared embedding matrix (``tie_embeddings=False``)."""
     if not model.cfg.tie_embeddings:
         return
     W_E = model.embed.W_E
     model.unembed._W_U_lin = nn.Parameter(W_E.detach().clone(), requires_grad=W_E.requires_grad)
-    model.cfg = model.cfg.replace(tie_embeddings=False)
+    model.config = model.config.replace(tie_embeddings=False)
 
 
 def _center(param: Tensor, dim: int) -> None:
@@ -238,7 +236,7 @@ def _reset_norm(norm: nn.Module) -> None:
 
 
 # ---- the steps -------------------------------------------------------------------------------------------
-def _add_missing_biases(model: "Decoder") -> None:
+def _add_missing_biases(model: DecoderHost) -> None:
     """Creates (zero) the biases a nonzero LayerNorm bias must fold into, and sets the config flags."""
     cfg = model.cfg
     if cfg.normalization != "LN":
@@ -265,10 +263,10 @@ def _add_missing_biases(model: "Decoder") -> None:
         model.unembed.b_U = _new_zeros(cfg.d_vocab, model.unembed._W_U_lin)
         changes["unembed_bias"] = True
     if changes:
-        model.cfg = cfg.replace(**changes)
+        model.config = model.config.replace(**changes)
 
 
-def _fold_ln(model: "Decoder") -> None:
+def _fold_ln(model: DecoderHost) -> None:
     _untie(model)  # folding ln_final into W_U must leave W_E alone
     _add_missing_biases(model)
     center = model.cfg.normalization == "LN"
@@ -303,7 +301,7 @@ def _fold_ln(model: "Decoder") -> None:
         _reset_norm(model.ln_final)
 
 
-def _center_writing_weights(model: "Decoder") -> None:
+def _center_writing_weights(model: DecoderHost) -> None:
     _untie(model)  # centring W_E must not change W_U
     _center(model.embed.W_E, -1)  # [V, D]
     W_pos = getattr(model.pos_embed, "W_pos", None)  # learned positions; a sinusoidal table is no weight
@@ -326,14 +324,14 @@ def _center_writing_weights(model: "Decoder") -> None:
                 _center(shared.b_out, -1)
 
 
-def _center_unembed(model: "Decoder") -> None:
+def _center_unembed(model: DecoderHost) -> None:
     _untie(model)  # centring W_U must not change W_E
     _center(model.unembed._W_U_lin, 0)  # [V, D]: over the vocabulary
     if model.unembed.b_U is not None:
         _center(model.unembed.b_U, 0)
 
 
-def _fold_value_biases(model: "Decoder") -> None:
+def _fold_value_biases(model: DecoderHost) -> None:
     for block in model.blocks:
         attn = block.attn
         if getattr(attn, "_b_V_lin", None) is None:  # no value bias (or latent attention): nothing to fold

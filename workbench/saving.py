@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from typing import Union
 
 from safetensors.torch import save_file
 
-if TYPE_CHECKING:  # annotations only: the model imports this module
-    from workbench.model import Decoder
+from workbench.host import DecoderHost
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT_TAG = "workbench"
 
 
-def save_native(model: "Decoder", directory: Union[str, Path]) -> Path:
+def save_native(model: DecoderHost, directory: Union[str, Path]) -> Path:
     """Writes the model so ``wb.load_model(directory)`` rebuilds it exactly.
 
     Tied parameters (one Parameter under two names) are written once. Nothing is pickled.
@@ -37,8 +36,7 @@ def save_native(model: "Decoder", directory: Union[str, Path]) -> Path:
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    config = {"format": FORMAT_TAG, **model.cfg.to_dict()}
-    config.pop("device")
+    config = {"format": FORMAT_TAG, **model.cfg.to_dict()}  # the architecture and the options it keeps
     (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2))
     state = {}
     seen: set[int] = set()

@@ -8,7 +8,7 @@ so the model file holds the network and this one the TransformerLens-style token
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
 import torch
@@ -17,11 +17,16 @@ from torch import Tensor
 
 from workbench.errors import InputError
 from workbench.tokenizer import Tokenizer
+from workbench.host import DecoderHost
 
 TextOrTokens = Union[str, list[str], Int[Tensor, "batch pos"], Int[Tensor, "pos"]]
 
 
-class TokenMethods:
+# Typed against the host it is mixed into (workbench.host.DecoderHost); at run time a plain base.
+_Host = DecoderHost if TYPE_CHECKING else object
+
+
+class TokenMethods(_Host):
     """TransformerLens's token helpers (``to_tokens``, ``to_str_tokens``, ``to_string``, ``to_single_token``,
     ``to_single_str_token``, ``get_token_position``) and the checked ``as_tokens``, for a model with
     ``cfg`` and ``tokenizer``. ``prepend_bos=None`` everywhere is TransformerLens's default: BOS first

@@ -17,7 +17,7 @@ expert layers) raise ``InputError`` naming the layers, rather than torch's stack
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from jaxtyping import Float
@@ -27,12 +27,17 @@ from transformer_lens import FactoredMatrix
 from workbench.components.moe import MixtureOfExperts
 from workbench.errors import InputError
 from workbench.processing import process_weights
+from workbench.host import DecoderHost
 
 _ATTN_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O")
 _ATTN_BIASES = {"b_Q": "n_heads d_head", "b_K": "n_heads d_head", "b_V": "n_heads d_head", "b_O": "d_model"}
 
 
-class WeightMethods:
+# Typed against the host it is mixed into (workbench.host.DecoderHost); at run time a plain base.
+_Host = DecoderHost if TYPE_CHECKING else object
+
+
+class WeightMethods(_Host):
     """TransformerLens's stacked weights, factored circuits and bias helpers for a ``Decoder``."""
 
     # ---- embeddings and unembedding --------------------------------------------------------------
@@ -211,33 +216,6 @@ class WeightMethods:
         """
         return process_weights(self, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
                                center_unembed=center_unembed, fold_value_biases=fold_value_biases)
-
-    def set_use_attn_result(self, use_attn_result: bool) -> None:
-        """Always compute ``attn.hook_result`` (per-head outputs [batch, pos, n_heads, d_model]),
-        as TransformerLens's flag. Without it the result is computed only for layers whose
-        ``hook_result`` is hooked (``run_with_cache`` hooks it), which is faster.
-
-        Example:
-            >>> model.set_use_attn_result(True)   # doctest: +SKIP
-        """
-        self.cfg = self.cfg.replace(use_attn_result=bool(use_attn_result))
-        for block in self.blocks:
-            block.attn.use_attn_result = self.cfg.use_attn_result
-
-    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
-        """Give each attention head its own copy of the residual stream it reads, on the hook points
-        ``blocks.{l}.hook_q_input`` [batch, pos, n_heads, d_model] and ``hook_k_input``/``hook_v_input``
-        [batch, pos, n_key_value_heads, d_model] (each normed by ln1 on its own), as TransformerLens's
-        flag: patching one head's input then leaves the others alone. Slower (one matmul per head);
-        pre-norm models only.
-
-        Example:
-            >>> model.set_use_split_qkv_input(True)   # doctest: +SKIP
-            >>> model.run_with_hooks(tokens, fwd_hooks=[("blocks.2.hook_q_input", patch_head_5)])   # doctest: +SKIP
-        """
-        self.cfg = self.cfg.replace(use_split_qkv_input=bool(use_split_qkv_input))  # validates (pre-norm)
-        for block in self.blocks:
-            block.use_split_qkv_input = self.cfg.use_split_qkv_input
 
 
 def _constant_mlp_output_bias(mlp, layer: int) -> Optional[Tensor]:

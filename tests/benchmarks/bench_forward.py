@@ -26,8 +26,7 @@ import torch
 
 import workbench as wb
 from tests.benchmarks.common import interleaved_timings, machine_line, markdown_table, timing_rows, transformer_bridge
-from workbench.hook_point import caching_into
-from workbench.hooking import _fires_without_opt_in  # what cache-all caches
+from workbench.hook_point import caching
 
 LLAMA_SHAPE = dict(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=6,
                    num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
@@ -69,8 +68,7 @@ class _Discard(dict):
 def cached_nothing_kept(model, tokens):
     """The forward as cache-all runs it (every point it caches storing through ``cache_into``, patterns
     materialised) into a cache that keeps nothing: cache-all without keeping the activations."""
-    points = [point for name, point in model.hook_dict.items() if _fires_without_opt_in(name)]
-    with caching_into(points, _Discard()):
+    with caching(model.hook_dict, model.cached_names(None), _Discard()):  # cache-all's selection
         return model(tokens)
 
 

@@ -37,7 +37,7 @@ import workbench as wb
 from experiments.ablation import head_sweep
 from experiments.induction import repeated_random_tokens
 from experiments.patching import attribution_patching, patch_heads
-from workbench.hook_point import caching_into
+from workbench.hook_point import caching
 from tests.benchmarks.common import interleaved_timings, markdown_table, script_main, timing_rows
 
 # Repeated random tokens of 2 x seq_len + BOS: 11 and 41 tokens. Short prompts are where a
@@ -213,10 +213,9 @@ def profile_sweep(model, tokens: torch.Tensor, matmul_flops_per_s: float) -> lis
             timer.seconds[LOSS_PART] += time.perf_counter() - start
             timer.last = None  # the next pass starts afresh
 
-    points = [model.hook_dict[name] for name in part_of_point if name in model.hook_dict]
     model.loss_from_resid = timed_loss  # an instance attribute over the method, removed below
     try:
-        with caching_into(points, timer):
+        with caching(model.hook_dict, part_of_point.__contains__, timer):
             start = time.perf_counter()
             head_sweep(model, tokens, progress=False)
             total = time.perf_counter() - start

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 # Vocabulary of 3,000: three logits tiles of the loss, the last one ragged.
 CONFIG = dict(n_layers=3, d_model=128, n_heads=4, n_key_value_heads=2, d_mlp=256, d_vocab=3000, n_ctx=64,
-              normalization="RMS", positional="rotary", act_fn="silu", gated_mlp=True, attn_impl="sdpa")
+              normalization="RMS", positional="rotary", act_fn="silu", gated_mlp=True)
 
 
 def test_head_sweep_on_cuda_equals_a_per_head_loop_there():

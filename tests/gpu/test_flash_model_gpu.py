@@ -33,8 +33,8 @@ LOGIT_TOL = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
 def _pair(dtype, **overrides):
     torch.manual_seed(0)
-    sdpa = wb.Decoder(wb.ModelConfig(**{**LLAMA, **overrides}, attn_impl="sdpa")).to(device="cuda", dtype=dtype)
-    flash = wb.Decoder(sdpa.cfg.replace(attn_impl="flash"), init_weights=False).to(device="cuda", dtype=dtype)
+    sdpa = wb.Decoder(wb.ModelConfig(**{**LLAMA, **overrides}), attn_impl="sdpa").to(device="cuda", dtype=dtype)
+    flash = wb.Decoder(sdpa.cfg, init_weights=False, attn_impl="flash").to(device="cuda", dtype=dtype)
     flash.load_state_dict(sdpa.state_dict())
     return sdpa.eval(), flash.eval()
 
@@ -62,7 +62,7 @@ def test_flash_gradients_equal_sdpa():
 
 def test_pattern_hook_under_flash_reads_the_eager_pattern():
     sdpa, flash = _pair(torch.float32)
-    eager = wb.Decoder(sdpa.cfg.replace(attn_impl="eager"), init_weights=False).to("cuda")
+    eager = wb.Decoder(sdpa.cfg, init_weights=False, attn_impl="eager").to("cuda")
     eager.load_state_dict(sdpa.state_dict())
     tokens = torch.randint(0, LLAMA["d_vocab"], (1, 300), device="cuda")
     only_layer_2 = lambda name: name == "blocks.2.attn.hook_pattern"

@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerFast
 import workbench as wb
 from tests.integration.hf_tiny import FACTORIES, SLIDING_WINDOW, VOCAB, build_and_save
 
-ATTN_IMPLS = ["eager", "sdpa", "flash"]
+from workbench import ATTN_IMPLS
 SEQ_LEN = 24  # > SLIDING_WINDOW, so Mistral's window masks real keys
 
 

@@ -16,7 +16,7 @@ import torch
 
 import workbench as wb
 from tests.integration.hf_tiny import FACTORIES, VOCAB, build_and_save
-from workbench.config import WEIGHT_PROCESSING_STEPS
+from workbench.options import WEIGHT_PROCESSING_STEPS
 from workbench.errors import ConfigError
 
 TOL = 1e-4

@@ -3,6 +3,7 @@
 import torch
 
 import workbench as wb
+from workbench.options import split_saved_config
 
 BASE = dict(n_layers=2, d_model=32, n_heads=4, d_vocab=61, n_ctx=64)
 
@@ -22,9 +23,10 @@ VARIANTS = {
 
 
 def make_model(variant: str, seed: int = 0, **overrides) -> wb.Decoder:
+    """``overrides``: architecture fields and runtime options (``attn_impl=``, ``dtype=`` ...) alike."""
     torch.manual_seed(seed)
-    cfg = wb.ModelConfig(**{**BASE, **VARIANTS[variant], **overrides})
-    model = wb.Decoder(cfg)
+    cfg, options = split_saved_config({**BASE, **VARIANTS[variant], **overrides})
+    model = wb.Decoder(cfg, **options)
     # Random (not default) norm gains and biases, so formulas are exercised with non-trivial values.
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -34,7 +36,8 @@ def make_model(variant: str, seed: int = 0, **overrides) -> wb.Decoder:
 
 
 def same_weights(model: wb.Decoder, **changes) -> wb.Decoder:
-    """A copy of ``model`` with config fields changed (e.g. attn_impl) and identical weights."""
-    other = wb.Decoder(model.cfg.replace(**changes), init_weights=False)
+    """A copy of ``model`` with architecture fields or runtime options changed (e.g. attn_impl) and identical weights."""
+    cfg, options = split_saved_config({**model.cfg.to_dict(), **changes})
+    other = wb.Decoder(cfg, init_weights=False, **options)
     other.load_state_dict(model.state_dict())
     return other.eval()

@@ -11,6 +11,7 @@ from tests.unit.helpers import make_model
 from workbench.components import GatedMLP, LayerNorm, MixtureOfExperts, RMSNorm, Rotary
 from workbench.components.embedding import sinusoidal_table
 from workbench.components.rotary import alibi_slopes
+from workbench.options import RuntimeOptions
 
 CFG = wb.ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=10, n_ctx=64, d_mlp=24)
 
@@ -48,7 +49,7 @@ def test_partial_rotary_leaves_tail_dimensions_alone():
 
 
 def test_rmsnorm_formula():
-    norm = RMSNorm(CFG)
+    norm = RMSNorm(CFG, RuntimeOptions())
     with torch.no_grad():
         norm.w.copy_(torch.linspace(0.5, 2.0, 16))
     x = torch.randn(2, 3, 16)
@@ -58,7 +59,7 @@ def test_rmsnorm_formula():
 
 
 def test_layernorm_formula():
-    norm = LayerNorm(CFG)
+    norm = LayerNorm(CFG, RuntimeOptions())
     with torch.no_grad():
         norm.w.copy_(torch.linspace(0.5, 2.0, 16))
         norm.b.copy_(torch.linspace(-1, 1, 16))
@@ -70,7 +71,7 @@ def test_layernorm_formula():
 
 
 def test_swiglu_is_silu_gate_times_linear():
-    mlp = GatedMLP(CFG.replace(gated_mlp=True, act_fn="silu"))
+    mlp = GatedMLP(CFG.replace(gated_mlp=True, act_fn="silu"), RuntimeOptions())
     for p in mlp.parameters():
         torch.nn.init.normal_(p, std=0.3)
     x = torch.randn(1, 2, 16)
@@ -92,7 +93,7 @@ def test_pattern_rows_sum_to_one_and_are_causal():
 def test_moe_equals_per_token_loop_over_chosen_experts(renormalize):
     cfg = CFG.replace(num_experts=4, experts_per_token=2, gated_mlp=True, act_fn="silu",
                       router_renormalize=renormalize)
-    moe = MixtureOfExperts(cfg)
+    moe = MixtureOfExperts(cfg, RuntimeOptions())
     for p in moe.parameters():
         torch.nn.init.normal_(p, std=0.3)
     x = torch.randn(2, 5, 16)

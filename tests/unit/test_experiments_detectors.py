@@ -29,9 +29,9 @@ def induction_circuit_model(attn_impl: str = "eager") -> wb.Decoder:
     L1H1: tiny random weights (near-uniform attention).
     """
     cfg = wb.ModelConfig(n_layers=2, d_model=D_MODEL, n_heads=2, d_head=D_HEAD, d_vocab=V, n_ctx=N_CTX,
-                         attn_only=True, normalization="RMS", positional="learned", attn_impl=attn_impl)
+                         attn_only=True, normalization="RMS", positional="learned")
     torch.manual_seed(0)
-    model = wb.Decoder(cfg)
+    model = wb.Decoder(cfg, attn_impl=attn_impl)
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0, 0.01)

@@ -29,8 +29,10 @@ READERS = {"hf": (hf, "SafetensorsCheckpoint"), "gguf": (gguf_loader, "read_tens
 @pytest.mark.parametrize("kind", sorted(READERS))
 def test_each_loader_passes_dtype_and_attn_impl_to_build(sources, kind, monkeypatch):
     seen = []
-    real = build.runtime_config
-    monkeypatch.setattr(build, "runtime_config", lambda cfg, **options: seen.append(options) or real(cfg, **options))
+    real = build.runtime_options
+    monkeypatch.setattr(build, "runtime_options",
+                        lambda cfg, **options: seen.append({k: options[k] for k in ("dtype", "attn_impl")})
+                        or real(cfg, **options))
     model = wb.load_model(sources[kind], dtype=torch.bfloat16, attn_impl="eager")
     assert (model.cfg.dtype, model.cfg.attn_impl, model.cfg.device) == (torch.bfloat16, "eager", "cpu")
     assert dict(dtype=torch.bfloat16, attn_impl="eager") in seen  # build_model applied them

@@ -23,7 +23,7 @@ from workbench.generation import KVCache, generate_tokens
 
 VOCAB = 53
 BASE = dict(n_layers=2, d_model=32, n_heads=4, d_vocab=VOCAB, n_ctx=48, positional="rotary",
-            normalization="RMS", gated_mlp=True, act_fn="silu", attn_impl="eager")
+            normalization="RMS", gated_mlp=True, act_fn="silu")
 
 # Routers of the families, at toy sizes.
 SOFTMAX = dict(n_key_value_heads=2, num_experts=6, experts_per_token=2)  # Mixtral, Qwen2/3-MoE
@@ -45,7 +45,7 @@ LATENT = dict(n_key_value_heads=4, d_head=12, rotary_dim=4, d_head_v=10, kv_lora
 def build(seed: int = 0, **fields) -> wb.Decoder:
     """A model with gains ~N(1, 0.2), every bias, sink and correction bias ~N(0, 0.3) and matrices ~N(0, 0.2)."""
     torch.manual_seed(seed)
-    model = wb.Decoder(wb.ModelConfig(**{**BASE, **fields}))
+    model = wb.Decoder(wb.ModelConfig(**{**BASE, **fields}), attn_impl="eager")
     with torch.no_grad():
         for name, param in model.named_parameters():
             leaf = name.rsplit(".", 1)[-1]

@@ -316,7 +316,7 @@ def test_cfg_default_prepend_bos_is_transformer_lens_switch():
     model = make_model("mha_learned_ln")
     model.tokenizer = Tokenizer(word_backend(), SpecialTokens(bos_token="<bos>", eos_token="<eos>"))
     assert model.cfg.default_prepend_bos and model.to_tokens("w3 w4")[0].tolist() == [BOS, w(3), w(4)]
-    model.cfg = model.cfg.replace(default_prepend_bos=False)
+    model.cfg.default_prepend_bos = False  # TransformerLens's way: sets the model's option
     assert model.to_tokens("w3 w4")[0].tolist() == [w(3), w(4)]
     assert model.to_tokens("w3 w4", prepend_bos=True)[0].tolist() == [BOS, w(3), w(4)]
 

@@ -90,7 +90,7 @@ def test_set_use_attn_result_keeps_the_output_and_negative_stop_at_layer():
     model = make_model("mha_learned_ln")
     logits, cache = model.run_with_cache(TOKENS)
     model.set_use_attn_result(True)
-    assert all(block.attn.use_attn_result for block in model.blocks)
+    assert model.cfg.use_attn_result and all(block.attn.options is model.options for block in model.blocks)
     torch.testing.assert_close(model(TOKENS), logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(model(TOKENS, stop_at_layer=-1), cache["blocks.1.hook_resid_pre"])
     with pytest.raises(wb.InputError, match="stop_at_layer=3"):
@@ -103,7 +103,7 @@ def test_split_qkv_input_gives_each_head_its_own_input(variant):
     model = make_model(variant)
     logits = model(TOKENS)
     model.set_use_split_qkv_input(True)
-    assert model.cfg.use_split_qkv_input and all(block.use_split_qkv_input for block in model.blocks)
+    assert model.cfg.use_split_qkv_input and all(block.options is model.options for block in model.blocks)
     out, cache = model.run_with_cache(TOKENS)
     torch.testing.assert_close(out, logits, atol=1e-5, rtol=0)  # the same model, per-head inputs
     H, G = model.cfg.n_heads, model.cfg.n_key_value_heads
@@ -135,4 +135,5 @@ def test_split_qkv_input_needs_a_pre_norm_model():
     model = make_model("sinusoidal_postnorm")
     with pytest.raises(wb.ConfigError, match="use_split_qkv_input"):
         model.set_use_split_qkv_input(True)
-    assert not model.cfg.use_split_qkv_input and not any(block.use_split_qkv_input for block in model.blocks)
+    assert not model.cfg.use_split_qkv_input
+    assert "blocks.0.hook_q_input" not in model.run_with_cache(torch.tensor([[1, 2, 3]]))[1]

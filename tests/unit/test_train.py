@@ -157,7 +157,7 @@ def test_tokenize_documents_joins_documents_with_the_boundary_token(small_tokeni
 # ---- a short real run ----------------------------------------------------------------------------
 def _tiny_config(tokenizer, **changes):
     base = dict(n_layers=1, d_model=32, n_heads=2, d_head=16, d_vocab=tokenizer.vocab_size, n_ctx=32,
-                positional="rotary", attn_impl="sdpa")
+                positional="rotary")
     return wb.ModelConfig(**{**base, **changes})
 
 

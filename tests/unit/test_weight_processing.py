@@ -21,7 +21,7 @@ from transformer_lens.weight_processing import ProcessWeights
 
 import workbench as wb
 from tests.unit.helpers import BASE, VARIANTS, make_model
-from workbench.config import WEIGHT_PROCESSING_STEPS
+from workbench.options import WEIGHT_PROCESSING_STEPS
 from workbench.errors import ConfigError
 
 TOL = 1e-4

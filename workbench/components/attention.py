@@ -12,13 +12,13 @@ stored in `torch.nn.Linear`'s layout under private names (``_W_Q_lin`` [H*K, D],
 TransformerLens names are views of that storage (writing into ``W_Q``, ``_W_K``, ``_W_V``, ``W_O``,
 ``b_Q``, ``_b_K`` or ``_b_V`` writes the weights; ``W_K``/``W_V``/``b_K``/``b_V`` of a GQA model are copies).
 
-The kernel is swappable (``attn_impl``, set from the config and switched by
-``Decoder.set_attn_impl``). The module keeps the few config values it needs as plain attributes,
-never a copy of the config that ``.to()`` or a kernel switch would leave stale. A layer whose ``hook_attn_scores`` or
-``hook_pattern`` has a hook attached runs the eager kernel for that call, so patterns can be
-read and edited under every kernel while the other layers keep the fast one. Likewise
-``hook_result`` (per-head outputs, [B, P, H, D]) is computed only when something hooks it or
-``use_attn_result`` is set (``Decoder.set_use_attn_result``).
+The kernel is the model's ``options.attn_impl`` (``workbench.options.RuntimeOptions``, switched by
+``Decoder.set_attn_impl``), read at each call from the options object the model shares with every
+layer, so no copy goes stale. A layer whose ``hook_attn_scores`` or ``hook_pattern`` is observed
+(``workbench.hook_point.is_observed``: a hook of any kind, a global module hook, a cache sink) runs the
+eager kernel for that call, so patterns can be read and edited under every kernel while the other
+layers keep the fast one. Likewise ``hook_result`` (per-head outputs, [B, P, H, D]) is computed only
+when observed or ``options.use_attn_result`` is set (``Decoder.set_use_attn_result``).
 
 Order of operations, each on its hook: projections (clamped to ``clip_qkv`` when set) ->
 ``hook_q``/``hook_k``/``hook_v`` -> QK norm (``q_norm``/``k_norm``, per head or over the whole
@@ -40,20 +40,20 @@ from workbench.components.attention_kernels import FAST_KERNELS, MaskSpec, eager
 from workbench.components.norm import make_norm
 from workbench.components.rotary import Rotary, alibi_slopes
 from workbench.config import ModelConfig
-from workbench.hook_point import HookPoint
+from workbench.options import RuntimeOptions
+from workbench.hook_point import HookPoint, is_observed
 
 
 class AttentionBase(nn.Module):
     """What every attention variant shares: the kernel (``attend``), sinks, the output projection
     (``project_out``, ``W_O`` [H, J, D], ``b_O``) and the hooks on scores, pattern, z and results."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
         self.n_heads, self.d_head, self.d_head_v, self.d_model = cfg.n_heads, cfg.d_head, cfg.d_head_v, cfg.d_model
         self.scale, self.sliding_window = 1.0 / cfg.attn_scale, cfg.sliding_window
         self.soft_cap = cfg.attn_scores_soft_cap
-        self.attn_impl = cfg.attn_impl
-        self.use_attn_result = cfg.use_attn_result
+        self.options = options  # the model's own: its kernel and use_attn_result switch here too
         if cfg.positional == "alibi":
             with torch.device("cpu"):  # real slopes even when the model is built on the meta device
                 slopes_H = alibi_slopes(cfg.n_heads)
@@ -62,10 +62,10 @@ class AttentionBase(nn.Module):
             self.alibi_slopes_H = None
         # A subclass makes _W_O_lin [D, H*J] and b_O [D] (or None), then calls _add_kernel_hooks.
 
-    def _add_kernel_hooks(self, cfg: ModelConfig) -> None:
+    def _add_kernel_hooks(self, cfg: ModelConfig, options: RuntimeOptions) -> None:
         """Sinks and the hooks from the scores on, registered after the subclass's own (so a cache
         lists hooks in the order they fire)."""
-        self.sinks = nn.Parameter(torch.zeros(cfg.n_heads, dtype=cfg.dtype)) if cfg.attn_sinks else None  # [H] logits
+        self.sinks = nn.Parameter(torch.zeros(cfg.n_heads, dtype=options.dtype)) if cfg.attn_sinks else None  # [H] logits
         self.hook_attn_scores = HookPoint()  # [B, H, P, S]
         self.hook_pattern = HookPoint()  # [B, H, P, S]
         self.hook_z = HookPoint()  # [B, P, H, J]
@@ -79,7 +79,7 @@ class AttentionBase(nn.Module):
         mask = MaskSpec(scale=self.scale, q_offset=k_BGSK.shape[2] - q_BHPK.shape[2], sliding_window=self.sliding_window,
                         alibi_slopes_H=self.alibi_slopes_H, soft_cap=self.soft_cap, key_mask_BS=key_mask_BS,
                         sinks_H=self.sinks)
-        fast_kernel = FAST_KERNELS.get(self.attn_impl)  # None for "eager"
+        fast_kernel = FAST_KERNELS.get(self.options.attn_impl)  # None for "eager"
         if fast_kernel is None or self.pattern_is_hooked():
             return eager_attention(q_BHPK, k_BGSK, v_BGSJ, mask, self.hook_attn_scores, self.hook_pattern,
                                    getattr(self, "hook_sink_weight", identity_hook))
@@ -87,15 +87,21 @@ class AttentionBase(nn.Module):
 
     def project_out(self, z_BPHJ: Float[Tensor, "batch pos n_heads d_head_v"]) -> Float[Tensor, "batch pos d_model"]:
         """The output projection, through per-head results (``hook_result``) when something needs them."""
-        if self.use_attn_result or _is_hooked(self.hook_result):
+        if self.options.use_attn_result or is_observed(self.hook_result):
             result_BPHD = self.hook_result(torch.einsum("bphk,hkd->bphd", z_BPHJ, self.W_O))
             out = result_BPHD.sum(dim=2)
             return out if self.b_O is None else out + self.b_O
         return F.linear(z_BPHJ.flatten(-2), self._W_O_lin, self.b_O)
 
     def pattern_is_hooked(self) -> bool:
-        """True when a hook on scores, pattern or sink weight needs them materialised (forces eager here)."""
-        return any(_is_hooked(getattr(self, name)) for name in PATTERN_HOOKS if hasattr(self, name))
+        """True when anything observes scores, pattern or sink weight (``workbench.hook_point.is_observed``),
+        which then must be materialised (forces eager here)."""
+        return any(is_observed(getattr(self, name)) for name in PATTERN_HOOKS if hasattr(self, name))
+
+    @property
+    def attn_impl(self) -> str:
+        """The kernel this layer runs (the model's ``options.attn_impl``)."""
+        return self.options.attn_impl
 
     @property
     def W_O(self) -> Float[Tensor, "n_heads d_head_v d_model"]:
@@ -106,27 +112,27 @@ class Attention(AttentionBase):
     """Causal self-attention (MHA / GQA / MQA) with optional RoPE, ALiBi, sliding window, QK norm,
     soft-capping and sinks; built from one layer's config (``ModelConfig.for_layer``)."""
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg)
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
+        super().__init__(cfg, options)
         H, G, K, D = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model
         self.n_key_value_heads = G
         self.clip_qkv = cfg.clip_qkv
-        self._W_Q_lin = nn.Parameter(torch.empty(H * K, D, dtype=cfg.dtype))
-        self._W_K_lin = nn.Parameter(torch.empty(G * K, D, dtype=cfg.dtype))
-        self._W_V_lin = nn.Parameter(torch.empty(G * K, D, dtype=cfg.dtype))
-        self._W_O_lin = nn.Parameter(torch.empty(D, H * K, dtype=cfg.dtype))
+        self._W_Q_lin = nn.Parameter(torch.empty(H * K, D, dtype=options.dtype))
+        self._W_K_lin = nn.Parameter(torch.empty(G * K, D, dtype=options.dtype))
+        self._W_V_lin = nn.Parameter(torch.empty(G * K, D, dtype=options.dtype))
+        self._W_O_lin = nn.Parameter(torch.empty(D, H * K, dtype=options.dtype))
         if cfg.attn_bias:
-            self._b_Q_lin = nn.Parameter(torch.zeros(H * K, dtype=cfg.dtype))
-            self._b_K_lin = nn.Parameter(torch.zeros(G * K, dtype=cfg.dtype))
-            self._b_V_lin = nn.Parameter(torch.zeros(G * K, dtype=cfg.dtype))
-            self.b_O = nn.Parameter(torch.zeros(D, dtype=cfg.dtype))
+            self._b_Q_lin = nn.Parameter(torch.zeros(H * K, dtype=options.dtype))
+            self._b_K_lin = nn.Parameter(torch.zeros(G * K, dtype=options.dtype))
+            self._b_V_lin = nn.Parameter(torch.zeros(G * K, dtype=options.dtype))
+            self.b_O = nn.Parameter(torch.zeros(D, dtype=options.dtype))
         else:
             self._b_Q_lin = self._b_K_lin = self._b_V_lin = self.b_O = None
         # QK norm gains: [heads, d_head] per head, or [heads * d_head] over the whole projection.
         self.qk_norm_over_projection = cfg.qk_norm == "projection"
         if cfg.qk_norm is not None:
             q_shape, k_shape = ((H * K,), (G * K,)) if self.qk_norm_over_projection else ((H, K), (G, K))
-            self.q_norm, self.k_norm = make_norm(cfg, q_shape), make_norm(cfg, k_shape)
+            self.q_norm, self.k_norm = make_norm(cfg, options, q_shape), make_norm(cfg, options, k_shape)
         else:
             self.q_norm = self.k_norm = None
         self.rotary = Rotary(cfg) if cfg.positional == "rotary" else None
@@ -136,7 +142,7 @@ class Attention(AttentionBase):
         self.hook_v = HookPoint()  # [B, P, G, K]
         self.hook_rot_q = HookPoint()  # [B, P, H, K]
         self.hook_rot_k = HookPoint()  # [B, P, G, K]
-        self._add_kernel_hooks(cfg)
+        self._add_kernel_hooks(cfg, options)
 
     def forward(
         self,
@@ -233,12 +239,6 @@ def _project(x: Tensor, W_lin: Tensor, b_lin: Optional[Tensor], n: int, K: int) 
 
 
 PATTERN_HOOKS = ("hook_attn_scores", "hook_pattern", "hook_sink_weight")
-
-
-def _is_hooked(hook_point: HookPoint) -> bool:
-    # Forward hooks (TransformerLens's, its caching hooks) and backward hooks register on the module;
-    # run_with_cache's plain path stores through the point itself (cache_into): every way to read it.
-    return bool(hook_point._forward_hooks or hook_point._backward_hooks or hook_point.cache_into is not None)
 
 
 class LayerKVCache:

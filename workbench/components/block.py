@@ -27,19 +27,20 @@ from workbench.components.mlp import MLP, GatedMLP
 from workbench.components.moe import MixtureOfExperts
 from workbench.components.norm import make_norm
 from workbench.config import ModelConfig
+from workbench.options import RuntimeOptions
 from workbench.hook_point import HookPoint
 
 
-def make_mlp(cfg: ModelConfig) -> nn.Module:
+def make_mlp(cfg: ModelConfig, options: RuntimeOptions) -> nn.Module:
     """The block's feed-forward layer as the config describes it."""
     if cfg.is_moe:
-        return MixtureOfExperts(cfg)
-    return GatedMLP(cfg) if cfg.gated_mlp else MLP(cfg)
+        return MixtureOfExperts(cfg, options)
+    return GatedMLP(cfg, options) if cfg.gated_mlp else MLP(cfg, options)
 
 
-def make_attention(cfg: ModelConfig) -> nn.Module:
+def make_attention(cfg: ModelConfig, options: RuntimeOptions) -> nn.Module:
     """The block's attention as the config describes it: latent (``kv_lora_rank`` set) or standard."""
-    return LatentAttention(cfg) if cfg.is_latent_attention else Attention(cfg)
+    return LatentAttention(cfg, options) if cfg.is_latent_attention else Attention(cfg, options)
 
 
 def _identity(x: Tensor) -> Tensor:
@@ -49,16 +50,16 @@ def _identity(x: Tensor) -> Tensor:
 class TransformerBlock(nn.Module):
     """Maps the residual stream [B, P, D] to itself; built from one layer's config (``cfg.for_layer``)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
         self.norm_placement = cfg.norm_placement
         self.parallel = cfg.parallel_attn_mlp
-        self.use_split_qkv_input = cfg.use_split_qkv_input
+        self.options = options  # the model's own: its use_split_qkv_input switch here too
         sublayer_output = cfg.norm_placement == "sublayer_output"
         post_norms = cfg.norm_placement in ("sandwich", "sublayer_output")
-        self.ln1 = None if sublayer_output else make_norm(cfg)
-        self.ln1_post = make_norm(cfg) if post_norms else None
-        self.attn = make_attention(cfg)
+        self.ln1 = None if sublayer_output else make_norm(cfg, options)
+        self.ln1_post = make_norm(cfg, options) if post_norms else None
+        self.attn = make_attention(cfg, options)
         self.hook_resid_pre = HookPoint()  # [B, P, D]
         self.hook_q_input = HookPoint()  # [B, P, H, D], only with use_split_qkv_input
         self.hook_k_input = HookPoint()  # [B, P, G, D]
@@ -67,9 +68,9 @@ class TransformerBlock(nn.Module):
         self.hook_resid_post = HookPoint()  # [B, P, D]
         self.has_mlp = not cfg.attn_only
         if self.has_mlp:
-            self.ln2 = None if sublayer_output else make_norm(cfg)
-            self.ln2_post = make_norm(cfg) if post_norms else None
-            self.mlp = make_mlp(cfg)
+            self.ln2 = None if sublayer_output else make_norm(cfg, options)
+            self.ln2_post = make_norm(cfg, options) if post_norms else None
+            self.mlp = make_mlp(cfg, options)
             if not self.parallel:
                 self.hook_resid_mid = HookPoint()  # [B, P, D]
             self.hook_mlp_out = HookPoint()  # [B, P, D]
@@ -82,7 +83,7 @@ class TransformerBlock(nn.Module):
         key_mask_BS: Optional[Tensor] = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         resid = self.hook_resid_pre(resid_BPD)
-        if self.use_split_qkv_input:
+        if self.options.use_split_qkv_input:
             heads = (self.attn.n_heads, self.attn.n_key_value_heads, self.attn.n_key_value_heads)
             split = tuple(self.ln1(hook(resid[:, :, None].repeat(1, 1, n, 1)))  # a copy per head
                           for hook, n in zip((self.hook_q_input, self.hook_k_input, self.hook_v_input), heads))

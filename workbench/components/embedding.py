@@ -18,6 +18,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from workbench.config import ModelConfig
+from workbench.options import RuntimeOptions
 
 
 class Embed(nn.Module):
@@ -28,9 +29,9 @@ class Embed(nn.Module):
         (torch.Size([2048, 128]), True)
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
-        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=cfg.dtype))
+        self.W_E = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=options.dtype))
         self.embed_scale = cfg.embed_scale
 
     def forward(self, tokens_BP: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
@@ -45,14 +46,14 @@ class LearnedPosEmbed(nn.Module):
     """Absolute position -> vector: ``W_pos`` [n_ctx, D] (GPT-2).
 
     Example:
-        >>> pos_embed = LearnedPosEmbed(model.cfg.replace(positional="learned"))
+        >>> pos_embed = LearnedPosEmbed(model.config.replace(positional="learned"), model.options)
         >>> pos_embed.W_pos.shape, pos_embed(torch.arange(3)).shape
         (torch.Size([256, 128]), torch.Size([3, 128]))
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
-        self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model, dtype=cfg.dtype))
+        self.W_pos = nn.Parameter(torch.empty(cfg.n_ctx, cfg.d_model, dtype=options.dtype))
 
     def forward(self, positions: Int[Tensor, "*batch pos"]) -> Float[Tensor, "*batch pos d_model"]:
         return self.W_pos[positions]
@@ -62,16 +63,16 @@ class SinusoidalPosEmbed(nn.Module):
     """The fixed sin/cos table of "Attention Is All You Need" (no parameters).
 
     Example:
-        >>> pos_embed = SinusoidalPosEmbed(ModelConfig(n_layers=1, d_model=2, n_heads=1, d_vocab=3, n_ctx=4))
+        >>> pos_embed = SinusoidalPosEmbed(ModelConfig(n_layers=1, d_model=2, n_heads=1, d_vocab=3, n_ctx=4), RuntimeOptions())
         >>> pos_embed(torch.arange(2)).round(decimals=4)   # (sin p, cos p)
         tensor([[0.0000, 1.0000],
                 [0.8415, 0.5403]])
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
         with torch.device("cpu"):  # a real table even when the model is built on the meta device
-            table = sinusoidal_table(cfg.n_ctx, cfg.d_model).to(cfg.dtype)
+            table = sinusoidal_table(cfg.n_ctx, cfg.d_model).to(options.dtype)
         self.register_buffer("table", table, persistent=False)
 
     def forward(self, positions: Int[Tensor, "*batch pos"]) -> Float[Tensor, "*batch pos d_model"]:
@@ -96,17 +97,17 @@ def sinusoidal_table(n_ctx: int, d_model: int) -> Float[Tensor, "n_ctx d_model"]
 POS_EMBEDS: dict[str, type[nn.Module]] = {"learned": LearnedPosEmbed, "sinusoidal": SinusoidalPosEmbed}
 
 
-def make_pos_embed(cfg: ModelConfig) -> Optional[nn.Module]:
+def make_pos_embed(cfg: ModelConfig, options: RuntimeOptions) -> Optional[nn.Module]:
     """The absolute position embedding, or None where position enters inside attention (RoPE, ALiBi).
 
     Example:
-        >>> make_pos_embed(model.cfg) is None   # rotary
+        >>> make_pos_embed(model.config, model.options) is None   # rotary
         True
-        >>> make_pos_embed(model.cfg.replace(positional="sinusoidal"))
+        >>> make_pos_embed(model.config.replace(positional="sinusoidal"), model.options)
         SinusoidalPosEmbed()
     """
     cls = POS_EMBEDS.get(cfg.positional)
-    return cls(cfg) if cls else None
+    return cls(cfg, options) if cls else None
 
 
 class Unembed(nn.Module):
@@ -121,10 +122,10 @@ class Unembed(nn.Module):
         True
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
-        self._W_U_lin = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=cfg.dtype))
-        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab, dtype=cfg.dtype)) if cfg.unembed_bias else None
+        self._W_U_lin = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=options.dtype))
+        self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab, dtype=options.dtype)) if cfg.unembed_bias else None
         self.soft_cap = cfg.output_logits_soft_cap
 
     def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:

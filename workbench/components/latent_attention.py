@@ -38,35 +38,36 @@ from workbench.components.attention import AttentionBase, LayerKVCache
 from workbench.components.norm import RMSNorm
 from workbench.components.rotary import Rotary
 from workbench.config import ModelConfig
+from workbench.options import RuntimeOptions
 from workbench.hook_point import HookPoint
 
 
 class LatentAttention(AttentionBase):
     """DeepSeek's multi-head latent attention; built from one layer's config (``ModelConfig.for_layer``)."""
 
-    def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg)
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
+        super().__init__(cfg, options)
         H, K, R, J, D = cfg.n_heads, cfg.d_head, cfg.rotary_dim, cfg.d_head_v, cfg.d_model
         A, Q = cfg.kv_lora_rank, cfg.q_lora_rank
         self.n_key_value_heads = H  # every head has its own key and value (expanded from the latent)
         self.d_nope, self.rotary_dim, self.kv_lora_rank = K - R, R, A
         latent_norm_cfg = cfg.replace(normalization="RMS", norm_eps=cfg.latent_norm_eps)
-        bias = (lambda n: nn.Parameter(torch.zeros(n, dtype=cfg.dtype))) if cfg.attn_bias else (lambda n: None)
+        bias = (lambda n: nn.Parameter(torch.zeros(n, dtype=options.dtype))) if cfg.attn_bias else (lambda n: None)
         if Q is None:
-            self._W_Q_lin = nn.Parameter(torch.empty(H * K, D, dtype=cfg.dtype))
+            self._W_Q_lin = nn.Parameter(torch.empty(H * K, D, dtype=options.dtype))
             self._W_QA_lin = self._b_QA_lin = self.q_a_norm = self._W_QB_lin = None
         else:
             self._W_Q_lin = None
-            self._W_QA_lin = nn.Parameter(torch.empty(Q, D, dtype=cfg.dtype))
+            self._W_QA_lin = nn.Parameter(torch.empty(Q, D, dtype=options.dtype))
             self._b_QA_lin = bias(Q)
-            self.q_a_norm = RMSNorm(latent_norm_cfg, (Q,))
-            self._W_QB_lin = nn.Parameter(torch.empty(H * K, Q, dtype=cfg.dtype))
-        self._W_KVA_lin = nn.Parameter(torch.empty(A + R, D, dtype=cfg.dtype))
+            self.q_a_norm = RMSNorm(latent_norm_cfg, options, (Q,))
+            self._W_QB_lin = nn.Parameter(torch.empty(H * K, Q, dtype=options.dtype))
+        self._W_KVA_lin = nn.Parameter(torch.empty(A + R, D, dtype=options.dtype))
         self._b_KVA_lin = bias(A + R)
-        self.kv_a_norm = RMSNorm(latent_norm_cfg, (A,))
-        self._W_KVB_lin = nn.Parameter(torch.empty(H * (K - R + J), A, dtype=cfg.dtype))
-        self._W_O_lin = nn.Parameter(torch.empty(D, H * J, dtype=cfg.dtype))
-        self.b_O = nn.Parameter(torch.zeros(D, dtype=cfg.dtype)) if cfg.attn_bias else None
+        self.kv_a_norm = RMSNorm(latent_norm_cfg, options, (A,))
+        self._W_KVB_lin = nn.Parameter(torch.empty(H * (K - R + J), A, dtype=options.dtype))
+        self._W_O_lin = nn.Parameter(torch.empty(D, H * J, dtype=options.dtype))
+        self.b_O = nn.Parameter(torch.zeros(D, dtype=options.dtype)) if cfg.attn_bias else None
         self.rotary = Rotary(cfg)
 
         if Q is not None:
@@ -77,7 +78,7 @@ class LatentAttention(AttentionBase):
         self.hook_k_rope = HookPoint()  # [B, P, R]
         self.hook_k = HookPoint()  # [B, S, H, K]
         self.hook_v = HookPoint()  # [B, S, H, J]
-        self._add_kernel_hooks(cfg)
+        self._add_kernel_hooks(cfg, options)
 
     def forward(
         self,

@@ -20,6 +20,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from workbench.config import ModelConfig
+from workbench.options import RuntimeOptions
 from workbench.hook_point import HookPoint
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -45,13 +46,13 @@ class DenseWeights:
 class MLP(DenseWeights, nn.Module):
     """out = W_out act(W_in x + b_in) + b_out."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
         self.act = ACTIVATIONS[cfg.act_fn]
-        self._W_in_lin = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=cfg.dtype))
-        self._W_out_lin = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=cfg.dtype))
-        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp, dtype=cfg.dtype)) if cfg.mlp_bias else None
-        self.b_out = nn.Parameter(torch.zeros(cfg.d_model, dtype=cfg.dtype)) if cfg.mlp_bias else None
+        self._W_in_lin = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=options.dtype))
+        self._W_out_lin = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=options.dtype))
+        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp, dtype=options.dtype)) if cfg.mlp_bias else None
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model, dtype=options.dtype)) if cfg.mlp_bias else None
         self.hook_pre = HookPoint()  # [B, P, M]
         self.hook_post = HookPoint()  # [B, P, M]
 
@@ -64,15 +65,15 @@ class MLP(DenseWeights, nn.Module):
 class GatedMLP(DenseWeights, nn.Module):
     """out = W_out (act(W_gate x) * (W_in x)): SwiGLU with silu, GeGLU with gelu."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
         self.act = ACTIVATIONS[cfg.act_fn]
-        self._W_gate_lin = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=cfg.dtype))
-        self._W_in_lin = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=cfg.dtype))
-        self._W_out_lin = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=cfg.dtype))
-        self.b_gate = nn.Parameter(torch.zeros(cfg.d_mlp, dtype=cfg.dtype)) if cfg.mlp_bias else None
-        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp, dtype=cfg.dtype)) if cfg.mlp_bias else None
-        self.b_out = nn.Parameter(torch.zeros(cfg.d_model, dtype=cfg.dtype)) if cfg.mlp_bias else None
+        self._W_gate_lin = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=options.dtype))
+        self._W_in_lin = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=options.dtype))
+        self._W_out_lin = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=options.dtype))
+        self.b_gate = nn.Parameter(torch.zeros(cfg.d_mlp, dtype=options.dtype)) if cfg.mlp_bias else None
+        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp, dtype=options.dtype)) if cfg.mlp_bias else None
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model, dtype=options.dtype)) if cfg.mlp_bias else None
         self.hook_pre = HookPoint()  # [B, P, M] gate pre-activation
         self.hook_pre_linear = HookPoint()  # [B, P, M]
         self.hook_post = HookPoint()  # [B, P, M]

@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from workbench.components.mlp import ACTIVATIONS, GatedMLP
 from workbench.config import ModelConfig
+from workbench.options import RuntimeOptions
 from workbench.hook_point import HookPoint
 
 RENORMALIZE_EPS = 1e-20  # DeepSeek-V3's guard in the renormalising sum (no effect on any other router)
@@ -107,12 +108,12 @@ class RoutingRule:
 class MixtureOfExperts(nn.Module):
     """out[t] = sum over chosen experts e of weight[t, e] * expert_e(x[t])  (+ shared(x[t]))."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
         E, M, D = cfg.num_experts, cfg.d_mlp, cfg.d_model
         self.routing = RoutingRule.from_config(cfg)
-        self._W_router_lin = nn.Parameter(torch.empty(E, D, dtype=cfg.dtype))
-        self.b_router = nn.Parameter(torch.zeros(E, dtype=cfg.dtype)) if cfg.router_bias else None
+        self._W_router_lin = nn.Parameter(torch.empty(E, D, dtype=options.dtype))
+        self.b_router = nn.Parameter(torch.zeros(E, dtype=options.dtype)) if cfg.router_bias else None
         self.router_in_float32 = cfg.router_in_float32
         # Always float32, as transformers keeps e_score_correction_bias: in bfloat16 its rounding alone
         # would change which experts close scores pick (``_apply`` keeps it so through ``.to()``).
@@ -120,16 +121,16 @@ class MixtureOfExperts(nn.Module):
                                         if cfg.router_score_correction else None)
         self.act = ACTIVATIONS[cfg.act_fn]
         self.swiglu_limit, self.swiglu_alpha = cfg.swiglu_limit, cfg.swiglu_alpha
-        self._W_gate_lin = nn.Parameter(torch.empty(E, M, D, dtype=cfg.dtype)) if cfg.gated_mlp else None
-        self._W_in_lin = nn.Parameter(torch.empty(E, M, D, dtype=cfg.dtype))
-        self._W_out_lin = nn.Parameter(torch.empty(E, D, M, dtype=cfg.dtype))
-        bias = (lambda *shape: nn.Parameter(torch.zeros(*shape, dtype=cfg.dtype))) if cfg.expert_bias else (lambda *_: None)
+        self._W_gate_lin = nn.Parameter(torch.empty(E, M, D, dtype=options.dtype)) if cfg.gated_mlp else None
+        self._W_in_lin = nn.Parameter(torch.empty(E, M, D, dtype=options.dtype))
+        self._W_out_lin = nn.Parameter(torch.empty(E, D, M, dtype=options.dtype))
+        bias = (lambda *shape: nn.Parameter(torch.zeros(*shape, dtype=options.dtype))) if cfg.expert_bias else (lambda *_: None)
         self.b_gate = bias(E, M) if cfg.gated_mlp else None
         self.b_in, self.b_out = bias(E, M), bias(E, D)
         if cfg.d_shared_expert:
             self.shared = GatedMLP(cfg.replace(d_mlp=cfg.d_shared_expert, num_experts=0, experts_per_token=0,
-                                               layer_overrides=()))
-            self._W_shared_gate_lin = (nn.Parameter(torch.empty(1, D, dtype=cfg.dtype))
+                                               layer_overrides=()), options)
+            self._W_shared_gate_lin = (nn.Parameter(torch.empty(1, D, dtype=options.dtype))
                                        if cfg.shared_expert_gate else None)
         else:
             self.shared, self._W_shared_gate_lin = None, None

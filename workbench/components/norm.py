@@ -21,6 +21,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from workbench.config import ModelConfig
+from workbench.options import RuntimeOptions
 from workbench.hook_point import HookPoint
 
 
@@ -28,18 +29,18 @@ class LayerNorm(nn.Module):
     """(x - mean) / sqrt(var + eps) * w + b.
 
     Example:
-        >>> ln = LayerNorm(ModelConfig(n_layers=1, d_model=2, n_heads=1, d_vocab=3, n_ctx=4))
+        >>> ln = LayerNorm(ModelConfig(n_layers=1, d_model=2, n_heads=1, d_vocab=3, n_ctx=4), RuntimeOptions())
         >>> ln(torch.tensor([[[1.0, 3.0]]])).round(decimals=3).tolist()   # mean 2, standard deviation 1
         [[[-1.0, 1.0]]]
         >>> torch.equal(model.ln_final(cache["blocks.1.hook_resid_post"]), cache["ln_final.hook_normalized"])
         True
     """
 
-    def __init__(self, cfg: ModelConfig, shape: Optional[tuple[int, ...]] = None):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions, shape: Optional[tuple[int, ...]] = None):
         super().__init__()
         self.eps = cfg.norm_eps
-        self.w = nn.Parameter(torch.ones(shape or (cfg.d_model,), dtype=cfg.dtype))
-        self.b = nn.Parameter(torch.zeros(shape or (cfg.d_model,), dtype=cfg.dtype))
+        self.w = nn.Parameter(torch.ones(shape or (cfg.d_model,), dtype=options.dtype))
+        self.b = nn.Parameter(torch.zeros(shape or (cfg.d_model,), dtype=options.dtype))
         self.hook_scale = HookPoint()  # [B, P, 1]
         self.hook_normalized = HookPoint()  # [B, P, D]
 
@@ -54,7 +55,7 @@ class LayerNorm(nn.Module):
         """(x - mean) / scale * w with a given (frozen) scale and no bias: linear in x, no hooks.
 
         Example:
-            >>> ln = LayerNorm(ModelConfig(n_layers=1, d_model=2, n_heads=1, d_vocab=3, n_ctx=4))
+            >>> ln = LayerNorm(ModelConfig(n_layers=1, d_model=2, n_heads=1, d_vocab=3, n_ctx=4), RuntimeOptions())
             >>> ln.linear_part(torch.tensor([[1.0, 3.0]]), torch.tensor([[2.0]])).tolist()
             [[-0.5, 0.5]]
         """
@@ -66,15 +67,15 @@ class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * w (no centring, no bias).
 
     Example:
-        >>> rms = RMSNorm(ModelConfig(n_layers=1, d_model=2, n_heads=1, d_vocab=3, n_ctx=4))
+        >>> rms = RMSNorm(ModelConfig(n_layers=1, d_model=2, n_heads=1, d_vocab=3, n_ctx=4), RuntimeOptions())
         >>> rms(torch.tensor([[[-2.0, 2.0]]])).round(decimals=3).tolist()   # root mean square 2
         [[[-1.0, 1.0]]]
     """
 
-    def __init__(self, cfg: ModelConfig, shape: Optional[tuple[int, ...]] = None):
+    def __init__(self, cfg: ModelConfig, options: RuntimeOptions, shape: Optional[tuple[int, ...]] = None):
         super().__init__()
         self.eps = cfg.norm_eps
-        self.w = nn.Parameter(torch.ones(shape or (cfg.d_model,), dtype=cfg.dtype))
+        self.w = nn.Parameter(torch.ones(shape or (cfg.d_model,), dtype=options.dtype))
         self.hook_scale = HookPoint()  # [B, P, 1]
         self.hook_normalized = HookPoint()  # [B, P, D]
 
@@ -87,7 +88,7 @@ class RMSNorm(nn.Module):
         """x / scale * w with a given (frozen) scale: linear in x, no hooks.
 
         Example:
-            >>> rms = RMSNorm(ModelConfig(n_layers=1, d_model=2, n_heads=1, d_vocab=3, n_ctx=4))
+            >>> rms = RMSNorm(ModelConfig(n_layers=1, d_model=2, n_heads=1, d_vocab=3, n_ctx=4), RuntimeOptions())
             >>> rms.linear_part(torch.tensor([[1.0, 3.0]]), torch.tensor([[2.0]])).tolist()
             [[0.5, 1.5]]
         """
@@ -97,11 +98,11 @@ class RMSNorm(nn.Module):
 NORMS: dict[str, type[nn.Module]] = {"LN": LayerNorm, "RMS": RMSNorm}
 
 
-def make_norm(cfg: ModelConfig, shape: Optional[tuple[int, ...]] = None) -> nn.Module:
+def make_norm(cfg: ModelConfig, options: RuntimeOptions, shape: Optional[tuple[int, ...]] = None) -> nn.Module:
     """The normalisation layer ``cfg.normalization`` names, with gains of ``shape`` (default [d_model]).
 
     Example:
-        >>> make_norm(model.cfg).w.shape, make_norm(model.cfg.replace(normalization="RMS"), (4, 32)).w.shape
+        >>> make_norm(model.config, model.options).w.shape, make_norm(model.config.replace(normalization="RMS"), model.options, (4, 32)).w.shape
         (torch.Size([128]), torch.Size([4, 32]))
     """
-    return NORMS[cfg.normalization](cfg, shape)
+    return NORMS[cfg.normalization](cfg, options, shape)

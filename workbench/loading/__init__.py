@@ -15,13 +15,13 @@ import torch
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
-from workbench.loading.build import runtime_config
 from workbench.loading.gguf_loader import GGUF_MODELS, GGUFFile, load_gguf, model_config_from_gguf
 from workbench.loading.hf import ARCHITECTURES, hf_checkpoint_dtype, hf_model_config, is_hf_config, load_hf_directory, read_config
-from workbench.loading.native import FORMAT_TAG, load_native, native_config
+from workbench.loading.native import FORMAT_TAG, load_native, native_config, native_options
 from workbench.loading.memory_plan import plan
 from workbench.loading.placement import DeviceMapSpec, MaxMemory, Placement
 from workbench.loading.registry import REGISTRY, default_model_name, list_models
+from workbench.options import RuntimeOptions
 
 __all__ = ["load_model", "plan_memory", "model_config", "list_models", "default_model_name", "supported_architectures", "CheckpointNotFoundError"]
 
@@ -145,18 +145,24 @@ def _locate(source: Union[str, Path]) -> tuple[Path, str]:
 
 def model_config(source: Union[str, Path]) -> ModelConfig:
     """The ``ModelConfig`` of a registered name, HF directory, .gguf file or saved directory, with no
-    weights read, in the dtype ``load_model(source)`` would give (an HF checkpoint's own, from its header).
+    weights read.
 
     Example:
         >>> wb.loading.model_config("toy-attn-2l").n_layers
         2
     """
+    return _config_and_dtype(source)[0]
+
+
+def _config_and_dtype(source: Union[str, Path]) -> tuple[ModelConfig, torch.dtype]:
+    """The architecture, and the dtype ``load_model(source)`` would give: an HF checkpoint's own (from its
+    header), a saved model's, float32 for a GGUF file's dequantised weights."""
     path, kind = _locate(source)
     if kind == "gguf":
-        return runtime_config(model_config_from_gguf(GGUFFile(path)), dtype=torch.float32)
+        return model_config_from_gguf(GGUFFile(path)), torch.float32
     if kind == "native":
-        return native_config(path)
-    return runtime_config(hf_model_config(path), dtype=hf_checkpoint_dtype(path))
+        return native_config(path), RuntimeOptions(**native_options(path)).dtype
+    return hf_model_config(path), hf_checkpoint_dtype(path)
 
 
 def plan_memory(source: Union[str, Path], dtype: Optional[torch.dtype] = None, device_map: DeviceMapSpec = "auto",
@@ -181,8 +187,9 @@ def plan_memory(source: Union[str, Path], dtype: Optional[torch.dtype] = None, d
     """
     if batch < 1 or pos < 1:
         raise ConfigError(f"batch and pos must be at least 1, got batch={batch}, pos={pos}")
-    cfg = runtime_config(model_config(source), dtype=dtype)
-    return plan(cfg, Placement(device_map, max_memory), batch=batch, pos=pos, names_filter=names_filter)
+    cfg, stored_dtype = _config_and_dtype(source)
+    return plan(cfg, Placement(device_map, max_memory), batch=batch, pos=pos, names_filter=names_filter,
+                dtype=dtype or stored_dtype)
 
 
 def supported_architectures() -> pd.DataFrame:

@@ -5,8 +5,9 @@
 ``workbench.loading.placement`` maps its unit to (or into the offload folder for "disk") and lets
 ``accelerate.dispatch_model`` add the hooks that move activations between devices.
 
-The load's runtime options (``dtype``, ``attn_impl``, the device) reach the model in one function,
-``runtime_config``: loaders pass them to ``build_model`` and never set them on the config themselves.
+The load's runtime options (``dtype``, ``attn_impl``, what a saved model kept) become the model's
+``RuntimeOptions`` in one function, ``runtime_options``: loaders pass them to ``build_model`` and never build
+options themselves (they may call it early, so a bad option fails before any tensor is read).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 import json
 import logging
 from contextlib import contextmanager
-from typing import Optional
+import dataclasses
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -25,79 +27,86 @@ from workbench.loading.placement import (OFFLOAD_INDEX, Placement, accelerate_de
                                          prepare_offload_folder, resolve_device_map, unit_of, units)
 from workbench.loading.weights import assign_weights, check_weights
 from workbench.model import Decoder
+from workbench.options import RuntimeOptions
 from workbench.tokenizer import Tokenizer
 
 FEATURE = "device maps and offloading"
 
 
-def runtime_config(cfg: ModelConfig, *, dtype: Optional[torch.dtype] = None, attn_impl: Optional[str] = None,
-                   device: Optional[str] = None) -> ModelConfig:
-    """``cfg`` carrying a load's runtime options (None keeps ``cfg``'s own): the one place they meet the model.
-
-    Today dtype, attention implementation and device are ``ModelConfig`` fields, so this is
-    ``cfg.replace``, which validates them (a ``ConfigError`` naming the field). Loaders call it only
-    to fail early on a bad option; the model gets the options from ``build_model``.
+def runtime_options(cfg: ModelConfig, *, dtype: Optional[torch.dtype] = None, attn_impl: Optional[str] = None,
+                    saved: Optional[dict[str, Any]] = None) -> RuntimeOptions:
+    """The ``RuntimeOptions`` a load gives its model: what a saved model kept (``saved``), then the load's
+    own ``dtype`` and ``attn_impl`` (None keeps the saved or default one), checked against the architecture
+    (a ``ConfigError`` naming the option): the one place a load's options meet the model.
 
     Example:
-        >>> cfg = runtime_config(model.cfg, dtype=torch.bfloat16, attn_impl="eager")
-        >>> cfg.dtype, cfg.attn_impl, cfg.device
+        >>> options = runtime_options(model.config, dtype=torch.bfloat16, attn_impl="eager")
+        >>> options.dtype, options.attn_impl, options.device
         (torch.bfloat16, 'eager', 'cpu')
-        >>> runtime_config(model.cfg, attn_impl="fast")
+        >>> runtime_options(model.config, attn_impl="fast")
         Traceback (most recent call last):
         ...
-        workbench.errors.ConfigError: ModelConfig.attn_impl must be one of ('eager', 'sdpa', 'flash'), got 'fast'
+        workbench.errors.ConfigError: attn_impl must be one of ('eager', 'sdpa', 'flash'), got 'fast'
     """
-    options = {name: value for name, value in (("dtype", dtype), ("attn_impl", attn_impl), ("device", device))
-               if value is not None}
-    return cfg.replace(**options) if options else cfg
+    chosen = {name: value for name, value in (("dtype", dtype), ("attn_impl", attn_impl)) if value is not None}
+    options = RuntimeOptions(**{**(saved or {}), **chosen})
+    options.check_for(cfg)
+    return options
 
 
-def empty_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer] = None) -> Decoder:
+def empty_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer] = None,
+                options: Optional[RuntimeOptions] = None) -> Decoder:
     """A ``Decoder`` whose parameters are on the meta device (no memory), tied as in a real one, and
     whose tables (RoPE, ALiBi, sinusoidal) are real CPU buffers: parameter shapes and placement
     without the weights.
 
     Example:
-        >>> meta = empty_model(model.cfg)
+        >>> meta = empty_model(model.config)
         >>> meta.embed.W_E.device, meta.embed.W_E.shape == model.embed.W_E.shape
         (device(type='meta'), True)
     """
     with torch.device("meta"):
-        return Decoder(cfg, tokenizer=tokenizer, init_weights=False)
+        return Decoder(cfg, tokenizer=tokenizer, init_weights=False, **_as_kwargs(options))
+
+
+def _as_kwargs(options: Optional[RuntimeOptions]) -> dict[str, Any]:
+    return {} if options is None else {field.name: getattr(options, field.name)
+                                       for field in dataclasses.fields(options)}
 
 
 def build_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: dict[str, Tensor], source: str, *,
                 dtype: Optional[torch.dtype] = None, attn_impl: Optional[str] = None, device: str = "cpu",
-                placement: Optional[Placement] = None) -> Decoder:
+                placement: Optional[Placement] = None, saved_options: Optional[dict[str, Any]] = None) -> Decoder:
     """Every loader's last step: the model holding ``tensors`` (read and converted by the loader), in
-    ``dtype`` with ``attn_impl`` (None: ``cfg``'s), on ``device`` or placed across devices by
-    ``placement``; in eval mode. The tensors are handed over (each becomes its parameter's storage).
+    ``dtype`` with ``attn_impl`` (None: a saved model's ``saved_options``, else the defaults), on ``device`` or
+    placed across devices by ``placement``; in eval mode. The tensors are handed over (each becomes its
+    parameter's storage).
 
     Example:
         >>> tensors = {name: p.detach().clone() for name, p in model.state_dict().items()}
-        >>> rebuilt = build_model(model.cfg, model.tokenizer, tensors, "in memory", dtype=torch.float64)
+        >>> rebuilt = build_model(model.config, model.tokenizer, tensors, "in memory", dtype=torch.float64)
         >>> rebuilt.cfg.dtype, torch.allclose(rebuilt(tokens), model(tokens).double(), atol=1e-4)
         (torch.float64, True)
     """
-    cfg = runtime_config(cfg, dtype=dtype, attn_impl=attn_impl)
+    options = runtime_options(cfg, dtype=dtype, attn_impl=attn_impl, saved=saved_options)
     if placement is not None:
-        return build_dispatched(cfg, tokenizer, tensors, source, placement)
-    model = Decoder(cfg, tokenizer=tokenizer, init_weights=False)
+        return build_dispatched(cfg, tokenizer, tensors, source, placement, options)
+    model = Decoder(cfg, tokenizer=tokenizer, init_weights=False, **_as_kwargs(options))
     assign_weights(model, tensors, source, move=True)
-    return model.to(device).eval()  # .to() records the device in the config
+    return model.to(device).eval()  # .to() records the device in the options
 
 
 def build_dispatched(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: dict[str, Tensor], source: str,
-                     placement: Placement) -> Decoder:
+                     placement: Placement, options: Optional[RuntimeOptions] = None) -> Decoder:
     """A ``Decoder`` holding ``tensors`` placed by ``placement`` and dispatched by accelerate.
 
-    Each tensor goes from the loader straight to its unit's device (cast to ``cfg.dtype``) or into the
+    Each tensor goes from the loader straight to its unit's device (cast to ``options.dtype``) or into the
     offload folder; the model's ``device_map`` attribute records the map and ``cfg.device`` is the
     embedding's device (where tokens go). On any error the files written so far are removed.
 
     Example:
         >>> tensors = {name: p.detach().clone() for name, p in model.state_dict().items()}
-        >>> spread = build_dispatched(model.cfg, model.tokenizer, tensors, "in memory",
+        >>> spread = build_dispatched(model.config, model.tokenizer, tensors, "in memory",
         ...                           Placement({"embed": "cpu", "blocks": "cpu", "ln_final": "cpu", "unembed": "cpu"}))
         >>> spread.device_map["blocks.1"], torch.equal(spread(tokens), model(tokens))
         ('cpu', True)
@@ -106,7 +115,7 @@ def build_dispatched(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: 
     from accelerate import dispatch_model
     from accelerate.utils import find_tied_parameters, offload_weight, retie_parameters, set_module_tensor_to_device
 
-    model = empty_model(cfg, tokenizer)
+    model = empty_model(cfg, tokenizer, options)
     check_weights(model, tensors, source)
     device_map = resolve_device_map(model, placement)
     folder = prepare_offload_folder(placement.offload_folder, device_map)
@@ -115,7 +124,7 @@ def build_dispatched(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: 
     index: dict = {}
     try:
         for name in list(tensors):
-            value = tensors.pop(name).to(cfg.dtype)  # dropped from the loader's dict as it is placed
+            value = tensors.pop(name).to(model.options.dtype)  # dropped from the loader's dict as it is placed
             device = device_map[unit_of(name)]
             if device == "disk":
                 offload_weight(value, name, str(folder), index)
@@ -134,7 +143,7 @@ def build_dispatched(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: 
         if folder is not None:
             clear_offload(folder, index)  # what this load wrote, index file or not
         raise
-    model.cfg = runtime_config(model.cfg, device=device_map[first])  # dispatch moves weights without .to()
+    model.options.device = device_map[first]  # dispatch moves weights without .to()
     model.device_map = device_map
     return model.eval()
 

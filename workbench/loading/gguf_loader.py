@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
-from workbench.loading.build import build_model, runtime_config
+from workbench.loading.build import build_model, runtime_options
 from workbench.loading.common import cannot_honour, show_progress
 from workbench.loading.gguf_tokenizer import tokenizer_from_gguf
 from workbench.loading.placement import Placement
@@ -248,7 +248,7 @@ def load_gguf(path: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtyp
     """
     file = GGUFFile(Path(path))
     cfg = model_config_from_gguf(file)
-    runtime_config(cfg, dtype=dtype, attn_impl=attn_impl)  # a bad option fails before any tensor is read
+    runtime_options(cfg, dtype=dtype, attn_impl=attn_impl)  # a bad option fails before any tensor is read
     tokenizer = tokenizer_from_gguf(file.field, str(file.path))
     tensors = read_tensors(file, cfg, progress)
     return build_model(cfg, tokenizer, tensors, str(file.path), dtype=dtype, attn_impl=attn_impl, device=device,

@@ -17,7 +17,7 @@ import torch
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError
 from workbench.loading import hf_deepseek, hf_gemma, hf_gpt2, hf_llama, hf_neox, hf_opt_bloom, hf_phi
-from workbench.loading.build import build_model, runtime_config
+from workbench.loading.build import build_model, runtime_options
 from workbench.loading.family import Family, register
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
@@ -160,7 +160,7 @@ def load_hf_directory(directory: Union[str, Path], attn_impl: str = "sdpa", dtyp
     directory = Path(directory)
     data, architecture, cfg = _read_hf_config(directory)
     family = ARCHITECTURES[architecture]
-    runtime_config(cfg, dtype=dtype, attn_impl=attn_impl)  # a bad option fails before any tensor is read
+    runtime_options(cfg, dtype=dtype, attn_impl=attn_impl)  # a bad option fails before any tensor is read
 
     ckpt = SafetensorsCheckpoint(directory, progress=progress)
     try:

@@ -15,23 +15,25 @@ from workbench.loading.build import empty_model
 from workbench.loading.placement import Placement, resolve_device_map, unit_bytes, unit_of
 from workbench.memory import readable_bytes
 from workbench.model import Decoder
+from workbench.options import RuntimeOptions
 
 
 def plan(cfg: ModelConfig, placement: Placement, batch: int = 1, pos: int = 1024,
-         names_filter=None) -> pd.DataFrame:
+         names_filter=None, dtype: torch.dtype = torch.float32) -> pd.DataFrame:
     """Per device: the units placed there, their weights' bytes, and the bytes ``run_with_cache`` of
     ``batch`` x ``pos`` tokens caches there (every hook, or ``names_filter``'s; each hook's activation
-    stays on its block's device). Nothing is loaded: the shapes come from a forward pass on the meta device.
+    stays on its block's device), the weights in ``dtype``. Nothing is loaded: the shapes come from a forward
+    pass on the meta device.
 
     Example:
-        >>> table = plan(model.cfg, Placement({"embed": "cpu", "ln_final": "cpu", "unembed": "cpu",
+        >>> table = plan(model.config, Placement({"embed": "cpu", "ln_final": "cpu", "unembed": "cpu",
         ...                                    "blocks.0": "cpu", "blocks.1": "disk"}), batch=2, pos=8)
         >>> table[["device", "units", "weights", "cache_on"]]
           device                              units  weights cache_on
         0    cpu  embed, ln_final, unembed, blocks.0  ...     cpu
         1   disk                           blocks.1  ...     cpu
     """
-    model = empty_model(cfg)
+    model = empty_model(cfg, options=RuntimeOptions(dtype=dtype))
     device_map = resolve_device_map(model, placement)
     sizes = unit_bytes(model)
     cache = _cache_bytes_per_unit(model, batch, min(pos, cfg.n_ctx), names_filter)
@@ -44,7 +46,7 @@ def plan(cfg: ModelConfig, placement: Placement, batch: int = 1, pos: int = 1024
     table = pd.DataFrame(rows)
     table["weights"] = table["weights_bytes"].map(readable_bytes)
     table["cache"] = table["cache_bytes"].map(readable_bytes)
-    table.attrs.update(dtype=str(cfg.dtype).removeprefix("torch."), batch=batch, pos=min(pos, cfg.n_ctx))
+    table.attrs.update(dtype=str(dtype).removeprefix("torch."), batch=batch, pos=min(pos, cfg.n_ctx))
     return table
 
 

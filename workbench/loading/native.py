@@ -16,9 +16,10 @@ from safetensors.torch import load_file
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
-from workbench.loading.build import build_model, runtime_config
+from workbench.loading.build import build_model, runtime_options
 from workbench.loading.placement import Placement
 from workbench.model import Decoder
+from workbench.options import split_saved_config
 from workbench.saving import CONFIG_FILE, FORMAT_TAG, WEIGHTS_FILE
 from workbench.tokenizer import Tokenizer
 
@@ -47,9 +48,30 @@ def native_config(directory: Union[str, Path]) -> ModelConfig:
         config = json.loads(config_path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise CheckpointError(f"{config_path}: cannot read the config ({error})") from error
-    config.pop("format", None)
+    return _split(config, config_path)[0]
+
+
+def native_options(directory: Union[str, Path]) -> dict:
+    """The runtime options a saved model was written with (``dtype``, ``attn_impl``, ``weight_processing``, ...).
+
+    Example:
+        >>> from workbench.loading.registry import ZOO
+        >>> native_options(ZOO / "toy-attn-2l")["attn_impl"]
+        'sdpa'
+    """
+    config_path = Path(directory) / CONFIG_FILE
     try:
-        return ModelConfig.from_dict(config)
+        config = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{config_path}: cannot read the config ({error})") from error
+    return _split(config, config_path)[1]
+
+
+def _split(config: dict, config_path: Path) -> tuple[ModelConfig, dict]:
+    """config.json as (architecture, saved options); a config the model cannot honour names the file."""
+    config = {key: value for key, value in config.items() if key != "format"}
+    try:
+        return split_saved_config(config)
     except (ConfigError, TypeError) as error:
         raise CheckpointError(f"{config_path}: {error}") from error
 
@@ -65,8 +87,8 @@ def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype
     """
     directory = Path(directory)
     weights_path = directory / WEIGHTS_FILE
-    cfg = native_config(directory)
-    runtime_config(cfg, dtype=dtype, attn_impl=attn_impl)  # a bad option fails before the weights are read
+    cfg, saved = native_config(directory), native_options(directory)
+    runtime_options(cfg, dtype=dtype, attn_impl=attn_impl, saved=saved)  # a bad option fails before the weights are read
     if not weights_path.exists():
         raise CheckpointError(f"{weights_path}: weights file not found")
     try:
@@ -75,4 +97,4 @@ def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype
         raise CheckpointError(f"{weights_path}: unreadable or truncated safetensors file ({error})") from error
     tokenizer = Tokenizer.from_directory(directory) if (directory / "tokenizer.json").exists() else None
     return build_model(cfg, tokenizer, _current_names(tensors), str(weights_path), dtype=dtype, attn_impl=attn_impl,
-                       device=device, placement=placement)
+                       device=device, placement=placement, saved_options=saved)

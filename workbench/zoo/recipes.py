@@ -44,7 +44,7 @@ TOY_ATTN_2L = Recipe(
     summary="two attention-only layers (no MLPs), 4 heads each; previous-token head in layer 0, induction head in layer 1",
     model=ModelConfig(
         n_layers=2, d_model=128, n_heads=4, d_head=32, d_vocab=VOCAB_SIZE, n_ctx=256, attn_only=True,
-        normalization="LN", positional="rotary", attn_impl="sdpa", model_name="toy-attn-2l"),
+        normalization="LN", positional="rotary", model_name="toy-attn-2l"),
     train=TrainConfig(steps=6000, batch_size=16, seq_len=256, lr=1e-3, warmup_steps=100, seed=0,
                       repeat_fraction=0.25, induction_warmup_steps=2200, induction_every=4, induction_batch=32,
                       induction_len=100, eval_every=500, checkpoint_every=1000),
@@ -59,7 +59,7 @@ TOY_MOE_2L = Recipe(
     model=ModelConfig(
         n_layers=2, d_model=128, n_heads=4, n_key_value_heads=2, d_head=32, d_mlp=256, d_vocab=VOCAB_SIZE,
         n_ctx=256, normalization="RMS", positional="rotary", act_fn="silu", gated_mlp=True, num_experts=4,
-        experts_per_token=2, attn_impl="sdpa", model_name="toy-moe-2l"),
+        experts_per_token=2, model_name="toy-moe-2l"),
     train=TrainConfig(steps=2000, batch_size=16, seq_len=256, lr=1e-3, warmup_steps=100, seed=0,
                       aux_loss_coef=0.01, eval_every=500, checkpoint_every=500),
 )
