@@ -32,6 +32,7 @@ from workbench.errors import InputError
 from workbench.generation import KVCache, generate
 from workbench.hook_point import HookPoint
 from workbench.loss import next_token_loss, token_losses_from_normed
+from workbench.readouts import ReadoutMethods
 from workbench.hooking import HookMethods
 from workbench.saving import save_native
 from workbench.tokenizer import Tokenizer
@@ -41,7 +42,7 @@ from workbench.weights_api import WeightMethods
 ReturnType = Optional[Literal["logits", "loss", "both"]]
 
 
-class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
+class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRootModule):
     """A decoder-only transformer whose every activation sits on a named ``HookPoint``.
 
     Example:
