@@ -146,10 +146,9 @@ def run_flow_cache(model, tokens: TokensLike):
 
 def _value_out(model, cache, layer: int) -> Float[Tensor, "key_pos n_heads d_model"]:
     """v[j, h] @ W_O[h] for every source and head (a key/value head repeated for its group's query heads)."""
-    attn = model.blocks[layer].attn
     v_SGK = cache[f"blocks.{layer}.attn.hook_v"][0].float()
-    v_SHK = v_SGK.repeat_interleave(attn.n_heads // v_SGK.shape[1], dim=1)  # query head h reads kv head h // g
-    return torch.einsum("shk,hkd->shd", v_SHK, attn.W_O.float())
+    v_SHK = v_SGK.repeat_interleave(model.cfg.n_heads // v_SGK.shape[1], dim=1)  # query head h reads kv head h // g
+    return torch.einsum("shk,hkd->shd", v_SHK, model.layer_W_O(layer).float())
 
 
 def attention_by_source(model, cache, layer: int) -> Float[Tensor, "pos key_pos n_heads d_model"]:
@@ -192,7 +191,7 @@ def _layer_importance(model, cache, layer: int) -> dict[str, Optional[Tensor]]:
     pattern_PSH = cache[f"blocks.{layer}.attn.hook_pattern"][0].float().permute(1, 2, 0)
     attn_PSH = _attention_proximity(pattern_PSH, _value_out(model, cache, layer), whole_PD)
     resid_P = _proximity(pre_PD, whole_PD)
-    b_O = model.blocks[layer].attn.b_O
+    b_O = model.layer_b_O(layer)  # None without a bias (model.b_O would be zeros)
     bias_P = _proximity(b_O.float().expand_as(whole_PD), whole_PD) if b_O is not None else torch.zeros_like(resid_P)
     mlp_P = _proximity(at("hook_mlp_out"), whole_PD) if parallel else torch.zeros_like(resid_P)
     total_P = attn_PSH.sum((1, 2)) + resid_P + bias_P + mlp_P

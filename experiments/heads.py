@@ -98,11 +98,9 @@ def composition_scores(model, kind: Literal["Q", "K", "V"] = "Q") -> Float[Tenso
     """
     if kind not in ("Q", "K", "V"):
         raise InputError(f"composition kind must be 'Q', 'K' or 'V', got {kind!r}")
-    blocks = model.blocks
-    W_Q = torch.stack([b.attn.W_Q for b in blocks]).double()  # [L, H, D, K]
-    W_K = torch.stack([b.attn.W_K for b in blocks]).double()
-    W_V = torch.stack([b.attn.W_V for b in blocks]).double()
-    W_O = torch.stack([b.attn.W_O for b in blocks]).double()  # [L, H, K, D]
+    # The model's stacks: latent attention, which has no per-head W_Q/W_K/W_V, is an InputError naming it.
+    W_Q, W_K, W_V = model.W_Q.double(), model.W_K.double(), model.W_V.double()  # [L, H, D, K]
+    W_O = model.W_O.double()  # [L, H, K, D]
     # Left circuit OV_i = V_i O_i; right circuit A_j B_j with A [D, K], B [K, D].
     A, B_T = {"Q": (W_Q, W_K), "K": (W_K, W_Q), "V": (W_V, W_O.transpose(-1, -2))}[kind]
     R_left = _thin_r(W_V)  # [L, H, r, K]

@@ -307,12 +307,12 @@ def direct_logit_attribution(model, tokens: TokensLike, target_token: TokenIds, 
     if "hook_pos_embed" in names:
         parts.append(("pos_embed", -1, -1, share(at("hook_pos_embed")[:, None])[:, 0]))
     for l in range(L):
-        attn = model.blocks[l].attn
         z_BHK = at(f"blocks.{l}.attn.hook_z").float()
-        result_BHD = torch.einsum("bhk,hkd->bhd", z_BHK, attn.W_O.float())
+        result_BHD = torch.einsum("bhk,hkd->bhd", z_BHK, model.layer_W_O(l).float())
         parts += [("head", l, h, values_B) for h, values_B in enumerate(share(result_BHD).unbind(1))]
-        if attn.b_O is not None:
-            parts.append(("attn_bias", l, -1, share(attn.b_O.expand(B, 1, -1))[:, 0]))
+        b_O = model.layer_b_O(l)  # None without a bias: no row (model.b_O would be zeros)
+        if b_O is not None:
+            parts.append(("attn_bias", l, -1, share(b_O.expand(B, 1, -1))[:, 0]))
         if not cfg.attn_only:
             parts.append(("mlp", l, -1, share(at(f"blocks.{l}.hook_mlp_out")[:, None])[:, 0]))
     if cfg.normalization == "LN":  # the bias is the norm of a zero vector

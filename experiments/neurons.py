@@ -51,9 +51,9 @@ from experiments._tokens import TokensLike, str_tokens
 from experiments.datasets import corpus_windows
 from experiments.lens import promoted_and_suppressed
 from experiments.token_view import token_html
-from workbench.components.mlp import ACTIVATIONS
 from workbench.corpus import stdlib_root, stdlib_source_paths
 from workbench.errors import InputError
+from workbench.readouts import mlp_width
 
 CACHE_ENV = "WORKBENCH_CACHE_DIR"
 FORMAT = "workbench-neuron-maxima-1"
@@ -87,23 +87,7 @@ class MLPUnit:
             >>> MLPUnit(0).width(model.cfg)   # doctest: +SKIP
             1536
         """
-        if cfg.attn_only:
-            raise InputError("this model is attention-only: it has no MLP, so no neurons (open a model with MLPs)")
-        if not 0 <= self.layer < cfg.n_layers:
-            raise InputError(f"layer must be in 0..{cfg.n_layers - 1}, got {self.layer}")
-        moe = self.layer in cfg.moe_layers
-        if (self.expert is not None or self.shared) and not moe:
-            raise InputError(f"layer {self.layer} is a dense MLP: it has no experts")
-        if self.shared:
-            if not cfg.d_shared_expert:
-                raise InputError(f"layer {self.layer}'s mixture of experts has no shared expert")
-            return cfg.d_shared_expert
-        if moe and self.expert is None:
-            raise InputError(f"layer {self.layer} is a mixture of experts: choose an expert (or the shared one)")
-        n_experts = cfg.layer_values("num_experts")[self.layer]
-        if self.expert is not None and not 0 <= self.expert < n_experts:
-            raise InputError(f"layer {self.layer} has experts 0..{n_experts - 1}, got {self.expert}")
-        return cfg.layer_values("d_mlp")[self.layer]
+        return mlp_width(cfg, self.layer, self.expert, self.shared)
 
 
 def mlp_units(model) -> list[MLPUnit]:
@@ -144,21 +128,6 @@ def _hook_names(cfg, unit: MLPUnit) -> list[str]:
     return [_mlp_input_hook(cfg, l), f"blocks.{l}.mlp.hook_expert_indices"]
 
 
-def _expert_hidden(model, unit: MLPUnit, x_ND: Tensor) -> Float[Tensor, "tokens d_mlp"]:
-    """Expert ``unit.expert``'s input to its W_out, by the formulas of ``workbench.components.moe``."""
-    cfg, mlp, e = model.cfg.for_layer(unit.layer), model.blocks[unit.layer].mlp, unit.expert
-    up_NM = x_ND @ mlp.W_in[e] + (0 if mlp.b_in is None else mlp.b_in[e])
-    act = ACTIVATIONS[cfg.act_fn]
-    if mlp.W_gate is None:
-        return act(up_NM)
-    gate_NM = x_ND @ mlp.W_gate[e] + (0 if mlp.b_gate is None else mlp.b_gate[e])
-    if cfg.swiglu_limit is None:
-        return act(gate_NM) * up_NM
-    limit = cfg.swiglu_limit  # gpt-oss: (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit)
-    gate_NM, up_NM = gate_NM.clamp(max=limit), up_NM.clamp(-limit, limit)
-    return (up_NM + 1) * gate_NM * torch.sigmoid(gate_NM * cfg.swiglu_alpha)
-
-
 @torch.no_grad()
 def unit_activations(model, tokens: TokensLike, unit: MLPUnit
                      ) -> tuple[Float[Tensor, "batch pos d_mlp"], Bool[Tensor, "batch pos"]]:
@@ -182,7 +151,7 @@ def unit_activations(model, tokens: TokensLike, unit: MLPUnit
         return acts_BPM, torch.ones(acts_BPM.shape[:2], dtype=torch.bool, device=acts_BPM.device)
     x_BPD, indices_BPk = kept[names[0]], kept[names[1]]
     B, P, D = x_BPD.shape
-    acts_BPM = _expert_hidden(model, unit, x_BPD.reshape(B * P, D)).float().reshape(B, P, -1)
+    acts_BPM = model.expert_hidden(unit.layer, unit.expert, x_BPD.reshape(B * P, D)).float().reshape(B, P, -1)
     routed_BP = (indices_BPk == unit.expert).any(-1)
     return acts_BPM.masked_fill(~routed_BP[..., None], math.nan), routed_BP
 
@@ -215,11 +184,7 @@ def output_weights(model, unit: MLPUnit) -> Float[Tensor, "d_mlp d_model"]:
         >>> output_weights(model, MLPUnit(1, expert=3)).shape   # doctest: +SKIP
         torch.Size([256, 128])
     """
-    unit.width(model.cfg)
-    mlp = model.blocks[unit.layer].mlp
-    if unit.shared:
-        return mlp.shared.W_out
-    return mlp.W_out if unit.expert is None else mlp.W_out[unit.expert]
+    return model.layer_W_out(unit.layer, unit.expert, unit.shared)
 
 
 @torch.no_grad()

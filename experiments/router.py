@@ -38,16 +38,6 @@ def _experts_of(cfg, layer: int) -> int:
     return cfg.layer_values("num_experts")[layer]
 
 
-def _router_probs(logits_BPE: Tensor, scoring: str) -> Tensor:
-    """The router's distribution over all experts (float32): softmax of the logits, or for a
-    sigmoid router the sigmoid scores normalised to sum to one."""
-    logits_BPE = logits_BPE.float()
-    if scoring == "sigmoid":
-        scores_BPE = logits_BPE.sigmoid()
-        return scores_BPE / scores_BPE.sum(-1, keepdim=True)
-    return logits_BPE.softmax(-1)
-
-
 @torch.no_grad()
 def routing(model, tokens: TokensLike) -> dict[str, dict[int, Tensor]]:
     """Per MoE layer (keyed by layer index): router logits [B, P, E], chosen experts and their weights [B, P, k].
@@ -105,7 +95,7 @@ def router_entropy(model, tokens: TokensLike) -> pd.DataFrame:
     route = routing(model, tokens)
     rows = []
     for layer, logits_BPE in route["logits"].items():
-        probs_BPE = _router_probs(logits_BPE, model.cfg.router_scoring)
+        probs_BPE = model.router_probabilities(layer, logits_BPE)
         entropy_P = -torch.special.xlogy(probs_BPE, probs_BPE).sum(-1).mean(0)
         rows += [(layer, p, float(h)) for p, h in enumerate(entropy_P.tolist())]
     return pd.DataFrame(rows, columns=["layer", "position", "entropy"])
