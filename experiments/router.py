@@ -10,19 +10,18 @@ each with its own expert count (``cfg.layer_values("num_experts")``); every tabl
 column is the real layer index. A model without experts is an InputError.
 
 ``python -m experiments.router --model NAME --out DIR [--prompt TEXT]``
+The command line is ``experiments.cli.router``, the figures ``experiments.plots.router``.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import importlib
 
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from torch import Tensor
 
-from experiments._tokens import TokensLike, axis_labels, str_tokens
-from experiments.figures import labelled_heatmap
+from experiments._tokens import TokensLike, str_tokens
 from workbench.errors import InputError
 
 
@@ -229,59 +228,20 @@ def expert_ablation_effect(model, tokens: TokensLike, layer: int, expert: int) -
     return {"clean_loss": clean, "ablated_loss": ablated, "delta": ablated - clean}
 
 
-def expert_load_figure(df: pd.DataFrame) -> go.Figure:
-    """MoE layer x expert heatmap of the load fraction (gaps where a layer has fewer experts).
-
-    Example:
-        >>> expert_load_figure(expert_load(moe_model, tokens))   # doctest: +SKIP
-    """
-    grid = df.pivot(index="layer", columns="expert", values="fraction")
-    fig = labelled_heatmap(grid.values, [str(e) for e in grid.columns], [str(l) for l in grid.index],
-                           title="Expert load (share of routed token slots)", x_title="expert", y_title="layer",
-                           value_name="fraction", colorscale="Viridis")
-    return fig
+# Moved by issue 32: the figures to experiments.plots.router, the command line to experiments.cli.router. Read from
+# here too (lazily: computing needs no plotly) until app/ and the tests that still do import them there.
+_MOVED_TO = {"expert_load_figure": "experiments.plots.router", "shared_vs_routed_figure": "experiments.plots.router",
+             "main": "experiments.cli.router"}
 
 
-def shared_vs_routed_figure(df: pd.DataFrame, tokens: Optional[Sequence[str]] = None) -> go.Figure:
-    """Layer x position heatmap of the shared expert's share of the MLP output (``shared_vs_routed``'s table).
-
-    ``tokens``: each position's text, for the x labels (positions alone without it).
-
-    Example:
-        >>> shared_vs_routed_figure(shared_vs_routed(moe_model, tokens), moe_model.to_str_tokens(tokens))   # doctest: +SKIP
-    """
-    grid = df.pivot(index="layer", columns="position", values="shared_fraction")
-    x_labels = axis_labels(list(tokens)) if tokens is not None else [str(p) for p in grid.columns]
-    return labelled_heatmap(grid.values, x_labels, [str(l) for l in grid.index],
-                            title="Shared expert's share of the MLP output: |shared| / (|routed| + |shared|)",
-                            x_title="position", y_title="layer", value_name="shared fraction", colorscale="Viridis")
+def __getattr__(name: str):
+    if name not in _MOVED_TO:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_MOVED_TO[name]), name)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    from experiments import _cli
-
-    parser = _cli.make_parser("Mixture-of-experts routing: expert load, router entropy and, with shared experts, "
-                              "the shared vs routed experts' output.", "router")
-    parser.add_argument("--prompt", default=None)
-    args = parser.parse_args(argv)
-    model = _cli.load(args)
-    if not model.cfg.is_moe:
-        raise SystemExit(f"{args.model or 'the default model'} has no mixture of experts; the router experiment needs one")
-    tokens = _cli.prompt_tokens(model, args.prompt)
-    load = expert_load(model, tokens)
-    entropy = router_entropy(model, tokens)
-    _cli.write_outputs(args.out, "router", load, expert_load_figure(load),
-                       {"experiment": "router", "model": args.model, "moe_layers": model.cfg.moe_layers,
-                        "mean_router_entropy_by_layer": entropy.groupby("layer").entropy.mean().to_dict()})
-    if shared_expert_layers(model):
-        shared = shared_vs_routed(model, tokens)
-        labels = str_tokens(model, model.as_tokens(tokens)[0])
-        _cli.write_outputs(args.out, "router_shared", shared, shared_vs_routed_figure(shared, labels),
-                           {"experiment": "router_shared", "model": args.model,
-                            "mean_shared_fraction_by_layer": shared.groupby("layer").shared_fraction.mean().to_dict()})
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m experiments.router: the command line is experiments.cli.router
     from experiments._cli import run_main
+    from experiments.cli.router import main
 
     run_main(main)

@@ -14,8 +14,8 @@ import workbench as wb
 from experiments.ablation import head_sweep
 from experiments.detectors import head_detector_scores
 from experiments.heads import composition_scores, head_scores_table
-from experiments.lens import (direct_logit_attribution, dla_figure, logit_lens, logit_lens_figure,
-                              logit_lens_logits)
+from experiments.lens import direct_logit_attribution, logit_lens, logit_lens_logits
+from experiments.plots.lens import dla_figure, logit_lens_figure
 from tests.unit.helpers import make_model
 
 

@@ -3,7 +3,8 @@
 Data flows one way: loading -> model -> experiments -> app. ``workbench`` never imports
 ``experiments`` or ``app``; ``experiments`` never imports ``app`` or Streamlit. Imports are read
 from the source (every ``import`` statement, including those inside functions, which run just
-as surely, only later); only imports under ``if TYPE_CHECKING:`` are left out, since they never run.
+as surely, only later); only imports under ``if TYPE_CHECKING:`` are left out, since they never run, and
+those under ``if __name__ == "__main__":``, which run under another module name.
 
 Experiments and the app use the model's public surface only: no ``workbench.components`` import in
 any form (anywhere, ``TYPE_CHECKING`` included: a type named after a component is still a dependency on
@@ -36,10 +37,14 @@ def _modules() -> dict[str, Path]:
     return {_module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
+def _never_imported_nodes(tree: ast.AST) -> set[int]:
+    """Nodes under ``if TYPE_CHECKING:`` (never run) or ``if __name__ == "__main__":`` (run only when the file is
+    the program, under the name ``__main__``: ``python -m experiments.lens`` importing ``experiments.cli.lens``,
+    which imports ``experiments.lens``, is no cycle)."""
     inside = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if isinstance(node, ast.If) and ("TYPE_CHECKING" in ast.unparse(node.test)
+                                         or ast.unparse(node.test) == "__name__ == '__main__'"):
             inside |= {id(child) for stmt in node.body for child in ast.walk(stmt)}
     return inside
 
@@ -47,7 +52,7 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
 def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
     """Every module name ``path`` imports (our modules by their full name, others by their top-level name)."""
     tree = ast.parse(path.read_text())
-    skip = _type_checking_nodes(tree)
+    skip = _never_imported_nodes(tree)
     found: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in skip:
@@ -67,10 +72,11 @@ def graph() -> dict[str, set[str]]:
     return {name: imports_of(path, modules) for name, path in modules.items()}
 
 
-def test_the_reader_sees_imports_inside_functions_and_skips_type_checking_ones(tmp_path):
+def test_the_reader_sees_imports_inside_functions_and_skips_type_checking_and_main_ones(tmp_path):
     source = tmp_path / "probe.py"
     source.write_text("from typing import TYPE_CHECKING\nimport os\nif TYPE_CHECKING:\n    import app.state\n"
-                      "def f():\n    from experiments import ablation\n    import streamlit as st\n")
+                      "def f():\n    from experiments import ablation\n    import streamlit as st\n"
+                      "if __name__ == '__main__':\n    from experiments.cli import lens\n")
     modules = {"experiments.ablation": Path("x"), "app.state": Path("y")}
     assert imports_of(source, modules) == {"typing", "os", "experiments.ablation", "streamlit"}
 
