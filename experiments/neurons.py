@@ -86,8 +86,11 @@ class MLPUnit:
         """The number of neurons; ``InputError`` when the model has no such MLP.
 
         Example:
-            >>> MLPUnit(0).width(model.cfg)   # doctest: +SKIP
-            1536
+            >>> MLPUnit(1, expert=2).width(wb.load_model("toy-moe-2l", progress=False).cfg)
+            256
+            >>> MLPUnit(0).width(model.cfg)   # toy-attn-2l
+            Traceback (most recent call last):
+            workbench.errors.InputError: this model is attention-only: it has no MLP, so no neurons (open a model with MLPs)
         """
         return mlp_width(cfg, self.layer, self.expert, self.shared)
 
@@ -98,8 +101,9 @@ def mlp_units(model) -> list[MLPUnit]:
     Raises ``InputError`` for an attention-only model.
 
     Example:
-        >>> [u.label for u in mlp_units(moe_model)][:3]   # doctest: +SKIP
-        ['L0 expert 0', 'L0 expert 1', 'L0 expert 2']
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers of 4 experts, d_mlp 256
+        >>> [u.label for u in mlp_units(moe_model)][:5]
+        ['L0 expert 0', 'L0 expert 1', 'L0 expert 2', 'L0 expert 3', 'L1 expert 0']
     """
     cfg = model.cfg
     if cfg.attn_only:
@@ -137,7 +141,12 @@ def unit_activations(model, tokens: TokensLike, unit: MLPUnit
     expert: those the router sent to it; the others' activations are NaN). Runs the blocks up to ``unit.layer``.
 
     Example:
-        >>> acts_BPM, routed_BP = unit_activations(model, "The cat sat", MLPUnit(2))   # doctest: +SKIP
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers of 4 experts, d_mlp 256
+        >>> acts_BPM, routed_BP = unit_activations(moe_model, "The cat sat", MLPUnit(1, expert=2))
+        >>> acts_BPM.shape, routed_BP.shape
+        (torch.Size([1, 6, 256]), torch.Size([1, 6]))
+        >>> bool(acts_BPM[~routed_BP].isnan().all()), bool(acts_BPM[routed_BP].isfinite().all())
+        (True, True)
     """
     unit.width(model.cfg)
     tokens_BP = model.as_tokens(tokens)
@@ -164,7 +173,12 @@ def neuron_activation(model, tokens: TokensLike, unit: MLPUnit, neuron: int) -> 
     ``activation`` is NaN where a routed expert did not run (``routed`` False).
 
     Example:
-        >>> neuron_activation(model, "The cat sat", MLPUnit(2), 17).nlargest(3, "activation")   # doctest: +SKIP
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers of 4 experts, d_mlp 256
+        >>> acts = neuron_activation(moe_model, "The cat sat", MLPUnit(1, expert=2), 17)
+        >>> list(acts.columns), list(acts.token)
+        (['position', 'token', 'activation', 'routed'], ['<|endoftext|>', 'The', ' c', 'at', ' s', 'at'])
+        >>> bool(acts.activation.isna().eq(~acts.routed).all())   # NaN exactly where the expert did not run
+        True
     """
     _check_neuron(model, unit, neuron)
     tokens_1P = model.as_tokens(tokens)[:1]
@@ -183,7 +197,8 @@ def output_weights(model, unit: MLPUnit) -> Float[Tensor, "d_mlp d_model"]:
     """``unit``'s W_out [M, D]: the direction each neuron writes to the residual stream.
 
     Example:
-        >>> output_weights(model, MLPUnit(1, expert=3)).shape   # doctest: +SKIP
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers of 4 experts, d_mlp 256
+        >>> output_weights(moe_model, MLPUnit(1, expert=3)).shape
         torch.Size([256, 128])
     """
     return model.layer_W_out(unit.layer, unit.expert, unit.shared)
@@ -197,7 +212,12 @@ def direct_logit_effect(model, unit: MLPUnit, neuron: int, k: int = 10, through_
     module docstring). DataFrame[direction ("promoted" / "suppressed"), rank, token, token_id, effect].
 
     Example:
-        >>> direct_logit_effect(model, MLPUnit(5), 100, k=5).query("direction == 'promoted'").token   # doctest: +SKIP
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers of 4 experts, d_mlp 256
+        >>> effect = direct_logit_effect(moe_model, MLPUnit(1, expert=0), 100, k=3)
+        >>> effect[["direction", "rank"]].values.tolist()
+        [['promoted', 1], ['promoted', 2], ['promoted', 3], ['suppressed', 1], ['suppressed', 2], ['suppressed', 3]]
+        >>> bool(effect.effect.iloc[0] >= effect.effect.iloc[1] > 0 > effect.effect.iloc[-1])
+        True
     """
     _check_neuron(model, unit, neuron)
     out_D = output_weights(model, unit)[neuron]
@@ -228,8 +248,8 @@ def weights_digest(model) -> str:
     storage moves), so a page pays for it once (~0.5 s for SmolLM2's 135M parameters).
 
     Example:
-        >>> len(weights_digest(model))   # doctest: +SKIP
-        64
+        >>> len(weights_digest(model)), weights_digest(model) == weights_digest(model)
+        (64, True)
     """
     state = model.state_dict()
     stamp = tuple((t.data_ptr(), t._version) for t in state.values())
@@ -269,7 +289,7 @@ def neuron_corpus(model, n_windows: int = 256, window: int = 64) -> Int[Tensor, 
     when the whole corpus is shorter).
 
     Example:
-        >>> neuron_corpus(model, n_windows=16, window=64).shape   # doctest: +SKIP
+        >>> neuron_corpus(model, n_windows=16, window=64).shape
         torch.Size([16, 64])
     """
     if n_windows < 1:
@@ -302,8 +322,10 @@ def maxima_path(model, unit: MLPUnit, windows_BP: Tensor) -> Path:
     digest of the weights, the MLP, the window ids and the format.
 
     Example:
-        >>> maxima_path(model, MLPUnit(3), neuron_corpus(model)).parent == cache_directory() / "neurons"   # doctest: +SKIP
-        True
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)
+        >>> path = maxima_path(moe_model, MLPUnit(1, expert=3), neuron_corpus(moe_model, n_windows=16))
+        >>> path.parent == cache_directory() / "neurons", path.suffix
+        (True, '.safetensors')
     """
     key = json.dumps({"format": FORMAT, "weights": weights_digest(model), "unit": [unit.layer, unit.expert, unit.shared],
                       "windows": hashlib.sha256(windows_BP.cpu().long().numpy().tobytes()).hexdigest(),
@@ -342,8 +364,10 @@ def corpus_maxima(model, unit: MLPUnit, n_windows: int = 256, window: int = 64, 
     time (``progress`` counts the windows) and saved.
 
     Example:
-        >>> maxima = corpus_maxima(model, MLPUnit(3), n_windows=64, progress=True)   # doctest: +SKIP
-        >>> top_windows(model, maxima, neuron=17, k=5)                               # doctest: +SKIP
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers of 4 experts, d_mlp 256
+        >>> maxima = corpus_maxima(moe_model, MLPUnit(1, expert=3), n_windows=16, window=32, use_disk=False)
+        >>> maxima.max_BM.shape, maxima.from_disk
+        (torch.Size([16, 256]), False)
     """
     unit.width(model.cfg)
     windows_BP = neuron_corpus(model, n_windows, window).cpu().long()
@@ -376,7 +400,13 @@ def top_windows(model, maxima: CorpusMaxima, neuron: int, k: int = 10) -> pd.Dat
     max_activation, text] (``position``: where in the window; ``text``: the whole window).
 
     Example:
-        >>> top_windows(model, corpus_maxima(model, MLPUnit(3)), neuron=17, k=3)   # doctest: +SKIP
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers of 4 experts, d_mlp 256
+        >>> maxima = corpus_maxima(moe_model, MLPUnit(1, expert=3), n_windows=16, window=32, use_disk=False)
+        >>> top = top_windows(moe_model, maxima, neuron=17, k=3)
+        >>> list(top.columns), top["rank"].tolist()
+        (['rank', 'window', 'position', 'token', 'max_activation', 'text'], [1, 2, 3])
+        >>> bool(top.max_activation.is_monotonic_decreasing)
+        True
     """
     if not 0 <= neuron < maxima.max_BM.shape[1]:
         raise InputError(f"neuron must be in 0..{maxima.max_BM.shape[1] - 1}, got {neuron}")

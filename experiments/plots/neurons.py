@@ -15,7 +15,12 @@ def top_windows_html(model, maxima: CorpusMaxima, table: pd.DataFrame) -> str:
     """Each window of a ``top_windows`` table as text with its max token highlighted (one line each).
 
     Example:
-        >>> html = top_windows_html(model, maxima, top_windows(model, maxima, 17))   # doctest: +SKIP
+        >>> from experiments.neurons import MLPUnit, corpus_maxima, top_windows
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)
+        >>> maxima = corpus_maxima(moe_model, MLPUnit(1, expert=3), n_windows=16, window=32, use_disk=False)
+        >>> html = top_windows_html(moe_model, maxima, top_windows(moe_model, maxima, 17, k=3))
+        >>> html.count('class="wb-token-view"'), "#1 · window" in html
+        (3, True)
     """
     parts = []
     for row in table.itertuples():
