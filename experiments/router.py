@@ -47,8 +47,10 @@ def routing(model, tokens: TokensLike) -> dict[str, dict[int, Tensor]]:
     experts' outputs are scaled by.
 
     Example:
-        >>> routing(moe_model, tokens)["indices"][1].shape   # layer 1's chosen experts   # doctest: +SKIP
-        torch.Size([1, 7, 2])
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers, top-2 of 4 experts
+        >>> route = routing(moe_model, "The cat sat on the mat. The cat")   # 14 tokens
+        >>> route["logits"][1].shape, route["indices"][1].shape   # layer 1's logits and chosen experts
+        (torch.Size([1, 14, 4]), torch.Size([1, 14, 2]))
     """
     layers = _require_moe(model)
     tokens_BP = model.as_tokens(tokens)
@@ -67,7 +69,12 @@ def expert_load(model, tokens: TokensLike) -> pd.DataFrame:
     top-k experts of a token are distinct). Each layer lists its own experts; dense layers are absent.
 
     Example:
-        >>> expert_load(moe_model, tokens).pivot(index="layer", columns="expert", values="fraction")   # doctest: +SKIP
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers, top-2 of 4 experts
+        >>> load = expert_load(moe_model, "The cat sat on the mat. The cat")
+        >>> load.pivot(index="layer", columns="expert", values="count").values.tolist()
+        [[5, 4, 12, 7], [9, 11, 6, 2]]
+        >>> load.groupby("layer").fraction.sum().round(6).tolist(), load.groupby("layer").token_fraction.sum().round(6).tolist()
+        ([1.0, 1.0], [2.0, 2.0])
     """
     route = routing(model, tokens)
     rows = []
@@ -89,7 +96,10 @@ def router_entropy(model, tokens: TokensLike) -> pd.DataFrame:
     which only pick the experts, is not part of it. Uniform routing gives log(num_experts).
 
     Example:
-        >>> router_entropy(moe_model, tokens).groupby("layer").entropy.mean()   # doctest: +SKIP
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers, top-2 of 4 experts
+        >>> entropy = router_entropy(moe_model, "The cat sat on the mat. The cat")
+        >>> entropy.shape, bool(entropy.entropy.between(0, torch.log(torch.tensor(4.0)).item()).all())
+        ((28, 3), True)
     """
     route = routing(model, tokens)
     rows = []
@@ -107,7 +117,12 @@ def token_expert_choices(model, tokens: TokensLike) -> pd.DataFrame:
     ``routed_scaling_factor``).
 
     Example:
-        >>> token_expert_choices(moe_model, moe_model.to_tokens("Hello world"))   # doctest: +SKIP
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers, top-2 of 4 experts
+        >>> choices = token_expert_choices(moe_model, moe_model.to_tokens("Hello world"))
+        >>> choices.query("layer == 0")[["token", "experts"]].values.tolist()[:3]
+        [['<|endoftext|>', [0, 2]], ['H', [1, 3]], ['el', [2, 1]]]
+        >>> bool(choices.weights.map(sum).round(5).eq(1).all())   # renormalised top-2 weights
+        True
     """
     tokens_BP = model.as_tokens(tokens)
     route = routing(model, tokens_BP[:1])
@@ -130,8 +145,10 @@ def top_expert_predictability(model, tokens: TokensLike) -> dict[str, list]:
     ``layer`` names the MoE layer of each entry.
 
     Example:
-        >>> top_expert_predictability(moe_model, tokens)   # doctest: +SKIP
-        {'layer': [0, 1], 'by_token': [0.8, 0.7], 'by_position': [0.4, 0.4]}
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers, top-2 of 4 experts
+        >>> rows = moe_model.to_tokens("The cat sat on the mat.").repeat(4, 1)   # the same row: both predict it
+        >>> top_expert_predictability(moe_model, rows)
+        {'layer': [0, 1], 'by_token': [1.0, 1.0], 'by_position': [1.0, 1.0]}
     """
     tokens_BP = model.as_tokens(tokens)
     half = tokens_BP.shape[0] // 2
@@ -157,8 +174,12 @@ def shared_expert_layers(model) -> list[int]:
     """The MoE layers with a shared expert (``hook_shared_out``), or [] when the model has none.
 
     Example:
-        >>> shared_expert_layers(deepseek_v3_like)   # layer 0 is dense   # doctest: +SKIP
-        [1, 2]
+        >>> dense_first = ({"num_experts": 0, "experts_per_token": 0, "d_mlp": 64}, {}, {})   # layer 0 is dense
+        >>> deepseek_v3_like = wb.Decoder(wb.ModelConfig(n_layers=3, d_model=32, n_heads=4, d_vocab=50, n_ctx=16,
+        ...                     d_mlp=16, num_experts=4, experts_per_token=2, d_shared_expert=24,
+        ...                     layer_overrides=dense_first))
+        >>> shared_expert_layers(deepseek_v3_like), shared_expert_layers(wb.load_model("toy-moe-2l", progress=False))
+        ([1, 2], [])
     """
     return [l for l in model.cfg.moe_layers if f"blocks.{l}.mlp.hook_shared_out" in model.hook_dict]
 
@@ -188,8 +209,12 @@ def shared_vs_routed(model, tokens: TokensLike) -> pd.DataFrame:
     shared expert (DeepSeek-V2/V3, Qwen2-MoE); a model without one is an InputError.
 
     Example:
-        >>> df = shared_vs_routed(moe_model, moe_model.to_tokens("Hello world"))   # doctest: +SKIP
-        >>> df.groupby("layer").shared_fraction.mean()                             # doctest: +SKIP
+        >>> tiny = dict(d_model=32, n_heads=4, d_vocab=model.cfg.d_vocab, n_ctx=32, d_mlp=16, num_experts=4,
+        ...             experts_per_token=2, d_shared_expert=24)
+        >>> shared_model = wb.Decoder(wb.ModelConfig(n_layers=2, **tiny), tokenizer=model.tokenizer)   # random weights
+        >>> df = shared_vs_routed(shared_model, shared_model.to_tokens("Hello world"))   # 7 tokens
+        >>> df.shape, list(df.columns), bool(df.shared_fraction.between(0, 1).all())
+        ((14, 5), ['layer', 'position', 'routed_norm', 'shared_norm', 'shared_fraction'], True)
     """
     layers = _require_shared(model)
     tokens_BP = model.as_tokens(tokens)[:1]
@@ -214,8 +239,13 @@ def expert_ablation_effect(model, tokens: TokensLike, layer: int, expert: int) -
     layer or an expert the layer does not have is an InputError naming it.
 
     Example:
-        >>> expert_ablation_effect(moe_model, tokens, layer=0, expert=3)   # doctest: +SKIP
-        {'clean_loss': 3.2, 'ablated_loss': 3.5, 'delta': 0.3}
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers, top-2 of 4 experts
+        >>> effect = expert_ablation_effect(moe_model, "The cat sat on the mat. The cat", layer=0, expert=3)
+        >>> sorted(effect), effect["delta"] == effect["ablated_loss"] - effect["clean_loss"]
+        (['ablated_loss', 'clean_loss', 'delta'], True)
+        >>> expert_ablation_effect(moe_model, "The cat", layer=0, expert=4)
+        Traceback (most recent call last):
+        workbench.errors.InputError: ...
     """
     from experiments.ablation import AblationTarget, run_ablated
 
