@@ -37,7 +37,8 @@ def pattern_scores(model, tokens: TokensLike, exclude_bos: bool = False) -> dict
     """Induction, previous-token and duplicate-token ("mul") scores and mean entropy, from one forward pass.
 
     Example:
-        >>> pattern_scores(model, tokens)["entropy"].shape   # doctest: +SKIP
+        >>> {name: tuple(scores.shape) for name, scores in pattern_scores(model, tokens).items()}   # [n_layers, n_heads]
+        {'previous_token': (2, 4), 'duplicate_token': (2, 4), 'induction': (2, 4), 'entropy': (2, 4)}
     """
     tokens_BP = model.as_tokens(tokens)
     L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -65,8 +66,12 @@ def head_scores_table(model, tokens: TokensLike, include_ablation: bool = True, 
     ``include_ablation``).
 
     Example:
-        >>> table = head_scores_table(model, repeated_random_tokens(model, 20, 4))   # doctest: +SKIP
-        >>> table.nlargest(5, "induction")                                            # doctest: +SKIP
+        >>> from experiments.induction import repeated_random_tokens
+        >>> table = head_scores_table(model, repeated_random_tokens(model, 10, 2), progress=False)
+        >>> table.nlargest(4, "induction")[["layer", "head"]].values.tolist()   # toy-attn-2l's induction heads
+        [[1, 0], [1, 1], [1, 2], [1, 3]]
+        >>> list(table.columns)
+        ['layer', 'head', 'induction', 'previous_token', 'duplicate_token', 'entropy', 'ablation_delta']
     """
     from experiments.ablation import head_sweep
 
@@ -95,8 +100,11 @@ def composition_scores(model, kind: Literal["Q", "K", "V"] = "Q") -> Float[Tenso
     """scores[l1, h1, l2, h2]: how much head (l1, h1)'s output is read by head (l2, h2)'s query, key or value.
 
     Example:
-        >>> k_comp = composition_scores(model, "K")                    # doctest: +SKIP
-        >>> k_comp[0, :, 1, :]   # layer-0 heads feeding layer-1 keys   # doctest: +SKIP
+        >>> k_comp = composition_scores(model, "K")
+        >>> k_comp[0, :, 1, :].shape, bool(k_comp[1].eq(0).all())   # layer-0 heads feeding layer-1 keys; none later
+        (torch.Size([4, 4]), True)
+        >>> bool(k_comp[0, :, 1, :].gt(0).all() and k_comp[0, :, 1, :].le(1).all())
+        True
     """
     if kind not in ("Q", "K", "V"):
         raise InputError(f"composition kind must be 'Q', 'K' or 'V', got {kind!r}")
