@@ -64,8 +64,10 @@ class FlowContributions:
     ``mlp_resid_LP``: the residual in the MLP sum (None for parallel blocks and attention-only models).
 
     Example:
-        >>> c = flow_contributions(model, model.to_tokens("The cat sat"))   # doctest: +SKIP
-        >>> c.attn_LPSH.sum((2, 3)) + c.attn_resid_LP + c.attn_bias_LP   # all ones (+ mlp_LP if parallel)   # doctest: +SKIP
+        >>> c = flow_contributions(model, model.to_tokens("The cat sat"))   # 6 tokens, toy-attn-2l: attention only
+        >>> sums_LP = c.attn_LPSH.sum((2, 3)) + c.attn_resid_LP + c.attn_bias_LP   # (+ mlp_LP if parallel)
+        >>> torch.allclose(sums_LP, torch.ones(2, 6)), c.mlp_LP is None
+        (True, True)
     """
 
     attn_LPSH: Float[Tensor, "n_layers pos key_pos n_heads"]
@@ -135,7 +137,8 @@ def run_flow_cache(model, tokens: TokensLike):
     """One forward pass caching what the contributions need (``_hook_names``); returns the ActivationCache.
 
     Example:
-        >>> cache = run_flow_cache(model, "The cat sat")   # doctest: +SKIP
+        >>> sorted(run_flow_cache(model, "The cat sat"))[:4]
+        ['blocks.0.attn.hook_pattern', 'blocks.0.attn.hook_v', 'blocks.0.hook_resid_post', 'blocks.0.hook_resid_pre']
     """
     _require_flow_model(model)
     names = set(_hook_names(model))
@@ -159,7 +162,11 @@ def attention_by_source(model, cache, layer: int) -> Float[Tensor, "pos key_pos 
     Holds P * S * H * D floats: the contributions themselves are computed in chunks.
 
     Example:
-        >>> c_PSHD = attention_by_source(model, run_flow_cache(model, tokens), layer=0)   # doctest: +SKIP
+        >>> c_PSHD = attention_by_source(model, run_flow_cache(model, tokens), layer=0)
+        >>> c_PSHD.shape   # [pos, key_pos, n_heads, d_model]
+        torch.Size([14, 14, 4, 128])
+        >>> torch.allclose(c_PSHD.sum((1, 2)), cache["blocks.0.hook_attn_out"][0], atol=1e-5)   # no b_O here
+        True
     """
     pattern_PSH = cache[f"blocks.{layer}.attn.hook_pattern"][0].float().permute(1, 2, 0)
     return pattern_PSH[..., None] * _value_out(model, cache, layer)[None]
@@ -212,9 +219,9 @@ def flow_contributions(model, tokens: TokensLike, *, progress: ProgressArg = Fal
     by ``importance``. ``progress``: True (a bar), False or a ``(done, total)`` callable, per layer.
 
     Example:
-        >>> c = flow_contributions(model, model.to_tokens("The cat sat on the"))   # doctest: +SKIP
-        >>> c.attn_LPSH.shape                                                      # doctest: +SKIP
-        torch.Size([30, 6, 6, 9])
+        >>> c = flow_contributions(model, model.to_tokens("The cat sat on the"))   # 8 tokens
+        >>> c.attn_LPSH.shape   # [n_layers, pos, key_pos, n_heads]
+        torch.Size([2, 8, 8, 4])
     """
     tokens_BP = _one_prompt(model, tokens)
     cache = run_flow_cache(model, tokens_BP)
@@ -266,7 +273,9 @@ def flow_graph(contributions: FlowContributions, position: int = -1,
     "mlp_in" or "mlp"; top_head -1 where no head applies), strongest first.
 
     Example:
-        >>> nodes, edges = flow_graph(flow_contributions(model, tokens), position=-1, threshold=0.04)   # doctest: +SKIP
+        >>> nodes, edges = flow_graph(flow_contributions(model, tokens), position=-1, threshold=0.04)
+        >>> nodes.node[0], bool(edges.importance.ge(0.04).all()), sorted(edges.kind.unique())
+        ('L1.post:13', True, ['attention', 'residual'])
     """
     start = _check_graph_args(contributions, position, threshold)
     c, L = contributions, contributions.n_layers
@@ -329,7 +338,9 @@ def edge_heads(contributions: FlowContributions, layer: int, target_position: in
     """Each head's share of the attention edge source -> target at ``layer``: DataFrame[head, importance], strongest first.
 
     Example:
-        >>> edge_heads(flow_contributions(model, tokens), layer=3, target_position=5, source_position=2)   # doctest: +SKIP
+        >>> heads = edge_heads(flow_contributions(model, tokens), layer=0, target_position=4, source_position=3)
+        >>> heads["head"].tolist()[0], list(heads.columns)   # head 0 (previous-token) carries " c" -> "at"
+        (0, ['head', 'importance'])
     """
     L, P = contributions.n_layers, contributions.n_positions
     if not (0 <= layer < L and 0 <= source_position <= target_position < P):
@@ -353,7 +364,12 @@ def vocab_projection(model, tokens: TokensLike, layer: int, position: int, block
     ``experiments.neurons.direct_logit_effect``).
 
     Example:
-        >>> vocab_projection(model, tokens, layer=3, position=-1, block="mlp").head(3)   # doctest: +SKIP
+        >>> projection = vocab_projection(model, tokens, layer=1, position=-1, block="attn", k=3)
+        >>> projection.direction.tolist(), list(projection.columns)
+        (['promoted', 'promoted', 'promoted', 'suppressed', 'suppressed', 'suppressed'], ['direction', 'rank', 'token', 'token_id', 'effect'])
+        >>> vocab_projection(model, tokens, layer=1, position=-1, block="mlp")   # toy-attn-2l has no MLP
+        Traceback (most recent call last):
+        workbench.errors.InputError: block must be one of ('attn',) for this model, got 'mlp'
     """
     cfg = model.cfg
     _require_flow_model(model)

@@ -43,8 +43,12 @@ def flow_figure(nodes: pd.DataFrame, edges: pd.DataFrame, str_toks: Sequence[str
     Nodes carry their id and edge midpoints their edge id as ``customdata`` (click targets).
 
     Example:
-        >>> nodes, edges = flow_graph(contributions, -1, 0.04)                                  # doctest: +SKIP
-        >>> flow_figure(nodes, edges, contributions.str_tokens, contributions.n_layers)        # doctest: +SKIP
+        >>> from experiments.flow import flow_contributions, flow_graph
+        >>> contributions = flow_contributions(model, tokens)
+        >>> nodes, edges = flow_graph(contributions, -1, 0.04)
+        >>> fig = flow_figure(nodes, edges, contributions.str_tokens, contributions.n_layers)
+        >>> fig.data[-1].name, len(fig.data[-1].customdata) == len(nodes)   # the node trace: one marker a node
+        ('nodes', True)
     """
     compact = not (nodes["stage"] == "mid").any()  # a sequential MLP node always comes with its mid state
     x, y = _node_xy(nodes, compact)
