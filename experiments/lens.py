@@ -63,10 +63,10 @@ def residual_snapshots(model, tokens: TokensLike, row: int = 0, *, attention_mas
     dropped (P is its real tokens), so it equals the prompt alone.
 
     Example:
-        >>> residual_snapshots(model, tokens).shape   # doctest: +SKIP
-        torch.Size([31, 12, 576])
-        >>> residual_snapshots(model, ["a b c", "a"], row=1).shape   # BOS and "a"   # doctest: +SKIP
-        torch.Size([31, 2, 576])
+        >>> residual_snapshots(model, tokens).shape   # 2 layers: 3 snapshots of 14 positions
+        torch.Size([3, 14, 128])
+        >>> residual_snapshots(model, ["a b c", "a"], row=1).shape   # BOS and "a"
+        torch.Size([3, 2, 128])
     """
     tokens_1P = _prompt_alone(model, tokens, row, attention_mask, padding_side)
     L = model.cfg.n_layers
@@ -83,7 +83,7 @@ def logit_lens_logits(model, tokens: TokensLike, row: int = 0, *, attention_mask
     Arguments as ``residual_snapshots`` (a padded row's pads dropped).
 
     Example:
-        >>> torch.allclose(logit_lens_logits(model, tokens)[-1], model(tokens)[0])   # doctest: +SKIP
+        >>> torch.allclose(logit_lens_logits(model, tokens)[-1], model(tokens)[0])
         True
     """
     return model.logits_from_resid(residual_snapshots(model, tokens, row, attention_mask=attention_mask,
@@ -100,8 +100,12 @@ def logit_lens(model, tokens: TokensLike, top_k: int = 5, row: int = 0, *, atten
     batch takes ``attention_mask``; positions are the row's real tokens (its pads dropped).
 
     Example:
-        >>> df = logit_lens(model, model.to_tokens("The Eiffel Tower is in the city of"))   # doctest: +SKIP
-        >>> df[(df["rank"] == 1) & (df.position == df.position.max())]                      # doctest: +SKIP
+        >>> df = logit_lens(model, model.to_tokens("The cat sat"), top_k=5)   # 6 tokens, 3 snapshots
+        >>> len(df), list(df.columns)
+        (90, ['layer', 'position', 'rank', 'token', 'token_id', 'prob'])
+        >>> last = df[(df["rank"] == 1) & (df.position == df.position.max())]   # each snapshot's top token at the end
+        >>> last.layer.tolist(), int(last.token_id.iloc[-1]) == int(model(model.to_tokens("The cat sat"))[0, -1].argmax())
+        ([0, 1, 2], True)
     """
     if top_k < 1:
         raise InputError(f"top_k must be at least 1, got {top_k}")
@@ -142,9 +146,12 @@ def logit_lens_metric(model, tokens: TokensLike, metric: MetricLike, *, position
     scored as the forward pass reaches them, so no cache of every layer is held.
 
     Example:
-        >>> data = ioi_dataset(model, 32)                                                   # doctest: +SKIP
-        >>> metric = LogitDiff(data.answer_tokens, data.wrong_tokens)                       # doctest: +SKIP
-        >>> logit_lens_metric(model, data.clean_tokens, metric, attention_mask=data.clean_mask)   # doctest: +SKIP
+        >>> table = logit_lens_metric(model, ["The cat sat on the mat.", "The cat"], "loss")   # a padded batch
+        >>> table.layer.tolist(), bool(table.metric.is_monotonic_decreasing)   # the loss falls layer by layer
+        ([0, 1, 2], True)
+        >>> final_loss = logit_lens_metric(model, tokens, "loss").metric.iloc[-1]   # the model's own loss
+        >>> bool(abs(final_loss - model(tokens, return_type="loss").item()) < 1e-4)
+        True
     """
     batch = prompt_batch(model, tokens, attention_mask, padding_side)
     metric = as_metric(metric, position)
@@ -176,7 +183,9 @@ def promoted_and_suppressed(model, effect_V: Float[Tensor, "d_vocab"], k: int = 
     direct effect (``experiments.neurons``) and a block's vocabulary projection (``experiments.flow``).
 
     Example:
-        >>> promoted_and_suppressed(model, model.W_U[:, :].T @ torch.zeros(model.cfg.d_model), k=3)   # doctest: +SKIP
+        >>> effect_V = torch.arange(float(model.cfg.d_vocab))   # an effect rising with the token id
+        >>> promoted_and_suppressed(model, effect_V, k=2)[["direction", "rank", "token_id", "effect"]].values.tolist()
+        [['promoted', 1, 2047, 2047.0], ['promoted', 2, 2046, 2046.0], ['suppressed', 1, 0, 0.0], ['suppressed', 2, 1, 1.0]]
     """
     if k < 1:
         raise InputError(f"k must be at least 1, got {k}")
@@ -208,8 +217,11 @@ def direct_logit_attribution(model, tokens: TokensLike, target_token: TokenIds, 
     ``per_prompt=True`` gives one row per component and prompt (a ``prompt`` column).
 
     Example:
-        >>> dla = direct_logit_attribution(model, tokens, model.to_single_token(" Paris"), model.to_single_token(" Rome"))   # doctest: +SKIP
-        >>> dla.attribution.sum(), dla.attrs["logit_diff"]                                                                # doctest: +SKIP
+        >>> dla = direct_logit_attribution(model, tokens, model.to_single_token(" s"), model.to_single_token(" m"))
+        >>> dla.component.unique().tolist()   # toy-attn-2l: LayerNorm, no attention biases, no MLPs
+        ['embed', 'head', 'ln_final_bias']
+        >>> bool(abs(dla.attribution.sum() - dla.attrs["logit_diff"]) < 1e-4)   # the shares sum to the logit difference
+        True
     """
     cfg = model.cfg
     if cfg.norm_placement != "pre":

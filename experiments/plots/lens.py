@@ -44,8 +44,14 @@ def logit_lens_figure(df: pd.DataFrame, str_toks: Optional[Sequence] = None, row
     ``logit_lens`` dropped its pad positions.
 
     Example:
-        >>> logit_lens_figure(logit_lens(model, tokens), model.to_str_tokens(tokens))   # doctest: +SKIP
-        >>> logit_lens_figure(logit_lens(model, toks, row=1, attention_mask=mask), model.to_str_tokens(toks), 1, mask)   # doctest: +SKIP
+        >>> from experiments.lens import logit_lens
+        >>> logit_lens_figure(logit_lens(model, tokens), model.to_str_tokens(tokens)).data[0].z.shape   # snapshot x position
+        (3, 14)
+        >>> toks = model.to_tokens(["The cat sat", "The cat"])   # right-padded: row 1 has 2 pads
+        >>> mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+        >>> fig = logit_lens_figure(logit_lens(model, toks, row=1, attention_mask=mask), model.to_str_tokens(toks), 1, mask)
+        >>> fig.data[0].x
+        ("0: '<|endoftext|>'", "1: 'The'", "2: ' c'", "3: 'at'")
     """
     top = df[df["rank"] == 1]
     prob = top.pivot(index="layer", columns="position", values="prob")
@@ -72,7 +78,10 @@ def dla_figure(df: pd.DataFrame, title: str = "Direct logit attribution") -> go.
     """Heads as a layer x head heatmap beside a bar chart of the other components.
 
     Example:
-        >>> dla_figure(direct_logit_attribution(model, tokens, target))   # doctest: +SKIP
+        >>> from experiments.lens import direct_logit_attribution
+        >>> fig = dla_figure(direct_logit_attribution(model, tokens, model.to_single_token(" s")))
+        >>> fig.data[0].z.shape, list(fig.data[1].x)   # heads (layer x head) beside the other components
+        ((2, 4), ['embed', 'ln_final_bias'])
     """
     heads = df[df.component == "head"].pivot(index="layer", columns="head", values="attribution")
     others = df[df.component != "head"]
