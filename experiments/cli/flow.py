@@ -12,6 +12,16 @@ from experiments.plots.flow import flow_figure
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
+    """The information-flow graph of a prompt's last token, written as CSV, JSON and HTML under ``--out``; ``argv``: the arguments (default: ``sys.argv``).
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as out:
+        ...     main(["--model", "toy-attn-2l", "--out", out, "--no-progress"])
+        wrote ...information_flow.csv
+        ...
+        wrote ...information_flow.html
+    """
     parser = _cli.make_parser("Information flow routes: the graph of edges that carry one token's prediction.", "flow")
     parser.add_argument("--prompt", default=None)
     parser.add_argument("--position", type=int, default=-1, help="the token whose prediction is traced (default: last)")

@@ -15,6 +15,16 @@ from experiments.induction import fitting_seq_len, repeated_random_tokens
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Every per-head score and the strongest K-composition scores, written as CSV, JSON and HTML under ``--out``; ``argv``: the arguments (default: ``sys.argv``).
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as out:
+        ...     main(["--model", "toy-attn-2l", "--no-ablation", "--out", out, "--no-progress"])
+        wrote ...heads.csv
+        ...
+        wrote ...heads.html
+    """
     parser = _cli.make_parser("Every per-head score for a prompt set, and K-composition scores.", "heads")
     parser.add_argument("--prompt", default=None, help="text (default: repeated random tokens)")
     parser.add_argument("--no-ablation", action="store_true", help="skip the zero-ablation sweep")

@@ -13,6 +13,16 @@ from experiments.plots.lens import dla_figure, logit_lens_figure
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
+    """The logit lens and direct logit attribution of a prompt, written as CSV, JSON and HTML under ``--out``; ``argv``: the arguments (default: ``sys.argv``).
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as out:
+        ...     main(["--model", "toy-attn-2l", "--out", out, "--no-progress"])
+        wrote ...logit_lens.csv
+        ...
+        wrote ...dla.html
+    """
     parser = _cli.make_parser("Logit lens over every layer, and direct logit attribution at the last position.", "lens")
     parser.add_argument("--prompt", default=None)
     parser.add_argument("--top-k", type=int, default=5)

@@ -13,6 +13,16 @@ from experiments.router import expert_load, router_entropy, shared_expert_layers
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Expert load and router entropy (and the shared experts' share, where there are some), written as CSV, JSON and HTML under ``--out``; ``argv``: the arguments (default: ``sys.argv``).
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as out:
+        ...     main(["--model", "toy-moe-2l", "--out", out, "--no-progress"])
+        wrote ...router.csv
+        ...
+        wrote ...router.html
+    """
     parser = _cli.make_parser("Mixture-of-experts routing: expert load, router entropy and, with shared experts, "
                               "the shared vs routed experts' output.", "router")
     parser.add_argument("--prompt", default=None)
