@@ -34,6 +34,7 @@ The command line is ``experiments.cli.flow``, the figures ``experiments.plots.fl
 from __future__ import annotations
 
 import importlib
+import runpy
 from dataclasses import dataclass
 from typing import Optional
 
@@ -398,7 +399,4 @@ def __getattr__(name: str):
 
 
 if __name__ == "__main__":  # python -m experiments.flow: the command line is experiments.cli.flow
-    from experiments._cli import run_main
-    from experiments.cli.flow import main
-
-    run_main(main)
+    runpy.run_module("experiments.cli.flow", run_name="__main__")

@@ -17,6 +17,7 @@ The command line is ``experiments.cli.heads``.
 from __future__ import annotations
 
 import importlib
+import runpy
 from typing import Literal
 
 import numpy as np
@@ -138,7 +139,4 @@ def __getattr__(name: str):
 
 
 if __name__ == "__main__":  # python -m experiments.heads: the command line is experiments.cli.heads
-    from experiments._cli import run_main
-    from experiments.cli.heads import main
-
-    run_main(main)
+    runpy.run_module("experiments.cli.heads", run_name="__main__")

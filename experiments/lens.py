@@ -27,6 +27,7 @@ The command line is ``experiments.cli.lens``, the figures ``experiments.plots.le
 from __future__ import annotations
 
 import importlib
+import runpy
 from typing import Optional
 
 import numpy as np
@@ -310,7 +311,4 @@ def __getattr__(name: str):
 
 
 if __name__ == "__main__":  # python -m experiments.lens: the command line is experiments.cli.lens
-    from experiments._cli import run_main
-    from experiments.cli.lens import main
-
-    run_main(main)
+    runpy.run_module("experiments.cli.lens", run_name="__main__")

@@ -16,6 +16,7 @@ The command line is ``experiments.cli.router``, the figures ``experiments.plots.
 from __future__ import annotations
 
 import importlib
+import runpy
 
 import pandas as pd
 import torch
@@ -271,7 +272,4 @@ def __getattr__(name: str):
 
 
 if __name__ == "__main__":  # python -m experiments.router: the command line is experiments.cli.router
-    from experiments._cli import run_main
-    from experiments.cli.router import main
-
-    run_main(main)
+    runpy.run_module("experiments.cli.router", run_name="__main__")
