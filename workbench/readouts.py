@@ -1,6 +1,6 @@
 """Per-layer reads of the model's weights and of the model math experiments need, for the ``Decoder``.
 
-Legend: N tokens, B batch, P position, H n_heads, J d_head_v, D d_model, M d_mlp (one MLP's width), E num_experts.
+Legend: N flattened tokens, B batch, P position, H n_heads, J d_head_v, D d_model, M d_mlp, E num_experts.
 
 A mixin of ``workbench.model.Decoder``: what experiments read of one layer, so they never reach into
 ``model.blocks`` or import ``workbench.components``. TransformerLens's stacked reads (``model.W_O``
