@@ -120,9 +120,9 @@ class ReadoutMethods:
         return mlp.W_out if expert is None else mlp.W_out[expert]
 
     def _mixture(self, layer: int, expert: Optional[int] = None) -> MixtureOfExperts:
-        """Layer ``layer``'s mixture of experts; InputError for a dense layer (or an expert it lacks)."""
-        if layer not in self.cfg.moe_layers or expert is not None:
-            mlp_width(self.cfg, layer, 0 if expert is None else expert)  # no MLP, no such layer, a dense layer
+        """Layer ``layer``'s mixture of experts, past ``mlp_width``'s checks: an InputError for a model without
+        MLPs, a layer out of range, a dense layer, or an expert the layer lacks (expert 0 stands for "any")."""
+        mlp_width(self.cfg, layer, 0 if expert is None else expert)
         return self.blocks[layer].mlp
 
     def expert_hidden(self, layer: int, expert: int, mlp_input_ND: Float[Tensor, "tokens d_model"]
