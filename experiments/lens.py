@@ -21,23 +21,23 @@ Padded batches take ``attention_mask`` [B, P] (1 real, 0 pad; a list of texts bu
 of its prompts' values.
 
 ``python -m experiments.lens --model NAME --out DIR [--prompt TEXT --target TEXT --baseline TEXT]``
+The command line is ``experiments.cli.lens``, the figures ``experiments.plots.lens``.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import importlib
+import runpy
+from typing import Optional
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Float, Int
-from plotly.subplots import make_subplots
 from torch import Tensor
 
 from experiments._batched import metric_from_final_resid
-from experiments._tokens import TokensLike, axis_labels, str_tokens
-from experiments.figures import labelled_heatmap
+from experiments._tokens import TokensLike, str_tokens
 from experiments.metrics import (MetricLike, PositionSelector, TokenIds, as_metric, per_prompt_table, prompt_batch,
                                  token_ids)
 from workbench.errors import InputError
@@ -64,10 +64,10 @@ def residual_snapshots(model, tokens: TokensLike, row: int = 0, *, attention_mas
     dropped (P is its real tokens), so it equals the prompt alone.
 
     Example:
-        >>> residual_snapshots(model, tokens).shape   # doctest: +SKIP
-        torch.Size([31, 12, 576])
-        >>> residual_snapshots(model, ["a b c", "a"], row=1).shape   # BOS and "a"   # doctest: +SKIP
-        torch.Size([31, 2, 576])
+        >>> residual_snapshots(model, tokens).shape   # 2 layers: 3 snapshots of 14 positions
+        torch.Size([3, 14, 128])
+        >>> residual_snapshots(model, ["a b c", "a"], row=1).shape   # BOS and "a"
+        torch.Size([3, 2, 128])
     """
     tokens_1P = _prompt_alone(model, tokens, row, attention_mask, padding_side)
     L = model.cfg.n_layers
@@ -84,7 +84,7 @@ def logit_lens_logits(model, tokens: TokensLike, row: int = 0, *, attention_mask
     Arguments as ``residual_snapshots`` (a padded row's pads dropped).
 
     Example:
-        >>> torch.allclose(logit_lens_logits(model, tokens)[-1], model(tokens)[0])   # doctest: +SKIP
+        >>> torch.allclose(logit_lens_logits(model, tokens)[-1], model(tokens)[0])
         True
     """
     return model.logits_from_resid(residual_snapshots(model, tokens, row, attention_mask=attention_mask,
@@ -101,8 +101,12 @@ def logit_lens(model, tokens: TokensLike, top_k: int = 5, row: int = 0, *, atten
     batch takes ``attention_mask``; positions are the row's real tokens (its pads dropped).
 
     Example:
-        >>> df = logit_lens(model, model.to_tokens("The Eiffel Tower is in the city of"))   # doctest: +SKIP
-        >>> df[(df["rank"] == 1) & (df.position == df.position.max())]                      # doctest: +SKIP
+        >>> df = logit_lens(model, model.to_tokens("The cat sat"), top_k=5)   # 6 tokens, 3 snapshots
+        >>> len(df), list(df.columns)
+        (90, ['layer', 'position', 'rank', 'token', 'token_id', 'prob'])
+        >>> last = df[(df["rank"] == 1) & (df.position == df.position.max())]   # each snapshot's top token at the end
+        >>> last.layer.tolist(), int(last.token_id.iloc[-1]) == int(model(model.to_tokens("The cat sat"))[0, -1].argmax())
+        ([0, 1, 2], True)
     """
     if top_k < 1:
         raise InputError(f"top_k must be at least 1, got {top_k}")
@@ -127,55 +131,6 @@ def logit_lens(model, tokens: TokensLike, top_k: int = 5, row: int = 0, *, atten
     })
 
 
-def _row_labels(str_toks: Sequence, row: int, attention_mask: Optional[Tensor]) -> list[str]:
-    """One prompt's token labels from one list or one list per prompt, its pads dropped under ``attention_mask``."""
-    labels = list(str_toks)
-    if labels and isinstance(labels[0], (list, tuple)):  # one list per prompt
-        if not -len(labels) <= row < len(labels):
-            raise InputError(f"row={row} is outside the {len(labels)} prompts of str_toks")
-        labels = list(labels[row])
-    if attention_mask is None:
-        return labels
-    mask = torch.as_tensor(attention_mask)
-    mask = mask if mask.ndim == 1 else mask[row]
-    if len(mask) != len(labels):
-        raise InputError(f"attention_mask has {len(mask)} positions but str_toks {len(labels)}; they must match")
-    return [label for label, real in zip(labels, mask.bool().tolist()) if real]
-
-
-def logit_lens_figure(df: pd.DataFrame, str_toks: Optional[Sequence] = None, row: int = 0,
-                      attention_mask: Optional[Tensor] = None) -> go.Figure:
-    """Layer x position grid of each snapshot's top-1 token, coloured by its probability.
-
-    ``str_toks``: the prompt's token labels, or one list per prompt of a padded batch (``row``
-    picks one); with ``attention_mask`` ([P] or [B, P]) the row's pad labels are dropped, as
-    ``logit_lens`` dropped its pad positions.
-
-    Example:
-        >>> logit_lens_figure(logit_lens(model, tokens), model.to_str_tokens(tokens))   # doctest: +SKIP
-        >>> logit_lens_figure(logit_lens(model, toks, row=1, attention_mask=mask), model.to_str_tokens(toks), 1, mask)   # doctest: +SKIP
-    """
-    top = df[df["rank"] == 1]
-    prob = top.pivot(index="layer", columns="position", values="prob")
-    token = top.pivot(index="layer", columns="position", values="token")
-    n_layers = int(top["layer"].max())
-    y_labels = [f"resid_pre {l}" if l < n_layers else "final" for l in prob.index]
-    if str_toks is not None:
-        labels = _row_labels(str_toks, row, attention_mask)
-        if len(labels) != prob.shape[1]:
-            raise InputError(f"str_toks has {len(labels)} tokens but the logit lens {prob.shape[1]} positions; pass the "
-                             f"row's tokens (and attention_mask to drop its pads)")
-        x_labels = axis_labels(labels)
-    else:
-        x_labels = [str(p) for p in prob.columns]
-    text = [[str(t)[:10] for t in row_tokens] for row_tokens in token.values]
-    fig = labelled_heatmap(prob.values, x_labels, y_labels, title="Logit lens: top token per layer and position",
-                           x_title="position", y_title="layer", value_name="prob", text=text, colorscale="Blues")
-    fig.update_traces(zmin=0, zmax=1, textfont=dict(size=9))
-    fig.update_layout(height=max(400, 22 * len(y_labels) + 150), width=max(600, 70 * len(x_labels) + 200))
-    return fig
-
-
 @torch.no_grad()
 def logit_lens_metric(model, tokens: TokensLike, metric: MetricLike, *, position: Optional[PositionSelector] = None,
                       per_prompt: bool = False, attention_mask: Optional[Tensor] = None,
@@ -192,9 +147,12 @@ def logit_lens_metric(model, tokens: TokensLike, metric: MetricLike, *, position
     scored as the forward pass reaches them, so no cache of every layer is held.
 
     Example:
-        >>> data = ioi_dataset(model, 32)                                                   # doctest: +SKIP
-        >>> metric = LogitDiff(data.answer_tokens, data.wrong_tokens)                       # doctest: +SKIP
-        >>> logit_lens_metric(model, data.clean_tokens, metric, attention_mask=data.clean_mask)   # doctest: +SKIP
+        >>> table = logit_lens_metric(model, ["The cat sat on the mat.", "The cat"], "loss")   # a padded batch
+        >>> table.layer.tolist(), bool(table.metric.is_monotonic_decreasing)   # the loss falls layer by layer
+        ([0, 1, 2], True)
+        >>> final_loss = logit_lens_metric(model, tokens, "loss").metric.iloc[-1]   # the model's own loss
+        >>> bool(abs(final_loss - model(tokens, return_type="loss").item()) < 1e-4)
+        True
     """
     batch = prompt_batch(model, tokens, attention_mask, padding_side)
     metric = as_metric(metric, position)
@@ -226,7 +184,9 @@ def promoted_and_suppressed(model, effect_V: Float[Tensor, "d_vocab"], k: int = 
     direct effect (``experiments.neurons``) and a block's vocabulary projection (``experiments.flow``).
 
     Example:
-        >>> promoted_and_suppressed(model, model.W_U[:, :].T @ torch.zeros(model.cfg.d_model), k=3)   # doctest: +SKIP
+        >>> effect_V = torch.arange(float(model.cfg.d_vocab))   # an effect rising with the token id
+        >>> promoted_and_suppressed(model, effect_V, k=2)[["direction", "rank", "token_id", "effect"]].values.tolist()
+        [['promoted', 1, 2047, 2047.0], ['promoted', 2, 2046, 2046.0], ['suppressed', 1, 0, 0.0], ['suppressed', 2, 1, 1.0]]
     """
     if k < 1:
         raise InputError(f"k must be at least 1, got {k}")
@@ -258,8 +218,11 @@ def direct_logit_attribution(model, tokens: TokensLike, target_token: TokenIds, 
     ``per_prompt=True`` gives one row per component and prompt (a ``prompt`` column).
 
     Example:
-        >>> dla = direct_logit_attribution(model, tokens, model.to_single_token(" Paris"), model.to_single_token(" Rome"))   # doctest: +SKIP
-        >>> dla.attribution.sum(), dla.attrs["logit_diff"]                                                                # doctest: +SKIP
+        >>> dla = direct_logit_attribution(model, tokens, model.to_single_token(" s"), model.to_single_token(" m"))
+        >>> dla.component.unique().tolist()   # toy-attn-2l: LayerNorm, no attention biases, no MLPs
+        ['embed', 'head', 'ln_final_bias']
+        >>> bool(abs(dla.attribution.sum() - dla.attrs["logit_diff"]) < 1e-4)   # the shares sum to the logit difference
+        True
     """
     cfg = model.cfg
     if cfg.norm_placement != "pre":
@@ -307,12 +270,12 @@ def direct_logit_attribution(model, tokens: TokensLike, target_token: TokenIds, 
     if "hook_pos_embed" in names:
         parts.append(("pos_embed", -1, -1, share(at("hook_pos_embed")[:, None])[:, 0]))
     for l in range(L):
-        attn = model.blocks[l].attn
         z_BHK = at(f"blocks.{l}.attn.hook_z").float()
-        result_BHD = torch.einsum("bhk,hkd->bhd", z_BHK, attn.W_O.float())
+        result_BHD = torch.einsum("bhk,hkd->bhd", z_BHK, model.layer_W_O(l).float())
         parts += [("head", l, h, values_B) for h, values_B in enumerate(share(result_BHD).unbind(1))]
-        if attn.b_O is not None:
-            parts.append(("attn_bias", l, -1, share(attn.b_O.expand(B, 1, -1))[:, 0]))
+        b_O = model.layer_b_O(l)  # None without a bias: no row (model.b_O would be zeros)
+        if b_O is not None:
+            parts.append(("attn_bias", l, -1, share(b_O.expand(B, 1, -1))[:, 0]))
         if not cfg.attn_only:
             parts.append(("mlp", l, -1, share(at(f"blocks.{l}.hook_mlp_out")[:, None])[:, 0]))
     if cfg.normalization == "LN":  # the bias is the norm of a zero vector
@@ -335,54 +298,17 @@ def direct_logit_attribution(model, tokens: TokensLike, target_token: TokenIds, 
     return table
 
 
-def dla_figure(df: pd.DataFrame, title: str = "Direct logit attribution") -> go.Figure:
-    """Heads as a layer x head heatmap beside a bar chart of the other components.
-
-    Example:
-        >>> dla_figure(direct_logit_attribution(model, tokens, target))   # doctest: +SKIP
-    """
-    heads = df[df.component == "head"].pivot(index="layer", columns="head", values="attribution")
-    others = df[df.component != "head"]
-    labels = [c if l < 0 else f"{c} {l}" for c, l in zip(others.component, others.layer)]
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], subplot_titles=["heads", "other components"])
-    bound = float(np.nanmax(np.abs(heads.values))) if heads.size else 1.0
-    fig.add_trace(go.Heatmap(z=heads.values, x=list(heads.columns), y=list(heads.index), colorscale="RdBu",
-                             zmid=0, zmin=-bound, zmax=bound, colorbar=dict(title="logit", x=0.42),
-                             hovertemplate="L%{y}H%{x}<br>attribution=%{z:.4f}<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Bar(x=labels, y=others.attribution, marker_color=np.where(others.attribution >= 0, "#2166ac", "#b2182b"),
-                         hovertemplate="%{x}<br>attribution=%{y:.4f}<extra></extra>", showlegend=False), row=1, col=2)
-    fig.update_yaxes(autorange="reversed", title_text="layer", row=1, col=1)
-    fig.update_xaxes(title_text="head", row=1, col=1)
-    total = df.attrs.get("logit_diff")
-    fig.update_layout(title=title + (f" (total {total:.3f})" if total is not None else ""),
-                      height=max(400, 20 * heads.shape[0] + 200), width=1100)
-    return fig
+# Moved by issue 32: the figures to experiments.plots.lens, the command line to experiments.cli.lens. Read from
+# here too (lazily: computing needs no plotly) until app/ and the tests that still do import them there.
+_MOVED_TO = {"logit_lens_figure": "experiments.plots.lens", "dla_figure": "experiments.plots.lens",
+             "main": "experiments.cli.lens"}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    from experiments import _cli
-
-    parser = _cli.make_parser("Logit lens over every layer, and direct logit attribution at the last position.", "lens")
-    parser.add_argument("--prompt", default=None)
-    parser.add_argument("--top-k", type=int, default=5)
-    parser.add_argument("--target", default=None, help="token text for the attribution (default: the model's top prediction)")
-    parser.add_argument("--baseline", default=None, help="token text to subtract (optional)")
-    args = parser.parse_args(argv)
-    model = _cli.load(args)
-    tokens = _cli.prompt_tokens(model, args.prompt)
-    labels = str_tokens(model, tokens[0])
-    lens_df = logit_lens(model, tokens, args.top_k)
-    _cli.write_outputs(args.out, "logit_lens", lens_df, logit_lens_figure(lens_df, labels),
-                       {"experiment": "logit_lens", "model": args.model, "str_tokens": labels})
-    target = model.to_single_token(args.target) if args.target else int(model(tokens)[0, -1].argmax())
-    baseline = model.to_single_token(args.baseline) if args.baseline else None
-    dla = direct_logit_attribution(model, tokens, target, baseline)
-    _cli.write_outputs(args.out, "dla", dla, dla_figure(dla),
-                       {"experiment": "direct_logit_attribution", "model": args.model, "target_token": target,
-                        "baseline_token": baseline, "logit_diff": dla.attrs["logit_diff"]})
+def __getattr__(name: str):
+    if name not in _MOVED_TO:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_MOVED_TO[name]), name)
 
 
-if __name__ == "__main__":
-    from experiments._cli import run_main
-
-    run_main(main)
+if __name__ == "__main__":  # python -m experiments.lens: the command line is experiments.cli.lens
+    runpy.run_module("experiments.cli.lens", run_name="__main__")

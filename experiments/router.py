@@ -10,19 +10,19 @@ each with its own expert count (``cfg.layer_values("num_experts")``); every tabl
 column is the real layer index. A model without experts is an InputError.
 
 ``python -m experiments.router --model NAME --out DIR [--prompt TEXT]``
+The command line is ``experiments.cli.router``, the figures ``experiments.plots.router``.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import importlib
+import runpy
 
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from torch import Tensor
 
-from experiments._tokens import TokensLike, axis_labels, str_tokens
-from experiments.figures import labelled_heatmap
+from experiments._tokens import TokensLike, str_tokens
 from workbench.errors import InputError
 
 
@@ -38,16 +38,6 @@ def _experts_of(cfg, layer: int) -> int:
     return cfg.layer_values("num_experts")[layer]
 
 
-def _router_probs(logits_BPE: Tensor, scoring: str) -> Tensor:
-    """The router's distribution over all experts (float32): softmax of the logits, or for a
-    sigmoid router the sigmoid scores normalised to sum to one."""
-    logits_BPE = logits_BPE.float()
-    if scoring == "sigmoid":
-        scores_BPE = logits_BPE.sigmoid()
-        return scores_BPE / scores_BPE.sum(-1, keepdim=True)
-    return logits_BPE.softmax(-1)
-
-
 @torch.no_grad()
 def routing(model, tokens: TokensLike) -> dict[str, dict[int, Tensor]]:
     """Per MoE layer (keyed by layer index): router logits [B, P, E], chosen experts and their weights [B, P, k].
@@ -58,8 +48,10 @@ def routing(model, tokens: TokensLike) -> dict[str, dict[int, Tensor]]:
     experts' outputs are scaled by.
 
     Example:
-        >>> routing(moe_model, tokens)["indices"][1].shape   # layer 1's chosen experts   # doctest: +SKIP
-        torch.Size([1, 7, 2])
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers, top-2 of 4 experts
+        >>> route = routing(moe_model, "The cat sat on the mat. The cat")   # 14 tokens
+        >>> route["logits"][1].shape, route["indices"][1].shape   # layer 1's logits and chosen experts
+        (torch.Size([1, 14, 4]), torch.Size([1, 14, 2]))
     """
     layers = _require_moe(model)
     tokens_BP = model.as_tokens(tokens)
@@ -78,7 +70,12 @@ def expert_load(model, tokens: TokensLike) -> pd.DataFrame:
     top-k experts of a token are distinct). Each layer lists its own experts; dense layers are absent.
 
     Example:
-        >>> expert_load(moe_model, tokens).pivot(index="layer", columns="expert", values="fraction")   # doctest: +SKIP
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers, top-2 of 4 experts
+        >>> load = expert_load(moe_model, "The cat sat on the mat. The cat")
+        >>> load.pivot(index="layer", columns="expert", values="count").values.tolist()
+        [[5, 4, 12, 7], [9, 11, 6, 2]]
+        >>> load.groupby("layer").fraction.sum().round(6).tolist(), load.groupby("layer").token_fraction.sum().round(6).tolist()
+        ([1.0, 1.0], [2.0, 2.0])
     """
     route = routing(model, tokens)
     rows = []
@@ -100,12 +97,15 @@ def router_entropy(model, tokens: TokensLike) -> pd.DataFrame:
     which only pick the experts, is not part of it. Uniform routing gives log(num_experts).
 
     Example:
-        >>> router_entropy(moe_model, tokens).groupby("layer").entropy.mean()   # doctest: +SKIP
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers, top-2 of 4 experts
+        >>> entropy = router_entropy(moe_model, "The cat sat on the mat. The cat")
+        >>> entropy.shape, bool(entropy.entropy.between(0, torch.log(torch.tensor(4.0)).item()).all())
+        ((28, 3), True)
     """
     route = routing(model, tokens)
     rows = []
     for layer, logits_BPE in route["logits"].items():
-        probs_BPE = _router_probs(logits_BPE, model.cfg.router_scoring)
+        probs_BPE = model.router_probabilities(layer, logits_BPE)
         entropy_P = -torch.special.xlogy(probs_BPE, probs_BPE).sum(-1).mean(0)
         rows += [(layer, p, float(h)) for p, h in enumerate(entropy_P.tolist())]
     return pd.DataFrame(rows, columns=["layer", "position", "entropy"])
@@ -118,7 +118,12 @@ def token_expert_choices(model, tokens: TokensLike) -> pd.DataFrame:
     ``routed_scaling_factor``).
 
     Example:
-        >>> token_expert_choices(moe_model, moe_model.to_tokens("Hello world"))   # doctest: +SKIP
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers, top-2 of 4 experts
+        >>> choices = token_expert_choices(moe_model, moe_model.to_tokens("Hello world"))
+        >>> choices.query("layer == 0")[["token", "experts"]].values.tolist()[:3]
+        [['<|endoftext|>', [0, 2]], ['H', [1, 3]], ['el', [2, 1]]]
+        >>> bool(choices.weights.map(sum).round(5).eq(1).all())   # renormalised top-2 weights
+        True
     """
     tokens_BP = model.as_tokens(tokens)
     route = routing(model, tokens_BP[:1])
@@ -141,8 +146,10 @@ def top_expert_predictability(model, tokens: TokensLike) -> dict[str, list]:
     ``layer`` names the MoE layer of each entry.
 
     Example:
-        >>> top_expert_predictability(moe_model, tokens)   # doctest: +SKIP
-        {'layer': [0, 1], 'by_token': [0.8, 0.7], 'by_position': [0.4, 0.4]}
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers, top-2 of 4 experts
+        >>> rows = moe_model.to_tokens("The cat sat on the mat.").repeat(4, 1)   # the same row: both predict it
+        >>> top_expert_predictability(moe_model, rows)
+        {'layer': [0, 1], 'by_token': [1.0, 1.0], 'by_position': [1.0, 1.0]}
     """
     tokens_BP = model.as_tokens(tokens)
     half = tokens_BP.shape[0] // 2
@@ -168,8 +175,12 @@ def shared_expert_layers(model) -> list[int]:
     """The MoE layers with a shared expert (``hook_shared_out``), or [] when the model has none.
 
     Example:
-        >>> shared_expert_layers(deepseek_v3_like)   # layer 0 is dense   # doctest: +SKIP
-        [1, 2]
+        >>> dense_first = ({"num_experts": 0, "experts_per_token": 0, "d_mlp": 64}, {}, {})   # layer 0 is dense
+        >>> deepseek_v3_like = wb.Decoder(wb.ModelConfig(n_layers=3, d_model=32, n_heads=4, d_vocab=50, n_ctx=16,
+        ...                     d_mlp=16, num_experts=4, experts_per_token=2, d_shared_expert=24,
+        ...                     layer_overrides=dense_first))
+        >>> shared_expert_layers(deepseek_v3_like), shared_expert_layers(wb.load_model("toy-moe-2l", progress=False))
+        ([1, 2], [])
     """
     return [l for l in model.cfg.moe_layers if f"blocks.{l}.mlp.hook_shared_out" in model.hook_dict]
 
@@ -199,8 +210,12 @@ def shared_vs_routed(model, tokens: TokensLike) -> pd.DataFrame:
     shared expert (DeepSeek-V2/V3, Qwen2-MoE); a model without one is an InputError.
 
     Example:
-        >>> df = shared_vs_routed(moe_model, moe_model.to_tokens("Hello world"))   # doctest: +SKIP
-        >>> df.groupby("layer").shared_fraction.mean()                             # doctest: +SKIP
+        >>> tiny = dict(d_model=32, n_heads=4, d_vocab=model.cfg.d_vocab, n_ctx=32, d_mlp=16, num_experts=4,
+        ...             experts_per_token=2, d_shared_expert=24)
+        >>> shared_model = wb.Decoder(wb.ModelConfig(n_layers=2, **tiny), tokenizer=model.tokenizer)   # random weights
+        >>> df = shared_vs_routed(shared_model, shared_model.to_tokens("Hello world"))   # 7 tokens
+        >>> df.shape, list(df.columns), bool(df.shared_fraction.between(0, 1).all())
+        ((14, 5), ['layer', 'position', 'routed_norm', 'shared_norm', 'shared_fraction'], True)
     """
     layers = _require_shared(model)
     tokens_BP = model.as_tokens(tokens)[:1]
@@ -225,8 +240,13 @@ def expert_ablation_effect(model, tokens: TokensLike, layer: int, expert: int) -
     layer or an expert the layer does not have is an InputError naming it.
 
     Example:
-        >>> expert_ablation_effect(moe_model, tokens, layer=0, expert=3)   # doctest: +SKIP
-        {'clean_loss': 3.2, 'ablated_loss': 3.5, 'delta': 0.3}
+        >>> moe_model = wb.load_model("toy-moe-2l", progress=False)   # 2 layers, top-2 of 4 experts
+        >>> effect = expert_ablation_effect(moe_model, "The cat sat on the mat. The cat", layer=0, expert=3)
+        >>> sorted(effect), effect["delta"] == effect["ablated_loss"] - effect["clean_loss"]
+        (['ablated_loss', 'clean_loss', 'delta'], True)
+        >>> expert_ablation_effect(moe_model, "The cat", layer=0, expert=4)
+        Traceback (most recent call last):
+        workbench.errors.InputError: ...
     """
     from experiments.ablation import AblationTarget, run_ablated
 
@@ -239,59 +259,17 @@ def expert_ablation_effect(model, tokens: TokensLike, layer: int, expert: int) -
     return {"clean_loss": clean, "ablated_loss": ablated, "delta": ablated - clean}
 
 
-def expert_load_figure(df: pd.DataFrame) -> go.Figure:
-    """MoE layer x expert heatmap of the load fraction (gaps where a layer has fewer experts).
-
-    Example:
-        >>> expert_load_figure(expert_load(moe_model, tokens))   # doctest: +SKIP
-    """
-    grid = df.pivot(index="layer", columns="expert", values="fraction")
-    fig = labelled_heatmap(grid.values, [str(e) for e in grid.columns], [str(l) for l in grid.index],
-                           title="Expert load (share of routed token slots)", x_title="expert", y_title="layer",
-                           value_name="fraction", colorscale="Viridis")
-    return fig
+# Moved by issue 32: the figures to experiments.plots.router, the command line to experiments.cli.router. Read from
+# here too (lazily: computing needs no plotly) until app/ and the tests that still do import them there.
+_MOVED_TO = {"expert_load_figure": "experiments.plots.router", "shared_vs_routed_figure": "experiments.plots.router",
+             "main": "experiments.cli.router"}
 
 
-def shared_vs_routed_figure(df: pd.DataFrame, tokens: Optional[Sequence[str]] = None) -> go.Figure:
-    """Layer x position heatmap of the shared expert's share of the MLP output (``shared_vs_routed``'s table).
-
-    ``tokens``: each position's text, for the x labels (positions alone without it).
-
-    Example:
-        >>> shared_vs_routed_figure(shared_vs_routed(moe_model, tokens), moe_model.to_str_tokens(tokens))   # doctest: +SKIP
-    """
-    grid = df.pivot(index="layer", columns="position", values="shared_fraction")
-    x_labels = axis_labels(list(tokens)) if tokens is not None else [str(p) for p in grid.columns]
-    return labelled_heatmap(grid.values, x_labels, [str(l) for l in grid.index],
-                            title="Shared expert's share of the MLP output: |shared| / (|routed| + |shared|)",
-                            x_title="position", y_title="layer", value_name="shared fraction", colorscale="Viridis")
+def __getattr__(name: str):
+    if name not in _MOVED_TO:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_MOVED_TO[name]), name)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    from experiments import _cli
-
-    parser = _cli.make_parser("Mixture-of-experts routing: expert load, router entropy and, with shared experts, "
-                              "the shared vs routed experts' output.", "router")
-    parser.add_argument("--prompt", default=None)
-    args = parser.parse_args(argv)
-    model = _cli.load(args)
-    if not model.cfg.is_moe:
-        raise SystemExit(f"{args.model or 'the default model'} has no mixture of experts; the router experiment needs one")
-    tokens = _cli.prompt_tokens(model, args.prompt)
-    load = expert_load(model, tokens)
-    entropy = router_entropy(model, tokens)
-    _cli.write_outputs(args.out, "router", load, expert_load_figure(load),
-                       {"experiment": "router", "model": args.model, "moe_layers": model.cfg.moe_layers,
-                        "mean_router_entropy_by_layer": entropy.groupby("layer").entropy.mean().to_dict()})
-    if shared_expert_layers(model):
-        shared = shared_vs_routed(model, tokens)
-        labels = str_tokens(model, model.as_tokens(tokens)[0])
-        _cli.write_outputs(args.out, "router_shared", shared, shared_vs_routed_figure(shared, labels),
-                           {"experiment": "router_shared", "model": args.model,
-                            "mean_shared_fraction_by_layer": shared.groupby("layer").shared_fraction.mean().to_dict()})
-
-
-if __name__ == "__main__":
-    from experiments._cli import run_main
-
-    run_main(main)
+if __name__ == "__main__":  # python -m experiments.router: the command line is experiments.cli.router
+    runpy.run_module("experiments.cli.router", run_name="__main__")

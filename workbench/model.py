@@ -38,6 +38,7 @@ from workbench.generation import KVCache, generate
 from workbench.hook_point import HookPoint
 from workbench.loss import next_token_loss, token_losses_from_normed
 from workbench.options import AttnImpl, ConfigView, RuntimeOptions
+from workbench.readouts import ReadoutMethods
 from workbench.hooking import HookMethods
 from workbench.saving import save_native
 from workbench.tokenizer import Tokenizer
@@ -47,7 +48,7 @@ from workbench.weights_api import WeightMethods
 ReturnType = Optional[Literal["logits", "loss", "both"]]
 
 
-class Decoder(TokenMethods, HookMethods, WeightMethods, HookedRootModule):
+class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRootModule):
     """A decoder-only transformer whose every activation sits on a named ``HookPoint``.
 
     Example:

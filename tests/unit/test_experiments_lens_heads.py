@@ -5,6 +5,10 @@ attribution decomposes, TransformerLens's ``composition_scores`` on ``FactoredMa
 and the detectors / head sweep run separately.
 """
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from transformer_lens import FactoredMatrix
@@ -14,9 +18,11 @@ import workbench as wb
 from experiments.ablation import head_sweep
 from experiments.detectors import head_detector_scores
 from experiments.heads import composition_scores, head_scores_table
-from experiments.lens import (direct_logit_attribution, dla_figure, logit_lens, logit_lens_figure,
-                              logit_lens_logits)
+from experiments.lens import direct_logit_attribution, logit_lens, logit_lens_logits
+from experiments.plots.lens import dla_figure, logit_lens_figure
 from tests.unit.helpers import make_model
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +113,29 @@ def test_composition_scores_match_transformer_lens(kind, variant):
     earlier = torch.arange(3)[:, None, None, None] < torch.arange(3)[None, None, :, None]
     expected = torch.where(earlier, expected, torch.zeros_like(expected))
     torch.testing.assert_close(composition_scores(model, kind), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_composition_scores_on_latent_attention_name_it():
+    model = wb.Decoder(wb.ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=61, n_ctx=16, positional="rotary",
+                                      normalization="RMS", d_head=12, rotary_dim=4, d_head_v=10, kv_lora_rank=16,
+                                      q_lora_rank=20))
+    with pytest.raises(wb.InputError, match="multi-head latent attention"):  # was a bare AttributeError
+        composition_scores(model, "K")
+
+
+def test_python_m_runs_each_command_line():
+    """``python -m experiments.<name>`` runs the command line, now in ``experiments.cli.<name>``."""
+    probe = ("import contextlib, io, runpy, sys\n"
+             "for name in ('lens', 'heads', 'flow', 'router'):\n"
+             "    sys.argv, out = [name, '--help'], io.StringIO()\n"
+             "    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):\n"
+             "        runpy.run_module(f'experiments.{name}', run_name='__main__', alter_sys=True)\n"
+             "    print(out.getvalue().split(chr(10))[0])\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    usages = done.stdout.strip().splitlines()
+    assert [line.split(" [")[0] for line in usages] == [f"usage: python -m experiments.{name}"
+                                                        for name in ("lens", "heads", "flow", "router")]
 
 
 def test_head_scores_table_collects_every_score():

@@ -16,10 +16,10 @@ import torch
 
 import workbench as wb
 from experiments.ablation import AblationTarget, run_ablated
-from experiments.router import (expert_ablation_effect, expert_load, expert_load_figure, router_entropy, routing,
-                                shared_expert_layers, shared_vs_routed, shared_vs_routed_figure,
-                                token_expert_choices, top_expert_predictability)
-from experiments.router import main as router_main
+from experiments.cli.router import main as router_main
+from experiments.plots.router import expert_load_figure, shared_vs_routed_figure
+from experiments.router import (expert_ablation_effect, expert_load, router_entropy, routing, shared_expert_layers,
+                                shared_vs_routed, token_expert_choices, top_expert_predictability)
 from tests.unit.helpers import make_model, same_weights
 
 

@@ -14,6 +14,7 @@ import torch
 import workbench as wb
 from experiments import flow
 from experiments.flow import FlowContributions
+from experiments.plots.flow import flow_figure
 from tests.unit.helpers import make_model
 
 EPS = 1e-5  # the method's floor for a proximity (llm-transparency-tool's get_contributions)
@@ -252,7 +253,7 @@ def test_edge_heads_and_figure_point_at_graph_items():
     heads = flow.edge_heads(c, int(top.layer), int(top.target_position), int(top.source_position))
     assert heads["importance"].sum() == pytest.approx(top.importance, rel=1e-5)
     assert int(heads["head"].iloc[0]) == top.top_head
-    fig = flow.flow_figure(nodes, edges, c.str_tokens, c.n_layers)
+    fig = flow_figure(nodes, edges, c.str_tokens, c.n_layers)
     clickable = {trace.name: list(trace.customdata) for trace in fig.data if trace.customdata is not None}
     assert clickable["nodes"] == list(nodes["node"]) and clickable["edges"] == list(edges["edge"])
     assert list(fig.layout.yaxis.ticktext) == ["embed", "L0", "L1"]

@@ -3,7 +3,13 @@
 Data flows one way: loading -> model -> experiments -> app. ``workbench`` never imports
 ``experiments`` or ``app``; ``experiments`` never imports ``app`` or Streamlit. Imports are read
 from the source (every ``import`` statement, including those inside functions, which run just
-as surely, only later); only imports under ``if TYPE_CHECKING:`` are left out, since they never run.
+as surely, only later); only imports under ``if TYPE_CHECKING:`` are left out, since they never run, and
+those under ``if __name__ == "__main__":``, which run under another module name.
+
+Experiments and the app use the model's public surface only: no ``workbench.components`` import in
+any form (anywhere, ``TYPE_CHECKING`` included: a type named after a component is still a dependency on
+its internals) and no ``.blocks`` access (``model.blocks[0].mlp``, ``getattr(model, "blocks")``); what
+they need of a layer the model offers (``workbench.readouts``, ``workbench.weights_api``).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("workbench", "experiments", "app")
+SURFACE_USERS = ("experiments", "app")  # the packages held to the model's public surface
+COMPONENTS = "workbench.components"
 
 
 def _module_name(path: Path) -> str:
@@ -29,10 +37,14 @@ def _modules() -> dict[str, Path]:
     return {_module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
+def _never_imported_nodes(tree: ast.AST) -> set[int]:
+    """Nodes under ``if TYPE_CHECKING:`` (never run) or ``if __name__ == "__main__":`` (run only when the file is
+    the program, under the name ``__main__``: ``python -m experiments.lens`` importing ``experiments.cli.lens``,
+    which imports ``experiments.lens``, is no cycle)."""
     inside = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if isinstance(node, ast.If) and ("TYPE_CHECKING" in ast.unparse(node.test)
+                                         or ast.unparse(node.test) == "__name__ == '__main__'"):
             inside |= {id(child) for stmt in node.body for child in ast.walk(stmt)}
     return inside
 
@@ -40,7 +52,7 @@ def _type_checking_nodes(tree: ast.AST) -> set[int]:
 def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
     """Every module name ``path`` imports (our modules by their full name, others by their top-level name)."""
     tree = ast.parse(path.read_text())
-    skip = _type_checking_nodes(tree)
+    skip = _never_imported_nodes(tree)
     found: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in skip:
@@ -60,10 +72,11 @@ def graph() -> dict[str, set[str]]:
     return {name: imports_of(path, modules) for name, path in modules.items()}
 
 
-def test_the_reader_sees_imports_inside_functions_and_skips_type_checking_ones(tmp_path):
+def test_the_reader_sees_imports_inside_functions_and_skips_type_checking_and_main_ones(tmp_path):
     source = tmp_path / "probe.py"
     source.write_text("from typing import TYPE_CHECKING\nimport os\nif TYPE_CHECKING:\n    import app.state\n"
-                      "def f():\n    from experiments import ablation\n    import streamlit as st\n")
+                      "def f():\n    from experiments import ablation\n    import streamlit as st\n"
+                      "if __name__ == '__main__':\n    from experiments.cli import lens\n")
     modules = {"experiments.ablation": Path("x"), "app.state": Path("y")}
     assert imports_of(source, modules) == {"typing", "os", "experiments.ablation", "streamlit"}
 
@@ -112,3 +125,76 @@ def test_importing_the_library_and_experiments_changes_no_global_state():
     assert done.returncode == 0, done.stderr
     changes = json.loads(done.stdout.strip().splitlines()[-1])
     assert changes["environ"] == [] and changes["threads"][0] == changes["threads"][1], changes
+
+
+def _names_components(module: str) -> bool:
+    return module == COMPONENTS or module.startswith(COMPONENTS + ".")
+
+
+def _constant_arg(call: ast.Call, index: int):
+    return call.args[index].value if len(call.args) > index and isinstance(call.args[index], ast.Constant) else None
+
+
+def surface_breaches(path: Path) -> list[str]:
+    """Where ``path`` imports ``workbench.components`` or reads ``.blocks``: "line N: what", in source order."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        what = None
+        if isinstance(node, ast.Import):
+            what = next((f"import {a.name}" for a in node.names if _names_components(a.name)), None)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if _names_components(node.module) or any(_names_components(f"{node.module}.{a.name}") for a in node.names):
+                what = f"from {node.module} import ..."
+        elif isinstance(node, ast.Attribute) and node.attr == "blocks":
+            what = f"{ast.unparse(node)} (.blocks)"
+        elif isinstance(node, ast.Call):
+            called = ast.unparse(node.func)
+            if called == "getattr" and _constant_arg(node, 1) == "blocks":
+                what = f"{ast.unparse(node)} (.blocks)"
+            elif (called.endswith(("import_module", "__import__")) and isinstance(_constant_arg(node, 0), str)
+                  and _names_components(_constant_arg(node, 0))):
+                what = f"{called}({_constant_arg(node, 0)!r})"
+        if what:
+            found.append((node.lineno, what))
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+def _breaches_under(root: Path) -> dict[str, list[str]]:
+    files = [path for package in SURFACE_USERS for path in sorted((root / package).rglob("*.py"))]
+    return {str(path.relative_to(root)): found for path in files if (found := surface_breaches(path))}
+
+
+def _assert_surface_only(root: Path) -> None:
+    breaches = _breaches_under(root)
+    assert not breaches, ("experiments and the app must use the model's public surface (workbench.readouts, "
+                          "workbench.weights_api, hook points), not its components: " + json.dumps(breaches, indent=1))
+
+
+def test_experiments_and_the_app_use_only_the_models_public_surface():
+    _assert_surface_only(ROOT)
+
+
+@pytest.mark.parametrize("planted, expected", [
+    ("def width(model):\n    return model.blocks[0].mlp.W_out.shape[0]\n", "model.blocks (.blocks)"),
+    ("def acts():\n    from workbench.components.mlp import ACTIVATIONS\n    return ACTIVATIONS\n",
+     "from workbench.components.mlp import ..."),
+    ("from workbench import components\n", "from workbench import ..."),
+    ("import workbench.components.moe as moe\n", "import workbench.components.moe"),
+    ("import importlib\nmoe = importlib.import_module('workbench.components.moe')\n",
+     "importlib.import_module('workbench.components.moe')"),
+    ("def layers(model):\n    return len(getattr(model, 'blocks'))\n", "getattr(model, 'blocks') (.blocks)"),
+])
+def test_the_surface_check_fails_on_a_planted_experiment(tmp_path, planted, expected):
+    for package in SURFACE_USERS:
+        (tmp_path / package).mkdir()
+    (tmp_path / "experiments" / "fine.py").write_text("def n_layers(model):\n    return model.cfg.n_layers\n"
+                                                      "NAME = 'blocks.0.mlp.hook_post'\n")
+    _assert_surface_only(tmp_path)  # a module that keeps to the surface passes (hook names are strings)
+    module = tmp_path / "experiments" / "planted.py"
+    module.write_text(planted)
+    with pytest.raises(AssertionError) as failure:
+        _assert_surface_only(tmp_path)
+    assert "experiments/planted.py" in str(failure.value) and expected in str(failure.value)
+    module.unlink()
+    assert not module.exists()
+    _assert_surface_only(tmp_path)  # and once it is removed, the check passes again

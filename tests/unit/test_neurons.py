@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import workbench as wb
 from experiments import neurons, token_view
 from experiments.neurons import MLPUnit
+from experiments.plots.neurons import top_windows_html
 from workbench.bpe import train_bpe
 
 TOKENS = torch.tensor([[0, 5, 17, 42, 8, 99, 3, 250, 7, 61, 13, 200]])
@@ -203,7 +204,7 @@ def test_corpus_maxima_equal_a_direct_forward_on_each_window(tokenizer, cache_di
         assert row.max_activation == pytest.approx(float(acts_P[1:].max()), rel=1e-5, abs=1e-6)
         assert row.position == 1 + int(acts_P[1:].argmax())
         assert row.token == model.to_str_tokens(maxima.windows_BP[row.window])[row.position]
-    html = neurons.top_windows_html(model, maxima, top)
+    html = top_windows_html(model, maxima, top)
     assert html.count('class="wb-token-view"') == 3 and html.count("outline: 2px") == 3
 
 

@@ -83,7 +83,7 @@ class RoutingRule:
         if self.scoring == "topk_softmax":
             top_logits_BPk, indices_BPk = torch.topk(logits_BPE, self.k, dim=-1)
             return indices_BPk, torch.softmax(top_logits_BPk, dim=-1) * self.scaling_factor
-        scores_BPE = torch.softmax(logits_BPE, dim=-1) if self.scoring == "softmax" else torch.sigmoid(logits_BPE)
+        scores_BPE = self.scores(logits_BPE)
         choice_BPE = scores_BPE if correction_E is None else scores_BPE + correction_E.float()
         if self.groups is not None:
             choice_BPE = self._mask_groups(choice_BPE)
@@ -92,6 +92,34 @@ class RoutingRule:
         if self.renormalize:
             weights_BPk = weights_BPk / (weights_BPk.sum(dim=-1, keepdim=True) + RENORMALIZE_EPS)
         return indices_BPk, weights_BPk * self.scaling_factor
+
+    def scores(self, logits_BPE: Float[Tensor, "batch pos num_experts"]) -> Float[Tensor, "batch pos num_experts"]:
+        """Every expert's score (float32), as the router scores them: the sigmoid of the logits for a sigmoid
+        router, else their softmax over all experts (a topk_softmax router's choice follows the same order).
+
+        Example:
+            >>> RoutingRule(k=1).scores(torch.tensor([[[0.0, 0.0]]])).tolist()
+            [[[0.5, 0.5]]]
+            >>> RoutingRule(k=1, scoring="sigmoid").scores(torch.tensor([[[0.0, 0.0]]])).tolist()
+            [[[0.5, 0.5]]]
+        """
+        logits_BPE = logits_BPE.float()
+        return torch.sigmoid(logits_BPE) if self.scoring == "sigmoid" else torch.softmax(logits_BPE, dim=-1)
+
+    def probabilities(self, logits_BPE: Float[Tensor, "batch pos num_experts"]
+                      ) -> Float[Tensor, "batch pos num_experts"]:
+        """The router's distribution over all experts (float32): ``scores``, which sum to one but for a
+        sigmoid router, whose scores are normalised to sum to one. A correction bias or group mask, which
+        only pick the experts, is no part of it.
+
+        Example:
+            >>> RoutingRule(k=1, scoring="sigmoid").probabilities(torch.tensor([[[0.0, 0.0, 0.0, 0.0]]])).tolist()
+            [[[0.25, 0.25, 0.25, 0.25]]]
+        """
+        scores_BPE = self.scores(logits_BPE)
+        if self.scoring == "sigmoid":
+            return scores_BPE / scores_BPE.sum(-1, keepdim=True)
+        return scores_BPE
 
     def _mask_groups(self, choice_BPE: Tensor) -> Tensor:
         """Scores outside the ``topk_groups`` best groups set to -inf, so no expert there is chosen."""
@@ -167,8 +195,10 @@ class MixtureOfExperts(nn.Module):
         """The router's linear map (in float32 with ``router_in_float32``, as DeepSeek's runs).
 
         Example:
-            >>> moe.router_logits(x_BPD).shape   # doctest: +SKIP
-            torch.Size([1, 8, 64])
+            >>> moe = MixtureOfExperts(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=4, d_mlp=6,
+            ...                                    num_experts=4, experts_per_token=2, gated_mlp=True, act_fn="silu"))
+            >>> moe.router_logits(torch.zeros(1, 3, 8)).shape   # [batch, pos, num_experts]
+            torch.Size([1, 3, 4])
         """
         if not self.router_in_float32:
             return F.linear(x_BPD, self._W_router_lin, self.b_router)
@@ -182,18 +212,34 @@ class MixtureOfExperts(nn.Module):
         return self
 
     def expert_forward(self, expert: int, x_ND: Float[Tensor, "tokens d_model"]) -> Float[Tensor, "tokens d_model"]:
-        """One expert's MLP on the tokens routed to it (unweighted).
+        """One expert's MLP on the tokens routed to it (unweighted): ``expert_hidden`` through its W_out.
 
         Example:
-            >>> moe.expert_forward(3, x_ND)   # what expert 3 adds, before its router weight   # doctest: +SKIP
+            >>> moe = MixtureOfExperts(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=4, d_mlp=6,
+            ...                                    num_experts=4, experts_per_token=2, gated_mlp=True, act_fn="silu"))
+            >>> moe.expert_forward(3, torch.zeros(5, 8)).shape   # what expert 3 adds, before its router weight
+            torch.Size([5, 8])
+        """
+        return F.linear(self.expert_hidden(expert, x_ND), self._W_out_lin[expert], _row(self.b_out, expert))
+
+    def expert_hidden(self, expert: int, x_ND: Float[Tensor, "tokens d_model"]) -> Float[Tensor, "tokens d_mlp"]:
+        """One expert's hidden activations on ``x_ND`` (its MLP inputs): its input to W_out, the one
+        implementation of the expert's first half (the forward and ``Decoder.expert_hidden`` both call it).
+
+        act(x W_in + b_in) for a plain expert, act(x W_gate + b_gate) * (x W_in + b_in) for a gated one,
+        gpt-oss's clamped SwiGLU with ``swiglu_limit``.
+
+        Example:
+            >>> moe = MixtureOfExperts(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=4, d_mlp=6,
+            ...                                    num_experts=4, experts_per_token=2, gated_mlp=True, act_fn="silu"))
+            >>> moe.expert_hidden(3, torch.zeros(5, 8)).shape
+            torch.Size([5, 6])
         """
         hidden_NM = F.linear(x_ND, self._W_in_lin[expert], _row(self.b_in, expert))
         if self._W_gate_lin is None:
-            hidden_NM = self.act(hidden_NM)
-        else:
-            gate_NM = F.linear(x_ND, self._W_gate_lin[expert], _row(self.b_gate, expert))
-            hidden_NM = self._gated(gate_NM, hidden_NM)
-        return F.linear(hidden_NM, self._W_out_lin[expert], _row(self.b_out, expert))
+            return self.act(hidden_NM)
+        gate_NM = F.linear(x_ND, self._W_gate_lin[expert], _row(self.b_gate, expert))
+        return self._gated(gate_NM, hidden_NM)
 
     def _gated(self, gate_NM: Tensor, up_NM: Tensor) -> Tensor:
         if self.swiglu_limit is None:

@@ -1,0 +1,159 @@
+"""Per-layer reads of the model's weights and of the model math experiments need, for the ``Decoder``.
+
+Legend: N flattened tokens, B batch, P position, H n_heads, J d_head_v, D d_model, M d_mlp, E num_experts.
+
+A mixin of ``workbench.model.Decoder``: what experiments read of one layer, so they never reach into
+``model.blocks`` or import ``workbench.components``. TransformerLens's stacked reads (``model.W_O``
+[L, H, J, D], ``model.b_O``, ``model.W_Q``, ...) live in ``workbench.weights_api``; these are their
+one-layer companions, plus the two pieces of mixture-of-experts math no hook point holds:
+
+  ``expert_hidden``         a routed expert's input to its W_out, by the very function the forward runs
+                            (``MixtureOfExperts.expert_hidden``: gpt-oss's clamped SwiGLU included)
+  ``router_probabilities``  the router's distribution over all experts, as the router scores its logits
+                            (``RoutingRule.probabilities``)
+  ``layer_W_out``           the output weights [M, D] of a dense MLP, a routed expert or a shared expert
+  ``layer_W_O``/``layer_b_O``  one layer's attention output weights [H, J, D] and bias [D] (None where the
+                            layer has none: the stacked ``model.b_O`` is zeros there, as in TransformerLens,
+                            so it cannot say whether a bias exists)
+
+A wrong request is an ``InputError`` naming it: a layer out of range, an expert of a dense layer, a
+shared expert a mixture lacks, an MLP read of an attention-only model.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from workbench.components.moe import MixtureOfExperts
+from workbench.config import ModelConfig
+from workbench.errors import InputError
+
+
+def mlp_width(cfg: ModelConfig, layer: int, expert: Optional[int] = None, shared: bool = False) -> int:
+    """The number of neurons of layer ``layer``'s dense MLP, its routed ``expert`` or its ``shared`` expert;
+    ``InputError`` naming what is wrong when the model has no such MLP.
+
+    Example:
+        >>> cfg = wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=4, d_mlp=6, num_experts=4,
+        ...                      experts_per_token=2, d_shared_expert=12)
+        >>> mlp_width(cfg, 0, expert=3), mlp_width(cfg, 0, shared=True)
+        (6, 12)
+        >>> mlp_width(cfg, 0, expert=4)
+        Traceback (most recent call last):
+        workbench.errors.InputError: layer 0 has experts 0..3, got 4
+    """
+    if cfg.attn_only:
+        raise InputError("this model is attention-only: it has no MLP, so no neurons (open a model with MLPs)")
+    if not 0 <= layer < cfg.n_layers:
+        raise InputError(f"layer must be in 0..{cfg.n_layers - 1}, got {layer}")
+    moe = layer in cfg.moe_layers
+    if (expert is not None or shared) and not moe:
+        raise InputError(f"layer {layer} is a dense MLP: it has no experts")
+    if shared:
+        if not cfg.d_shared_expert:
+            raise InputError(f"layer {layer}'s mixture of experts has no shared expert")
+        return cfg.d_shared_expert
+    if moe and expert is None:
+        raise InputError(f"layer {layer} is a mixture of experts: choose an expert (or the shared one)")
+    n_experts = cfg.layer_values("num_experts")[layer]
+    if expert is not None and not 0 <= expert < n_experts:
+        raise InputError(f"layer {layer} has experts 0..{n_experts - 1}, got {expert}")
+    return cfg.layer_values("d_mlp")[layer]
+
+
+class ReadoutMethods:
+    """One layer's attention and MLP weights, and a mixture of experts' expert and router math, for a ``Decoder``."""
+
+    cfg: ModelConfig
+    blocks: nn.ModuleList
+
+    # ---- attention -------------------------------------------------------------------------------
+    def _check_layer(self, layer: int) -> None:
+        if not 0 <= layer < self.cfg.n_layers:
+            raise InputError(f"layer must be in 0..{self.cfg.n_layers - 1}, got {layer}")
+
+    def layer_W_O(self, layer: int) -> Float[Tensor, "n_heads d_head_v d_model"]:
+        """Layer ``layer``'s attention output weights [H, J, D] (``model.W_O[layer]`` without stacking every layer).
+
+        Example:
+            >>> model.layer_W_O(1).shape   # [n_heads, d_head_v, d_model]
+            torch.Size([4, 32, 128])
+            >>> torch.equal(model.layer_W_O(1), model.W_O[1])
+            True
+        """
+        self._check_layer(layer)
+        return self.blocks[layer].attn.W_O
+
+    def layer_b_O(self, layer: int) -> Optional[Float[Tensor, "d_model"]]:
+        """Layer ``layer``'s attention output bias [D], or None where the layer has none (``model.b_O`` is
+        zeros there instead, so only this read says whether the bias exists).
+
+        Example:
+            >>> model.layer_b_O(0) is None, bool(model.b_O[0].eq(0).all())   # toy-attn-2l has no attention biases
+            (True, True)
+        """
+        self._check_layer(layer)
+        return self.blocks[layer].attn.b_O
+
+    # ---- MLPs and experts --------------------------------------------------------------------------
+    def layer_W_out(self, layer: int, expert: Optional[int] = None, shared: bool = False
+                    ) -> Float[Tensor, "d_mlp d_model"]:
+        """The output weights [M, D] of layer ``layer``'s dense MLP, its routed ``expert`` or its ``shared``
+        expert: the direction each neuron writes to the residual stream.
+
+        Example:
+            >>> moe = wb.Decoder(wb.ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=20, n_ctx=8, d_mlp=12,
+            ...                                 num_experts=4, experts_per_token=2, d_shared_expert=24))
+            >>> moe.layer_W_out(1, expert=3).shape, moe.layer_W_out(1, shared=True).shape
+            (torch.Size([12, 16]), torch.Size([24, 16]))
+            >>> moe.layer_W_out(1)
+            Traceback (most recent call last):
+            workbench.errors.InputError: layer 1 is a mixture of experts: choose an expert (or the shared one)
+        """
+        mlp_width(self.cfg, layer, expert, shared)
+        mlp = self.blocks[layer].mlp
+        if shared:
+            return mlp.shared.W_out
+        return mlp.W_out if expert is None else mlp.W_out[expert]
+
+    def _mixture(self, layer: int, expert: Optional[int] = None) -> MixtureOfExperts:
+        """Layer ``layer``'s mixture of experts, past ``mlp_width``'s checks: an InputError for a model without
+        MLPs, a layer out of range, a dense layer, or an expert the layer lacks (expert 0 stands for "any")."""
+        mlp_width(self.cfg, layer, 0 if expert is None else expert)
+        return self.blocks[layer].mlp
+
+    def expert_hidden(self, layer: int, expert: int, mlp_input_ND: Float[Tensor, "tokens d_model"]
+                      ) -> Float[Tensor, "tokens d_mlp"]:
+        """Routed expert ``expert`` of layer ``layer`` on MLP inputs ``mlp_input_ND`` (what the layer's MLP
+        reads: ``ln2.hook_normalized`` after a norm): its hidden activations, its input to W_out.
+
+        No hook point holds them, since each expert runs only on its routed tokens; this computes them for
+        any tokens, by the function the forward pass itself runs (``MixtureOfExperts.expert_hidden``).
+
+        Example:
+            >>> moe = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=20, n_ctx=8, d_mlp=12,
+            ...                                 num_experts=4, experts_per_token=2, gated_mlp=True, act_fn="silu"))
+            >>> moe.expert_hidden(0, 3, torch.randn(5, 16)).shape   # [tokens, d_mlp]
+            torch.Size([5, 12])
+            >>> model.expert_hidden(0, 3, torch.randn(5, 128))     # toy-attn-2l has no MLP
+            Traceback (most recent call last):
+            workbench.errors.InputError: this model is attention-only: it has no MLP, so no neurons (open a model with MLPs)
+        """
+        return self._mixture(layer, expert).expert_hidden(expert, mlp_input_ND)
+
+    def router_probabilities(self, layer: int, router_logits_BPE: Float[Tensor, "batch pos num_experts"]
+                             ) -> Float[Tensor, "batch pos num_experts"]:
+        """Layer ``layer``'s router distribution over all its experts (float32), from its logits
+        (``blocks.{layer}.mlp.hook_router_logits``), as the router scores them (``RoutingRule.probabilities``):
+        the softmax over all experts, or for a sigmoid router its scores normalised to sum to one.
+
+        Example:
+            >>> moe = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=20, n_ctx=8, d_mlp=12,
+            ...                                 num_experts=4, experts_per_token=2, router_scoring="sigmoid"))
+            >>> moe.router_probabilities(0, torch.zeros(1, 2, 4)).tolist()
+            [[[0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25]]]
+        """
+        return self._mixture(layer).routing.probabilities(router_logits_BPE)
