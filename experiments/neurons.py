@@ -114,7 +114,7 @@ def mlp_units(model) -> list[MLPUnit]:
             units.append(MLPUnit(layer))
             continue
         units += [MLPUnit(layer, expert=e) for e in range(n_experts)]
-        if cfg.d_shared_expert:
+        if cfg.moe.d_shared_expert:
             units.append(MLPUnit(layer, shared=True))
     return units
 

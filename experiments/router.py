@@ -177,7 +177,7 @@ def shared_expert_layers(model) -> list[int]:
     Example:
         >>> dense_first = ({"num_experts": 0, "experts_per_token": 0, "d_mlp": 64}, {}, {})   # layer 0 is dense
         >>> deepseek_v3_like = wb.Decoder(wb.ModelConfig(n_layers=3, d_model=32, n_heads=4, d_vocab=50, n_ctx=16,
-        ...                     d_mlp=16, num_experts=4, experts_per_token=2, d_shared_expert=24,
+        ...                     d_mlp=16, num_experts=4, experts_per_token=2, moe=wb.MoEConfig(d_shared_expert=24),
         ...                     layer_overrides=dense_first))
         >>> shared_expert_layers(deepseek_v3_like), shared_expert_layers(wb.load_model("toy-moe-2l", progress=False))
         ([1, 2], [])
@@ -211,7 +211,7 @@ def shared_vs_routed(model, tokens: TokensLike) -> pd.DataFrame:
 
     Example:
         >>> tiny = dict(d_model=32, n_heads=4, d_vocab=model.cfg.d_vocab, n_ctx=32, d_mlp=16, num_experts=4,
-        ...             experts_per_token=2, d_shared_expert=24)
+        ...             experts_per_token=2, moe=wb.MoEConfig(d_shared_expert=24))
         >>> shared_model = wb.Decoder(wb.ModelConfig(n_layers=2, **tiny), tokenizer=model.tokenizer)   # random weights
         >>> df = shared_vs_routed(shared_model, shared_model.to_tokens("Hello world"))   # 7 tokens
         >>> df.shape, list(df.columns), bool(df.shared_fraction.between(0, 1).all())

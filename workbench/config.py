@@ -44,8 +44,6 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "norm_placement": get_args(NormPlacement),
     "positional": get_args(Positional),
     "act_fn": get_args(ActFn),
-    "router_scoring": get_args(RouterScoring),
-    "router_group_score": get_args(RouterGroupScore),
 }
 # RoPE scalings (transformers' rope_type values) and the keys each one needs besides "factor".
 ROTARY_SCALINGS: dict[str, tuple[str, ...]] = {
@@ -59,6 +57,86 @@ ROTARY_SCALINGS: dict[str, tuple[str, ...]] = {
 # mlp_only_layers) set num_experts and experts_per_token to 0 and their own d_mlp.
 PER_LAYER_FIELDS = ("sliding_window", "positional", "rotary_base", "rotary_scaling", "rotary_dim",
                     "num_experts", "experts_per_token", "d_mlp")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoEConfig:
+    """How a mixture of experts routes tokens and what its experts compute (``ModelConfig.moe``).
+
+    Example:
+        >>> MoEConfig(router_scoring="sigmoid", router_groups=4, router_topk_groups=2).router_groups
+        4
+    """
+
+    router_renormalize: bool = True  # rescale the top-k router weights to sum to one (Mixtral)
+    router_scoring: RouterScoring = "softmax"
+    router_bias: bool = False  # the router's linear map has a bias (gpt-oss); it is part of the logits
+    router_in_float32: bool = False  # the router's linear map runs in float32 whatever the weights' dtype (DeepSeek)
+    # A per-expert bias added to the scores only to choose experts, never to weight them (DeepSeek-V3's
+    # e_score_correction_bias).
+    router_score_correction: bool = False
+    # Group-limited routing: experts in router_groups equal groups, only the best router_topk_groups
+    # groups (by router_group_score) may be chosen. None: no groups.
+    router_groups: Optional[int] = None
+    router_topk_groups: Optional[int] = None
+    router_group_score: RouterGroupScore = "max"
+    routed_scaling_factor: float = 1.0  # the chosen experts' weights are multiplied by this (DeepSeek)
+    d_shared_expert: int = 0  # width of an always-on gated MLP beside the routed experts; 0: none
+    shared_expert_gate: bool = False  # the shared expert's output times sigmoid(w . x) (Qwen2-MoE)
+    expert_bias: bool = False  # the routed experts' projections have biases (gpt-oss)
+    # gpt-oss's clamped SwiGLU in the experts: gate <= limit, -limit <= up <= limit, and
+    # out = (up + 1) * gate * sigmoid(swiglu_alpha * gate). None: the plain gated MLP.
+    swiglu_limit: Optional[float] = None
+    swiglu_alpha: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name, choices in (("router_scoring", get_args(RouterScoring)), ("router_group_score", get_args(RouterGroupScore))):
+            _require(getattr(self, name) in choices, f"moe.{name}", f"must be one of {choices}, got {getattr(self, name)!r}")
+        _require(self.d_shared_expert >= 0, "moe.d_shared_expert", f"must be >= 0, got {self.d_shared_expert}")
+        _require(self.routed_scaling_factor > 0, "moe.routed_scaling_factor",
+                 f"must be positive, got {self.routed_scaling_factor}")
+        _require(self.swiglu_limit is None or self.swiglu_limit > 0, "moe.swiglu_limit",
+                 f"must be positive or None, got {self.swiglu_limit!r}")
+        if self.router_groups is None:
+            _require(self.router_topk_groups is None, "moe.router_topk_groups",
+                     f"is {self.router_topk_groups} but router_groups is None (no group-limited routing)")
+            return
+        _require(self.router_groups > 0, "moe.router_groups", f"must be positive or None, got {self.router_groups}")
+        _require(self.router_topk_groups is not None and 0 < self.router_topk_groups <= self.router_groups,
+                 "moe.router_topk_groups",
+                 f"must be in 1..router_groups={self.router_groups}, got {self.router_topk_groups}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LatentAttentionConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3): keys and values are expanded per head from a cached
+    latent [kv_lora_rank] (normed), and one rotary key [rotary_dim] is shared by every head. The model's
+    d_head is then the query/key width per head (its last rotary_dim dimensions carry RoPE, the rest none);
+    d_head_v the value width. q_lora_rank: queries through a normed low-rank bottleneck too (None: one
+    projection). latent_norm_eps: those two norms' eps (``ModelConfig.latent``).
+
+    Example:
+        >>> LatentAttentionConfig(kv_lora_rank=16, d_head_v=8).q_lora_rank is None
+        True
+    """
+
+    kv_lora_rank: int
+    q_lora_rank: Optional[int] = None
+    d_head_v: Optional[int] = None  # None: the model's d_head
+    latent_norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.kv_lora_rank, int) and self.kv_lora_rank > 0, "latent.kv_lora_rank",
+                 f"must be a positive integer, got {self.kv_lora_rank!r}")
+        _require(self.q_lora_rank is None or self.q_lora_rank > 0, "latent.q_lora_rank",
+                 f"must be positive or None, got {self.q_lora_rank}")
+        _require(self.d_head_v is None or self.d_head_v > 0, "latent.d_head_v",
+                 f"must be positive or None, got {self.d_head_v}")
+        _require(self.latent_norm_eps > 0, "latent.latent_norm_eps", f"must be positive, got {self.latent_norm_eps}")
+
+
+# The sub-configs' fields, which configs saved before they were apart held at the top level.
+SUB_CONFIGS = {"moe": MoEConfig, "latent": LatentAttentionConfig}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,26 +175,9 @@ class ModelConfig:
     attn_only: bool = False
     num_experts: int = 0  # 0: a dense MLP; otherwise a top-k mixture of experts (d_mlp is one expert's width)
     experts_per_token: int = 0
-    router_renormalize: bool = True  # rescale the top-k router weights to sum to one (Mixtral)
-    router_scoring: RouterScoring = "softmax"
-    router_bias: bool = False  # the router's linear map has a bias (gpt-oss); it is part of the logits
-    router_in_float32: bool = False  # the router's linear map runs in float32 whatever the weights' dtype (DeepSeek)
-    # A per-expert bias added to the scores only to choose experts, never to weight them (DeepSeek-V3's
-    # e_score_correction_bias).
-    router_score_correction: bool = False
-    # Group-limited routing: experts in router_groups equal groups, only the best router_topk_groups
-    # groups (by router_group_score) may be chosen. None: no groups.
-    router_groups: Optional[int] = None
-    router_topk_groups: Optional[int] = None
-    router_group_score: RouterGroupScore = "max"
-    routed_scaling_factor: float = 1.0  # the chosen experts' weights are multiplied by this (DeepSeek)
-    d_shared_expert: int = 0  # width of an always-on gated MLP beside the routed experts; 0: none
-    shared_expert_gate: bool = False  # the shared expert's output times sigmoid(w . x) (Qwen2-MoE)
-    expert_bias: bool = False  # the routed experts' projections have biases (gpt-oss)
-    # gpt-oss's clamped SwiGLU in the experts: gate <= limit, -limit <= up <= limit, and
-    # out = (up + 1) * gate * sigmoid(swiglu_alpha * gate). None: the plain gated MLP.
-    swiglu_limit: Optional[float] = None
-    swiglu_alpha: float = 1.0
+    # How the mixture routes and what its experts compute (read where num_experts > 0; layers' own counts
+    # may say 0).
+    moe: MoEConfig = dataclasses.field(default_factory=lambda: MoEConfig())
     sliding_window: Optional[int] = None  # a query sees the last `sliding_window` keys, itself included
     # TransformerLens's convention: scores are q.k / attn_scale; None: sqrt(d_head) (GPT-Neo: 1.0).
     attn_scale: Optional[float] = None
@@ -124,15 +185,8 @@ class ModelConfig:
     # A learned logit per head that joins each softmax but carries no value (gpt-oss): a query's
     # weights over the real keys then sum to less than one.
     attn_sinks: bool = False
-    # Multi-head latent attention (DeepSeek-V2/V3) when kv_lora_rank is set: keys and values are
-    # expanded per head from a cached latent [kv_lora_rank] (normed), and one rotary key [rotary_dim]
-    # is shared by every head. d_head is the query/key width per head (its last rotary_dim dimensions
-    # carry RoPE, the rest none); d_head_v the value width. q_lora_rank: queries through a normed
-    # low-rank bottleneck too (None: one projection). latent_norm_eps: those two norms' eps.
-    kv_lora_rank: Optional[int] = None
-    q_lora_rank: Optional[int] = None
-    d_head_v: Optional[int] = None  # None: d_head
-    latent_norm_eps: float = 1e-6
+    # Multi-head latent attention (DeepSeek-V2/V3) when set; None: standard attention.
+    latent: Optional[LatentAttentionConfig] = None
     output_logits_soft_cap: Optional[float] = None  # the same on the logits (Gemma 2)
     # Norm q and k before RoPE: per head ("head": Qwen3, Gemma 3, StableLM, Phi) or over the whole
     # projection ("projection": OLMo 2); the norm kind is ``normalization``. None: no QK norm.
@@ -174,9 +228,6 @@ class ModelConfig:
         _require(self.attn_only or self.d_mlp > 0, "d_mlp", f"must be positive, got {self.d_mlp}")
         if self.rotary_dim is None:
             self._set("rotary_dim", self.d_head)
-        if self.d_head_v is None:
-            self._set("d_head_v", self.d_head)
-        _require(self.d_head_v > 0, "d_head_v", f"must be positive, got {self.d_head_v}")
         if self.attn_scale is None:
             self._set("attn_scale", math.sqrt(self.d_head))
         _require(self.attn_scale > 0, "attn_scale", f"must be positive, got {self.attn_scale}")
@@ -211,44 +262,32 @@ class ModelConfig:
         self._check_layer_overrides()
 
     def _check_router(self) -> None:
-        for name in ("d_shared_expert",):
-            _require(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
-        _require(self.routed_scaling_factor > 0, "routed_scaling_factor",
-                 f"must be positive, got {self.routed_scaling_factor}")
-        _require(self.swiglu_limit is None or self.swiglu_limit > 0, "swiglu_limit",
-                 f"must be positive or None, got {self.swiglu_limit!r}")
-        if self.router_groups is None:
-            _require(self.router_topk_groups is None, "router_topk_groups",
-                     f"is {self.router_topk_groups} but router_groups is None (no group-limited routing)")
+        """What the mixture's settings (each checked by ``MoEConfig``) must agree on with the expert count."""
+        _require(isinstance(self.moe, MoEConfig), "moe", f"must be a MoEConfig, got {self.moe!r}")
+        groups, topk_groups = self.moe.router_groups, self.moe.router_topk_groups
+        if groups is None or not self.num_experts:
             return
-        _require(self.router_groups > 0, "router_groups", f"must be positive or None, got {self.router_groups}")
-        _require(self.router_topk_groups is not None and 0 < self.router_topk_groups <= self.router_groups,
-                 "router_topk_groups", f"must be in 1..router_groups={self.router_groups}, got {self.router_topk_groups}")
-        if self.num_experts:
-            per_group = self.num_experts // self.router_groups
-            _require(self.num_experts % self.router_groups == 0, "router_groups",
-                     f"must divide num_experts={self.num_experts}, got {self.router_groups}")
-            _require(self.router_group_score != "top2_sum" or per_group >= 2, "router_group_score",
-                     f"'top2_sum' needs at least two experts per group, got {per_group}")
-            _require(self.experts_per_token <= self.router_topk_groups * per_group, "experts_per_token",
-                     f"is {self.experts_per_token} but the {self.router_topk_groups} chosen group(s) hold only "
-                     f"{self.router_topk_groups * per_group} experts")
+        per_group = self.num_experts // groups
+        _require(self.num_experts % groups == 0, "moe.router_groups",
+                 f"must divide num_experts={self.num_experts}, got {groups}")
+        _require(self.moe.router_group_score != "top2_sum" or per_group >= 2, "moe.router_group_score",
+                 f"'top2_sum' needs at least two experts per group, got {per_group}")
+        _require(self.experts_per_token <= topk_groups * per_group, "experts_per_token",
+                 f"is {self.experts_per_token} but the {topk_groups} chosen group(s) hold only "
+                 f"{topk_groups * per_group} experts")
 
     def _check_latent_attention(self) -> None:
-        if self.kv_lora_rank is None:
-            _require(self.q_lora_rank is None, "q_lora_rank", "needs latent attention (kv_lora_rank set)")
+        if self.latent is None:
             return
-        _require(self.kv_lora_rank > 0, "kv_lora_rank", f"must be positive or None, got {self.kv_lora_rank}")
-        _require(self.q_lora_rank is None or self.q_lora_rank > 0, "q_lora_rank",
-                 f"must be positive or None, got {self.q_lora_rank}")
-        _require(self.positional == "rotary", "kv_lora_rank", f"latent attention needs positional='rotary', got "
-                                                              f"{self.positional!r}")
+        _require(isinstance(self.latent, LatentAttentionConfig), "latent",
+                 f"must be a LatentAttentionConfig or None, got {self.latent!r}")
+        _require(self.positional == "rotary", "latent", f"latent attention needs positional='rotary', got "
+                                                        f"{self.positional!r}")
         _require(self.n_key_value_heads == self.n_heads, "n_key_value_heads",
                  f"latent attention expands keys and values for every head: must equal n_heads={self.n_heads}, "
                  f"got {self.n_key_value_heads}")
         for name in ("qk_norm", "clip_qkv"):
-            _require(getattr(self, name) is None, name, "is not supported with latent attention (kv_lora_rank)")
-        _require(self.latent_norm_eps > 0, "latent_norm_eps", f"must be positive, got {self.latent_norm_eps}")
+            _require(getattr(self, name) is None, name, "is not supported with latent attention (latent)")
 
     def _check_layer_overrides(self) -> None:
         overrides = self.layer_overrides
@@ -350,7 +389,19 @@ class ModelConfig:
     @property
     def is_latent_attention(self) -> bool:
         """Multi-head latent attention (DeepSeek-V2/V3): keys and values come from a cached latent."""
-        return self.kv_lora_rank is not None
+        return self.latent is not None
+
+    @property
+    def d_head_v(self) -> int:
+        """The value width per head: latent attention's own ``d_head_v``, else ``d_head``.
+
+        Example:
+            >>> cfg = ModelConfig(n_layers=1, d_model=32, n_heads=2, d_vocab=10, n_ctx=8, positional="rotary",
+            ...                   latent=LatentAttentionConfig(kv_lora_rank=8, d_head_v=12))
+            >>> cfg.d_head, cfg.d_head_v
+            (16, 12)
+        """
+        return self.latent.d_head_v if self.latent is not None and self.latent.d_head_v else self.d_head
 
     @property
     def normalization_type(self) -> str:
@@ -371,12 +422,28 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
         """Inverse of ``to_dict``; unknown keys are an error naming them (a saved model's config.json, which
-        holds runtime options too, is read by ``workbench.options.split_saved_config``)."""
+        holds runtime options too, is read by ``workbench.options.split_saved_config``). A dict written before
+        the mixture and latent-attention settings had their sub-configs (``router_scoring``, ``kv_lora_rank``
+        ... at the top level) reads the same.
+
+        Example:
+            >>> old = {"n_layers": 1, "d_model": 8, "n_heads": 2, "d_vocab": 10, "n_ctx": 8,
+            ...        "num_experts": 4, "experts_per_token": 2, "router_scoring": "sigmoid"}
+            >>> ModelConfig.from_dict(old).moe.router_scoring
+            'sigmoid'
+        """
+        data = dict(data)
+        for name, sub_config in SUB_CONFIGS.items():
+            fields = {f.name for f in dataclasses.fields(sub_config)}
+            flat = {key: data.pop(key) for key in list(data) if key in fields}
+            if name == "latent" and flat.get("kv_lora_rank") is None:
+                flat = {}  # a dense model's old config: kv_lora_rank null beside the other latent defaults
+            if isinstance(data.get(name), dict) or flat:
+                data[name] = sub_config(**{**(data.get(name) or {}), **flat})
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"ModelConfig: unknown field(s) {unknown}")
-        data = dict(data)
         if isinstance(data.get("layer_overrides"), list):  # JSON has no tuples
             data["layer_overrides"] = tuple(data["layer_overrides"])
         return cls(**data)

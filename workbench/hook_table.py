@@ -17,11 +17,11 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
-from workbench.config import ModelConfig
+from workbench.config import LatentAttentionConfig, MoEConfig, ModelConfig
 from workbench.generation import KVCache
 from workbench.model import Decoder
 from workbench.options import split_saved_config
@@ -60,10 +60,18 @@ _SHARED = dict(n_layers=2, d_model=DIMENSIONS["d_model"], n_heads=DIMENSIONS["n_
 # Latent attention expands keys and values for every query head (n_key_value_heads == n_heads), so
 # its hook_k/hook_v axis is n_heads by construction.
 _LATENT = dict(positional="rotary", normalization="RMS", gated_mlp=True, act_fn="silu",
-               n_key_value_heads=DIMENSIONS["n_heads"], kv_lora_rank=DIMENSIONS["kv_lora_rank"],
-               rotary_dim=DIMENSIONS["rotary_dim"], d_head_v=DIMENSIONS["d_head_v"],
-               num_experts=DIMENSIONS["num_experts"], experts_per_token=DIMENSIONS["experts_per_token"],
-               router_groups=3, router_topk_groups=2, d_shared_expert=DIMENSIONS["d_shared_expert"])
+               n_key_value_heads=DIMENSIONS["n_heads"], rotary_dim=DIMENSIONS["rotary_dim"],
+               num_experts=DIMENSIONS["num_experts"], experts_per_token=DIMENSIONS["experts_per_token"])
+
+
+def _latent(**latent: Any) -> LatentAttentionConfig:
+    return LatentAttentionConfig(kv_lora_rank=DIMENSIONS["kv_lora_rank"], d_head_v=DIMENSIONS["d_head_v"], **latent)
+
+
+def _deepseek_router(**moe: Any) -> MoEConfig:
+    return MoEConfig(router_groups=3, router_topk_groups=2, d_shared_expert=DIMENSIONS["d_shared_expert"], **moe)
+
+
 _MOE = dict(positional="rotary", normalization="RMS", gated_mlp=True, act_fn="silu",
             num_experts=DIMENSIONS["num_experts"], experts_per_token=DIMENSIONS["experts_per_token"])
 _DENSE_FIRST_LAYER = ({"num_experts": 0, "experts_per_token": 0}, {})
@@ -90,17 +98,19 @@ REFERENCE_CONFIGS: dict[str, dict] = {
         mlp_bias=True, act_fn="gelu_new"),
     "latent attention with a query bottleneck, sigmoid group-limited router, shared expert, dense first "
     "layer (DeepSeek-V3)": dict(
-        _LATENT, q_lora_rank=DIMENSIONS["q_lora_rank"], router_scoring="sigmoid", router_score_correction=True,
-        router_group_score="top2_sum", routed_scaling_factor=2.5, layer_overrides=_DENSE_FIRST_LAYER),
+        _LATENT, latent=_latent(q_lora_rank=DIMENSIONS["q_lora_rank"]),
+        moe=_deepseek_router(router_scoring="sigmoid", router_score_correction=True, router_group_score="top2_sum",
+                             routed_scaling_factor=2.5), layer_overrides=_DENSE_FIRST_LAYER),
     "latent attention, softmax group-limited router, shared expert (DeepSeek-V2)": dict(
-        _LATENT, router_scoring="softmax", router_group_score="max", router_renormalize=False,
-        routed_scaling_factor=16.0),
+        _LATENT, latent=_latent(), moe=_deepseek_router(router_scoring="softmax", router_group_score="max",
+                                                        router_renormalize=False, routed_scaling_factor=16.0)),
     "attention sinks, top-k-then-softmax router with bias, expert biases, clamped SwiGLU (gpt-oss)": dict(
-        _MOE, attn_bias=True, attn_sinks=True, router_scoring="topk_softmax", router_bias=True, expert_bias=True,
-        swiglu_limit=7.0, swiglu_alpha=1.702, layer_overrides=({"sliding_window": 4}, {})),
+        _MOE, attn_bias=True, attn_sinks=True, layer_overrides=({"sliding_window": 4}, {}),
+        moe=MoEConfig(router_scoring="topk_softmax", router_bias=True, expert_bias=True, swiglu_limit=7.0,
+                      swiglu_alpha=1.702)),
     "gated shared expert, no renormalisation (Qwen2-MoE)": dict(
-        _MOE, attn_bias=True, router_renormalize=False, d_shared_expert=DIMENSIONS["d_shared_expert"],
-        shared_expert_gate=True),
+        _MOE, attn_bias=True, moe=MoEConfig(router_renormalize=False, d_shared_expert=DIMENSIONS["d_shared_expert"],
+                                            shared_expert_gate=True)),
 }
 
 
@@ -126,13 +136,13 @@ WHICH_MODELS: list[tuple[str, Callable[[ModelConfig], bool]]] = [
     ("rotary, standard attention", lambda cfg: cfg.positional == "rotary" and not cfg.is_latent_attention),
     ("standard attention (not latent)", lambda cfg: not cfg.is_latent_attention),
     ("latent attention (kv_lora_rank)", lambda cfg: cfg.is_latent_attention),
-    ("latent attention with q_lora_rank", lambda cfg: cfg.q_lora_rank is not None),
+    ("latent attention with q_lora_rank", lambda cfg: cfg.is_latent_attention and cfg.latent.q_lora_rank is not None),
     ("attn_sinks", lambda cfg: cfg.attn_sinks),
     ("with an MLP (not attn_only)", lambda cfg: not cfg.attn_only),
     ("dense MLP", _has_dense_mlp),  # a model with at least one dense MLP layer
     ("gated dense MLP", lambda cfg: _has_dense_mlp(cfg) and cfg.gated_mlp),
     ("MoE", lambda cfg: cfg.is_moe),
-    ("MoE with a shared expert (d_shared_expert)", lambda cfg: cfg.is_moe and cfg.d_shared_expert > 0),
+    ("MoE with a shared expert (d_shared_expert)", lambda cfg: cfg.is_moe and cfg.moe.d_shared_expert > 0),
     ("use_split_qkv_input", lambda cfg: cfg.use_split_qkv_input),
 ]
 
@@ -386,16 +396,19 @@ def _config_summary(cfg: ModelConfig) -> str:
     fields = ("positional", "normalization", "norm_placement", "gated_mlp", "attn_only", "num_experts",
               "experts_per_token", "attn_bias", "mlp_bias", "act_fn")
     optional = ("qk_norm", "attn_scores_soft_cap", "output_logits_soft_cap", "embed_norm", "parallel_attn_mlp")
-    # Shown where they differ from ModelConfig's defaults (rotary_dim and d_head_v default to d_head).
-    not_default = ("n_key_value_heads", "kv_lora_rank", "q_lora_rank", "rotary_dim", "d_head_v", "attn_sinks",
-                   "router_scoring", "router_renormalize", "router_bias", "router_score_correction", "router_groups",
-                   "router_topk_groups", "router_group_score", "routed_scaling_factor", "d_shared_expert",
-                   "shared_expert_gate", "expert_bias", "swiglu_limit", "swiglu_alpha", "layer_overrides")
+    # Shown where they differ from ModelConfig's defaults (rotary_dim defaults to d_head).
+    not_default = ("n_key_value_heads", "rotary_dim", "attn_sinks", "layer_overrides")
     defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
-    defaults.update(n_key_value_heads=DIMENSIONS["n_key_value_heads"], rotary_dim=cfg.d_head, d_head_v=cfg.d_head)
+    defaults.update(n_key_value_heads=DIMENSIONS["n_key_value_heads"], rotary_dim=cfg.d_head)
     shown = [f for f in fields] + [f for f in optional if getattr(cfg, f) not in (None, False)]
     shown += [f for f in not_default if getattr(cfg, f) != defaults[f]]
-    return ", ".join(f"{f}={getattr(cfg, f)!r}" for f in shown)
+    summary = [f"{f}={getattr(cfg, f)!r}" for f in shown]
+    for name in ("latent", "moe"):  # a sub-config's fields where they differ from its defaults
+        sub_config = getattr(cfg, name)
+        if sub_config is not None:
+            summary += [f"{name}.{f.name}={getattr(sub_config, f.name)!r}" for f in dataclasses.fields(sub_config)
+                        if getattr(sub_config, f.name) != f.default]
+    return ", ".join(summary)
 
 
 def _which_models(name: str, having: set[str], models: dict[str, Decoder]) -> str:

@@ -129,12 +129,12 @@ def _check(model: DecoderHost, todo: list[str]) -> None:
                 "x + ln(f(x)); no norm sits in front of a linear layer, so there is nothing to fold")
         if cfg.is_latent_attention:
             raise ConfigError(
-                f"fold_ln: this model uses multi-head latent attention (kv_lora_rank={cfg.kv_lora_rank}); folding "
+                f"fold_ln: this model uses multi-head latent attention (kv_lora_rank={cfg.latent.kv_lora_rank}); folding "
                 f"ln1 into its query and latent projections (W_QA or W_Q, and W_KVA, whose latent then passes "
                 f"through its own RMSNorm kv_a_norm) is not implemented; pass fold_ln=False")
         if cfg.normalization == "LN" and cfg.is_moe:
             layers = _layers_with_nonzero_bias(model, "ln2")
-            if layers and not (cfg.router_bias or cfg.expert_bias):
+            if layers and not (cfg.moe.router_bias or cfg.moe.expert_bias):
                 raise ConfigError(
                     f"fold_ln: a mixture of experts has no router or expert biases, so the LayerNorm bias "
                     f"ln2.b (nonzero in layer(s) {layers}) cannot be folded into W_router / the experts' "
@@ -142,8 +142,8 @@ def _check(model: DecoderHost, todo: list[str]) -> None:
             if layers:
                 raise ConfigError(
                     f"fold_ln: the LayerNorm bias ln2.b (nonzero in layer(s) {layers}) would have to be folded into "
-                    f"the mixture of experts' router and expert biases (router_bias={cfg.router_bias}, "
-                    f"expert_bias={cfg.expert_bias}) and its shared expert, which is not implemented; this model "
+                    f"the mixture of experts' router and expert biases (router_bias={cfg.moe.router_bias}, "
+                    f"expert_bias={cfg.moe.expert_bias}) and its shared expert, which is not implemented; this model "
                     f"cannot be processed with fold_ln=True")
         if cfg.normalization == "LN" and "fold_value_biases" in cfg.weight_processing:
             layers = _layers_with_nonzero_bias(model, "ln1")

@@ -38,7 +38,7 @@ def mlp_width(cfg: ModelConfig, layer: int, expert: Optional[int] = None, shared
 
     Example:
         >>> cfg = wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=4, d_mlp=6, num_experts=4,
-        ...                      experts_per_token=2, d_shared_expert=12)
+        ...                      experts_per_token=2, moe=wb.MoEConfig(d_shared_expert=12))
         >>> mlp_width(cfg, 0, expert=3), mlp_width(cfg, 0, shared=True)
         (6, 12)
         >>> mlp_width(cfg, 0, expert=4)
@@ -53,9 +53,9 @@ def mlp_width(cfg: ModelConfig, layer: int, expert: Optional[int] = None, shared
     if (expert is not None or shared) and not moe:
         raise InputError(f"layer {layer} is a dense MLP: it has no experts")
     if shared:
-        if not cfg.d_shared_expert:
+        if not cfg.moe.d_shared_expert:
             raise InputError(f"layer {layer}'s mixture of experts has no shared expert")
-        return cfg.d_shared_expert
+        return cfg.moe.d_shared_expert
     if moe and expert is None:
         raise InputError(f"layer {layer} is a mixture of experts: choose an expert (or the shared one)")
     n_experts = cfg.layer_values("num_experts")[layer]
@@ -106,7 +106,7 @@ class ReadoutMethods:
 
         Example:
             >>> moe = wb.Decoder(wb.ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=20, n_ctx=8, d_mlp=12,
-            ...                                 num_experts=4, experts_per_token=2, d_shared_expert=24))
+            ...                                 num_experts=4, experts_per_token=2, moe=wb.MoEConfig(d_shared_expert=24)))
             >>> moe.layer_W_out(1, expert=3).shape, moe.layer_W_out(1, shared=True).shape
             (torch.Size([12, 16]), torch.Size([24, 16]))
             >>> moe.layer_W_out(1)
@@ -152,7 +152,7 @@ class ReadoutMethods:
 
         Example:
             >>> moe = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=20, n_ctx=8, d_mlp=12,
-            ...                                 num_experts=4, experts_per_token=2, router_scoring="sigmoid"))
+            ...                                 num_experts=4, experts_per_token=2, moe=wb.MoEConfig(router_scoring="sigmoid")))
             >>> moe.router_probabilities(0, torch.zeros(1, 2, 4)).tolist()
             [[[0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25]]]
         """

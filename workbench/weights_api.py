@@ -89,7 +89,7 @@ class WeightMethods(_Host):
         """Refuses ``name`` (a per-head Q/K/V weight, bias or circuit) on a latent-attention model."""
         if self.cfg.is_latent_attention:
             raise InputError(
-                f"model.{name}: this model uses multi-head latent attention (kv_lora_rank={self.cfg.kv_lora_rank}), "
+                f"model.{name}: this model uses multi-head latent attention (kv_lora_rank={self.cfg.latent.kv_lora_rank}), "
                 f"which has no per-head linear W_K/W_V: each head's keys and values are W_KVB applied to the "
                 f"RMS-normed latent kv_a_norm(W_KVA x), and its queries' last rotary_dim dimensions meet a RoPE'd "
                 f"key shared by every head, so no [n_heads, d_model, d_head] matrices (nor W_Q W_K^T / W_V W_O "

@@ -81,7 +81,7 @@ def main() -> None:
     with left:
         downloads.figure(router.expert_load_figure(load), "expert_load", key="expert_load")
     with right:
-        scores = ("sigmoid scores normalised to sum to one" if cfg.router_scoring == "sigmoid"
+        scores = ("sigmoid scores normalised to sum to one" if cfg.moe.router_scoring == "sigmoid"
                   else "softmax over all experts' logits")
         st.markdown(f"**Router entropy per layer** (nats, of the router's {scores}; `uniform` is the "
                     "entropy of uniform routing)")

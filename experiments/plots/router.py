@@ -35,7 +35,8 @@ def shared_vs_routed_figure(df: pd.DataFrame, tokens: Optional[Sequence[str]] = 
     Example:
         >>> from experiments.router import shared_vs_routed
         >>> shared_model = wb.Decoder(wb.ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=model.cfg.d_vocab,
-        ...     n_ctx=32, d_mlp=16, num_experts=4, experts_per_token=2, d_shared_expert=24), tokenizer=model.tokenizer)
+        ...     n_ctx=32, d_mlp=16, num_experts=4, experts_per_token=2, moe=wb.MoEConfig(d_shared_expert=24)),
+        ...     tokenizer=model.tokenizer)
         >>> toks = shared_model.to_tokens("Hello world")
         >>> fig = shared_vs_routed_figure(shared_vs_routed(shared_model, toks), shared_model.to_str_tokens(toks))
         >>> fig.data[0].z.shape   # layer x position

@@ -65,7 +65,8 @@ def moe_dense_shared(tmp_path_factory) -> str:
     tok = _tiny_tokenizer()
     cfg = wb.ModelConfig(n_layers=3, d_model=32, n_heads=4, d_head=8, d_mlp=16, d_vocab=tok.vocab_size, n_ctx=64,
                          positional="rotary", normalization="RMS", gated_mlp=True, act_fn="silu", num_experts=4,
-                         experts_per_token=2, router_renormalize=False, d_shared_expert=24, shared_expert_gate=True,
+                         experts_per_token=2,
+                         moe=wb.MoEConfig(router_renormalize=False, d_shared_expert=24, shared_expert_gate=True),
                          layer_overrides=({"num_experts": 0, "experts_per_token": 0, "d_mlp": 40}, {},
                                           {"num_experts": 6}))
     directory = tmp_path_factory.mktemp("moe-dense-shared")

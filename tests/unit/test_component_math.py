@@ -92,7 +92,7 @@ def test_pattern_rows_sum_to_one_and_are_causal():
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_moe_equals_per_token_loop_over_chosen_experts(renormalize):
     cfg = CFG.replace(num_experts=4, experts_per_token=2, gated_mlp=True, act_fn="silu",
-                      router_renormalize=renormalize)
+                      moe=wb.MoEConfig(router_renormalize=renormalize))
     moe = MixtureOfExperts(cfg, RuntimeOptions())
     for p in moe.parameters():
         torch.nn.init.normal_(p, std=0.3)

@@ -117,8 +117,8 @@ def test_composition_scores_match_transformer_lens(kind, variant):
 
 def test_composition_scores_on_latent_attention_name_it():
     model = wb.Decoder(wb.ModelConfig(n_layers=2, d_model=32, n_heads=4, d_vocab=61, n_ctx=16, positional="rotary",
-                                      normalization="RMS", d_head=12, rotary_dim=4, d_head_v=10, kv_lora_rank=16,
-                                      q_lora_rank=20))
+                                      normalization="RMS", d_head=12, rotary_dim=4,
+                                      latent=wb.LatentAttentionConfig(kv_lora_rank=16, q_lora_rank=20, d_head_v=10)))
     with pytest.raises(wb.InputError, match="multi-head latent attention"):  # was a bare AttributeError
         composition_scores(model, "K")
 

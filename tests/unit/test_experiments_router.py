@@ -123,7 +123,7 @@ WITH_DENSE_LAYERS = ["deepseek_v3", "deepseek_v2"]
 def family_model(name: str) -> wb.Decoder:
     """A random model of the family's shape, with weights large enough that routing differs token to token."""
     torch.manual_seed(0)
-    model = wb.Decoder(wb.ModelConfig(**BASE_MOE, **FAMILIES[name]))
+    model = wb.Decoder(wb.ModelConfig.from_dict({**BASE_MOE, **FAMILIES[name]}))  # flat names, as saved
     with torch.no_grad():
         for param_name, param in model.named_parameters():
             param.normal_(1.0 if param_name.endswith(".w") else 0.0, 0.1 if param_name.endswith(".w") else 0.3)
@@ -179,7 +179,7 @@ def test_router_entropy_is_the_entropy_of_each_scoring(families, family_tokens, 
     assert sorted(set(df.layer)) == model.cfg.moe_layers
     for layer in model.cfg.moe_layers:
         logits_BPE = logits[layer, "mlp.hook_router_logits"].double()
-        if model.cfg.router_scoring == "sigmoid":  # DeepSeek-V3: sigmoid scores normalised to sum to one
+        if model.cfg.moe.router_scoring == "sigmoid":  # DeepSeek-V3: sigmoid scores normalised to sum to one
             scores = 1 / (1 + torch.exp(-logits_BPE))
             p = scores / scores.sum(-1, keepdim=True)
         else:  # softmax and gpt-oss's topk_softmax: the softmax over all experts' logits (router bias included)

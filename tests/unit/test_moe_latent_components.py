@@ -45,7 +45,7 @@ LATENT = dict(n_key_value_heads=4, d_head=12, rotary_dim=4, d_head_v=10, kv_lora
 def build(seed: int = 0, **fields) -> wb.Decoder:
     """A model with gains ~N(1, 0.2), every bias, sink and correction bias ~N(0, 0.3) and matrices ~N(0, 0.2)."""
     torch.manual_seed(seed)
-    model = wb.Decoder(wb.ModelConfig(**{**BASE, **fields}), attn_impl="eager")
+    model = wb.Decoder(wb.ModelConfig.from_dict({**BASE, **fields}), attn_impl="eager")  # flat names, as saved
     with torch.no_grad():
         for name, param in model.named_parameters():
             leaf = name.rsplit(".", 1)[-1]
@@ -120,9 +120,9 @@ def route_by_hand(logits_E: torch.Tensor, k: int, scoring: str = "softmax", reno
 
 
 def rule_of(cfg: wb.ModelConfig) -> dict:
-    return dict(k=cfg.experts_per_token, scoring=cfg.router_scoring, renormalize=cfg.router_renormalize,
-                groups=cfg.router_groups, topk_groups=cfg.router_topk_groups, group_score=cfg.router_group_score,
-                scale=cfg.routed_scaling_factor)
+    return dict(k=cfg.experts_per_token, scoring=cfg.moe.router_scoring, renormalize=cfg.moe.router_renormalize,
+                groups=cfg.moe.router_groups, topk_groups=cfg.moe.router_topk_groups, group_score=cfg.moe.router_group_score,
+                scale=cfg.moe.routed_scaling_factor)
 
 
 def shared_by_hand(moe, x_BPD: torch.Tensor) -> torch.Tensor:
@@ -160,11 +160,11 @@ def test_editing_router_logits_runs_the_forced_expert(kind):
     assert not bool((clean["blocks.1.mlp.hook_expert_indices"] == forced).all())  # the edit changes something
     _, seen = run_recording(model, tokens, names, edits=[("blocks.1.mlp.hook_router_logits", force)])
 
-    if cfg.router_scoring == "softmax":  # p = e^50 / (e^50 + (E - 1) e^-50), renormalised over one: 1
-        weight = 1.0 if cfg.router_renormalize else 1.0 / (1.0 + (E - 1) * math.exp(-100.0))
+    if cfg.moe.router_scoring == "softmax":  # p = e^50 / (e^50 + (E - 1) e^-50), renormalised over one: 1
+        weight = 1.0 if cfg.moe.router_renormalize else 1.0 / (1.0 + (E - 1) * math.exp(-100.0))
     else:  # sigmoid over one chosen, renormalised: 1; topk_softmax over one logit: 1
         weight = 1.0
-    weight *= cfg.routed_scaling_factor
+    weight *= cfg.moe.routed_scaling_factor
     x_BPD = seen["blocks.1.ln2.hook_normalized"]
     B, P, D = x_BPD.shape
     expected = weight * moe.expert_forward(forced, x_BPD.reshape(B * P, D)).view(B, P, D)
@@ -209,7 +209,7 @@ def test_routing_rules_match_hand_calculation(kind):
 
     # The test exercises what it names: groups and the correction bias change some token's choice.
     all_tokens = logits_BPE.reshape(-1, cfg.num_experts)
-    if cfg.router_groups is not None:
+    if cfg.moe.router_groups is not None:
         ungrouped = dict(rule, groups=None, topk_groups=None)
         assert any(sorted(route_by_hand(t, **ungrouped, correction=correction)) !=
                    sorted(route_by_hand(t, **rule, correction=correction)) for t in all_tokens)
@@ -347,14 +347,14 @@ def test_fast_kernels_equal_eager(kind, kernel, scenario):
 
 # ---- config errors name their field ------------------------------------------------------------------------
 @pytest.mark.parametrize("fields, field", [
-    (dict(num_experts=8, experts_per_token=2, router_groups=2, router_topk_groups=3), "router_topk_groups"),
-    (dict(num_experts=8, experts_per_token=2, router_scoring="sparsemax"), "router_scoring"),
+    (dict(num_experts=8, experts_per_token=2, router_groups=2, router_topk_groups=3), "moe.router_topk_groups"),
+    (dict(num_experts=8, experts_per_token=2, router_scoring="sparsemax"), "moe.router_scoring"),
     (dict(n_key_value_heads=2, kv_lora_rank=16), "n_key_value_heads"),
     (dict(num_experts=8, experts_per_token=5, router_groups=4, router_topk_groups=2), "experts_per_token"),
 ])
 def test_config_errors_name_their_field(fields, field):
     with pytest.raises(ConfigError, match=rf"ModelConfig\.{field}\b"):
-        wb.ModelConfig(**{**BASE, **fields})
+        wb.ModelConfig.from_dict({**BASE, **fields})
 
 
 # ---- weight processing and the weight API: refusals change nothing -----------------------------------------

@@ -51,7 +51,7 @@ def _dense(act_fn: str, gated: bool, tokenizer=None, normalization: str = "RMS")
 def _moe(tokenizer=None, **extra) -> wb.Decoder:
     cfg = wb.ModelConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_mlp=16, d_vocab=300, n_ctx=64,
                          gated_mlp=True, act_fn="silu", num_experts=4, experts_per_token=2, normalization="RMS",
-                         positional="rotary", model_name="tiny-moe", **extra)
+                         positional="rotary", model_name="tiny-moe", moe=wb.MoEConfig(**extra))
     return _randomise(wb.Decoder(cfg, tokenizer=tokenizer))
 
 

@@ -13,6 +13,7 @@ import torch
 
 import workbench as wb
 from workbench.errors import InputError
+from workbench.options import split_saved_config
 
 BASE = dict(n_layers=2, d_model=16, n_heads=4, d_vocab=40, n_ctx=16, positional="rotary", normalization="RMS",
             gated_mlp=True, act_fn="silu", d_mlp=12, attn_impl="eager")
@@ -24,7 +25,8 @@ DEEPSEEK = dict(num_experts=4, experts_per_token=2, router_scoring="sigmoid", d_
 
 def build(seed: int = 0, **fields) -> wb.Decoder:
     torch.manual_seed(seed)
-    model = wb.Decoder(wb.ModelConfig(**{**BASE, **fields}))
+    cfg, options = split_saved_config({**BASE, **fields})  # flat names and attn_impl, as a saved config.json
+    model = wb.Decoder(cfg, **options)
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.normal_(1.0 if name.endswith(".w") else 0.0, 0.2 if name.endswith(".w") else 0.5)

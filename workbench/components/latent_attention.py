@@ -48,10 +48,10 @@ class LatentAttention(AttentionBase):
     def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__(cfg, options)
         H, K, R, J, D = cfg.n_heads, cfg.d_head, cfg.rotary_dim, cfg.d_head_v, cfg.d_model
-        A, Q = cfg.kv_lora_rank, cfg.q_lora_rank
+        A, Q = cfg.latent.kv_lora_rank, cfg.latent.q_lora_rank
         self.n_key_value_heads = H  # every head has its own key and value (expanded from the latent)
         self.d_nope, self.rotary_dim, self.kv_lora_rank = K - R, R, A
-        latent_norm_cfg = cfg.replace(normalization="RMS", norm_eps=cfg.latent_norm_eps)
+        latent_norm_cfg = cfg.replace(normalization="RMS", norm_eps=cfg.latent.latent_norm_eps)
         bias = (lambda n: nn.Parameter(torch.zeros(n, dtype=options.dtype))) if cfg.attn_bias else (lambda n: None)
         if Q is None:
             self._W_Q_lin = nn.Parameter(torch.empty(H * K, D, dtype=options.dtype))

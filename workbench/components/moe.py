@@ -67,8 +67,8 @@ class RoutingRule:
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> "RoutingRule":
-        return cls(cfg.experts_per_token, cfg.router_scoring, cfg.router_renormalize, cfg.router_groups,
-                   cfg.router_topk_groups, cfg.router_group_score, cfg.routed_scaling_factor)
+        return cls(cfg.experts_per_token, cfg.moe.router_scoring, cfg.moe.router_renormalize, cfg.moe.router_groups,
+                   cfg.moe.router_topk_groups, cfg.moe.router_group_score, cfg.moe.routed_scaling_factor)
 
     def choose(self, logits_BPE: Float[Tensor, "batch pos num_experts"], correction_E: Optional[Tensor] = None
                ) -> tuple[Int[Tensor, "batch pos k"], Float[Tensor, "batch pos k"]]:
@@ -141,25 +141,25 @@ class MixtureOfExperts(nn.Module):
         E, M, D = cfg.num_experts, cfg.d_mlp, cfg.d_model
         self.routing = RoutingRule.from_config(cfg)
         self._W_router_lin = nn.Parameter(torch.empty(E, D, dtype=options.dtype))
-        self.b_router = nn.Parameter(torch.zeros(E, dtype=options.dtype)) if cfg.router_bias else None
-        self.router_in_float32 = cfg.router_in_float32
+        self.b_router = nn.Parameter(torch.zeros(E, dtype=options.dtype)) if cfg.moe.router_bias else None
+        self.router_in_float32 = cfg.moe.router_in_float32
         # Always float32, as transformers keeps e_score_correction_bias: in bfloat16 its rounding alone
         # would change which experts close scores pick (``_apply`` keeps it so through ``.to()``).
         self.router_score_correction = (nn.Parameter(torch.zeros(E, dtype=torch.float32))
-                                        if cfg.router_score_correction else None)
+                                        if cfg.moe.router_score_correction else None)
         self.act = ACTIVATIONS[cfg.act_fn]
-        self.swiglu_limit, self.swiglu_alpha = cfg.swiglu_limit, cfg.swiglu_alpha
+        self.swiglu_limit, self.swiglu_alpha = cfg.moe.swiglu_limit, cfg.moe.swiglu_alpha
         self._W_gate_lin = nn.Parameter(torch.empty(E, M, D, dtype=options.dtype)) if cfg.gated_mlp else None
         self._W_in_lin = nn.Parameter(torch.empty(E, M, D, dtype=options.dtype))
         self._W_out_lin = nn.Parameter(torch.empty(E, D, M, dtype=options.dtype))
-        bias = (lambda *shape: nn.Parameter(torch.zeros(*shape, dtype=options.dtype))) if cfg.expert_bias else (lambda *_: None)
+        bias = (lambda *shape: nn.Parameter(torch.zeros(*shape, dtype=options.dtype))) if cfg.moe.expert_bias else (lambda *_: None)
         self.b_gate = bias(E, M) if cfg.gated_mlp else None
         self.b_in, self.b_out = bias(E, M), bias(E, D)
-        if cfg.d_shared_expert:
-            self.shared = GatedMLP(cfg.replace(d_mlp=cfg.d_shared_expert, num_experts=0, experts_per_token=0,
+        if cfg.moe.d_shared_expert:
+            self.shared = GatedMLP(cfg.replace(d_mlp=cfg.moe.d_shared_expert, num_experts=0, experts_per_token=0,
                                                layer_overrides=()), options)
             self._W_shared_gate_lin = (nn.Parameter(torch.empty(1, D, dtype=options.dtype))
-                                       if cfg.shared_expert_gate else None)
+                                       if cfg.moe.shared_expert_gate else None)
         else:
             self.shared, self._W_shared_gate_lin = None, None
         self.hook_router_logits = HookPoint()  # [B, P, E]

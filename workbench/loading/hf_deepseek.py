@@ -39,7 +39,7 @@ from typing import Any, Optional
 from torch import Tensor
 
 from workbench.components.rotary import yarn_mscale
-from workbench.config import ModelConfig
+from workbench.config import LatentAttentionConfig, MoEConfig, ModelConfig
 from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
@@ -137,17 +137,19 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
     q_lora_rank = hf.get("q_lora_rank")
     return hf.model_config(
         n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_key_value_heads=n_heads, d_head=nope + rope,
-        d_head_v=int(hf.require("v_head_dim")), kv_lora_rank=int(hf.require("kv_lora_rank")),
-        q_lora_rank=None if q_lora_rank is None else int(q_lora_rank), latent_norm_eps=LATENT_NORM_EPS,
+        latent=LatentAttentionConfig(kv_lora_rank=int(hf.require("kv_lora_rank")), d_head_v=int(hf.require("v_head_dim")),
+                                     q_lora_rank=None if q_lora_rank is None else int(q_lora_rank),
+                                     latent_norm_eps=LATENT_NORM_EPS),
         attn_scale=math.sqrt(nope + rope) / _mscale_squared(rotary["rotary_scaling"]),
         rotary_adjacent_pairs=bool(hf.get(pairs_field, True)) if pairs_field else True,
         d_vocab=int(hf.require("vocab_size")), n_ctx=int(hf.require("max_position_embeddings")),
         normalization="RMS", norm_eps=float(hf.get("rms_norm_eps", 1e-6)), act_fn=hf.activation("hidden_act"),
         gated_mlp=True, attn_bias=bool(hf.get("attention_bias", False)), mlp_bias=bool(hf.get("mlp_bias", False)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)), router_in_float32=True,
-        d_shared_expert=int(hf.require("moe_intermediate_size")) * int(hf.get("n_shared_experts", 0)),
-        **layers, **kind.router(hf),
+        moe=MoEConfig(**kind.router(hf), routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
+                      router_in_float32=True,
+                      d_shared_expert=int(hf.require("moe_intermediate_size")) * int(hf.get("n_shared_experts", 0))),
+        **layers,
     )
 
 
@@ -184,7 +186,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
 
 def _latent_attention(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, layer: int) -> dict[str, Tensor]:
     H, K, R, J, D = cfg.n_heads, cfg.d_head, cfg.rotary_dim, cfg.d_head_v, cfg.d_model
-    A, Q = cfg.kv_lora_rank, cfg.q_lora_rank
+    A, Q = cfg.latent.kv_lora_rank, cfg.latent.q_lora_rank
     hf, ours = f"model.layers.{layer}.self_attn", f"blocks.{layer}.attn"
     out = {}
     if Q is None:

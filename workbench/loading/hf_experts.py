@@ -35,7 +35,7 @@ class MoEKind:
 
     experts_field: tuple[str, ...]  # the config fields holding the expert count (the first present wins)
     width_field: str  # one expert's width
-    # ModelConfig router fields from config.json (renormalisation, scoring, shared expert ...).
+    # MoEConfig fields from config.json (renormalisation, scoring, shared expert ...).
     router: Callable[[HFConfig], dict[str, Any]]
     per_expert: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # our gate, in, out
     router_tensor: str = "mlp.gate"  # under model.layers.{l}
@@ -145,9 +145,9 @@ def read_experts(ckpt: SafetensorsCheckpoint, kind: MoEKind, cfg: ModelConfig, l
     fused = not kind.interleaved and ckpt.has(f"{hf_layer}.mlp.experts.gate_up_proj")  # transformers' in-memory layout
     router = f"{hf_layer}.{'mlp.gate' if fused else kind.router_tensor}"
     out = {f"{ours}._W_router_lin": ckpt.take(f"{router}.weight", (E, D))}
-    if cfg.router_bias:
+    if cfg.moe.router_bias:
         out[f"{ours}.b_router"] = ckpt.take(f"{router}.bias", (E,))
-    if cfg.router_score_correction:
+    if cfg.moe.router_score_correction:
         out[f"{ours}.router_score_correction"] = ckpt.take(f"{router}.e_score_correction_bias", (E,)).float()
     experts = f"{hf_layer}.{kind.experts_prefix}"
     if kind.interleaved:
@@ -161,10 +161,10 @@ def read_experts(ckpt: SafetensorsCheckpoint, kind: MoEKind, cfg: ModelConfig, l
                                         ((M, D), (M, D), (D, M))):
             out[f"{ours}.{name}"] = torch.stack([ckpt.take(f"{experts}.{e}.{hf_name}.weight", shape)
                                                 for e in range(E)])
-    if cfg.d_shared_expert:
+    if cfg.moe.d_shared_expert:
         shared = f"{hf_layer}.{kind.shared_prefix}"
-        out.update(dense_gated_mlp(ckpt, shared, f"{ours}.shared", cfg.d_shared_expert, D, bias=cfg.mlp_bias))
-        if cfg.shared_expert_gate:
+        out.update(dense_gated_mlp(ckpt, shared, f"{ours}.shared", cfg.moe.d_shared_expert, D, bias=cfg.mlp_bias))
+        if cfg.moe.shared_expert_gate:
             out[f"{ours}._W_shared_gate_lin"] = ckpt.take(f"{shared}_gate.weight", (1, D))
     return out
 

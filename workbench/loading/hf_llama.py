@@ -54,7 +54,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from workbench.config import ModelConfig
+from workbench.config import MoEConfig, ModelConfig
 from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
@@ -153,7 +153,7 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
     if variant.moe:
         kind = MOE_KINDS[variant.moe]
         layers = with_moe_layers(layers, moe_layer_fields(hf, kind, n_layers))
-        moe = kind.router(hf)
+        moe = {"moe": MoEConfig(**kind.router(hf))}
     else:
         layers["d_mlp"] = int(hf.require("intermediate_size"))
     return hf.model_config(
