@@ -185,8 +185,11 @@ class ConfigView:
         setattr(self.options, name, getattr(checked, name))
 
     def __eq__(self, other: object) -> bool:
+        """Another view: the same architecture and options. A ``ModelConfig``: the same architecture."""
         if isinstance(other, ConfigView):
             return self.config == other.config and self.options == other.options
+        if isinstance(other, ModelConfig):
+            return self.config == other
         return NotImplemented
 
     __hash__ = None
