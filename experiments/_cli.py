@@ -177,8 +177,9 @@ def run_main(main, argv: Optional[Sequence[str]] = None) -> None:
         main(argv)
 
 
-def run_command(name: str, argv: Optional[Sequence[str]] = None) -> None:
-    """``python -m experiments.<name>``: runs ``experiments.cli.<name>.main(argv)`` through ``run_main``.
+def run_command(name: str, argv: Optional[Sequence[str]] = None, gradients: bool = False) -> None:
+    """``python -m experiments.<name>``: runs ``experiments.cli.<name>.main(argv)``, through ``run_main``
+    (gradients off) unless the command needs ``gradients`` (training).
 
     The compute module calls it under ``if __name__ == "__main__"``, so it imports its command line
     (argparse, plotly) only when run as a command.
@@ -190,4 +191,8 @@ def run_command(name: str, argv: Optional[Sequence[str]] = None) -> None:
         wrote .../attention.json
         wrote .../attention.html
     """
-    run_main(importlib.import_module(f"experiments.cli.{name}").main, argv)
+    main = importlib.import_module(f"experiments.cli.{name}").main
+    if gradients:
+        main(argv)
+    else:
+        run_main(main, argv)

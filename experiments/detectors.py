@@ -15,7 +15,7 @@ writes all three scores.
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 import pandas as pd

@@ -16,8 +16,6 @@ top heads first) and their heatmap (HTML), plus the loss table.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
-
 import numpy as np
 import pandas as pd
 import torch

@@ -20,7 +20,7 @@ The examples draw names that are one token each in toy-attn-2l's vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import pandas as pd

@@ -15,6 +15,7 @@ import pandas as pd
 from jaxtyping import Float
 from torch import Tensor
 
+from experiments._tokens import as_floats
 from workbench.errors import InputError
 
 Direction = Literal["from_selected", "to_selected"]
@@ -65,18 +66,6 @@ def selected_attention(patterns_LHPS: Float[Tensor, "n_layers n_heads pos key_po
     pattern_HPS = patterns_LHPS[layer] if head is None else patterns_LHPS[layer, head:head + 1]
     values_HP = pattern_HPS[:, token, :] if direction == "from_selected" else pattern_HPS[:, :, token]
     return values_HP.float().mean(0)
-
-
-def as_floats(values) -> list[float]:
-    """A tensor, array or sequence of numbers (one per token) as a list of floats.
-
-    Example:
-        >>> as_floats(torch.tensor([0.5, 1.0])), as_floats([1, 2])
-        ([0.5, 1.0], [1.0, 2.0])
-    """
-    if isinstance(values, Tensor):
-        values = values.detach().float().cpu().tolist()
-    return [float(v) for v in values]
 
 
 def token_values(str_tokens: Sequence[str], values, value_name: str = "value") -> pd.DataFrame:

@@ -17,7 +17,7 @@ import html
 import math
 from typing import Optional, Sequence
 
-from experiments.token_view import as_floats
+from experiments._tokens import as_floats
 from workbench.errors import InputError
 
 POSITIVE_RGB, NEGATIVE_RGB = (214, 39, 40), (31, 119, 180)
