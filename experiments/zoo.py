@@ -65,17 +65,6 @@ def measure(model: Decoder, held_out_stream: torch.Tensor) -> dict[str, Any]:
     return facts
 
 
-def induction_probe(model: Decoder) -> dict[str, float]:
-    """The last layer's best induction score on a cheap probe (8 sequences of 40), taken at each of
-    training's evaluations so the card can show when the induction head formed.
-
-    Example:
-        >>> round(induction_probe(model)["induction"], 2)
-        0.92
-    """
-    return {"induction": induction_scores(model, seq_len=40, batch=8)[-1].max().item()}
-
-
 if __name__ == "__main__":  # the command line lives in experiments.cli.zoo (training needs gradients)
     from experiments._cli import run_command
 

@@ -28,7 +28,8 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from experiments.plots.zoo import model_card
-from experiments.zoo import MEASURED, induction_probe, measure
+from experiments.induction import induction_scores
+from experiments.zoo import MEASURED, measure
 from workbench.bpe import train_bpe
 from workbench.corpus import Corpus, stdlib_corpus
 from workbench.errors import InputError
@@ -36,6 +37,11 @@ from workbench.loading.native import load_native
 from workbench.model import Decoder
 from workbench.train import TrainResult, tokenize_documents, train
 from workbench.zoo.recipes import RECIPES, Recipe
+
+
+def _induction_during_training(model: Decoder) -> dict[str, float]:
+    # A cheap probe (8 sequences of 40) so the card can show when the induction head formed.
+    return {"induction": induction_scores(model, seq_len=40, batch=8)[-1].max().item()}
 
 
 def run_recipe(name: str, out: Union[str, Path], overrides: Optional[dict[str, Any]] = None,
@@ -61,7 +67,7 @@ def run_recipe(name: str, out: Union[str, Path], overrides: Optional[dict[str, A
     torch.manual_seed(train_cfg.seed)
     model = Decoder(recipe.model, tokenizer=tokenizer)
     result = train(model, train_stream, held_out_stream, train_cfg, out=out, bos=tokenizer.bos_token_id,
-                   progress=progress, on_eval=induction_probe)
+                   progress=progress, on_eval=_induction_during_training)
     summary = {
         "recipe": name, "command": shlex.join(command) if command else None, "seed": train_cfg.seed,
         "steps": train_cfg.steps, "tokens_seen": train_cfg.tokens_seen, "final": result.final,
