@@ -1,5 +1,7 @@
 """Shared plumbing of the ``python -m experiments.<name>`` commands: arguments, model loading, outputs.
 
+Each command's own arguments and steps are ``experiments.cli.<name>.main``; ``run_command`` runs it.
+
 Every command takes ``--model NAME_OR_PATH`` (default: ``workbench.default_model_name()``) and ``--out DIR``, and writes ``<stem>.csv``, ``<stem>.json`` and
 ``<stem>.html`` (a standalone plotly figure) there.
 
@@ -11,6 +13,7 @@ same outputs; a command without per-prompt work (``make_parser(..., per_prompt=F
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 from pathlib import Path
@@ -60,7 +63,7 @@ def make_parser(description: str, command: Optional[str] = None, per_prompt: boo
     parser.add_argument("--model", default=None,
                         help="registered name, HF directory, .gguf file or saved model (default: the workbench default)")
     parser.add_argument("--out", required=True, help="directory for the CSV, JSON and HTML outputs")
-    parser.add_argument("--attn-impl", default="sdpa", choices=("eager", "sdpa", "flash"))
+    parser.add_argument("--attn-impl", default="sdpa", choices=wb.ATTN_IMPLS)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--workers", type=int, default=1,
                         help="Ray workers for the per-prompt work (default 1: in this process, no Ray)")
@@ -83,7 +86,9 @@ def sharded(args: argparse.Namespace) -> bool:
 def worker_pool(args: argparse.Namespace) -> Iterator:
     """An ``experiments.distributed.WorkerPool`` of ``--workers`` workers that load ``--model`` with ``--attn-impl``.
 
-    Example:
+    Example (starts Ray workers):
+        >>> from experiments.ioi import ioi_per_prompt
+        >>> args = make_parser("demo", per_prompt=True).parse_args(["--out", "o", "--workers", "2"])
         >>> with worker_pool(args) as pool:                                  # doctest: +SKIP
         ...     rows = pool.run(ioi_per_prompt, data, progress=not args.no_progress)
     """
@@ -100,13 +105,19 @@ def load(args: argparse.Namespace):
     Nothing is fetched from a hub: every loader reads local files only.
 
     Example:
-        >>> model = load(make_parser("demo").parse_args(["--out", "o"]))   # doctest: +SKIP
+        >>> load(make_parser("demo").parse_args(["--model", "toy-attn-2l", "--out", "o"])).cfg.n_layers
+        2
     """
     return wb.load_model(args.model or wb.default_model_name(), attn_impl=args.attn_impl).eval()
 
 
 def prompt_tokens(model, prompt: Optional[str]) -> torch.Tensor:
-    """[1, pos] ids of ``prompt`` (or a default text); a fixed random sequence for a model without a tokenizer."""
+    """[1, pos] ids of ``prompt`` (or a default text); a fixed random sequence for a model without a tokenizer.
+
+    Example:
+        >>> model.to_str_tokens(prompt_tokens(model, "The cat")[0]), prompt_tokens(model, None).shape
+        (['<|endoftext|>', 'The', ' c', 'at'], torch.Size([1, 54]))
+    """
     if model.tokenizer is not None:
         return model.to_tokens(prompt or DEFAULT_PROMPT)
     if prompt:
@@ -134,7 +145,14 @@ def write_outputs(out_dir: str | Path, stem: str, table: pd.DataFrame, figure: g
     """Writes ``stem``.csv (the table), .json (summary plus the table's rows) and .html (the figure).
 
     Example:
-        >>> write_outputs("out", "induction", df, fig, {"model": "smollm2-135m"})   # doctest: +SKIP
+        >>> import tempfile
+        >>> out = tempfile.mkdtemp()
+        >>> paths = write_outputs(out, "demo", pd.DataFrame({"x": [1.5]}), go.Figure(), {"model": "m"})
+        wrote .../demo.csv
+        wrote .../demo.json
+        wrote .../demo.html
+        >>> json.loads(paths["json"].read_text())
+        {'model': 'm', 'columns': ['x'], 'rows': [{'x': 1.5}]}
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -149,6 +167,32 @@ def write_outputs(out_dir: str | Path, stem: str, table: pd.DataFrame, figure: g
 
 
 def run_main(main, argv: Optional[Sequence[str]] = None) -> None:
-    """Calls ``main(argv)`` with torch's gradient tracking off (commands never need it)."""
+    """Calls ``main(argv)`` with torch's gradient tracking off (commands never need it).
+
+    Example:
+        >>> run_main(lambda argv: print(argv, torch.is_grad_enabled()), ["--out", "o"])
+        ['--out', 'o'] False
+    """
     with torch.no_grad():
         main(argv)
+
+
+def run_command(name: str, argv: Optional[Sequence[str]] = None, gradients: bool = False) -> None:
+    """``python -m experiments.<name>``: runs ``experiments.cli.<name>.main(argv)``, through ``run_main``
+    (gradients off) unless the command needs ``gradients`` (training).
+
+    The compute module calls it under ``if __name__ == "__main__"``, so it imports its command line
+    (argparse, plotly) only when run as a command.
+
+    Example:
+        >>> import tempfile
+        >>> run_command("attention", ["--model", "toy-attn-2l", "--out", tempfile.mkdtemp(), "--no-progress"])
+        wrote .../attention.csv
+        wrote .../attention.json
+        wrote .../attention.html
+    """
+    main = importlib.import_module(f"experiments.cli.{name}").main
+    if gradients:
+        main(argv)
+    else:
+        run_main(main, argv)

@@ -1,4 +1,4 @@
-"""Token ids as labels: each token's text, and position-prefixed axis labels.
+"""Token ids as labels: each token's text, position-prefixed axis labels, and per-token values as floats.
 
 Experiments take text or ids (``TokensLike``) and turn them into checked [batch, pos] ids with
 the model's own ``Decoder.as_tokens``.
@@ -18,7 +18,10 @@ def str_tokens(model, tokens_P: Int[Tensor, "pos"]) -> list[str]:
     """Each token as text (its id in angle brackets when the model has no tokenizer).
 
     Example:
-        >>> str_tokens(model_without_tokenizer, torch.tensor([3, 4]))   # doctest: +SKIP
+        >>> str_tokens(model, tokens[0, :3])
+        ['<|endoftext|>', 'The', ' c']
+        >>> model.tokenizer = None   # this example's own copy of the model
+        >>> str_tokens(model, torch.tensor([3, 4]))
         ['<3>', '<4>']
     """
     ids = tokens_P.tolist()
@@ -28,5 +31,22 @@ def str_tokens(model, tokens_P: Int[Tensor, "pos"]) -> list[str]:
 
 
 def axis_labels(str_toks: list[str]) -> list[str]:
-    """Position-prefixed labels ("3: the"): plotly merges repeated category labels, positions keep them apart."""
+    """Position-prefixed labels ("3: 'the'"): plotly merges repeated category labels, positions keep them apart.
+
+    Example:
+        >>> axis_labels(["The", " cat", "The"])
+        ["0: 'The'", "1: ' cat'", "2: 'The'"]
+    """
     return [f"{i}: {tok!r}"[:40] for i, tok in enumerate(str_toks)]
+
+
+def as_floats(values) -> list[float]:
+    """A tensor, array or sequence of numbers (one per token) as a list of floats.
+
+    Example:
+        >>> as_floats(torch.tensor([0.5, 1.0])), as_floats([1, 2])
+        ([0.5, 1.0], [1.0, 2.0])
+    """
+    if isinstance(values, Tensor):
+        values = values.detach().float().cpu().tolist()
+    return [float(v) for v in values]

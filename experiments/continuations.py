@@ -14,11 +14,11 @@ the cache (each step reruns the whole sequence and the hook sees every position 
 and need a reference of at least P + max_new_tokens - 1 tokens, the longest input a step runs.
 
 Log-probs are the model's own (temperature 1, before top-k) for the token chosen at each step.
+``experiments.plots.continuations`` draws a continuation as HTML.
 """
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -33,7 +33,7 @@ from experiments.metrics import prompt_batch
 from workbench.errors import InputError
 from workbench.generation import generate_tokens
 
-__all__ = ["Continuations", "continue_under_hooks", "continue_with_ablation", "first_divergence", "highlighted_html"]
+__all__ = ["Continuations", "continue_under_hooks", "continue_with_ablation", "first_divergence"]
 
 TargetLike = Union[AblationTarget, tuple]
 
@@ -46,9 +46,10 @@ class Continuations:
     names what was ablated ("head L3H1", "attn_layer 2", "neuron L3N17", "expert L1E3").
 
     Example:
-        >>> result = continue_with_ablation(model, "The cat sat", [AblationTarget("head", 0, 1)])   # doctest: +SKIP
-        >>> result.clean_text, result.ablated_text, result.first_divergence                        # doctest: +SKIP
-        (' on the mat', ' on a mat', 1)
+        >>> result = continue_with_ablation(model, "The cat sat on the mat. The cat", [AblationTarget("head", 0, 3)],
+        ...                                 max_new_tokens=4)
+        >>> result.clean_text, result.ablated_text, result.first_divergence, result.targets
+        (' sat sat', ' sat on the', 2, ('head L0H3',))
     """
 
     prompt_tokens: tuple[int, ...]
@@ -74,7 +75,9 @@ class Continuations:
         """One row per step: each continuation's token, id and log-prob (missing past a run's end) and ``same``.
 
         Example:
-            >>> result.to_frame().columns.tolist()   # doctest: +SKIP
+            >>> result = continue_with_ablation(model, "The cat sat on the mat. The cat", [("head", 0, 3)],
+            ...                                 max_new_tokens=4)
+            >>> result.to_frame().columns.tolist()
             ['step', 'clean_token', 'clean_token_id', 'clean_logprob', 'ablated_token', 'ablated_token_id', 'ablated_logprob', 'same']
         """
         steps = max(len(self.clean_tokens), len(self.ablated_tokens))
@@ -119,7 +122,10 @@ def continue_under_hooks(model, tokens: Int[Tensor, "1 pos"], fwd_hooks: Sequenc
 
     Example:
         >>> zero = lambda z, hook: z.index_fill(2, torch.tensor([1]), 0.0)
-        >>> ids, logprobs = continue_under_hooks(model, model.to_tokens("The cat"), [("blocks.0.attn.hook_z", zero)])   # doctest: +SKIP
+        >>> ids, logprobs = continue_under_hooks(model, model.to_tokens("The cat"), [("blocks.0.attn.hook_z", zero)],
+        ...                                      max_new_tokens=4)
+        >>> model.to_string(ids), logprobs.shape   # with head L0H1 zeroed
+        (' ( ( " "', torch.Size([4]))
     """
     with model.hooks(fwd_hooks=list(fwd_hooks)):
         # step_logits: [batch, new, d_vocab], the logits each step chose from
@@ -175,9 +181,13 @@ def continue_with_ablation(model, prompt: TokensLike, targets: Sequence[TargetLi
     otherwise a sample after ``top_k`` filtering from ``seed``.
 
     Example:
-        >>> result = continue_with_ablation(model, "When Mary and John went to the store, John gave a drink to",
-        ...                                 [("head", 9, 6)], max_new_tokens=10)   # doctest: +SKIP
-        >>> result.to_frame().head()   # doctest: +SKIP
+        >>> result = continue_with_ablation(model, "The cat sat on the mat. The cat", [("head", 0, 3)], max_new_tokens=4)
+        >>> result.to_frame()[["step", "clean_token", "ablated_token", "same"]]
+           step clean_token ablated_token   same
+        0     0           s             s   True
+        1     1          at            at   True
+        2     2           s            on  False
+        3     3          at           the  False
     """
     targets = _as_targets(targets)
     batch = prompt_batch(model, prompt)
@@ -196,20 +206,3 @@ def continue_with_ablation(model, prompt: TokensLike, targets: Sequence[TargetLi
         clean_logprobs=tuple(clean_lp.tolist()), ablated_logprobs=tuple(ablated_lp.tolist()),
         first_divergence=first_divergence(clean_ids, ablated_ids), method=method,
         targets=tuple(_label(t) for t in targets))
-
-
-def highlighted_html(tokens: Sequence[str], start: Optional[int], color: str = "#fde68a") -> str:
-    """The tokens as HTML text, those from index ``start`` on (None: none) on a ``color`` background.
-
-    Token texts are escaped; each token is a ``span`` whose title is its index, so a hover tells
-    the step.
-
-    Example:
-        >>> highlighted_html(["a", " <b>"], 1)
-        '<span title="step 0">a</span><span title="step 1" style="background:#fde68a"> &lt;b&gt;</span>'
-    """
-    spans = []
-    for i, token in enumerate(tokens):
-        style = f' style="background:{color}"' if start is not None and i >= start else ""
-        spans.append(f'<span title="step {i}"{style}>{html.escape(token)}</span>')
-    return "".join(spans)

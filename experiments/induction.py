@@ -9,13 +9,12 @@ has one (else token 0), and r has no repeated token within a copy, so each token
 copy has exactly one earlier occurrence. An induction head attends from position i of the
 second copy (i in S+1 .. 2S) to the token after the earlier occurrence, i - S + 1.
 
-``python -m experiments.induction --model NAME --out DIR [--seq-len 50 --batch 10 --seed 0]``
-writes the scores (CSV/JSON, top heads first) and their heatmap (HTML), plus the loss table.
+Figures: ``experiments.plots.induction``. ``python -m experiments.induction --model NAME --out DIR
+[--seq-len 50 --batch 10 --seed 0]`` (``experiments.cli.induction``) writes the scores (CSV/JSON,
+top heads first) and their heatmap (HTML), plus the loss table.
 """
 
 from __future__ import annotations
-
-from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -25,18 +24,16 @@ from torch import Tensor
 
 from experiments._progress import Progress, ProgressArg
 from experiments.datasets import prefix_token, repeated_random_tokens  # the one implementation, re-exported here
-from experiments.figures import scores_heatmap
 
-__all__ = ["repeated_random_tokens", "prefix_token", "induction_scores", "induction_loss", "copy_losses",
-           "scores_heatmap", "top_heads"]
+__all__ = ["repeated_random_tokens", "prefix_token", "induction_scores", "induction_loss", "copy_losses", "top_heads"]
 
 
 def fitting_seq_len(model, wanted: int) -> int:
     """The largest seq_len <= ``wanted`` that ``repeated_random_tokens`` can build for this model.
 
     Example:
-        >>> fitting_seq_len(model_with_20_tokens, 25)   # doctest: +SKIP
-        19
+        >>> fitting_seq_len(model, 25), fitting_seq_len(model, 500)   # n_ctx 256 holds 1 + 2 * 127 tokens
+        (25, 127)
     """
     return max(1, min(wanted, model.cfg.d_vocab - 1, (model.cfg.n_ctx - 1) // 2))
 
@@ -61,8 +58,12 @@ def induction_scores(model, seq_len: int = 50, batch: int = 10, seed: int = 0,
     pattern is reduced as it is computed. ``progress`` reports layers done.
 
     Example:
-        >>> scores_LH = induction_scores(model, seq_len=50, batch=10)   # doctest: +SKIP
-        >>> top_heads(scores_LH, 5)                                       # doctest: +SKIP
+        >>> scores_LH = induction_scores(model, seq_len=20, batch=4)
+        >>> top_heads(scores_LH, 3).round(2)   # toy-attn-2l's induction heads are in layer 1
+           layer  head  score
+        0      1     0   0.88
+        1      1     1   0.86
+        2      1     2   0.74
     """
     tokens = repeated_random_tokens(model, seq_len, batch, seed)
     L = model.cfg.n_layers
@@ -85,8 +86,12 @@ def induction_loss(model, seq_len: int = 50, batch: int = 10, seed: int = 0) -> 
     an induction-capable model's loss falls on the second copy.
 
     Example:
-        >>> df = induction_loss(model)                                   # doctest: +SKIP
-        >>> df.groupby("copy").loss.mean()                               # doctest: +SKIP
+        >>> df = induction_loss(model, seq_len=20, batch=4)
+        >>> df.groupby("copy").loss.mean().round(1)
+        copy
+        first     7.8
+        second    1.2
+        Name: loss, dtype: float64
     """
     mean_P = _repeat_losses(model, seq_len, batch, seed).float().mean(0).cpu().numpy()
     return pd.DataFrame({
@@ -111,8 +116,8 @@ def copy_losses(model, seq_len: int = 50, batch: int = 10, seed: int = 0) -> dic
     far lower second-copy loss.
 
     Example:
-        >>> copy_losses(model)   # doctest: +SKIP
-        {'first_copy': 7.9, 'second_copy': 1.2}
+        >>> {name: round(loss, 1) for name, loss in copy_losses(model, seq_len=20, batch=4).items()}
+        {'first_copy': 7.8, 'second_copy': 0.8}
     """
     loss_BP = _repeat_losses(model, seq_len, batch, seed)
     # loss_BP[:, j] predicts token j + 1; the first copy is tokens 1..C, the second C+1..2C.
@@ -131,18 +136,6 @@ def top_heads(scores_LH: Float[Tensor, "n_layers n_heads"], k: int = 10) -> pd.D
     return pd.DataFrame({"layer": (flat // H).numpy(), "head": (flat % H).numpy(), "score": values.float().numpy()})
 
 
-def induction_loss_figure(loss_df: pd.DataFrame):
-    """Per-position loss of the first and second copy as two lines.
-
-    Example:
-        >>> induction_loss_figure(induction_loss(model))   # doctest: +SKIP
-    """
-    import plotly.express as px
-
-    fig = px.line(loss_df, x="position", y="loss", color="copy", title="Loss on repeated random tokens")
-    return fig
-
-
 @torch.no_grad()
 def induction_per_prompt(model, tokens: Tensor, seq_len: int) -> pd.DataFrame:
     """Each prompt's induction score per head on repeated random tokens [B, 1 + 2*seq_len]: DataFrame[prompt, layer, head, score].
@@ -150,7 +143,9 @@ def induction_per_prompt(model, tokens: Tensor, seq_len: int) -> pd.DataFrame:
     The mean over prompts is ``induction_scores`` (the same stripe, ``experiments.induction.induction_stripe``).
 
     Example:
-        >>> rows = induction_per_prompt(model, repeated_random_tokens(model, 50, 10), 50)   # doctest: +SKIP
+        >>> rows = induction_per_prompt(model, repeated_random_tokens(model, 20, batch=4), 20)
+        >>> rows.shape, round(float(rows.groupby(["layer", "head"]).score.mean().max()), 2)   # 4 prompts x 8 heads
+        ((32, 4), 0.88)
     """
     L, H, B = model.cfg.n_layers, model.cfg.n_heads, tokens.shape[0]
     scores_LBH = torch.zeros(L, B, H)
@@ -169,7 +164,9 @@ def induction_loss_per_prompt(model, tokens: Tensor, seq_len: int) -> pd.DataFra
     """Each prompt's next-token loss on both copies: DataFrame[prompt, position, copy, loss] (mean over prompts: ``induction_loss``).
 
     Example:
-        >>> rows = induction_loss_per_prompt(model, repeated_random_tokens(model, 50, 10), 50)   # doctest: +SKIP
+        >>> rows = induction_loss_per_prompt(model, repeated_random_tokens(model, 20, batch=4), 20)
+        >>> rows.shape, rows.columns.tolist()   # 4 prompts x 2 copies x 20 positions
+        ((160, 4), ['prompt', 'position', 'copy', 'loss'])
     """
     loss_BP = model(tokens, return_type="loss", loss_per_token=True).float().cpu()
     B = tokens.shape[0]
@@ -178,39 +175,7 @@ def induction_loss_per_prompt(model, tokens: Tensor, seq_len: int) -> pd.DataFra
                          "loss": loss_BP.reshape(-1).numpy()})
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    from experiments import _cli
+if __name__ == "__main__":  # the command line lives in experiments.cli.induction
+    from experiments._cli import run_command
 
-    parser = _cli.make_parser("Induction scores on repeated random tokens, and the loss on each copy.",
-                              "induction", per_prompt=True)
-    parser.add_argument("--seq-len", type=int, default=50)
-    parser.add_argument("--batch", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    model = _cli.load(args)
-    if _cli.sharded(args):  # per sequence, then the means over sequences
-        from experiments import distributed
-
-        tokens = repeated_random_tokens(model, args.seq_len, args.batch, args.seed)
-        with _cli.worker_pool(args) as pool:
-            rows = pool.run(induction_per_prompt, tokens, progress=not args.no_progress, seq_len=args.seq_len)
-            loss_rows = pool.run(induction_loss_per_prompt, tokens, progress=False, seq_len=args.seq_len)
-        means = distributed.mean_over_prompts(rows, ["layer", "head"])
-        scores = torch.tensor(means["score"].to_numpy()).view(model.cfg.n_layers, model.cfg.n_heads)
-        loss = distributed.mean_over_prompts(loss_rows, ["position", "copy"])
-    else:
-        scores = induction_scores(model, args.seq_len, args.batch, args.seed, progress=not args.no_progress)
-        loss = induction_loss(model, args.seq_len, args.batch, args.seed)
-    table = top_heads(scores, scores.numel())
-    params = {"seq_len": args.seq_len, "batch": args.batch, "seed": args.seed}
-    _cli.write_outputs(args.out, "induction", table, scores_heatmap(scores, "Induction score"),
-                       {"experiment": "induction", "model": args.model, **params,
-                        "mean_loss_by_copy": loss.groupby("copy").loss.mean().to_dict()})
-    _cli.write_outputs(args.out, "induction_loss", loss, induction_loss_figure(loss),
-                       {"experiment": "induction_loss", "model": args.model, **params})
-
-
-if __name__ == "__main__":
-    from experiments._cli import run_main
-
-    run_main(main)
+    run_command("induction")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import workbench as wb
-from experiments import ioi
+from experiments.cli import ioi
 from experiments.datasets import ioi_dataset
 
 N = 4

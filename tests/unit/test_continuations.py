@@ -16,7 +16,8 @@ import torch
 import workbench as wb
 from experiments import continuations
 from experiments.ablation import AblationTarget
-from experiments.continuations import continue_with_ablation, first_divergence, highlighted_html
+from experiments.continuations import continue_with_ablation, first_divergence
+from experiments.plots.continuations import highlighted_html
 from tests.unit.helpers import make_model
 
 PROMPT = torch.tensor([[3, 17, 5, 42, 8, 11]])

@@ -13,10 +13,11 @@ import tokenizers
 import torch
 
 import workbench as wb
-from experiments import ablation, attention, detectors, heads, induction, lens, patching, router
-from experiments.attention import (attention_patterns, head_summary, layer_patterns_figure, pattern_figure,
-                                   pattern_grid_figure)
-from experiments.figures import scores_heatmap
+from experiments import ablation, heads, lens, patching, router
+from experiments.attention import attention_patterns, head_summary
+from experiments.cli import attention, detectors, induction
+from experiments.plots.attention import layer_patterns_figure, pattern_figure, pattern_grid_figure
+from experiments.plots.common import scores_heatmap
 from tests.unit.helpers import make_model
 from workbench.tokenizer import SpecialTokens, Tokenizer
 

@@ -1,0 +1,183 @@
+"""Figures of attention patterns (``experiments.attention`` computes them): one head, a layer, the layer x head grid.
+
+Legend: H n_heads, L n_layers, P position, S key position.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from jaxtyping import Float
+from plotly.subplots import make_subplots
+from torch import Tensor
+
+from experiments._tokens import axis_labels
+from experiments.plots.common import labelled_heatmap, to_numpy
+from workbench.errors import InputError
+
+# Past this many tokens the per-token tick labels of a layer's subplots overlap, so they are left off.
+MAX_LABELLED_TOKENS = 40
+KEY_LABEL_PX = 75  # room under each row of subplots for the rotated key labels
+
+
+def pattern_figure(pattern_PS: Float[Tensor, "pos key_pos"], str_tokens: Sequence[str], title: str = "") -> go.Figure:
+    """One head's pattern as a heatmap: queries down, keys across, token labels on both axes.
+
+    Example:
+        >>> from experiments.attention import attention_patterns
+        >>> fig = pattern_figure(attention_patterns(model, tokens)[1, 2], model.to_str_tokens(tokens), "L1H2")
+        >>> fig.data[0].z.shape, fig.data[0].x[:2]
+        ((14, 14), ("0: '<|endoftext|>'", "1: 'The'"))
+    """
+    z = to_numpy(pattern_PS)
+    if z.ndim != 2 or z.shape[0] != len(str_tokens) or z.shape[1] != len(str_tokens):
+        raise InputError(f"pattern of shape {z.shape} does not match {len(str_tokens)} tokens")
+    labels = axis_labels(list(str_tokens))
+    fig = labelled_heatmap(z, labels, labels, title=title, x_title="key", y_title="query",
+                           value_name="attention", colorscale="Blues")
+    fig.update_layout(height=max(350, 18 * len(labels) + 150), width=max(450, 18 * len(labels) + 250))
+    return fig
+
+
+def _tile_labels(tile_names: Sequence[str], letter: str, size: int, gap: int) -> list[str]:
+    """One category label per column (or row) of a tiled grid: "H3 k12" inside a tile, "gap 7" between tiles.
+
+    Example:
+        >>> _tile_labels(["H0", "H1"], "k", size=2, gap=1)
+        ['H0 k0', 'H0 k1', 'gap 2', 'H1 k0', 'H1 k1']
+    """
+    labels = []
+    for index in range(len(tile_names) * (size + gap) - gap):
+        tile, offset = divmod(index, size + gap)
+        labels.append(f"{tile_names[tile]} {letter}{offset}" if offset < size else f"gap {index}")
+    return labels
+
+
+def pattern_grid_figure(
+    patterns_LHPS: Float[Tensor, "n_layers n_heads pos key_pos"],
+    str_tokens: Optional[Sequence[str]] = None,
+    layers: Optional[Sequence[int]] = None,
+    light: bool = False,
+) -> go.Figure:
+    """A layer x head grid of small pattern heatmaps, drawn as one tiled heatmap (fast even for 270 heads).
+
+    Tiles are separated by blank gaps; the hover names layer, head, query and key positions, and
+    the title lists the tokens by position.
+
+    ``light=True`` makes the figure the dashboard sends to the browser: the hover reads category
+    labels of the axes ("L5 q7" down, "H3 k12" across, "gap i" between tiles) instead of a
+    per-cell ``customdata`` array, and values travel as float32. That array is float64 and four
+    numbers a cell (15 MB for six SmolLM2 layers at 64 tokens, seconds for the browser to
+    receive); without it only the values travel, at 4 bytes a cell. The default keeps numeric
+    axes and the customdata hover (the ``python -m experiments.attention`` HTML file).
+
+    Example:
+        >>> fig = pattern_grid_figure(torch.full((1, 2, 3, 3), 1 / 3), light=True)
+        >>> list(fig.data[0].x), fig.data[0].z.dtype
+        (['H0 k0', 'H0 k1', 'H0 k2', 'gap 3', 'H1 k0', 'H1 k1', 'H1 k2'], dtype('float32'))
+    """
+    p = to_numpy(patterns_LHPS)
+    if p.ndim != 4:
+        raise InputError(f"expected patterns [n_layers, n_heads, q, k], got shape {p.shape}")
+    layers = list(range(p.shape[0])) if layers is None else list(layers)
+    n_heads, n_queries, n_keys = p.shape[1], p.shape[2], p.shape[3]
+    gap = max(1, n_queries // 8)
+    rows, cols = len(layers) * (n_queries + gap) - gap, n_heads * (n_keys + gap) - gap
+    z = np.full((rows, cols), np.nan, dtype=np.float32 if light else np.float64)
+    for r, layer in enumerate(layers):
+        for h in range(n_heads):
+            top, left = r * (n_queries + gap), h * (n_keys + gap)
+            z[top:top + n_queries, left:left + n_keys] = p[layer, h]
+    title = "Attention patterns (rows: layers, columns: heads)"
+    if str_tokens is not None:
+        if len(str_tokens) != n_keys:
+            raise InputError(f"{len(str_tokens)} string tokens for patterns over {n_keys} positions")
+        # Per-cell token hovers would weigh megabytes for a 270-head grid; the positions key is in the title.
+        key = " ".join(f"{i}:{t!r}" for i, t in enumerate(str_tokens))
+        title += "<br><sup>" + (key if len(key) <= 160 else key[:157] + "...") + "</sup>"
+    # Ticks name each tile at its middle column (row): a position on numeric axes, that column's
+    # (row's) label on category axes.
+    x_ticks = [h * (n_keys + gap) + n_keys / 2 for h in range(n_heads)]
+    y_ticks = [r * (n_queries + gap) + n_queries / 2 for r in range(len(layers))]
+    if light:
+        x = _tile_labels([f"H{h}" for h in range(n_heads)], "k", n_keys, gap)
+        y = _tile_labels([f"L{layer}" for layer in layers], "q", n_queries, gap)
+        heatmap = go.Heatmap(z=z, x=x, y=y, hovertemplate="%{y}<br>%{x}<br>attention=%{z:.3f}<extra></extra>")
+        x_ticks, y_ticks = [x[int(t)] for t in x_ticks], [y[int(t)] for t in y_ticks]
+    else:
+        heatmap = go.Heatmap(z=z, customdata=_grid_customdata(layers, n_heads, n_queries, n_keys, gap),
+                             hovertemplate="L%{customdata[0]}H%{customdata[1]}<br>query %{customdata[2]}"
+                                           "<br>key %{customdata[3]}<br>attention=%{z:.3f}<extra></extra>")
+    heatmap.update(colorscale="Blues", zmin=0, zmax=1, hoverongaps=False, colorbar=dict(title="attention"))
+    fig = go.Figure(heatmap)
+    axis_type = dict(type="category") if light else {}
+    fig.update_xaxes(tickmode="array", tickvals=x_ticks, ticktext=[f"H{h}" for h in range(n_heads)],
+                     showgrid=False, **axis_type)
+    fig.update_yaxes(tickmode="array", tickvals=y_ticks, ticktext=[f"L{layer}" for layer in layers],
+                     autorange="reversed", showgrid=False, **axis_type)
+    fig.update_layout(title=title,
+                      height=max(400, 60 * len(layers) + 150), width=max(500, 70 * n_heads + 200),
+                      plot_bgcolor="white")
+    return fig
+
+
+def _grid_customdata(layers: Sequence[int], n_heads: int, n_queries: int, n_keys: int, gap: int) -> np.ndarray:
+    """Each cell's (layer, head, query, key) for the tiled grid's hover, NaN in the gaps: [rows, cols, 4].
+
+    Numeric, so building it is vectorised.
+    """
+    rows, cols = len(layers) * (n_queries + gap) - gap, n_heads * (n_keys + gap) - gap
+    custom = np.full((rows, cols, 4), np.nan)
+    query_grid, key_grid = np.meshgrid(np.arange(n_queries), np.arange(n_keys), indexing="ij")
+    for r, layer in enumerate(layers):
+        for h in range(n_heads):
+            top, left = r * (n_queries + gap), h * (n_keys + gap)
+            custom[top:top + n_queries, left:left + n_keys] = np.stack(
+                [np.full_like(query_grid, layer), np.full_like(query_grid, h), query_grid, key_grid], axis=-1)
+    return custom
+
+
+def layer_patterns_figure(
+    patterns_HPS: Float[Tensor, "n_heads pos key_pos"], str_tokens: Sequence[str], layer: int,
+    key_labels: bool = False,
+) -> go.Figure:
+    """Every head of one layer side by side (up to four per row), token labels on the axes.
+
+    Query (y) labels are shown up to ``MAX_LABELLED_TOKENS`` tokens. ``key_labels=True`` shows the
+    key (x) labels too, rotated, within the same limit; each row's bottom edge is lifted by
+    ``KEY_LABEL_PX`` (and the figure made that much taller per row) so they do not run into the
+    titles of the row below.
+
+    Example:
+        >>> fig = layer_patterns_figure(torch.full((2, 3, 3), 1 / 3), ["a", "b", "c"], 0, key_labels=True)
+        >>> fig.layout.height, fig.layout.xaxis.showticklabels
+        (475, True)
+    """
+    p = to_numpy(patterns_HPS)
+    if p.ndim != 3:
+        raise InputError(f"expected one layer's patterns [n_heads, q, k], got shape {p.shape}")
+    n_heads = p.shape[0]
+    n_cols = min(4, n_heads)
+    n_rows = (n_heads + n_cols - 1) // n_cols
+    labels = axis_labels(list(str_tokens))
+    labelled = len(labels) <= MAX_LABELLED_TOKENS
+    show_keys = key_labels and labelled
+    height = 300 * n_rows + 100 + (KEY_LABEL_PX * n_rows if show_keys else 0)
+    fig = make_subplots(rows=n_rows, cols=n_cols, subplot_titles=[f"L{layer}H{h}" for h in range(n_heads)],
+                        horizontal_spacing=0.03, vertical_spacing=0.06)
+    if show_keys:
+        for axis in fig.select_yaxes():
+            bottom, top = axis.domain
+            axis.domain = (min(bottom + KEY_LABEL_PX / height, top - 0.01), top)
+    for h in range(n_heads):
+        fig.add_trace(go.Heatmap(z=p[h], x=labels, y=labels, coloraxis="coloraxis",
+                                 hovertemplate="query %{y}<br>key %{x}<br>attention=%{z:.3f}<extra></extra>"),
+                      row=h // n_cols + 1, col=h % n_cols + 1)
+    fig.update_yaxes(autorange="reversed", showticklabels=labelled)
+    key_style = dict(tickangle=-90, tickfont=dict(size=9)) if show_keys else {}
+    fig.update_xaxes(showticklabels=show_keys, **key_style)
+    fig.update_layout(title=f"Layer {layer}: every head", coloraxis=dict(colorscale="Blues", cmin=0, cmax=1),
+                      height=height, width=300 * n_cols + 150)
+    return fig
