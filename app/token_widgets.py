@@ -10,7 +10,7 @@ import streamlit as st
 from app.state import LoadedModel
 from app.url_state import linked
 from experiments import neurons
-from experiments.token_view import html_document
+from experiments.plots.token_view import html_document
 
 _NEURON_KEY = "neurons_neuron"
 
@@ -53,7 +53,7 @@ def choose_neuron(loaded: LoadedModel) -> tuple[neurons.MLPUnit, int]:
 
 
 def token_text(fragment: str, name: str, key: str, title: str) -> None:
-    """An HTML fragment of coloured tokens (``experiments.token_view.token_html``) under ``key``, with a
+    """An HTML fragment of coloured tokens (``experiments.plots.token_view.token_html``) under ``key``, with a
     download of it as a standalone page.
 
     Example:

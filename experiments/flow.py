@@ -33,7 +33,6 @@ The command line is ``experiments.cli.flow``, the figures ``experiments.plots.fl
 
 from __future__ import annotations
 
-import importlib
 import runpy
 from dataclasses import dataclass
 from typing import Optional
@@ -387,15 +386,6 @@ def vocab_projection(model, tokens: TokensLike, layer: int, position: int, block
     return promoted_and_suppressed(model, normed_D.float() @ model.W_U.float(), k)
 
 
-# Moved by issue 32: the figures to experiments.plots.flow, the command line to experiments.cli.flow. Read from
-# here too (lazily: computing needs no plotly) until app/ and the tests that still do import them there.
-_MOVED_TO = {"flow_figure": "experiments.plots.flow", "main": "experiments.cli.flow"}
-
-
-def __getattr__(name: str):
-    if name not in _MOVED_TO:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_MOVED_TO[name]), name)
 
 
 if __name__ == "__main__":  # python -m experiments.flow: the command line is experiments.cli.flow

@@ -16,7 +16,6 @@ The command line is ``experiments.cli.heads``.
 
 from __future__ import annotations
 
-import importlib
 import runpy
 from typing import Literal
 
@@ -127,15 +126,6 @@ def composition_scores(model, kind: Literal["Q", "K", "V"] = "Q") -> Float[Tenso
     return scores.float()
 
 
-# Moved by issue 32: the command line to experiments.cli.heads. Read from here too until the tests that still do
-# import it there.
-_MOVED_TO = {"main": "experiments.cli.heads"}
-
-
-def __getattr__(name: str):
-    if name not in _MOVED_TO:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_MOVED_TO[name]), name)
 
 
 if __name__ == "__main__":  # python -m experiments.heads: the command line is experiments.cli.heads

@@ -26,7 +26,6 @@ The command line is ``experiments.cli.lens``, the figures ``experiments.plots.le
 
 from __future__ import annotations
 
-import importlib
 import runpy
 from typing import Optional
 
@@ -298,16 +297,6 @@ def direct_logit_attribution(model, tokens: TokensLike, target_token: TokenIds, 
     return table
 
 
-# Moved by issue 32: the figures to experiments.plots.lens, the command line to experiments.cli.lens. Read from
-# here too (lazily: computing needs no plotly) until app/ and the tests that still do import them there.
-_MOVED_TO = {"logit_lens_figure": "experiments.plots.lens", "dla_figure": "experiments.plots.lens",
-             "main": "experiments.cli.lens"}
-
-
-def __getattr__(name: str):
-    if name not in _MOVED_TO:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_MOVED_TO[name]), name)
 
 
 if __name__ == "__main__":  # python -m experiments.lens: the command line is experiments.cli.lens

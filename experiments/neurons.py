@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import json
 import math
 import os
@@ -422,12 +421,3 @@ def top_windows(model, maxima: CorpusMaxima, neuron: int, k: int = 10) -> pd.Dat
     return pd.DataFrame(rows, columns=["rank", "window", "position", "token", "max_activation", "text"])
 
 
-# Moved by issue 32: the HTML to experiments.plots.neurons. Read from here too (lazily) until app/ and the tests
-# that still do import it there.
-_MOVED_TO = {"top_windows_html": "experiments.plots.neurons"}
-
-
-def __getattr__(name: str):
-    if name not in _MOVED_TO:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_MOVED_TO[name]), name)

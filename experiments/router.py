@@ -15,7 +15,6 @@ The command line is ``experiments.cli.router``, the figures ``experiments.plots.
 
 from __future__ import annotations
 
-import importlib
 import runpy
 
 import pandas as pd
@@ -259,16 +258,6 @@ def expert_ablation_effect(model, tokens: TokensLike, layer: int, expert: int) -
     return {"clean_loss": clean, "ablated_loss": ablated, "delta": ablated - clean}
 
 
-# Moved by issue 32: the figures to experiments.plots.router, the command line to experiments.cli.router. Read from
-# here too (lazily: computing needs no plotly) until app/ and the tests that still do import them there.
-_MOVED_TO = {"expert_load_figure": "experiments.plots.router", "shared_vs_routed_figure": "experiments.plots.router",
-             "main": "experiments.cli.router"}
-
-
-def __getattr__(name: str):
-    if name not in _MOVED_TO:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_MOVED_TO[name]), name)
 
 
 if __name__ == "__main__":  # python -m experiments.router: the command line is experiments.cli.router

@@ -20,26 +20,6 @@ from workbench.errors import InputError
 
 Direction = Literal["from_selected", "to_selected"]
 DIRECTIONS: tuple[str, ...] = ("from_selected", "to_selected")
-# The HTML helpers' old address, kept while modules not yet moved (experiments.neurons) import them from here.
-_MOVED_TO_PLOTS = ("token_html", "html_document", "visible_token")
-
-
-def __getattr__(name: str):
-    """``token_html``, ``html_document`` and ``visible_token`` from ``experiments.plots.token_view`` (their home).
-
-    Transitional (issue 32): delete once nothing imports them from ``experiments.token_view``.
-
-    Example:
-        >>> __getattr__("html_document").__module__
-        'experiments.plots.token_view'
-    """
-    if name in _MOVED_TO_PLOTS:
-        from experiments.plots import token_view
-
-        return getattr(token_view, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def selected_attention(patterns_LHPS: Float[Tensor, "n_layers n_heads pos key_pos"], layer: int, head: Optional[int],
                        token: int, direction: Direction = "from_selected") -> Float[Tensor, "pos"]:
     """The attention between the selected ``token`` and every position, for one head or (``head=None``)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterator, Mapping, Optional, Protocol, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Protocol
 
 import torch
 from torch import Tensor

@@ -12,8 +12,8 @@ from app.token_widgets import choose_neuron, token_text
 from app.url_state import linked
 from app.widgets import Prompt, page_setup, progress_callback, prompt_box, require_model, run_page
 from experiments import neurons
-from experiments.figures import signed_token_bars
-from experiments.token_view import token_html
+from experiments.plots.common import signed_token_bars
+from experiments.plots.token_view import token_html
 
 TOP_K = 10
 WINDOW_LENGTHS = (32, 64, 128)

@@ -15,7 +15,8 @@ from app.ablation_picker import choose_method, choose_targets, reference_rows
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import Prompt, page_setup, prompt_box, require_model, run_page
-from experiments.continuations import Continuations, highlighted_html
+from experiments.continuations import Continuations
+from experiments.plots.continuations import highlighted_html
 
 GREEDY, SAMPLE = "Greedy", "Sample"
 MAX_NEW_TOKENS = 64

@@ -15,7 +15,7 @@ from app import downloads, results
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import Prompt, guarded, layer_picker, page_setup, prompt_box, require_model, run_page
-from experiments import attention
+from experiments.plots import attention as attention_plots
 
 # The grid sends every pattern value to the browser; past this many cells it draws fewer
 # layers by default (the user can widen the range) so the page stays quick. At 250,000 cells a
@@ -28,7 +28,7 @@ GRID_CELL_BUDGET = 150_000
 def _layer_view(loaded: LoadedModel, prompt: Prompt, patterns_LHPS: torch.Tensor) -> None:
     st.subheader("One layer, every head")
     layer = layer_picker(loaded, key="attention_layer")
-    fig = attention.layer_patterns_figure(patterns_LHPS[layer], prompt.str_tokens, layer, key_labels=True)
+    fig = attention_plots.layer_patterns_figure(patterns_LHPS[layer], prompt.str_tokens, layer, key_labels=True)
     downloads.figure(fig, f"attention_layer{layer}", key="layer_patterns")
 
     # Drawn on request: each plotly figure costs the browser 0.15-0.25 s, and the prompt-change re-render
@@ -36,7 +36,7 @@ def _layer_view(loaded: LoadedModel, prompt: Prompt, patterns_LHPS: torch.Tensor
     head = linked(st.selectbox, "Look closer at one head of this layer", options=[None, *range(loaded.model.cfg.n_heads)],
                   format_func=lambda h: "choose a head" if h is None else f"L{layer}H{h}", key="attention_focus_head")
     if head is not None:
-        focus = attention.pattern_figure(patterns_LHPS[layer, head], prompt.str_tokens, f"L{layer}H{head}")
+        focus = attention_plots.pattern_figure(patterns_LHPS[layer, head], prompt.str_tokens, f"L{layer}H{head}")
         downloads.figure(focus, f"attention_L{layer}H{head}", key="focus_pattern", stretch=False)
 
 
@@ -58,7 +58,7 @@ def _grid(loaded: LoadedModel, prompt: Prompt, patterns_LHPS: torch.Tensor) -> N
                              key="attention_grid_layers",
                                 help="Each tile is one head's pattern (queries down, keys across).")
     # light: hover labels on the axes and float32 values, a fraction of the default figure's payload.
-    fig = attention.pattern_grid_figure(patterns_LHPS, prompt.str_tokens, layers=range(first, last + 1), light=True)
+    fig = attention_plots.pattern_grid_figure(patterns_LHPS, prompt.str_tokens, layers=range(first, last + 1), light=True)
     downloads.figure(fig, f"attention_grid_L{first}-{last}", key="pattern_grid")
 
 

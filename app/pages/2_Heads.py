@@ -14,8 +14,8 @@ from app import downloads, results
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import Prompt, guarded, head_picker, page_setup, progress_callback, prompt_box, require_model, run_page
-from experiments import attention
-from experiments.figures import scores_heatmap
+from experiments.plots.attention import pattern_figure
+from experiments.plots.common import scores_heatmap
 
 # column -> (tab title, colour scale, centre of the scale); signed scores get a diverging scale.
 SCORES = {
@@ -53,7 +53,7 @@ def _side_by_side(loaded: LoadedModel, prompt: Prompt, table: pd.DataFrame) -> N
                                         (right, "Right", "heads_right", defaults[1])):
         with column:
             layer, head = head_picker(loaded, label, key=key, default=default)
-            fig = attention.pattern_figure(patterns_LHPS[layer, head], prompt.str_tokens, f"L{layer}H{head}")
+            fig = pattern_figure(patterns_LHPS[layer, head], prompt.str_tokens, f"L{layer}H{head}")
             downloads.figure(fig, f"pattern_L{layer}H{head}", key=f"{key}_pattern")
 
 

@@ -13,6 +13,8 @@ from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import page_setup, progress_callback, require_model, run_page
 from experiments import induction
+from experiments.plots.common import scores_heatmap
+from experiments.plots.induction import induction_loss_figure
 
 
 def _settings(loaded: LoadedModel) -> tuple[int, int, int]:
@@ -44,7 +46,7 @@ def main() -> None:
     scores_LH = results.induction_scores(loaded, seq_len, batch, seed, bar=progress_callback)
     left, right = st.columns([3, 2])
     with left:
-        fig = induction.scores_heatmap(scores_LH, f"Induction score ({batch} x 2 x {seq_len} random tokens)")
+        fig = scores_heatmap(scores_LH, f"Induction score ({batch} x 2 x {seq_len} random tokens)")
         downloads.figure(fig, "induction_scores", key="induction_scores", stretch=False)
     with right:
         st.markdown("**Top heads**")
@@ -57,7 +59,7 @@ def main() -> None:
     cols[0].metric("Mean loss, first copy", f"{means['first']:.3f}")
     cols[1].metric("Mean loss, second copy", f"{means['second']:.3f}",
                    delta=f"{means['second'] - means['first']:+.3f}", delta_color="inverse")
-    downloads.figure(induction.induction_loss_figure(loss), "induction_loss", key="induction_loss")
+    downloads.figure(induction_loss_figure(loss), "induction_loss", key="induction_loss")
     downloads.table(loss, "induction_loss", key="induction_loss_table", height=250)
 
 

@@ -13,7 +13,7 @@ import torch
 from app import downloads, results
 from app.ablation_picker import choose_method, choose_targets, reference_rows
 from app.widgets import page_setup, progress_callback, prompt_box, require_model, run_page
-from experiments.figures import scores_heatmap, signed_token_bars
+from experiments.plots.common import scores_heatmap, signed_token_bars
 
 
 def _effects_view(per_token: pd.DataFrame, top: pd.DataFrame) -> None:

@@ -11,7 +11,7 @@ from app import downloads, results
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import Prompt, page_setup, prompt_box, require_model, run_page
-from experiments import lens
+from experiments.plots import lens as lens_plots
 
 
 def _token_id(loaded: LoadedModel, text: str, what: str) -> int:
@@ -43,7 +43,7 @@ def _attribution(loaded: LoadedModel, prompt: Prompt, table: pd.DataFrame) -> No
     title = f"Direct logit attribution of {target_name!r}" + (f" minus {baseline_text!r}" if baseline_text else "")
     st.caption(f"Top predictions here: {', '.join(repr(t) for t in top_tokens)}")
     dla = results.direct_logit_attribution(loaded, prompt.ids, target, baseline, position)
-    downloads.figure(lens.dla_figure(dla, title), "direct_logit_attribution", key="dla")
+    downloads.figure(lens_plots.dla_figure(dla, title), "direct_logit_attribution", key="dla")
     st.caption(f"The components sum exactly to the logit difference {dla.attrs['logit_diff']:.4f}; "
                f"weights: {dla.attrs['weights']} (the final norm is read from the model either way).")
     downloads.table(dla.sort_values("attribution", key=abs, ascending=False), "direct_logit_attribution",
@@ -61,7 +61,7 @@ def main() -> None:
     table = results.logit_lens(loaded, prompt.ids, top_k)
     st.caption("Rows: the residual stream entering each layer, read through the final norm and unembedding; "
                "the last row is the model's own prediction. Cells show the top token, coloured by its probability.")
-    downloads.figure(lens.logit_lens_figure(table, prompt.str_tokens), "logit_lens", key="logit_lens", stretch=False)
+    downloads.figure(lens_plots.logit_lens_figure(table, prompt.str_tokens), "logit_lens", key="logit_lens", stretch=False)
     with st.expander("All top-k tokens as a table"):
         downloads.table(table, "logit_lens", key="logit_lens_table", height=300)
     _attribution(loaded, prompt, table)

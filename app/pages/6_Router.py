@@ -17,7 +17,7 @@ from app import downloads, results
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import Prompt, page_setup, prompt_box, require_model, run_page
-from experiments import router
+from experiments.plots import router as router_plots
 
 
 def _ablation(loaded: LoadedModel, ids: tuple[int, ...]) -> None:
@@ -58,7 +58,7 @@ def _shared_experts(shared: pd.DataFrame, prompt: Prompt) -> None:
     st.caption("What each layer's MLP writes to the residual stream, split into the shared expert every token runs "
                "(its gate included) and the weighted sum of the routed experts: L2 norms at each position, and the "
                "shared expert's share |shared| / (|routed| + |shared|).")
-    downloads.figure(router.shared_vs_routed_figure(shared, prompt.str_tokens), "shared_vs_routed",
+    downloads.figure(router_plots.shared_vs_routed_figure(shared, prompt.str_tokens), "shared_vs_routed",
                      key="shared_vs_routed")
     downloads.table(shared, "shared_vs_routed", key="shared_vs_routed_table", height=200)
 
@@ -79,7 +79,7 @@ def main() -> None:
     st.caption(_routing_caption(cfg))
     left, right = st.columns([3, 2])
     with left:
-        downloads.figure(router.expert_load_figure(load), "expert_load", key="expert_load")
+        downloads.figure(router_plots.expert_load_figure(load), "expert_load", key="expert_load")
     with right:
         scores = ("sigmoid scores normalised to sum to one" if cfg.moe.router_scoring == "sigmoid"
                   else "softmax over all experts' logits")

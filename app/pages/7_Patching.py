@@ -21,7 +21,7 @@ from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import MAX_PROMPT_TOKENS, page_setup, progress_callback, require_model, run_page
 from experiments import patching
-from experiments.attention import pattern_figure
+from experiments.plots.attention import pattern_figure
 
 DEFAULT_CLEAN = "When Mary and John went to the store, John gave a drink to"
 DEFAULT_CORRUPT = "When Mary and John went to the store, Mary gave a drink to"

@@ -15,7 +15,9 @@ from app import downloads, results, url_state
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import Prompt, page_setup, progress_callback, prompt_box, require_model, run_page
-from experiments import attention, flow
+from experiments import flow
+from experiments.plots.flow import flow_figure
+from experiments.plots.attention import pattern_figure
 
 PICK_KEY, CHART_KEY = "flow_pick", "flow_graph"
 CLICKED_KEY = "_flow_clicked"  # the graph item clicked last, applied to the "Inspect" box on the next run
@@ -82,7 +84,7 @@ def _edge_view(loaded: LoadedModel, prompt: Prompt, contributions, edge: pd.Seri
     shown = heads.head(TOP_HEADS_SHOWN)
     for rank, (column, head, share) in enumerate(zip(st.columns(len(shown)), shown["head"], shown["importance"])):
         with column:  # the strongest heads' patterns, strongest first
-            fig = attention.pattern_figure(patterns_LHPS[layer, int(head)], prompt.str_tokens,
+            fig = pattern_figure(patterns_LHPS[layer, int(head)], prompt.str_tokens,
                                            f"L{layer}H{head} (carries {share:.3f} of the edge)")
             downloads.figure(fig, f"flow_pattern_L{layer}H{head}", key=f"flow_pattern_{rank}")
 
@@ -131,7 +133,7 @@ def main() -> None:
                "(squares); edges are attention (blue, a token read by another), residual (grey) and MLP (orange), "
                "wider and darker with their importance. Hover an edge's midpoint for the heads that carry it.")
     title = f"Information flow into {position} {prompt.str_tokens[position]!r} (importance ≥ {threshold:.2f})"
-    downloads.figure(flow.flow_figure(nodes, edges, prompt.str_tokens, contributions.n_layers, title),
+    downloads.figure(flow_figure(nodes, edges, prompt.str_tokens, contributions.n_layers, title),
                      "information_flow", key=CHART_KEY, stretch=False, on_select=_remember_click)
     picked = _pick(nodes, edges)
     if picked is not None:

@@ -19,6 +19,7 @@ from app.token_widgets import choose_neuron, token_text
 from app.url_state import linked
 from app.widgets import Prompt, page_setup, prompt_box, require_model, run_page
 from experiments import token_view
+from experiments.plots.token_view import token_html
 
 MODES = {"attention": "Attention", "neuron": "A neuron's activation", "ablation": "Loss change under an ablation"}
 DIRECTION_LABELS = {"from_selected": "Paid by the selected token (its row)",
@@ -96,7 +97,7 @@ def main() -> None:
         value = values[token]
         st.metric(f"{value_name.capitalize()} at the selected token", "none" if math.isnan(value) else f"{value:.4f}")
         st.metric("Selected token", f"{token}: {prompt.str_tokens[token]!r}")
-    token_text(token_view.token_html(prompt.str_tokens, values, selected=token, value_name=value_name), name,
+    token_text(token_html(prompt.str_tokens, values, selected=token, value_name=value_name), name,
                key="token_view_text", title=f"Token view: {name}")
     downloads.table(token_view.token_values(prompt.str_tokens, values, value_name), name, key="token_view_values",
                     height=250)

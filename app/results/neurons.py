@@ -12,6 +12,7 @@ from app.results.long_runs import LongRun, ProgressBar
 from app.results.models import BY_MODEL_KEY
 from app.state import LoadedModel
 from experiments import neurons
+from experiments.plots.neurons import top_windows_html
 
 
 @st.cache_data(show_spinner="Reading the neuron …", max_entries=64, hash_funcs=BY_MODEL_KEY)
@@ -83,4 +84,4 @@ def neuron_top_windows(loaded: LoadedModel, maxima: "neurons.CorpusMaxima", neur
         2
     """
     table = neurons.top_windows(loaded.model, maxima, neuron, k=k)
-    return table, neurons.top_windows_html(loaded.model, maxima, table)
+    return table, top_windows_html(loaded.model, maxima, table)

@@ -10,7 +10,6 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-import torch
 from jaxtyping import Float
 from torch import Tensor
 

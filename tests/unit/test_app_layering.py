@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.attention import layer_patterns_figure, pattern_grid_figure
+from experiments.plots.attention import layer_patterns_figure, pattern_grid_figure
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "app"
@@ -27,9 +27,9 @@ APP_MODULES = ["app"] + sorted([f"app.{path.stem}" for path in APP.glob("*.py") 
                                + ["app.results"] + [f"app.results.{path.stem}" for path in RESULTS.glob("[!_]*.py")])
 # What the pages import besides app modules.
 PAGE_HELPERS = ["experiments.ablation", "experiments.attention", "experiments.continuations", "experiments.datasets",
-                "experiments.figures", "experiments.flow", "experiments.heads", "experiments.induction",
+                "experiments.flow", "experiments.heads", "experiments.induction",
                 "experiments.lens", "experiments.neurons", "experiments.patching", "experiments.router",
-                "experiments.token_view"]
+                "experiments.token_view", "experiments.plots"]
 SENTINEL_THREADS = (os.cpu_count() or 1) + 3  # never what "leave a core free" would choose
 
 IMPORT_PROBE = f"""

@@ -19,8 +19,9 @@ import workbench as wb
 from experiments.ablation import (AblationTarget, ablation_effect, ablation_hooks, mean_reference,
                                   per_token_loss_change, run_ablated, top_predictions_change)
 from experiments.datasets import mean_activations
-from experiments.lens import (direct_logit_attribution, logit_lens, logit_lens_figure, logit_lens_logits,
-                              logit_lens_metric, residual_snapshots)
+from experiments.lens import (direct_logit_attribution, logit_lens, logit_lens_logits, logit_lens_metric,
+                              residual_snapshots)
+from experiments.plots.lens import logit_lens_figure
 from experiments.metrics import Loss, TokenProbability, logit_diff, prompt_batch
 from tests.unit.test_padding import padded as pad_rows
 from workbench.tokenizer import SpecialTokens, Tokenizer

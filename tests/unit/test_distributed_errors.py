@@ -91,7 +91,7 @@ def test_fn_rows_must_carry_a_prompt_column_numbered_within_the_shard():
 
 # ---- the commands' --workers / --ray-address ------------------------------------------------------
 def test_a_command_without_per_prompt_work_refuses_workers_naming_itself(capsys, tmp_path):
-    from experiments import attention
+    from experiments.cli import attention
 
     with pytest.raises(SystemExit) as exit_info:
         attention.main(["--model", TOY, "--workers", "2", "--out", str(tmp_path)])
@@ -101,7 +101,7 @@ def test_a_command_without_per_prompt_work_refuses_workers_naming_itself(capsys,
 
 
 def test_workers_below_one_is_refused(capsys, tmp_path):
-    from experiments import ioi
+    from experiments.cli import ioi
 
     with pytest.raises(SystemExit):
         ioi.main(["--model", TOY, "--workers", "0", "--out", str(tmp_path)])

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import workbench as wb
 from experiments import neurons, token_view
+from experiments.plots import token_view as token_view_plots
 from experiments.neurons import MLPUnit
 from experiments.plots.neurons import top_windows_html
 from workbench.bpe import train_bpe
@@ -283,7 +284,7 @@ def test_token_view_values_are_the_pattern_row_or_column(direction):
     pattern_PS = cache[f"blocks.{layer}.attn.hook_pattern"][0, head]
     expected = pattern_PS[token, :] if direction == "from_selected" else pattern_PS[:, token]
     values_P = token_view.selected_attention(patterns_LHPS, layer, head, token, direction)
-    fragment = token_view.token_html([f"t{i}" for i in range(TOKENS.shape[1])], values_P, selected=token)
+    fragment = token_view_plots.token_html([f"t{i}" for i in range(TOKENS.shape[1])], values_P, selected=token)
     shown = torch.tensor(_data_values(fragment))
     torch.testing.assert_close(shown, expected.float(), rtol=1e-5, atol=1e-6)
     # Opacity: value / the largest value, to 3 decimals.
@@ -299,17 +300,17 @@ def test_token_view_values_are_the_pattern_row_or_column(direction):
 
 def test_token_html_escapes_text_and_shows_whitespace():
     tokens = ["<b>", " & ", '"x"', " ", "\n", "<script>alert(1)</script>"]
-    fragment = token_view.token_html(tokens, [1.0, -0.5, float("nan"), 0.0, 0.25, 0.5], value_name="act<i>")
+    fragment = token_view_plots.token_html(tokens, [1.0, -0.5, float("nan"), 0.0, 0.25, 0.5], value_name="act<i>")
     assert "<b>" not in fragment and "<script>" not in fragment and "<i>" not in fragment
     assert "&lt;b&gt;" in fragment and "&lt;script&gt;alert(1)&lt;/script&gt;" in fragment and " &amp; " in fragment
     assert "&quot;x&quot;" in fragment or "&#x27;" in fragment
     assert ">␣</span>" in fragment and ">↵</span><br>" in fragment
     assert "rgba(214, 39, 40, 1.0)" in fragment and "rgba(31, 119, 180, 0.5)" in fragment  # red +, blue -
     assert 'data-value="nan"' in fragment and "color: #999" in fragment
-    document = token_view.html_document(fragment, "<Token view>")
+    document = token_view_plots.html_document(fragment, "<Token view>")
     assert "<title>&lt;Token view&gt;</title>" in document
     with pytest.raises(wb.InputError, match="2 tokens but 1 values"):
-        token_view.token_html(["a", "b"], [1.0])
+        token_view_plots.token_html(["a", "b"], [1.0])
 
 
 def test_per_position_places_the_loss_change_of_each_predicted_token():

@@ -229,7 +229,7 @@ def test_cli_models_lists_the_zoo(capsys):
 
 
 def test_train_cli_rejects_an_unknown_recipe(capsys):
-    from experiments import zoo
+    from experiments.cli import zoo
     with pytest.raises(SystemExit):
         zoo.main(["--recipe", "gpt-5", "--out", "x"])
     assert "invalid choice" in capsys.readouterr().err
