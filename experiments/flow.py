@@ -33,7 +33,6 @@ The command line is ``experiments.cli.flow``, the figures ``experiments.plots.fl
 
 from __future__ import annotations
 
-import runpy
 from dataclasses import dataclass
 from typing import Optional
 
@@ -388,5 +387,7 @@ def vocab_projection(model, tokens: TokensLike, layer: int, position: int, block
 
 
 
-if __name__ == "__main__":  # python -m experiments.flow: the command line is experiments.cli.flow
-    runpy.run_module("experiments.cli.flow", run_name="__main__")
+if __name__ == "__main__":  # the command line lives in experiments.cli.flow
+    from experiments._cli import run_command
+
+    run_command("flow")

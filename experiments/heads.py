@@ -16,7 +16,6 @@ The command line is ``experiments.cli.heads``.
 
 from __future__ import annotations
 
-import runpy
 from typing import Literal
 
 import numpy as np
@@ -128,5 +127,7 @@ def composition_scores(model, kind: Literal["Q", "K", "V"] = "Q") -> Float[Tenso
 
 
 
-if __name__ == "__main__":  # python -m experiments.heads: the command line is experiments.cli.heads
-    runpy.run_module("experiments.cli.heads", run_name="__main__")
+if __name__ == "__main__":  # the command line lives in experiments.cli.heads
+    from experiments._cli import run_command
+
+    run_command("heads")

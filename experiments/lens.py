@@ -26,7 +26,6 @@ The command line is ``experiments.cli.lens``, the figures ``experiments.plots.le
 
 from __future__ import annotations
 
-import runpy
 from typing import Optional
 
 import numpy as np
@@ -299,5 +298,7 @@ def direct_logit_attribution(model, tokens: TokensLike, target_token: TokenIds, 
 
 
 
-if __name__ == "__main__":  # python -m experiments.lens: the command line is experiments.cli.lens
-    runpy.run_module("experiments.cli.lens", run_name="__main__")
+if __name__ == "__main__":  # the command line lives in experiments.cli.lens
+    from experiments._cli import run_command
+
+    run_command("lens")

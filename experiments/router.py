@@ -15,7 +15,6 @@ The command line is ``experiments.cli.router``, the figures ``experiments.plots.
 
 from __future__ import annotations
 
-import runpy
 
 import pandas as pd
 import torch
@@ -260,5 +259,7 @@ def expert_ablation_effect(model, tokens: TokensLike, layer: int, expert: int) -
 
 
 
-if __name__ == "__main__":  # python -m experiments.router: the command line is experiments.cli.router
-    runpy.run_module("experiments.cli.router", run_name="__main__")
+if __name__ == "__main__":  # the command line lives in experiments.cli.router
+    from experiments._cli import run_command
+
+    run_command("router")

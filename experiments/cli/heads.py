@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 import torch
 
 from experiments import _cli
-from experiments.figures import scores_heatmap
+from experiments.plots.common import scores_heatmap
 from experiments.heads import composition_scores, head_scores_table
 from experiments.induction import fitting_seq_len, repeated_random_tokens
 

@@ -15,7 +15,7 @@ from plotly.subplots import make_subplots
 from torch import Tensor
 
 from experiments._tokens import axis_labels
-from experiments.figures import labelled_heatmap
+from experiments.plots.common import labelled_heatmap
 from workbench.errors import InputError
 
 

@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from experiments._tokens import axis_labels
-from experiments.figures import labelled_heatmap
+from experiments.plots.common import labelled_heatmap
 
 
 def expert_load_figure(df: pd.DataFrame) -> go.Figure:
