@@ -8,7 +8,7 @@ import pandas as pd
 
 from experiments._tokens import str_tokens
 from experiments.neurons import CorpusMaxima
-from experiments.token_view import token_html
+from experiments.plots.token_view import token_html
 
 
 def top_windows_html(model, maxima: CorpusMaxima, table: pd.DataFrame) -> str:
