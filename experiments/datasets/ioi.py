@@ -1,16 +1,8 @@
-"""Datasets the experiments run on: IOI prompts, repeated random tokens, corpus windows, and the
-references that mean and resample ablation replace activations with.
+"""Indirect-object-identification prompts in the style of Wang et al. 2022 ("When Mary and John went to the
+store, John gave a drink to" -> " Mary"), each with a corrupted twin of the same token length, padded into
+one batch with its attention mask.
 
 Legend: B batch, P position.
-
-- ``ioi_dataset``: indirect-object-identification prompts in the style of Wang et al. 2022
-  ("When Mary and John went to the store, John gave a drink to" -> " Mary"), each with a
-  corrupted twin of the same token length, padded into one batch with its attention mask.
-- ``repeated_random_tokens``: a prefix token then ``seq_len`` random tokens twice (induction).
-- ``corpus_windows``: fixed-length token windows cut from text files or a list of texts.
-- ``mean_activations``: the mean activation at each position over a batch of prompts, computed
-  one batch at a time so the whole dataset's cache is never held.
-- ``resample_reference``: a seeded draw of rows of a batch, for resample ablation.
 """
 
 from __future__ import annotations
@@ -18,7 +10,6 @@ from __future__ import annotations
 import random
 import string
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import pandas as pd
@@ -26,14 +17,9 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from experiments._progress import Progress, ProgressArg
 from experiments.metrics import PromptBatch
 from workbench.errors import InputError
 
-__all__ = ["IOIDataset", "ioi_dataset", "IOI_TEMPLATES", "DEFAULT_NAMES", "IOI_ORDERS", "IOI_CORRUPTIONS",
-           "repeated_random_tokens", "prefix_token", "corpus_windows", "mean_activations", "resample_reference"]
-
-# ---- IOI ------------------------------------------------------------------------------------------
 # A template holds {A} and {B}, the two names of the first clause in order, and {S}, the subject's
 # repeat. It ends right before the indirect object, so the next token is " " + IO. ABBA fills
 # A = IO, B = S; BABA fills A = S, B = IO. Lengths differ on purpose: a batch of them pads.
@@ -282,248 +268,3 @@ def _check_equal_lengths(clean: list[str], corrupt: list[str], clean_mask: Tenso
             raise InputError(f"IOI row {row}: the corrupted prompt has {b} tokens but the clean one {a}; "
                              f"clean {clean[row]!r}, corrupt {corrupt[row]!r} (a name merges with its neighbours)")
 
-
-# ---- repeated random tokens (induction) -----------------------------------------------------------
-def prefix_token(model) -> int:
-    """BOS when the model's tokenizer has one, else token 0.
-
-    Example:
-        >>> prefix_token(model_without_tokenizer)   # doctest: +SKIP
-        0
-    """
-    bos = model.tokenizer.bos_token_id if model.tokenizer is not None else None
-    return int(bos) if bos is not None else 0
-
-
-def repeated_random_tokens(model, seq_len: int = 50, batch: int = 10, seed: int = 0) -> Int[Tensor, "batch pos"]:
-    """[batch, 1 + 2*seq_len] ids: a prefix token, then seq_len random tokens twice.
-
-    Tokens are drawn without replacement within a copy (and never equal the prefix), from a
-    generator seeded with ``seed``, so the result depends only on (d_vocab, prefix, seq_len, batch, seed).
-
-    Example:
-        >>> tokens = repeated_random_tokens(model, seq_len=5, batch=2)   # doctest: +SKIP
-        >>> torch.equal(tokens[:, 1:6], tokens[:, 6:])                   # doctest: +SKIP
-        True
-    """
-    d_vocab, prefix = model.cfg.d_vocab, prefix_token(model)
-    if seq_len < 1 or batch < 1:
-        raise InputError(f"seq_len and batch must be positive, got seq_len={seq_len}, batch={batch}")
-    if seq_len > d_vocab - 1:
-        raise InputError(f"seq_len={seq_len} distinct tokens do not fit a vocabulary of {d_vocab} (prefix excluded)")
-    if 1 + 2 * seq_len > model.cfg.n_ctx:
-        raise InputError(f"1 + 2*seq_len = {1 + 2 * seq_len} positions exceed the model's context (n_ctx={model.cfg.n_ctx})")
-    generator = torch.Generator().manual_seed(seed)
-    rows = []
-    for _ in range(batch):
-        draw = torch.randperm(d_vocab - 1, generator=generator)[:seq_len]
-        rows.append(draw + (draw >= prefix).long())  # skip the prefix id
-    copy_BC = torch.stack(rows)
-    tokens = torch.cat([torch.full((batch, 1), prefix, dtype=torch.long), copy_BC, copy_BC], dim=1)
-    return tokens.to(model.cfg.device)
-
-
-# ---- corpus windows -------------------------------------------------------------------------------
-def corpus_windows(model, source: Union[str, Path, Sequence[str]], window: int = 128, stride: Optional[int] = None,
-                   max_windows: Optional[int] = None, pattern: str = "*.txt") -> Int[Tensor, "n_windows window"]:
-    """Fixed-length windows of token ids cut from a corpus.
-
-    ``source``: a text file, a directory (every file matching ``pattern`` below it, recursively,
-    in sorted path order, read as UTF-8), or a list of texts (a lone string is a path, never text).
-
-    The rule: each document is tokenized without BOS; documents are joined into one stream with
-    the EOS token between them (when the tokenizer has one). When the model prepends BOS
-    (``model.bos_first()``), every window is BOS followed by ``window - 1`` stream tokens;
-    otherwise ``window`` stream tokens. Windows start every ``stride`` stream tokens (default:
-    the window's stream length, so windows neither overlap nor skip); a tail shorter than a
-    window is dropped; ``max_windows`` keeps the first ones.
-
-    Raises ``InputError`` for a missing path, a directory with no file matching ``pattern``, an
-    empty text, a corpus shorter than one window, a window longer than the model's context,
-    and non-positive window, stride or max_windows.
-
-    Example:
-        >>> windows = corpus_windows(model, "notes/", window=64, pattern="*.md")   # doctest: +SKIP
-        >>> windows.shape                                                           # doctest: +SKIP
-        torch.Size([210, 64])
-    """
-    if model.tokenizer is None:
-        raise InputError("corpus_windows needs a model with a tokenizer: the corpus is text")
-    bos = model.bos_first()
-    stream_len = window - 1 if bos else window  # stream tokens per window
-    _check_window(model, window, stream_len, bos)
-    stride = stream_len if stride is None else stride
-    if stride < 1:
-        raise InputError(f"stride must be at least 1, got {stride}")
-    if max_windows is not None and max_windows < 1:
-        raise InputError(f"max_windows must be at least 1 (or None for all), got {max_windows}")
-
-    stream = _token_stream(model, _documents(source, pattern))
-    if stream.numel() < stream_len:
-        raise InputError(f"the corpus has {stream.numel()} tokens, fewer than one window of {window} "
-                         f"({stream_len} text tokens{' after BOS' if bos else ''})")
-    windows = stream.unfold(0, stream_len, stride)[:max_windows]
-    if bos:
-        first = torch.full((windows.shape[0], 1), model.tokenizer.bos_token_id, dtype=windows.dtype)
-        windows = torch.cat([first, windows], dim=1)
-    return windows.contiguous().to(model.cfg.device)
-
-
-def _check_window(model, window: int, stream_len: int, bos: bool) -> None:
-    """A window holds at least one text token and fits the model's context (when it has a limit)."""
-    if stream_len < 1:
-        raise InputError(f"window must hold at least one text token: got window={window}"
-                         f"{' (one position is BOS)' if bos else ''}")
-    limit = model.cfg.context_limit
-    if limit is not None and window > limit:
-        raise InputError(f"window={window} is longer than the model's context (n_ctx={limit})")
-
-
-def _documents(source: Union[str, Path, Sequence[str]], pattern: str) -> list[tuple[str, str]]:
-    """(name, text) of each document: a file, the files of a directory, or a list of texts."""
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if path.is_file():
-            files = [path]
-        elif path.is_dir():
-            files = sorted(p for p in path.rglob(pattern) if p.is_file())
-            if not files:
-                raise InputError(f"no file matching {pattern!r} under the directory {path}")
-        else:
-            raise InputError(f"no such file or directory: {path} (to pass text itself, give a list of texts)")
-        documents = [(str(p), _read_utf8(p)) for p in files]
-    else:
-        documents = [(f"text {i}", text) for i, text in enumerate(source)]
-        if not documents:
-            raise InputError("the list of texts is empty")
-    for name, text in documents:
-        if not isinstance(text, str):
-            raise InputError(f"{name} is a {type(text).__name__}, not a string")
-        if not text.strip():
-            raise InputError(f"{name} is empty (no text to tokenize)")
-    return documents
-
-
-def _read_utf8(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise InputError(f"{path} is not UTF-8 text: {error}") from None
-
-
-def _token_stream(model, documents: list[tuple[str, str]]) -> Int[Tensor, "stream"]:
-    """The documents' tokens (no BOS) on the CPU, joined with EOS when the tokenizer has one."""
-    eos = model.tokenizer.eos_token_id
-    pieces = []
-    for index, (_, text) in enumerate(documents):
-        if index and eos is not None:
-            pieces.append(torch.tensor([eos], dtype=torch.long))
-        pieces.append(model.to_tokens(text, prepend_bos=False)[0].cpu())
-    return torch.cat(pieces)
-
-
-# ---- references for ablation ----------------------------------------------------------------------
-@torch.no_grad()
-def mean_activations(model, tokens_BP: Int[Tensor, "batch pos"], hook_names: Union[str, Sequence[str]],
-                     batch_size: int = 8, progress: ProgressArg = False,
-                     attention_mask: Optional[Int[Tensor, "batch pos"]] = None) -> dict[str, Tensor]:
-    """The mean over rows of each hook point's activation at each position, [1, pos, ...].
-
-    The shape a mean ablation writes: a batch of one that broadcasts over any batch
-    (``blocks.{l}.attn.hook_pattern`` gives [1, n_heads, pos, key_pos]). Computed streaming: the
-    model runs ``batch_size`` rows at a time and hooks add each batch's sum into a float64
-    running sum, so memory holds one batch's activations and the sums, never the whole cache.
-    With ``attention_mask`` (1 real, 0 pad) a row counts at a position only where that position
-    is real in it; a position no row has real is zeros. Results come back on the model's device
-    in the dtype the hook point carries (the model's dtype). ``progress`` counts batches.
-
-    Example:
-        >>> means = mean_activations(model, corpus_windows(model, texts, 64), ["blocks.3.attn.hook_z"])   # doctest: +SKIP
-        >>> means["blocks.3.attn.hook_z"].shape                                                          # doctest: +SKIP
-        torch.Size([1, 64, 9, 64])
-    """
-    names = [hook_names] if isinstance(hook_names, str) else list(hook_names)
-    if not names:
-        raise InputError("hook_names is empty: name at least one hook point")
-    model.check_hook_names(names)
-    if batch_size < 1:
-        raise InputError(f"batch_size must be at least 1, got {batch_size}")
-    tokens_BP, given_mask_BP = model.as_tokens_and_mask(tokens_BP, attention_mask=attention_mask)
-    B, P = tokens_BP.shape
-    # Without a mask every row counts everywhere; the model then runs unmasked (its fastest path).
-    mask_BP = given_mask_BP if given_mask_BP is not None else torch.ones(B, P, dtype=torch.bool,
-                                                                         device=tokens_BP.device)
-
-    sums: dict[str, Tensor] = {}
-    dtypes: dict[str, torch.dtype] = {}
-    current: dict[str, Tensor] = {}  # the running batch's mask, read by the hooks
-
-    def accumulate(activation: Tensor, hook) -> None:
-        if not activation.is_floating_point():
-            raise InputError(f"{hook.name} carries {activation.dtype} values (ids, not activations); it has no mean")
-        keep = _broadcast_over(current["mask"], hook.name, activation.ndim)
-        # where, not multiply: attention scores hold -inf, and -inf * 0 would be nan.
-        batch_sum = torch.where(keep, activation, 0).sum(0, keepdim=True, dtype=_sum_dtype(activation))
-        sums[hook.name] = batch_sum if hook.name not in sums else sums[hook.name] + batch_sum
-        dtypes[hook.name] = activation.dtype
-
-    with Progress(progress, total=-(-B // batch_size), desc="mean activations") as bar, \
-            model.hooks(fwd_hooks=[(name, accumulate) for name in names]):
-        for start in range(0, B, batch_size):
-            rows = slice(start, start + batch_size)
-            current["mask"] = mask_BP[rows]
-            model(tokens_BP[rows], return_type=None,
-                  attention_mask=None if given_mask_BP is None else given_mask_BP[rows])
-            bar.advance()
-
-    silent = [name for name in names if name not in sums]
-    if silent:
-        raise InputError(f"hook point(s) {silent} did not fire in a forward pass (a hook point the model "
-                         "computes only when switched on, e.g. hook_q_input needs set_use_split_qkv_input(True))")
-    count_P = mask_BP.sum(0)  # real rows at each position
-    means = {}
-    for name in names:
-        count = _broadcast_over(count_P[None], name, sums[name].ndim).to(sums[name].dtype)
-        mean = torch.where(count > 0, sums[name] / count.clamp(min=1), 0)
-        means[name] = mean.to(device=model.cfg.device, dtype=dtypes[name])
-    return means
-
-
-def _position_axis(hook_name: str) -> int:
-    """Where the (query) position axis is: attention scores and patterns are [batch, n_heads, pos, key_pos]."""
-    return 2 if hook_name.endswith(("hook_pattern", "hook_attn_scores")) else 1
-
-
-def _broadcast_over(values_BP: Tensor, hook_name: str, ndim: int) -> Tensor:
-    """A [batch, pos] tensor shaped to broadcast against an activation of ``ndim`` axes at ``hook_name``."""
-    axis = _position_axis(hook_name)
-    shape = [values_BP.shape[0]] + [1] * (ndim - 1)
-    shape[axis] = values_BP.shape[1]
-    return values_BP.reshape(shape)
-
-
-def _sum_dtype(activation: Tensor) -> torch.dtype:
-    """float64 for the running sums (exact enough over any dataset), float32 where the device has no float64."""
-    return torch.float32 if activation.device.type == "mps" else torch.float64
-
-
-def resample_reference(tokens_BP: Int[Tensor, "batch pos"], n: int, seed: int = 0) -> Int[Tensor, "n_rows pos"]:
-    """``n`` rows drawn from ``tokens_BP`` (without replacement when n <= rows, with it otherwise),
-    the same rows for the same seed: the reference batch of a resample ablation.
-
-    Example:
-        >>> resample_reference(torch.arange(12).reshape(4, 3), 2, seed=0).shape
-        torch.Size([2, 3])
-    """
-    if not isinstance(tokens_BP, Tensor) or tokens_BP.ndim != 2 or tokens_BP.shape[0] < 1:
-        shape = tuple(tokens_BP.shape) if isinstance(tokens_BP, Tensor) else type(tokens_BP).__name__
-        raise InputError(f"resample_reference takes token ids [batch, pos] with at least one row, got {shape}")
-    if not isinstance(n, int) or n < 1:
-        raise InputError(f"n must be a positive number of rows, got {n!r}")
-    rows = tokens_BP.shape[0]
-    generator = torch.Generator().manual_seed(seed)
-    if n <= rows:
-        index = torch.randperm(rows, generator=generator)[:n]
-    else:
-        index = torch.randint(rows, (n,), generator=generator)
-    return tokens_BP[index.to(tokens_BP.device)]
