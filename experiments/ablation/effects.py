@@ -45,8 +45,11 @@ def per_token_loss_change(model, tokens: TokensLike, targets: Sequence[AblationT
     ``attention_mask``, ``padding_side``, ``reference_mask`` and ``reference_means`` as in ``run_ablated``.
 
     Example:
-        >>> per_token_loss_change(model, tokens, [AblationTarget("head", 1, 4)]).nlargest(5, "delta")   # doctest: +SKIP
-        >>> per_token_loss_change(model, ["a b c", "a b"], [AblationTarget("head", 1, 4)], row=1)       # doctest: +SKIP
+        >>> table = per_token_loss_change(model, tokens, [AblationTarget("head", 1, 0)])
+        >>> table.columns.tolist(), len(table)              # a loss for each of the 13 tokens after the first
+        (['position', 'token', 'clean_loss', 'ablated_loss', 'delta'], 13)
+        >>> per_token_loss_change(model, ["The cat sat", "The dog"], [AblationTarget("head", 1, 0)], row=1)["token"].tolist()
+        ['The', ' do', 'g']
     """
     batch = prompt_batch(model, tokens, attention_mask, padding_side)
     row, real_P = _one_row(batch, row)
@@ -82,7 +85,12 @@ def top_predictions_change(model, tokens: TokensLike, targets: Sequence[Ablation
     ablated_prob, and ablated_prob_of_clean (how the clean prediction fares after ablation).
 
     Example:
-        >>> top_predictions_change(model, "The Eiffel Tower is in", [AblationTarget("mlp_layer", 5)], "zero")   # doctest: +SKIP
+        >>> top = top_predictions_change(model, tokens, [AblationTarget("head", 1, 0)], k=3)
+        >>> top[["rank", "clean_token", "ablated_token"]]
+           rank clean_token ablated_token
+        0     1           s             .
+        1     2         and           and
+        2     3          is            is
     """
     batch = prompt_batch(model, tokens, attention_mask, padding_side)
     row, real_P = _one_row(batch, row)
@@ -140,9 +148,9 @@ def ablation_effect(model, tokens: TokensLike, targets: Sequence[AblationTarget]
     the means of each prompt's values run alone. ``df.attrs`` holds the per-prompt lists too.
 
     Example:
-        >>> ablation_effect(model, ["When Mary and John went", "Hi there"], [AblationTarget("head", 0, 1)])   # doctest: +SKIP
+        >>> ablation_effect(model, ["The cat sat on the mat.", "The dog ran"], [AblationTarget("head", 0, 1)]).round(2)
            clean  ablated  delta
-        0  4.107    4.392  0.285
+        0   6.23     7.89   1.66
     """
     check_method(method)
     batch = prompt_batch(model, tokens, attention_mask, padding_side)

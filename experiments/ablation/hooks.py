@@ -62,8 +62,13 @@ def ablation_hooks(model, targets: Sequence[AblationTarget], method: Method = "z
     is position p (right padding or none).
 
     Example:
-        >>> hooks = ablation_hooks(model, [AblationTarget("head", 1, 0)], "mean", reference_tokens=ref)   # doctest: +SKIP
-        >>> model.run_with_hooks(tokens, return_type="loss", fwd_hooks=hooks)                              # doctest: +SKIP
+        >>> reference = model.to_tokens("A dog ran in the park. The dog ran")          # as long as ``tokens``
+        >>> hooks = ablation_hooks(model, [AblationTarget("head", 1, 0)], "mean", reference_tokens=reference)
+        >>> [name for name, _ in hooks]
+        ['blocks.1.attn.hook_z']
+        >>> ablated = model.run_with_hooks(tokens, return_type="loss", fwd_hooks=hooks)
+        >>> bool(ablated != model(tokens, return_type="loss"))
+        True
     """
     check_method(method)
     targets = list(targets)
@@ -148,8 +153,11 @@ def run_ablated(model, tokens: TokensLike, targets: Sequence[AblationTarget], me
     ``ablation_hooks``.
 
     Example:
-        >>> run_ablated(model, tokens, [AblationTarget("attn_layer", 0)], return_type="loss")   # doctest: +SKIP
-        >>> run_ablated(model, ["a b c", "a"], [AblationTarget("head", 0, 1)], "mean")          # padded, masked   # doctest: +SKIP
+        >>> clean = model(tokens, return_type="loss")
+        >>> bool(run_ablated(model, tokens, [AblationTarget("attn_layer", 0)], return_type="loss") > clean)
+        True
+        >>> run_ablated(model, ["The cat sat", "The"], [AblationTarget("head", 0, 1)], "mean").shape   # padded, masked
+        torch.Size([2, 6, 2048])
     """
     batch = prompt_batch(model, tokens, attention_mask, padding_side)
     hooks = hooks_for_input(model, batch, targets, method, reference_tokens, reference_mask, reference_means,

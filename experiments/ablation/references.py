@@ -72,8 +72,14 @@ def mean_reference(model, reference_tokens: TokensLike, hook_names: Union[str, A
     ``per_token_loss_change`` or ``top_predictions_change``.
 
     Example:
-        >>> means = mean_reference(model, corpus_windows(model, texts, 64), [AblationTarget("head", 3, 1)])   # doctest: +SKIP
-        >>> ablation_effect(model, prompts, [AblationTarget("head", 3, 1)], method="mean", reference_means=means)   # doctest: +SKIP
+        >>> from experiments.ablation import ablation_effect
+        >>> means = mean_reference(model, ["The cat sat on the mat.", "The dog ran."], [AblationTarget("head", 1, 0)])
+        >>> means["blocks.1.attn.hook_z"].shape            # [1, the longest reference's positions, n_heads, d_head]
+        torch.Size([1, 11, 4, 32])
+        >>> effect = ablation_effect(model, ["The cat sat", "The dog"], [AblationTarget("head", 1, 0)], method="mean",
+        ...                          reference_means=means)
+        >>> effect.columns.tolist()
+        ['clean', 'ablated', 'delta']
     """
     batch = _right_aligned(prompt_batch(model, reference_tokens, reference_mask, padding_side))
     return mean_activations(model, batch.tokens, _hook_names(hook_names), batch_size=batch_size, progress=progress,

@@ -47,8 +47,12 @@ def head_sweep(model, tokens: TokensLike, metric: MetricLike = "loss", method: M
     ``run_with_hooks`` per head, with the same result.
 
     Example:
-        >>> df = head_sweep(model, model.to_tokens("The cat sat on the mat."), progress=False)   # doctest: +SKIP
-        >>> df.sort_values("delta", ascending=False).head()                                      # doctest: +SKIP
+        >>> df = head_sweep(model, tokens, progress=False)
+        >>> df.sort_values("delta", ascending=False).head(3).round(2)
+           layer  head  metric  delta
+        1      0     1    7.15   2.45
+        3      0     3    5.54   0.84
+        4      1     0    5.12   0.42
     """
     check_method(method)
     batch = prompt_batch(model, tokens, attention_mask, padding_side)
@@ -97,8 +101,15 @@ def head_sweep_per_prompt(model, tokens: Union[IOIDataset, Tensor, Sequence[str]
     or ``reference_means``): a shard is not the whole dataset, so its own mean would differ.
 
     Example:
-        >>> rows = run_sharded(head_sweep_per_prompt, windows_BP, "smollm2-135m")   # doctest: +SKIP
-        >>> mean_over_prompts(rows, ["layer", "head"])     # == head_sweep(model, windows_BP)   # doctest: +SKIP
+        >>> from experiments.distributed import mean_over_prompts
+        >>> prompts = ["The cat sat on the mat.", "The dog ran"]
+        >>> rows = head_sweep_per_prompt(model, prompts)
+        >>> rows.columns.tolist()
+        ['prompt', 'layer', 'head', 'clean', 'metric', 'delta']
+        >>> means = mean_over_prompts(rows.drop(columns="clean"), ["layer", "head"])
+        >>> bool(np.allclose(means["delta"], head_sweep(model, prompts, progress=False)["delta"], atol=1e-6))
+        True
+        >>> rows = run_sharded(head_sweep_per_prompt, prompts, "toy-attn-2l")   # the same rows from Ray workers   # doctest: +SKIP
     """
     if method != "zero" and reference_tokens is None and reference_means is None:
         raise InputError(f"{method} ablation over shards needs reference_tokens or reference_means: each shard would "

@@ -15,6 +15,7 @@ def head_sweep_heatmap(table: pd.DataFrame, title: str = "Loss change when zero-
     diverging around 0.
 
     Example:
+        >>> from experiments.ablation import head_sweep
         >>> table = head_sweep(model, tokens, progress=False)
         >>> head_sweep_heatmap(table).data[0].z.shape                   # toy-attn-2l: 2 layers of 4 heads
         (2, 4)
