@@ -23,7 +23,12 @@ def compare_attribution_to_exact(model, clean_tokens: TokensLike, corrupt_tokens
     ``options``: ``metric``, ``position``, ``clean_mask``, ``corrupt_mask``, ``padding_side`` as ``patch_heads``.
 
     Example:
-        >>> table, r = compare_attribution_to_exact(model, clean, corrupt, answer, wrong)   # doctest: +SKIP
+        >>> corrupt = model.to_tokens("The cat sat on the mat. The cut")
+        >>> table, r = compare_attribution_to_exact(model, tokens, corrupt, " s", " and")
+        >>> table.columns.tolist()
+        ['layer', 'head', 'metric', 'delta', 'normalized', 'attribution']
+        >>> round(r, 2)                                 # attribution tracks exact patching closely here
+        0.99
     """
     exact = patch_heads(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, progress, **options)
     approx = attribution_patching(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites=["heads"],

@@ -38,7 +38,10 @@ def attribution_patching(model, clean_tokens: TokensLike, corrupt_tokens: Tokens
     ``_per_prompt`` lists) hold the metric of the two unpatched runs. Arguments as ``patch_heads``.
 
     Example:
-        >>> approx = attribution_patching(model, clean, corrupt, answer, wrong, sites=["heads"])   # doctest: +SKIP
+        >>> corrupt = model.to_tokens("The cat sat on the mat. The cut")
+        >>> approx = attribution_patching(model, tokens, corrupt, " s", " and", sites=["heads"])
+        >>> approx.columns.tolist(), len(approx)        # one row per head (2 layers x 4 heads)
+        (['site', 'layer', 'position', 'head', 'attribution'], 8)
     """
     unknown = sorted(set(sites) - set(SITES))
     if unknown:

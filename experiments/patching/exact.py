@@ -61,8 +61,12 @@ def patch_residual(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, 
     {run}
 
     Example:
-        >>> df = patch_residual(model, clean, corrupt, " Mary", " John")   # doctest: +SKIP
-        >>> patching_heatmap(df, "residual stream")                       # doctest: +SKIP
+        >>> corrupt = model.to_tokens("The cat sat on the mat. The cut")   # ``tokens`` with its last token changed
+        >>> df = patch_residual(model, tokens, corrupt, " s", " and", progress=False)
+        >>> df.nlargest(2, "normalized").round(2)       # the changed position, patched, restores the clean run
+            layer  position  metric  delta  normalized
+        13      0        13    0.55   1.61         1.0
+        27      1        13    0.55   1.61         1.0
     """
     run = patching_run(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, progress, metric, position,
                         per_prompt, clean_mask, corrupt_mask, padding_side)
@@ -82,7 +86,10 @@ def patch_attn_mlp(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, 
     {run}
 
     Example:
-        >>> patching_heatmap(patch_attn_mlp(model, clean, corrupt, answer, wrong), "attention and MLP outputs")   # doctest: +SKIP
+        >>> corrupt = model.to_tokens("The cat sat on the mat. The cut")
+        >>> df = patch_attn_mlp(model, tokens, corrupt, " s", " and", progress=False)
+        >>> df["component"].unique().tolist(), len(df)     # toy-attn-2l has no MLP: 2 layers x 14 positions
+        (['attn'], 28)
     """
     run = patching_run(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, progress, metric, position,
                         per_prompt, clean_mask, corrupt_mask, padding_side)
@@ -104,7 +111,11 @@ def patch_heads(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, ans
     {run}
 
     Example:
-        >>> patch_heads(model, clean, corrupt, answer, wrong).nlargest(5, "normalized")   # doctest: +SKIP
+        >>> corrupt = model.to_tokens("The cat sat on the mat. The cut")
+        >>> patch_heads(model, tokens, corrupt, " s", " and", progress=False).nlargest(2, "normalized")[["layer", "head"]]
+           layer  head
+        5      1     1
+        1      0     1
     """
     run = patching_run(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, progress, metric, position,
                         per_prompt, clean_mask, corrupt_mask, padding_side)

@@ -40,7 +40,9 @@ def patch_pair(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, clea
     ``padding_side``. Position p of a clean row is patched into position p of its corrupted row.
 
     Example:
-        >>> clean, corrupt = patch_pair(model, ["When Mary and John went", "A B"], ["When Mary and Sam went", "A C"])   # doctest: +SKIP
+        >>> clean, corrupt = patch_pair(model, ["The cat sat", "The cat"], ["The cut sat", "The cut"])
+        >>> clean.tokens.shape, clean.mask.sum(1).tolist()             # one width, each row its own mask
+        (torch.Size([2, 6]), [6, 4])
     """
     if _is_text_list(clean_tokens) and _is_text_list(corrupt_tokens) and len(clean_tokens) == len(corrupt_tokens):
         tokens, mask = model.to_tokens_and_mask(list(clean_tokens) + list(corrupt_tokens), padding_side=padding_side)
@@ -80,7 +82,8 @@ def patching_metric(model, rows: int, answer_token: Optional[TokenIds], wrong_to
     """The metric a patching run scores: ``metric`` when given, else the logit difference of answer over wrong.
 
     Example:
-        >>> patching_metric(model, 2, " Mary", " John", None, None)   # LogitDiff at each row's last token   # doctest: +SKIP
+        >>> patching_metric(model, 2, " s", " and", None, None).position   # the logit difference at each row's last token
+        'last'
     """
     if metric is not None:
         return as_metric(metric, position)
@@ -98,7 +101,10 @@ def patched_run(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, hoo
     ``position`` patches one position, ``head`` one head of an ``attn.hook_z``; neither patches all of it.
 
     Example:
-        >>> patched_run(model, clean, corrupt, "blocks.0.hook_resid_pre")   # == model(clean)   # doctest: +SKIP
+        >>> corrupt = model.to_tokens("The cat sat on the mat. The cut")   # ``tokens`` with its last token changed
+        >>> patched = patched_run(model, tokens, corrupt, "blocks.0.hook_resid_pre")   # the whole residual stream
+        >>> torch.allclose(patched, model(tokens), atol=1e-5)
+        True
     """
     clean, corrupt = patch_pair(model, clean_tokens, corrupt_tokens, clean_mask, corrupt_mask)
     model.layer_of(hook_name)  # an unknown name is an error naming it

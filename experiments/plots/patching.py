@@ -20,7 +20,11 @@ def patching_heatmap(df: pd.DataFrame, title: str = "", value: Optional[str] = N
     ``value`` is the column to colour by (default: "normalized" when present, else "metric" or "attribution").
 
     Example:
-        >>> patching_heatmap(patch_residual(model, clean, corrupt, answer, wrong), "residual stream")   # doctest: +SKIP
+        >>> from experiments.patching import patch_residual
+        >>> corrupt = model.to_tokens("The cat sat on the mat. The cut")
+        >>> fig = patching_heatmap(patch_residual(model, tokens, corrupt, " s", " and", progress=False), "residual stream")
+        >>> fig.data[0].z.shape                         # layer x position
+        (2, 14)
     """
     value = value or next(c for c in ("normalized", "attribution", "metric") if c in df.columns)
     if value not in df.columns:
