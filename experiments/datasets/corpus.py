@@ -34,9 +34,11 @@ def corpus_windows(model, source: Union[str, Path, Sequence[str]], window: int =
     and non-positive window, stride or max_windows.
 
     Example:
-        >>> windows = corpus_windows(model, "notes/", window=64, pattern="*.md")   # doctest: +SKIP
-        >>> windows.shape                                                           # doctest: +SKIP
-        torch.Size([210, 64])
+        >>> windows = corpus_windows(model, ["The cat sat on the mat. " * 20, "A dog ran in the park. " * 10], window=16)
+        >>> windows.shape                                # BOS then 15 text tokens in each window
+        torch.Size([20, 16])
+        >>> model.to_string(windows[0])
+        '<|endoftext|>The cat sat on the mat. The cat sat'
     """
     if model.tokenizer is None:
         raise InputError("corpus_windows needs a model with a tokenizer: the corpus is text")

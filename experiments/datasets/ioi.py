@@ -66,11 +66,14 @@ class IOIDataset:
     ``answer_tokens`` are the indirect objects' ids (" " + IO), ``wrong_tokens`` the subjects'.
 
     Example:
-        >>> data = ioi_dataset(model, 4)                                # doctest: +SKIP
-        >>> data.clean_prompts[0]                                       # doctest: +SKIP
-        'When Mary and John went to the store, John gave a drink to'
-        >>> logits = model(data.clean_tokens, attention_mask=data.clean_mask)   # doctest: +SKIP
-        >>> last = logits[torch.arange(len(data)), data.answer_positions]      # doctest: +SKIP
+        >>> data = ioi_dataset(model, 4, names=["man", "one", "two", "time", "they"])   # one token each in the toy's tokenizer
+        >>> data.clean_prompts[0]
+        'When time and man got a snack at the cafe, man decided to give it to'
+        >>> data.corrupt_prompts[0]                      # the subject's repeat swapped for the indirect object
+        'When time and man got a snack at the cafe, time decided to give it to'
+        >>> logits = model(data.clean_tokens, attention_mask=data.clean_mask)
+        >>> logits[torch.arange(len(data)), data.answer_positions].shape   # each row's prediction of its answer
+        torch.Size([4, 2048])
     """
 
     clean_prompts: list[str]
@@ -96,8 +99,8 @@ class IOIDataset:
         length - 1; left padding: pos - 1).
 
         Example:
-            >>> data.answer_positions                                   # doctest: +SKIP
-            tensor([14, 13, 16, 16])
+            >>> ioi_dataset(model, 4, names=["man", "one", "two", "time", "they"]).answer_positions
+            tensor([25, 23, 25, 27])
         """
         return PromptBatch(self.clean_tokens, self.clean_mask.bool()).last_positions
 
@@ -108,7 +111,8 @@ class IOIDataset:
         row ``indices[i]`` unchanged (``experiments.distributed`` shards a dataset this way).
 
         Example:
-            >>> ioi_dataset(model, 8).select(slice(2, 4)).clean_prompts == ioi_dataset(model, 8).clean_prompts[2:4]   # doctest: +SKIP
+            >>> data = ioi_dataset(model, 8, names=["man", "one", "two", "time", "they"])
+            >>> data.select(slice(2, 4)).clean_prompts == data.clean_prompts[2:4]
             True
         """
         n = len(self)
@@ -130,7 +134,7 @@ class IOIDataset:
         """One row per prompt: text, corrupt, io, s, order, template (for display).
 
         Example:
-            >>> ioi_dataset(model, 2).to_frame().columns.tolist()      # doctest: +SKIP
+            >>> ioi_dataset(model, 2, names=["man", "one", "two", "time", "they"]).to_frame().columns.tolist()
             ['text', 'corrupt', 'io', 's', 'order', 'template']
         """
         return pd.DataFrame({"text": self.clean_prompts, "corrupt": self.corrupt_prompts, "io": self.io_names,
@@ -157,10 +161,17 @@ def ioi_dataset(model, n: int, seed: int = 0, names: Optional[Sequence[str]] = N
     space, or n < 1.
 
     Example:
-        >>> data = ioi_dataset(model, 20, seed=0)                     # doctest: +SKIP
-        >>> data.to_frame().head(2)                                     # doctest: +SKIP
-        >>> data.answer_tokens[0] == model.to_single_token(" " + data.io_names[0])   # doctest: +SKIP
+        >>> data = ioi_dataset(model, 20, seed=0, names=["man", "one", "two", "time", "they"])
+        >>> data.to_frame()[["io", "s", "order"]].head(2)
+             io     s order
+        0  time   man  ABBA
+        1  they  time  BABA
+        >>> data.answer_tokens[0] == model.to_single_token(" " + data.io_names[0])
         tensor(True)
+        >>> ioi_dataset(model, 2)            # the default names are several tokens each in the toy's tokenizer
+        Traceback (most recent call last):
+        ...
+        workbench.errors.InputError: the 'swap_subject' corruption needs at least 3 single-token names, got 0: []
     """
     if model.tokenizer is None:
         raise InputError("ioi_dataset needs a model with a tokenizer: the prompts are text")

@@ -16,8 +16,8 @@ def prefix_token(model) -> int:
     """BOS when the model's tokenizer has one, else token 0.
 
     Example:
-        >>> prefix_token(model_without_tokenizer)   # doctest: +SKIP
-        0
+        >>> prefix_token(model), model.tokenizer.bos_token_id     # toy-attn-2l's BOS is id 0
+        (0, 0)
     """
     bos = model.tokenizer.bos_token_id if model.tokenizer is not None else None
     return int(bos) if bos is not None else 0
@@ -30,9 +30,9 @@ def repeated_random_tokens(model, seq_len: int = 50, batch: int = 10, seed: int 
     generator seeded with ``seed``, so the result depends only on (d_vocab, prefix, seq_len, batch, seed).
 
     Example:
-        >>> tokens = repeated_random_tokens(model, seq_len=5, batch=2)   # doctest: +SKIP
-        >>> torch.equal(tokens[:, 1:6], tokens[:, 6:])                   # doctest: +SKIP
-        True
+        >>> repeated = repeated_random_tokens(model, seq_len=5, batch=2)
+        >>> repeated.shape, torch.equal(repeated[:, 1:6], repeated[:, 6:])
+        (torch.Size([2, 11]), True)
     """
     d_vocab, prefix = model.cfg.d_vocab, prefix_token(model)
     if seq_len < 1 or batch < 1:

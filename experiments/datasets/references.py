@@ -31,9 +31,11 @@ def mean_activations(model, tokens_BP: Int[Tensor, "batch pos"], hook_names: Uni
     in the dtype the hook point carries (the model's dtype). ``progress`` counts batches.
 
     Example:
-        >>> means = mean_activations(model, corpus_windows(model, texts, 64), ["blocks.3.attn.hook_z"])   # doctest: +SKIP
-        >>> means["blocks.3.attn.hook_z"].shape                                                          # doctest: +SKIP
-        torch.Size([1, 64, 9, 64])
+        >>> means = mean_activations(model, torch.cat([tokens, tokens]), ["blocks.1.attn.hook_z"], batch_size=1)
+        >>> means["blocks.1.attn.hook_z"].shape          # [1, pos, n_heads, d_head]
+        torch.Size([1, 14, 4, 32])
+        >>> torch.allclose(means["blocks.1.attn.hook_z"], cache["blocks.1.attn.hook_z"], atol=1e-4)   # one prompt twice: itself
+        True
     """
     names = [hook_names] if isinstance(hook_names, str) else list(hook_names)
     if not names:
