@@ -132,7 +132,13 @@ def _positions_for(positions_BP: Optional[Tensor], activation: Tensor) -> Option
 def hooks_for_input(model, batch: PromptBatch, targets, method: str, reference_tokens,
                      reference_mask: Optional[Tensor] = None, reference_means: Optional[dict] = None,
                      padding_side: str = "right") -> list[Hook]:
-    """Hooks for ``batch``, where a missing reference means the batch itself (resample: its next row)."""
+    """Hooks for ``batch``, where a missing reference means the batch itself (resample: its next row).
+
+    Example:
+        >>> batch = prompt_batch(model, ["The cat sat", "The dog ran"])
+        >>> [name for name, _ in hooks_for_input(model, batch, [AblationTarget("head", 0, 1)], "resample", None)]
+        ['blocks.0.attn.hook_z']
+    """
     if reference_tokens is None and reference_means is None and method != "zero":
         return ablation_hooks(model, targets, method, batch.tokens, resample_shift=1 if method == "resample" else 0,
                               reference_mask=batch.mask, attention_mask=batch.mask)

@@ -151,6 +151,12 @@ def reference_values(model, hook_names: set[str], method: str, reference_BP: Opt
     ``positions`` [batch, pos] is each input column's position in its own prompt (a padded input;
     ``token_positions``); None reads column p as position p. A padded reference is aligned the same
     way, and a mean excludes its pads. ``reference_means`` replaces the reference prompts of "mean".
+
+    Example:
+        >>> reference = model.to_tokens(["The cat sat on the mat.", "A dog ran in the park."])
+        >>> value_of = reference_values(model, {"blocks.0.attn.hook_z"}, "resample", reference)["blocks.0.attn.hook_z"]
+        >>> value_of(2, 5).shape                         # rows 0 and 1 take reference rows 0 and 1, 5 positions
+        torch.Size([2, 5, 4, 32])
     """
     hook_names = set(hook_names)
     if method == "mean":

@@ -89,9 +89,11 @@ class WorkerPool:
     ``load_s`` holds each worker's load time in seconds. Use it as a context manager, or ``close()``.
 
     Example:
-        >>> with WorkerPool("smollm2-135m", workers=2) as pool:                    # doctest: +SKIP
-        ...     rows = pool.run(ioi_per_prompt, ioi_dataset(model, 200))
-        ...     sweep = pool.run(head_sweep_per_prompt, windows, attention_mask=None)
+        >>> from experiments.ablation import head_sweep_per_prompt
+        >>> from experiments.induction import induction_per_prompt, repeated_random_tokens
+        >>> with WorkerPool("toy-attn-2l", workers=2) as pool:                     # doctest: +SKIP
+        ...     sweep = pool.run(head_sweep_per_prompt, ["The cat sat on the mat.", "The dog ran"])
+        ...     scores = pool.run(induction_per_prompt, repeated_random_tokens(model, 20, 8), seq_len=20)
     """
 
     def __init__(self, model: Union[str, Path] = "smollm2-135m", *, workers: int = 2, address: Optional[str] = None,
@@ -199,7 +201,10 @@ class WorkerPool:
         indices whose worker process exits (``os._exit(1)``) on their first attempt.
 
         Example:
-            >>> rows = pool.run(head_sweep_per_prompt, tokens_BP, attention_mask=mask_BP, shard_size=8)   # doctest: +SKIP
+            >>> from experiments.ablation import head_sweep_per_prompt
+            >>> tokens_BP, mask_BP = model.to_tokens_and_mask(["The cat sat on the mat.", "The dog ran", "A cat"])
+            >>> with WorkerPool("toy-attn-2l", workers=2) as pool:                 # doctest: +SKIP
+            ...     rows = pool.run(head_sweep_per_prompt, tokens_BP, attention_mask=mask_BP, shard_size=1)
         """
         n = checked_sweep(fn, dataset, attention_mask, shard_size)
         size = shard_size or min(MAX_SHARD, math.ceil(n / (4 * self.workers)))
@@ -259,9 +264,11 @@ def run_sharded(fn: Callable, dataset: Dataset, model: Union[str, Path] = "smoll
     checked (and ``model`` resolved) before Ray starts.
 
     Example:
-        >>> data = ioi_dataset(model, 200)                                                   # doctest: +SKIP
-        >>> rows = run_sharded(ioi_per_prompt, data, "smollm2-135m", workers=4)              # doctest: +SKIP
-        >>> result = ioi_result(rows)          # == ioi_patching(model, data), float noise   # doctest: +SKIP
+        >>> from experiments.datasets import ioi_dataset
+        >>> from experiments.ioi import ioi_per_prompt, ioi_result
+        >>> data = ioi_dataset(model, 24, names=["man", "one", "two", "time", "they"])
+        >>> rows = run_sharded(ioi_per_prompt, data, "toy-attn-2l", workers=2)                # doctest: +SKIP
+        >>> result = ioi_result(rows)          # == ioi_patching(model, data), up to float noise  # doctest: +SKIP
     """
     checked_sweep(fn, dataset, attention_mask, shard_size)  # before the pool starts Ray
     with WorkerPool(model, workers=workers, address=address, num_gpus=num_gpus, cpus_per_worker=cpus_per_worker,

@@ -49,7 +49,16 @@ def _dataset_size(dataset: Dataset, attention_mask: Optional[Tensor]) -> int:
 
 
 def checked_sweep(fn: Callable, dataset: Dataset, attention_mask: Optional[Tensor], shard_size: Optional[int]) -> int:
-    """The number of prompts, after checking a sweep's arguments."""
+    """The number of prompts, after checking a sweep's arguments.
+
+    Example:
+        >>> checked_sweep(len, ["The cat", "The dog"], None, shard_size=1)
+        2
+        >>> checked_sweep(len, [], None, None)
+        Traceback (most recent call last):
+        ...
+        workbench.errors.InputError: the dataset is empty: there are no prompts to shard
+    """
     if not callable(fn):
         raise InputError(f"fn must be a callable fn(model, shard, **fn_kwargs) -> DataFrame, got {fn!r}")
     n = _dataset_size(dataset, attention_mask)
@@ -60,7 +69,14 @@ def checked_sweep(fn: Callable, dataset: Dataset, attention_mask: Optional[Tenso
 
 def shard_payload(dataset: Dataset, attention_mask: Optional[Tensor], start: int, stop: int,
                    trim: bool) -> tuple[tuple, dict]:
-    """(args, kwargs) that ``fn`` takes after the model for prompts start..stop-1."""
+    """(args, kwargs) that ``fn`` takes after the model for prompts start..stop-1.
+
+    Example:
+        >>> tokens_BP, mask_BP = torch.tensor([[5, 6, 0], [5, 6, 7]]), torch.tensor([[1, 1, 0], [1, 1, 1]])
+        >>> (shard,), kwargs = shard_payload(tokens_BP, mask_BP, 0, 1, trim=True)   # the pad column dropped
+        >>> shard.tolist(), kwargs["attention_mask"].tolist()
+        ([[5, 6]], [[1, 1]])
+    """
     if isinstance(dataset, IOIDataset):
         shard = dataset.select(slice(start, stop))
         if trim:
@@ -81,7 +97,12 @@ def shard_payload(dataset: Dataset, attention_mask: Optional[Tensor], start: int
 
 
 def checked_rows(frame: Any, fn: Callable, shard: int, start: int, stop: int) -> pd.DataFrame:
-    """``fn``'s result for one shard, its ``prompt`` column renumbered to dataset indices."""
+    """``fn``'s result for one shard, its ``prompt`` column renumbered to dataset indices.
+
+    Example:
+        >>> checked_rows(pd.DataFrame({"prompt": [0, 1], "x": [1.0, 2.0]}), len, 3, 10, 12)["prompt"].tolist()
+        [10, 11]
+    """
     name = getattr(fn, "__name__", repr(fn))
     if not isinstance(frame, pd.DataFrame) or "prompt" not in frame.columns:
         raise InputError(f"{name} must return a DataFrame with a 'prompt' column (per-prompt rows numbered within "
@@ -97,7 +118,14 @@ def checked_rows(frame: Any, fn: Callable, shard: int, start: int, stop: int) ->
 
 
 def merged_attrs(frames: list[pd.DataFrame]) -> dict:
-    """Per-prompt lists in the shards' attrs (keys ending in ``_per_prompt``) joined in dataset order."""
+    """Per-prompt lists in the shards' attrs (keys ending in ``_per_prompt``) joined in dataset order.
+
+    Example:
+        >>> first, second = pd.DataFrame(), pd.DataFrame()
+        >>> first.attrs, second.attrs = {"clean_metric_per_prompt": [1.0], "n": 1}, {"clean_metric_per_prompt": [2.0]}
+        >>> merged_attrs([first, second])
+        {'clean_metric_per_prompt': [1.0, 2.0]}
+    """
     keys = [key for key, value in frames[0].attrs.items() if key.endswith("_per_prompt") and isinstance(value, list)]
     return {key: [v for frame in frames for v in frame.attrs.get(key, [])] for key in keys}
 

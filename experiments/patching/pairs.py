@@ -128,6 +128,13 @@ class PatchingRun:
 
 def patching_run(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, progress, metric, position,
                   per_prompt, clean_mask, corrupt_mask, padding_side) -> PatchingRun:
+    """The prompts paired (``patch_pair``) and the metric chosen (``patching_metric``) for an exact patching run.
+
+    Example:
+        >>> run = patching_run(model, ["The cat"], ["The cut"], " s", " and", False, None, None, False, None, None, "right")
+        >>> run.clean.size, type(run.metric).__name__
+        (1, 'LogitDiff')
+    """
     clean, corrupt = patch_pair(model, clean_tokens, corrupt_tokens, clean_mask, corrupt_mask, padding_side)
     return PatchingRun(clean, corrupt, patching_metric(model, clean.size, answer_token, wrong_token, metric, position),
                        per_prompt, progress)
