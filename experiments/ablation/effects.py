@@ -54,7 +54,7 @@ def per_token_loss_change(model, tokens: TokensLike, targets: Sequence[AblationT
     batch = prompt_batch(model, tokens, attention_mask, padding_side)
     row, real_P = _one_row(batch, row)
     hooks = hooks_for_input(model, batch, targets, method, reference_tokens, reference_mask, reference_means,
-                             padding_side)
+                            padding_side)
     clean = model(batch.tokens, attention_mask=batch.mask, return_type="loss", loss_per_token=True)[row]
     ablated = model.run_with_hooks(batch.tokens, attention_mask=batch.mask, return_type="loss", loss_per_token=True,
                                    fwd_hooks=hooks)[row]
@@ -101,7 +101,7 @@ def top_predictions_change(model, tokens: TokensLike, targets: Sequence[Ablation
                          f"got {position!r}")
     column = int(columns[int(index)])
     hooks = hooks_for_input(model, batch, targets, method, reference_tokens, reference_mask, reference_means,
-                             padding_side)
+                            padding_side)
     clean = model(batch.tokens, attention_mask=batch.mask)[row, column].float().softmax(-1)
     ablated = model.run_with_hooks(batch.tokens, attention_mask=batch.mask,
                                    fwd_hooks=hooks)[row, column].float().softmax(-1)
@@ -156,7 +156,7 @@ def ablation_effect(model, tokens: TokensLike, targets: Sequence[AblationTarget]
     batch = prompt_batch(model, tokens, attention_mask, padding_side)
     metric = as_metric(metric, position)
     hooks = hooks_for_input(model, batch, targets, method, reference_tokens, reference_mask, reference_means,
-                             padding_side)
+                            padding_side)
     clean_R = _metric_of_run(model, batch, metric, [])
     ablated_R = _metric_of_run(model, batch, metric, hooks)
     if per_prompt:

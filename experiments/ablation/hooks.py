@@ -96,8 +96,8 @@ def ablation_hooks(model, targets: Sequence[AblationTarget], method: Method = "z
             raise InputError(f"{method} ablation needs reference_tokens (the prompts whose activations replace the "
                              f"input's)" + (" or reference_means" if method == "mean" else ""))
         values = reference_values(model, {t.hook_name for t in others}, method, reference_tokens, resample_shift,
-                                   reference_mask=reference_mask, reference_means=reference_means,
-                                   padding_side=padding_side)
+                                  reference_mask=reference_mask, reference_means=reference_means,
+                                  padding_side=padding_side)
     positions_BP = None if attention_mask is None else token_positions(_as_mask(attention_mask))
     for target in others:
         value_of = values.get(target.hook_name)
@@ -130,8 +130,8 @@ def _positions_for(positions_BP: Optional[Tensor], activation: Tensor) -> Option
 
 
 def hooks_for_input(model, batch: PromptBatch, targets, method: str, reference_tokens,
-                     reference_mask: Optional[Tensor] = None, reference_means: Optional[dict] = None,
-                     padding_side: str = "right") -> list[Hook]:
+                    reference_mask: Optional[Tensor] = None, reference_means: Optional[dict] = None,
+                    padding_side: str = "right") -> list[Hook]:
     """Hooks for ``batch``, where a missing reference means the batch itself (resample: its next row).
 
     Example:
@@ -167,7 +167,7 @@ def run_ablated(model, tokens: TokensLike, targets: Sequence[AblationTarget], me
     """
     batch = prompt_batch(model, tokens, attention_mask, padding_side)
     hooks = hooks_for_input(model, batch, targets, method, reference_tokens, reference_mask, reference_means,
-                             padding_side)
+                            padding_side)
     return model.run_with_hooks(batch.tokens, attention_mask=batch.mask, return_type=return_type, fwd_hooks=hooks)
 
 

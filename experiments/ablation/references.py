@@ -144,8 +144,8 @@ def _resample_value(act_RP_: Tensor, lengths_R: Tensor, shift: int) -> ValueOf:
 
 
 def reference_values(model, hook_names: set[str], method: str, reference_BP: Optional[TokensLike],
-                      resample_shift: int = 0, *, reference_mask: Optional[Tensor] = None,
-                      reference_means: Optional[dict] = None, padding_side: str = "right") -> dict[str, ValueOf]:
+                     resample_shift: int = 0, *, reference_mask: Optional[Tensor] = None,
+                     reference_means: Optional[dict] = None, padding_side: str = "right") -> dict[str, ValueOf]:
     """For each hook: a function ``(batch, pos, positions=None)`` -> replacement activation [batch or 1, pos, ...].
 
     ``positions`` [batch, pos] is each input column's position in its own prompt (a padded input;

@@ -66,8 +66,8 @@ def head_sweep(model, tokens: TokensLike, metric: MetricLike = "loss", method: M
         shift = 1 if (method == "resample" and own) else 0
         with torch.no_grad():
             values = reference_values(model, set(z_names), method, batch.tokens if own else reference_tokens, shift,
-                                       reference_mask=batch.mask if own else reference_mask,
-                                       reference_means=reference_means, padding_side=padding_side)
+                                      reference_mask=batch.mask if own else reference_mask,
+                                      reference_means=reference_means, padding_side=padding_side)
     B, P = batch.tokens.shape
     positions_BP = token_positions(batch.mask)
     edits = []

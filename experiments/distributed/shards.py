@@ -68,7 +68,7 @@ def checked_sweep(fn: Callable, dataset: Dataset, attention_mask: Optional[Tenso
 
 
 def shard_payload(dataset: Dataset, attention_mask: Optional[Tensor], start: int, stop: int,
-                   trim: bool) -> tuple[tuple, dict]:
+                  trim: bool) -> tuple[tuple, dict]:
     """(args, kwargs) that ``fn`` takes after the model for prompts start..stop-1.
 
     Example:

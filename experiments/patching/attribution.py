@@ -48,7 +48,7 @@ def attribution_patching(model, clean_tokens: TokensLike, corrupt_tokens: Tokens
         raise InputError(f"unknown attribution site(s) {unknown}; choose from {sorted(SITES)}")
     sites = [s for s in sites if not (s == "mlp" and model.cfg.attn_only)]
     run = patching_run(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, False, metric, position,
-                        per_prompt, clean_mask, corrupt_mask, padding_side)
+                       per_prompt, clean_mask, corrupt_mask, padding_side)
     names = [(site, layer, f"blocks.{layer}.{SITES[site]}") for site in sites for layer in range(model.cfg.n_layers)]
     wanted = {name for _, _, name in names}
     with torch.no_grad():

@@ -69,7 +69,7 @@ def patch_residual(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, 
         27      1        13    0.55   1.61         1.0
     """
     run = patching_run(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, progress, metric, position,
-                        per_prompt, clean_mask, corrupt_mask, padding_side)
+                       per_prompt, clean_mask, corrupt_mask, padding_side)
     P = run.clean.tokens.shape[1]
     labels = pd.DataFrame([(l, p) for l in range(model.cfg.n_layers) for p in range(P)], columns=["layer", "position"])
     sites = [Site(f"blocks.{l}.hook_resid_pre", position=p) for l, p in labels.itertuples(index=False)]
@@ -92,7 +92,7 @@ def patch_attn_mlp(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, 
         (['attn'], 28)
     """
     run = patching_run(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, progress, metric, position,
-                        per_prompt, clean_mask, corrupt_mask, padding_side)
+                       per_prompt, clean_mask, corrupt_mask, padding_side)
     P = run.clean.tokens.shape[1]
     components = ["attn"] + ([] if model.cfg.attn_only else ["mlp"])
     labels = pd.DataFrame([(c, l, p) for c in components for l in range(model.cfg.n_layers) for p in range(P)],
@@ -118,7 +118,7 @@ def patch_heads(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, ans
         1      0     1
     """
     run = patching_run(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, progress, metric, position,
-                        per_prompt, clean_mask, corrupt_mask, padding_side)
+                       per_prompt, clean_mask, corrupt_mask, padding_side)
     labels = pd.DataFrame([(l, h) for l in range(model.cfg.n_layers) for h in range(model.cfg.n_heads)],
                           columns=["layer", "head"])
     sites = [Site(f"blocks.{l}.attn.hook_z", index=h) for l, h in labels.itertuples(index=False)]

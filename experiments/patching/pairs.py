@@ -127,7 +127,7 @@ class PatchingRun:
 
 
 def patching_run(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, progress, metric, position,
-                  per_prompt, clean_mask, corrupt_mask, padding_side) -> PatchingRun:
+                 per_prompt, clean_mask, corrupt_mask, padding_side) -> PatchingRun:
     """The prompts paired (``patch_pair``) and the metric chosen (``patching_metric``) for an exact patching run.
 
     Example:
