@@ -55,7 +55,11 @@ def metric_from_final_resid(model, resid_nBPD: Tensor, batch: PromptBatch, metri
     third of a small model's FLOPs, nearly all spent on positions such a metric never reads).
 
     Example:
-        >>> metric_from_final_resid(model, torch.cat([resid, resid]), batch, Loss())   # two equal rows   # doctest: +SKIP
+        >>> from experiments.metrics import prompt_batch
+        >>> resid = cache["blocks.1.hook_resid_post"]                   # after toy-attn-2l's last block
+        >>> values = metric_from_final_resid(model, torch.cat([resid, resid]), prompt_batch(model, tokens), Loss())
+        >>> values.shape, torch.allclose(values, model(tokens, return_type="loss"))   # two variants, each the loss
+        (torch.Size([2, 1]), True)
     """
     n = resid_nBPD.shape[0] // batch.size
     if isinstance(metric, Loss):
@@ -95,10 +99,13 @@ def score_edits(
     The batch's attention mask travels with every variant, so padded prompts score as they would alone.
 
     Example:
+        >>> from experiments.metrics import prompt_batch
         >>> kill = lambda l, h: Edit(Site(f"blocks.{l}.attn.hook_z", index=h))
-        >>> batch = prompt_batch(model, tokens)                                               # doctest: +SKIP
-        >>> _, resid_pre, _ = unedited_run(model, batch, Loss())                             # doctest: +SKIP
-        >>> losses = score_edits(model, resid_pre, batch, [kill(0, 1), kill(1, 0)], Loss())   # doctest: +SKIP
+        >>> batch = prompt_batch(model, tokens)
+        >>> _, resid_pre, _ = unedited_run(model, batch, Loss())
+        >>> losses = score_edits(model, resid_pre, batch, [kill(0, 1), kill(1, 0)], Loss())
+        >>> [round(loss, 2) for loss in losses[:, 0].tolist()]        # [edits, rows]: L0H1 and L1H0 zero-ablated
+        [7.15, 5.12]
     """
     B, P = batch.tokens.shape
     L = model.cfg.n_layers
@@ -156,7 +163,10 @@ def unedited_run(model, batch: PromptBatch, metric: Metric,
     """The metric of each prompt in an unedited run, every layer's resid_pre and the activations at ``extra_hooks``.
 
     Example:
-        >>> values, resid_pre, acts = unedited_run(model, batch, Loss(), ["blocks.0.attn.hook_z"])   # doctest: +SKIP
+        >>> from experiments.metrics import prompt_batch
+        >>> values, resid_pre, acts = unedited_run(model, prompt_batch(model, tokens), Loss(), ["blocks.0.attn.hook_z"])
+        >>> len(resid_pre), acts["blocks.0.attn.hook_z"].shape        # each layer's resid_pre; the extra activation
+        (2, torch.Size([1, 14, 4, 32]))
     """
     L = model.cfg.n_layers
     wanted = {f"blocks.{l}.hook_resid_pre" for l in range(L)} | {f"blocks.{L - 1}.hook_resid_post"} | set(extra_hooks)

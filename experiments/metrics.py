@@ -103,9 +103,9 @@ def prompt_batch(model, tokens: TokensLike, attention_mask: Optional[Tensor] = N
     """Checked token ids and mask of ``tokens``: a list of texts pads on ``padding_side`` and builds its mask.
 
     Example:
-        >>> batch = prompt_batch(model, ["When Mary and John went", "Hi"])   # doctest: +SKIP
-        >>> batch.last_positions                                             # doctest: +SKIP
-        tensor([5, 1])
+        >>> batch = prompt_batch(model, ["The cat sat on the mat.", "The dog"])
+        >>> batch.tokens.shape, batch.last_positions                   # padded on the right; each row's last token
+        (torch.Size([2, 11]), tensor([10,  3]))
     """
     tokens_BP, mask_BP = model.as_tokens_and_mask(tokens, attention_mask=attention_mask, padding_side=padding_side)
     return PromptBatch(tokens_BP, None if mask_BP is None or bool(mask_BP.all()) else mask_BP)
@@ -115,8 +115,8 @@ def token_ids(model, tokens: TokenIds, rows: int, name: str) -> Int[Tensor, "bat
     """One token id per row from an id, a text (one token), or a list / tensor of either with one entry per row.
 
     Example:
-        >>> token_ids(model, " Mary", 3, "answer_token")            # doctest: +SKIP
-        tensor([5335, 5335, 5335])
+        >>> token_ids(model, " the", 3, "answer_token")
+        tensor([293, 293, 293])
     """
     if isinstance(tokens, Tensor):
         ids = tokens.reshape(-1).long()
@@ -331,7 +331,10 @@ def logit_diff(model, answer_tokens: TokenIds, wrong_tokens: TokenIds, rows: int
     """The logit-difference metric with one answer and wrong token per row (texts or ids, one or one per row).
 
     Example:
-        >>> metric = logit_diff(model, [" Mary", " John"], [" John", " Mary"], rows=2)   # doctest: +SKIP
+        >>> metric = logit_diff(model, [" s", " and"], [" and", " s"], rows=2)   # row 1 asks the opposite of row 0
+        >>> two = torch.cat([tokens, tokens])
+        >>> [round(value, 2) for value in metric.values(model(two), prompt_batch(model, two)).tolist()]
+        [0.55, -0.55]
     """
     return LogitDiff(token_ids(model, answer_tokens, rows, "answer_token"),
                      token_ids(model, wrong_tokens, rows, "wrong_token"), position)

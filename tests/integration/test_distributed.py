@@ -195,7 +195,7 @@ def test_command_on_two_workers_writes_what_one_process_writes(cluster, command,
 def test_command_connects_to_an_existing_cluster_by_address_and_leaves_it_running(cluster, tmp_path):
     import ray
 
-    from experiments import ablation
+    from experiments.cli import ablation
 
     args = ["--model", TOY, "--no-progress", *COMMANDS["ablation"]]
     with torch.no_grad():

@@ -16,6 +16,7 @@ from experiments.ablation import head_sweep_per_prompt
 from experiments.induction import induction_loss_per_prompt, induction_per_prompt
 from experiments.ablation import head_sweep
 from experiments.datasets import ioi_dataset, repeated_random_tokens
+from experiments.distributed.shards import checked_rows
 from experiments.induction import induction_loss, induction_scores
 from tests.unit.helpers import make_model
 from workbench.extras import MissingExtraError
@@ -82,11 +83,11 @@ def test_mean_or_resample_ablation_over_shards_needs_a_fixed_reference():
 
 def test_fn_rows_must_carry_a_prompt_column_numbered_within_the_shard():
     good = pd.DataFrame({"prompt": [0, 1, 1], "x": [1.0, 2.0, 3.0]})
-    assert dist._checked_rows(good, len, 2, 10, 12)["prompt"].tolist() == [10, 11, 11]
+    assert checked_rows(good, len, 2, 10, 12)["prompt"].tolist() == [10, 11, 11]
     with pytest.raises(wb.InputError, match="must return a DataFrame with a 'prompt' column"):
-        dist._checked_rows(pd.DataFrame({"x": [1]}), len, 0, 0, 1)
+        checked_rows(pd.DataFrame({"x": [1]}), len, 0, 0, 1)
     with pytest.raises(wb.InputError, match="number them 0..1"):
-        dist._checked_rows(pd.DataFrame({"prompt": [0, 2]}), len, 0, 0, 2)
+        checked_rows(pd.DataFrame({"prompt": [0, 2]}), len, 0, 0, 2)
 
 
 # ---- the commands' --workers / --ray-address ------------------------------------------------------

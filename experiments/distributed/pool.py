@@ -1,41 +1,5 @@
-"""Experiments bigger than one machine: a per-prompt experiment run over a dataset sharded across Ray workers.
-
-Legend: B batch, P position, S key position, L n_layers, H n_heads.
-
-``run_sharded(fn, dataset, model)`` cuts ``dataset`` into shards of consecutive prompts and runs
-``fn(model, shard, **fn_kwargs)`` on Ray workers. ``fn`` returns a DataFrame of per-prompt rows
-with a ``prompt`` column numbered within its shard (0..len(shard)-1); the result is one DataFrame
-in dataset order (a stable sort by ``prompt``) with ``prompt`` renumbered to dataset indices: for a
-``fn`` whose rows are prompt-major, the rows, columns and dtypes of ``fn(model, whole_dataset)``,
-with values equal up to float noise (see Padding).
-
-- Datasets: an ``IOIDataset`` (shards by ``IOIDataset.select``), token ids [B, P] with an optional
-  ``attention_mask`` [B, P] (sharded alongside, passed to ``fn`` as ``attention_mask=``), or a list
-  of texts (``fn`` tokenizes its shard).
-- Workers: each is a Ray actor that loads the model once (``wb.load_model`` by registered name or
-  path, on "cuda" when it holds a GPU (``num_gpus``), else the CPU, with ``cpus_per_worker`` torch
-  threads) and runs shard after shard, the next shard going to whichever worker is free.
-  ``WorkerPool`` keeps the workers for several sweeps; ``run_sharded`` is one pool for one sweep.
-- Padding: a shard keeps only the columns some of its rows use (``trim_padding=True``), so it runs
-  at its own width. Masked rows give the numbers they give alone (``tests/integration/
-  test_padding_parity.py``), so trimming and the smaller batch change results by float noise only:
-  measured on SmolLM2-135M float32, at most 4e-5 on logit differences and losses (tests use 1e-4).
-  Pass ``trim_padding=False`` to a ``fn`` whose rows are per padded column.
-- Faults: a worker that dies (``RayActorError``/``ActorDiedError``, ``WorkerCrashedError``) is replaced
-  by a fresh actor and its shard rerun; results are keyed by shard index, so nothing is lost or
-  counted twice. After ``max_retries`` reruns of one shard, ``ShardFailedError`` names it. An
-  exception raised by ``fn`` itself is not retried: it is raised in the driver (an instance of the
-  original class) with a note naming the shard.
-- Ray: by default a local Ray is started for the pool (quiet: no dashboard, workers' logs not
-  forwarded) and shut down after it; ``address=`` or the ``RAY_ADDRESS`` variable connects to an
-  existing cluster instead (the driver disconnects after, the cluster keeps running); a Ray the
-  caller already initialised is used as it is and left running.
-
-Ready-made per-prompt experiments live beside the experiment they split (top-level functions, so
-workers import them): ``experiments.ioi.ioi_per_prompt`` (IOI logit differences and every head's
-patching effect; ``ioi_result`` rebuilds ``ioi_patching``'s result), ``experiments.ablation.head_sweep_per_prompt``,
-``experiments.induction.induction_per_prompt`` and ``induction_loss_per_prompt``; ``mean_over_prompts``
-turns their rows into the dataset-level tables of ``head_sweep`` and ``induction_scores``.
+"""Ray workers that each hold one loaded model and run shard after shard: ``WorkerPool``, and ``run_sharded``
+(one pool for one sweep). Faults, padding and the Ray lifecycle: ``experiments.distributed``.
 """
 
 from __future__ import annotations
@@ -47,9 +11,8 @@ import os
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Collection, Optional, Sequence, Union
+from typing import Any, Callable, Collection, Optional, Union
 
-import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
@@ -57,14 +20,10 @@ from torch import Tensor
 import workbench as wb
 from experiments._progress import Progress, ProgressArg
 from experiments.datasets import IOIDataset
+from experiments.distributed.shards import MAX_SHARD, Dataset, checked_rows, checked_sweep, merged_attrs, shard_payload
 from workbench.errors import InputError
 from workbench.extras import require
 from workbench.loading import model_config
-
-__all__ = ["run_sharded", "WorkerPool", "ShardFailedError", "mean_over_prompts"]
-
-Dataset = Union[IOIDataset, Tensor, Sequence[str]]
-MAX_SHARD = 64  # default shards never exceed this many prompts (memory of one shard's caches)
 
 
 class ShardFailedError(RuntimeError):
@@ -104,87 +63,6 @@ def _to_device(value: Any, device: str) -> Any:
     return value
 
 
-# ---- datasets and shards ------------------------------------------------------------------------
-def _dataset_size(dataset: Dataset, attention_mask: Optional[Tensor]) -> int:
-    """The number of prompts, after checking ``dataset`` is a kind this module shards."""
-    if isinstance(dataset, IOIDataset):
-        n = len(dataset)
-    elif isinstance(dataset, Tensor):
-        if dataset.ndim != 2:
-            raise InputError(f"a token dataset must be ids [batch, pos], got shape {tuple(dataset.shape)}")
-        n = dataset.shape[0]
-    elif isinstance(dataset, (list, tuple)) and all(isinstance(text, str) for text in dataset):
-        n = len(dataset)
-    else:
-        raise InputError(f"dataset must be an IOIDataset, token ids [batch, pos] or a list of texts, "
-                         f"got {type(dataset).__name__}")
-    if n == 0:
-        raise InputError("the dataset is empty: there are no prompts to shard")
-    if attention_mask is not None:
-        if not isinstance(dataset, Tensor):
-            raise InputError("attention_mask goes with token ids [batch, pos] (an IOIDataset carries its own masks; "
-                             "a list of texts builds them)")
-        if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != tuple(dataset.shape):
-            shape = tuple(attention_mask.shape) if isinstance(attention_mask, Tensor) else type(attention_mask).__name__
-            raise InputError(f"attention_mask must have the tokens' shape {tuple(dataset.shape)}, got {shape}")
-    return n
-
-
-def _checked_sweep(fn: Callable, dataset: Dataset, attention_mask: Optional[Tensor], shard_size: Optional[int]) -> int:
-    """The number of prompts, after checking a sweep's arguments."""
-    if not callable(fn):
-        raise InputError(f"fn must be a callable fn(model, shard, **fn_kwargs) -> DataFrame, got {fn!r}")
-    n = _dataset_size(dataset, attention_mask)
-    if shard_size is not None and (isinstance(shard_size, bool) or not isinstance(shard_size, int) or shard_size < 1):
-        raise InputError(f"shard_size must be a whole number of prompts >= 1, got {shard_size!r}")
-    return n
-
-
-def _shard_payload(dataset: Dataset, attention_mask: Optional[Tensor], start: int, stop: int,
-                   trim: bool) -> tuple[tuple, dict]:
-    """(args, kwargs) that ``fn`` takes after the model for prompts start..stop-1."""
-    if isinstance(dataset, IOIDataset):
-        shard = dataset.select(slice(start, stop))
-        if trim:
-            used = (shard.clean_mask.bool() | shard.corrupt_mask.bool()).any(0)
-            shard = dataclasses.replace(shard, **{name: getattr(shard, name)[:, used] for name in
-                                                  ("clean_tokens", "clean_mask", "corrupt_tokens", "corrupt_mask")})
-        return (shard,), {}
-    if isinstance(dataset, Tensor):
-        tokens = dataset[start:stop].cpu()
-        if attention_mask is None:
-            return (tokens,), {}
-        mask = attention_mask[start:stop].cpu()
-        if trim:
-            used = mask.bool().any(0)
-            tokens, mask = tokens[:, used], mask[:, used]
-        return (tokens,), {"attention_mask": mask}
-    return (list(dataset[start:stop]),), {}
-
-
-def _checked_rows(frame: Any, fn: Callable, shard: int, start: int, stop: int) -> pd.DataFrame:
-    """``fn``'s result for one shard, its ``prompt`` column renumbered to dataset indices."""
-    name = getattr(fn, "__name__", repr(fn))
-    if not isinstance(frame, pd.DataFrame) or "prompt" not in frame.columns:
-        raise InputError(f"{name} must return a DataFrame with a 'prompt' column (per-prompt rows numbered within "
-                         f"the shard); shard {shard} gave {type(frame).__name__}"
-                         f"{' with columns ' + str(list(frame.columns)) if isinstance(frame, pd.DataFrame) else ''}")
-    prompts = frame["prompt"].to_numpy()
-    if not np.issubdtype(prompts.dtype, np.integer) or (len(prompts) and not 0 <= prompts.min() <= prompts.max() < stop - start):
-        raise InputError(f"{name}: shard {shard} holds prompts {start}..{stop - 1}, so its 'prompt' column must number "
-                         f"them 0..{stop - start - 1}; got values {sorted(set(prompts.tolist()))[:8]}")
-    frame = frame.copy()
-    frame["prompt"] = prompts + start
-    return frame
-
-
-def _merged_attrs(frames: list[pd.DataFrame]) -> dict:
-    """Per-prompt lists in the shards' attrs (keys ending in ``_per_prompt``) joined in dataset order."""
-    keys = [key for key, value in frames[0].attrs.items() if key.endswith("_per_prompt") and isinstance(value, list)]
-    return {key: [v for frame in frames for v in frame.attrs.get(key, [])] for key in keys}
-
-
-# ---- Ray ----------------------------------------------------------------------------------------
 def _checked_source(model: Any, remote: bool) -> str:
     """``model`` as a source every worker can load: a registered name (installed, for a local Ray) or a path."""
     if isinstance(model, torch.nn.Module):
@@ -198,7 +76,7 @@ def _checked_source(model: Any, remote: bool) -> str:
 
 
 def _repo_root() -> str:
-    return str(Path(__file__).resolve().parents[1])
+    return str(Path(__file__).resolve().parents[2])
 
 
 class WorkerPool:
@@ -211,9 +89,11 @@ class WorkerPool:
     ``load_s`` holds each worker's load time in seconds. Use it as a context manager, or ``close()``.
 
     Example:
-        >>> with WorkerPool("smollm2-135m", workers=2) as pool:                    # doctest: +SKIP
-        ...     rows = pool.run(ioi_per_prompt, ioi_dataset(model, 200))
-        ...     sweep = pool.run(head_sweep_per_prompt, windows, attention_mask=None)
+        >>> from experiments.ablation import head_sweep_per_prompt
+        >>> from experiments.induction import induction_per_prompt, repeated_random_tokens
+        >>> with WorkerPool("toy-attn-2l", workers=2) as pool:                     # doctest: +SKIP
+        ...     sweep = pool.run(head_sweep_per_prompt, ["The cat sat on the mat.", "The dog ran"])
+        ...     scores = pool.run(induction_per_prompt, repeated_random_tokens(model, 20, 8), seq_len=20)
     """
 
     def __init__(self, model: Union[str, Path] = "smollm2-135m", *, workers: int = 2, address: Optional[str] = None,
@@ -321,14 +201,17 @@ class WorkerPool:
         indices whose worker process exits (``os._exit(1)``) on their first attempt.
 
         Example:
-            >>> rows = pool.run(head_sweep_per_prompt, tokens_BP, attention_mask=mask_BP, shard_size=8)   # doctest: +SKIP
+            >>> from experiments.ablation import head_sweep_per_prompt
+            >>> tokens_BP, mask_BP = model.to_tokens_and_mask(["The cat sat on the mat.", "The dog ran", "A cat"])
+            >>> with WorkerPool("toy-attn-2l", workers=2) as pool:                 # doctest: +SKIP
+            ...     rows = pool.run(head_sweep_per_prompt, tokens_BP, attention_mask=mask_BP, shard_size=1)
         """
-        n = _checked_sweep(fn, dataset, attention_mask, shard_size)
+        n = checked_sweep(fn, dataset, attention_mask, shard_size)
         size = shard_size or min(MAX_SHARD, math.ceil(n / (4 * self.workers)))
         if not self._actors:
             raise InputError("this WorkerPool is closed")
         spans = [(start, min(start + size, n)) for start in range(0, n, size)]
-        payloads = [self.ray.put(_shard_payload(dataset, attention_mask, a, b, trim_padding)) for a, b in spans]
+        payloads = [self.ray.put(shard_payload(dataset, attention_mask, a, b, trim_padding)) for a, b in spans]
         kwargs_ref, die = self.ray.put(fn_kwargs), frozenset(int(i) for i in _die_on_first_attempt)
         crashes = (self.ray.exceptions.RayActorError, self.ray.exceptions.WorkerCrashedError)
         attempts, results, in_flight = [0] * len(spans), {}, {}
@@ -358,12 +241,12 @@ class WorkerPool:
                     cause = error.as_instanceof_cause()
                     cause.add_note(f"raised by {getattr(fn, '__name__', fn)} on shard {shard} (prompts {start}..{stop - 1})")
                     raise cause from None
-                results[shard] = _checked_rows(frame, fn, shard, start, stop)
+                results[shard] = checked_rows(frame, fn, shard, start, stop)
                 idle.append(slot)
                 bar.advance(stop - start)
         frames = [results[i] for i in range(len(spans))]
         table = pd.concat(frames, ignore_index=True).sort_values("prompt", kind="stable", ignore_index=True)
-        table.attrs = {**_merged_attrs(frames), "sharding": {
+        table.attrs = {**merged_attrs(frames), "sharding": {
             "workers": self.workers, "shards": len(spans), "shard_size": size, "reruns": sum(attempts),
             "seconds": time.perf_counter() - started, "load_s": list(self.load_s)}}
         return table
@@ -381,31 +264,15 @@ def run_sharded(fn: Callable, dataset: Dataset, model: Union[str, Path] = "smoll
     checked (and ``model`` resolved) before Ray starts.
 
     Example:
-        >>> data = ioi_dataset(model, 200)                                                   # doctest: +SKIP
-        >>> rows = run_sharded(ioi_per_prompt, data, "smollm2-135m", workers=4)              # doctest: +SKIP
-        >>> result = ioi_result(rows)          # == ioi_patching(model, data), float noise   # doctest: +SKIP
+        >>> from experiments.datasets import ioi_dataset
+        >>> from experiments.ioi import ioi_per_prompt, ioi_result
+        >>> data = ioi_dataset(model, 24, names=["man", "one", "two", "time", "they"])
+        >>> rows = run_sharded(ioi_per_prompt, data, "toy-attn-2l", workers=2)                # doctest: +SKIP
+        >>> result = ioi_result(rows)          # == ioi_patching(model, data), up to float noise  # doctest: +SKIP
     """
-    _checked_sweep(fn, dataset, attention_mask, shard_size)  # before the pool starts Ray
+    checked_sweep(fn, dataset, attention_mask, shard_size)  # before the pool starts Ray
     with WorkerPool(model, workers=workers, address=address, num_gpus=num_gpus, cpus_per_worker=cpus_per_worker,
                     load_kwargs=load_kwargs, max_retries=max_retries) as pool:
         return pool.run(fn, dataset, attention_mask=attention_mask, shard_size=shard_size, progress=progress,
                         trim_padding=trim_padding, _die_on_first_attempt=_die_on_first_attempt, **fn_kwargs)
 
-
-# ---- per-prompt rows back to dataset-level tables ------------------------------------------------
-def mean_over_prompts(rows: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
-    """The mean over prompts of every other column, one row per ``by`` value in first-seen order, dtypes kept.
-
-    Example:
-        >>> rows = pd.DataFrame({"prompt": [0, 0, 1, 1], "head": [0, 1, 0, 1], "delta": [1.0, 2.0, 3.0, 6.0]})
-        >>> mean_over_prompts(rows, ["head"]).values.tolist()
-        [[0.0, 2.0], [1.0, 4.0]]
-    """
-    by = list(by)
-    missing = [c for c in by + ["prompt"] if c not in rows.columns]
-    if missing:
-        raise InputError(f"mean_over_prompts: the rows have no column(s) {missing} (columns: {list(rows.columns)})")
-    values = [c for c in rows.columns if c not in by and c != "prompt"]
-    means = rows.groupby(by, sort=False)[values].mean().reset_index()
-    means.attrs = {}  # the rows' attrs (sharding, per-prompt lists) do not describe the means
-    return means.astype({c: rows[c].dtype for c in values if rows[c].dtype.kind == "f"})

@@ -1,0 +1,172 @@
+"""What an ablation changes, for one prompt or the mean over a batch: a metric clean and ablated, each
+token's loss, the top predictions.
+
+Legend: B batch, P position.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Sequence, Union
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from experiments._batched import metric_from_final_resid
+from experiments._tokens import TokensLike, str_tokens
+from experiments.ablation.hooks import Hook, hooks_for_input
+from experiments.ablation.targets import AblationTarget, Method, check_method
+from experiments.metrics import (Metric, MetricLike, PositionSelector, PromptBatch, as_metric, prompt_batch,
+                                 require_per_prompt_values)
+from workbench.errors import InputError
+
+
+def _one_row(batch: PromptBatch, row: int) -> tuple[int, Tensor]:
+    """``row`` (negative from the end) checked against the batch, and that row's real columns (bool [P])."""
+    if not -batch.size <= row < batch.size:
+        raise InputError(f"row={row} is outside the batch of {batch.size} prompt(s)")
+    row %= batch.size
+    real_P = batch.mask[row] if batch.mask is not None else torch.ones_like(batch.tokens[row], dtype=torch.bool)
+    return row, real_P
+
+
+@torch.no_grad()
+def per_token_loss_change(model, tokens: TokensLike, targets: Sequence[AblationTarget], method: Method = "zero",
+                          reference_tokens: Optional[TokensLike] = None, *, row: int = 0,
+                          attention_mask: Optional[Tensor] = None, padding_side: str = "right",
+                          reference_mask: Optional[Tensor] = None,
+                          reference_means: Optional[dict] = None) -> pd.DataFrame:
+    """Loss of predicting each token of prompt ``row``, clean and ablated.
+
+    Row ``position`` p is the loss of predicting the prompt's token p from its positions < p
+    (p >= 1), counted over the prompt's real tokens only: a padded row gives the table of its
+    prompt alone. The whole batch runs (it is the default reference of "mean" and "resample");
+    ``attention_mask``, ``padding_side``, ``reference_mask`` and ``reference_means`` as in ``run_ablated``.
+
+    Example:
+        >>> table = per_token_loss_change(model, tokens, [AblationTarget("head", 1, 0)])
+        >>> table.columns.tolist(), len(table)              # a loss for each of the 13 tokens after the first
+        (['position', 'token', 'clean_loss', 'ablated_loss', 'delta'], 13)
+        >>> per_token_loss_change(model, ["The cat sat", "The dog"], [AblationTarget("head", 1, 0)], row=1)["token"].tolist()
+        ['The', ' do', 'g']
+    """
+    batch = prompt_batch(model, tokens, attention_mask, padding_side)
+    row, real_P = _one_row(batch, row)
+    hooks = hooks_for_input(model, batch, targets, method, reference_tokens, reference_mask, reference_means,
+                            padding_side)
+    clean = model(batch.tokens, attention_mask=batch.mask, return_type="loss", loss_per_token=True)[row]
+    ablated = model.run_with_hooks(batch.tokens, attention_mask=batch.mask, return_type="loss", loss_per_token=True,
+                                   fwd_hooks=hooks)[row]
+    scored = real_P[:-1] & real_P[1:]  # loss p predicts column p + 1 from column p
+    if not bool(scored.any()):
+        raise InputError(f"prompt {row} has fewer than two real tokens: no next-token loss to show")
+    clean, ablated = clean[scored].float().cpu(), ablated[scored].float().cpu()
+    positions = (real_P.long().cumsum(0) - 1)[1:][scored]  # each predicted token's position in its prompt
+    return pd.DataFrame({"position": positions.cpu().numpy(), "token": str_tokens(model, batch.tokens[row, 1:][scored]),
+                         "clean_loss": clean.numpy(), "ablated_loss": ablated.numpy(),
+                         "delta": (ablated - clean).numpy()})
+
+
+@torch.no_grad()
+def top_predictions_change(model, tokens: TokensLike, targets: Sequence[AblationTarget], method: Method = "zero",
+                           k: int = 5, reference_tokens: Optional[TokensLike] = None,
+                           position: Union[int, Literal["last"]] = "last", *, row: int = 0,
+                           attention_mask: Optional[Tensor] = None, padding_side: str = "right",
+                           reference_mask: Optional[Tensor] = None,
+                           reference_means: Optional[dict] = None) -> pd.DataFrame:
+    """The top-k next-token predictions of prompt ``row`` at ``position``, clean beside ablated.
+
+    ``position`` is "last" (the prompt's last real token) or an index into the prompt's real tokens
+    (negative from its end), so a padded row reads as its prompt alone. Arguments as
+    ``per_token_loss_change``.
+
+    Columns: rank, clean_token, clean_token_id, clean_prob, ablated_token, ablated_token_id,
+    ablated_prob, and ablated_prob_of_clean (how the clean prediction fares after ablation).
+
+    Example:
+        >>> top = top_predictions_change(model, tokens, [AblationTarget("head", 1, 0)], k=3)
+        >>> top[["rank", "clean_token", "ablated_token"]]
+           rank clean_token ablated_token
+        0     1           s             .
+        1     2         and           and
+        2     3          is            is
+    """
+    batch = prompt_batch(model, tokens, attention_mask, padding_side)
+    row, real_P = _one_row(batch, row)
+    columns = real_P.nonzero().flatten()
+    index = -1 if position == "last" else position
+    if isinstance(index, str) or not -len(columns) <= int(index) < len(columns):
+        raise InputError(f"position must be 'last' or an index into prompt {row}'s {len(columns)} real tokens, "
+                         f"got {position!r}")
+    column = int(columns[int(index)])
+    hooks = hooks_for_input(model, batch, targets, method, reference_tokens, reference_mask, reference_means,
+                            padding_side)
+    clean = model(batch.tokens, attention_mask=batch.mask)[row, column].float().softmax(-1)
+    ablated = model.run_with_hooks(batch.tokens, attention_mask=batch.mask,
+                                   fwd_hooks=hooks)[row, column].float().softmax(-1)
+    clean_p, clean_ids = clean.topk(k)
+    ablated_p, ablated_ids = ablated.topk(k)
+    return pd.DataFrame({
+        "rank": np.arange(1, k + 1),
+        "clean_token": str_tokens(model, clean_ids.cpu()), "clean_token_id": clean_ids.cpu().numpy(),
+        "clean_prob": clean_p.cpu().numpy(),
+        "ablated_token": str_tokens(model, ablated_ids.cpu()), "ablated_token_id": ablated_ids.cpu().numpy(),
+        "ablated_prob": ablated_p.cpu().numpy(),
+        "ablated_prob_of_clean": ablated[clean_ids].cpu().numpy(),
+    })
+
+
+def _metric_of_run(model, batch: PromptBatch, metric: Metric, hooks: list[Hook]) -> Tensor:
+    """The metric of each row ([B], or [1] for a batch-level metric) of one run under ``hooks``.
+
+    Read from the final residual stream (``_batched.metric_from_final_resid``): a metric at one
+    position per row unembeds only those positions, and the loss is tiled, never [B, P, V] at once.
+    """
+    # stop_at_layer=n_layers: the blocks run and nothing is unembedded (return_type=None still would be).
+    resid_BPD = model.run_with_hooks(batch.tokens, attention_mask=batch.mask, stop_at_layer=model.cfg.n_layers,
+                                     fwd_hooks=list(hooks))
+    return metric_from_final_resid(model, resid_BPD, batch, metric)[0].float().cpu()
+
+
+@torch.no_grad()
+def ablation_effect(model, tokens: TokensLike, targets: Sequence[AblationTarget], metric: MetricLike = "loss",
+                    method: Method = "zero", reference_tokens: Optional[TokensLike] = None, *,
+                    position: Optional[PositionSelector] = None, per_prompt: bool = False,
+                    attention_mask: Optional[Tensor] = None, padding_side: str = "right",
+                    reference_mask: Optional[Tensor] = None,
+                    reference_means: Optional[dict] = None) -> pd.DataFrame:
+    """The metric of the clean and the ablated run: DataFrame[clean, ablated, delta], delta = ablated - clean.
+
+    ``metric``: "loss" (each prompt's mean next-token loss over its real tokens), an
+    ``experiments.metrics`` metric (``LogitDiff``, ``TokenProbability``; e.g. ``logit_diff(model,
+    answers, wrongs, rows=B)`` with one answer per prompt) or a callable ``(logits, tokens) -> scalar or
+    [batch]`` over the logits at ``position`` ("last": each row's last real token). One row holding
+    the means over prompts, or with ``per_prompt=True`` one row per prompt (a ``prompt`` column
+    first). A padded batch takes ``attention_mask`` (a list of texts builds it); the reference
+    arguments are ``run_ablated``'s. With a fixed reference (or zero ablation) the batch's values are
+    the means of each prompt's values run alone. ``df.attrs`` holds the per-prompt lists too.
+
+    Example:
+        >>> ablation_effect(model, ["The cat sat on the mat.", "The dog ran"], [AblationTarget("head", 0, 1)]).round(2)
+           clean  ablated  delta
+        0   6.23     7.89   1.66
+    """
+    check_method(method)
+    batch = prompt_batch(model, tokens, attention_mask, padding_side)
+    metric = as_metric(metric, position)
+    hooks = hooks_for_input(model, batch, targets, method, reference_tokens, reference_mask, reference_means,
+                            padding_side)
+    clean_R = _metric_of_run(model, batch, metric, [])
+    ablated_R = _metric_of_run(model, batch, metric, hooks)
+    if per_prompt:
+        require_per_prompt_values(len(clean_R), batch.size, "ablation")
+        table = pd.DataFrame({"prompt": np.arange(batch.size), "clean": clean_R.numpy(), "ablated": ablated_R.numpy()})
+    else:
+        table = pd.DataFrame({"clean": [float(clean_R.mean())], "ablated": [float(ablated_R.mean())]})
+    table["delta"] = table["ablated"] - table["clean"]
+    table.attrs.update(method=method, targets=[str(t) for t in targets], clean_metric_per_prompt=clean_R.tolist(),
+                       ablated_metric_per_prompt=ablated_R.tolist())
+    return table
+
+
