@@ -21,6 +21,7 @@ from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import MAX_PROMPT_TOKENS, page_setup, progress_callback, require_model, run_page
 from experiments import patching
+from experiments.plots import patching as patching_plots
 from experiments.plots.attention import pattern_figure
 
 DEFAULT_CLEAN = "When Mary and John went to the store, John gave a drink to"
@@ -135,10 +136,10 @@ def _map(kind: str, heading: str, sites: tuple[str, ...], exact: Optional[pd.Dat
             title = f"{method.capitalize()}: change in logit diff"
             key, name = f"patching_{kind}_{method}", f"patching_{kind}_{method}"
             if kind == "heads":
-                points = downloads.figure(patching.head_map_figure(table, title, value), name, key=key, on_select="rerun")
+                points = downloads.figure(patching_plots.head_map_figure(table, title, value), name, key=key, on_select="rerun")
                 _follow_click((int(points[0]["y"]), int(points[0]["x"])) if points else None, key)
             else:
-                downloads.figure(patching.patching_heatmap(table, title, value), name, key=key)
+                downloads.figure(patching_plots.patching_heatmap(table, title, value), name, key=key)
             downloads.table(table, name, key=f"{key}_table", height=160)
     if exact is not None:
         agreement = patching.attribution_agreement(exact, approx)

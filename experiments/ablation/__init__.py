@@ -34,7 +34,6 @@ write; ``mean_reference``), ``hooks`` (``ablation_hooks``, ``run_ablated``), ``e
 ``head_sweep`` and writes the per-head loss change (``experiments.cli.ablation``).
 """
 
-import importlib
 
 from experiments.ablation.effects import ablation_effect, per_token_loss_change, top_predictions_change
 from experiments.ablation.hooks import ablation_hooks, run_ablated
@@ -44,13 +43,3 @@ from experiments.ablation.targets import KINDS, METHODS, AblationTarget, Kind, M
 
 __all__ = ["AblationTarget", "ablation_hooks", "run_ablated", "head_sweep", "head_sweep_per_prompt", "ablation_effect",
            "mean_reference", "per_token_loss_change", "top_predictions_change", "KINDS", "METHODS", "Kind", "Method"]
-
-# Transitional: the command line moved to experiments.cli.ablation. Until the tests that call ``ablation.main`` import
-# it from there, the old name resolves on first use (this package itself imports no argparse). Delete once none does.
-_MOVED = {"main": "experiments.cli.ablation"}
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,7 @@ from experiments import _cli
 from experiments._tokens import str_tokens
 from experiments.datasets import ioi_dataset
 from experiments.ioi import ioi_patching, ioi_per_prompt, ioi_result
-from experiments.patching import patching_heatmap
+from experiments.plots.patching import patching_heatmap
 from experiments.plots.ioi import logit_diff_figure
 
 

@@ -23,7 +23,6 @@ importable from here. Figures: ``experiments.plots.patching``.
 (``experiments.cli.patching``).
 """
 
-import importlib
 
 from experiments.patching.agreement import SIGN_FLOOR, attribution_agreement, compare_attribution_to_exact
 from experiments.patching.attribution import SITES, attribution_patching
@@ -33,15 +32,3 @@ from experiments.patching.pairs import PatchingRun, logit_diff_metric, patch_pai
 __all__ = ["SITES", "SIGN_FLOOR", "PatchingRun", "logit_diff_metric", "patch_pair", "patched_run", "patch_residual",
            "patch_attn_mlp", "patch_heads", "attribution_patching", "attribution_agreement",
            "compare_attribution_to_exact"]
-
-# Transitional: the figures moved to experiments.plots.patching and the command line to experiments.cli.patching.
-# Until app/pages/7_Patching.py, experiments/ioi.py and the tests that ask for them here import them from there, the
-# old names resolve on first use (this package itself imports neither plotly nor argparse). Delete once none does.
-_MOVED = {"patching_heatmap": "experiments.plots.patching", "head_map_figure": "experiments.plots.patching",
-          "main": "experiments.cli.patching"}
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,6 @@
 """``python -m experiments.patching``: runs ``experiments.cli.patching.main``."""
 
 if __name__ == "__main__":
-    from experiments._cli import run_main
-    from experiments.cli.patching import main
+    from experiments._cli import run_command
 
-    run_main(main)
+    run_command("patching")

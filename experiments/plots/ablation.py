@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 
-from experiments.figures import scores_heatmap
+from experiments.plots.common import scores_heatmap
 
 
 def head_sweep_heatmap(table: pd.DataFrame, title: str = "Loss change when zero-ablating each head",

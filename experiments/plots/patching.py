@@ -10,7 +10,7 @@ import torch
 from plotly.subplots import make_subplots
 
 from experiments._tokens import axis_labels
-from experiments.figures import labelled_heatmap, scores_heatmap
+from experiments.plots.common import labelled_heatmap, scores_heatmap
 from workbench.errors import InputError
 
 

@@ -184,7 +184,7 @@ def _assert_same_outputs(one: Path, two: Path) -> None:
 def test_command_on_two_workers_writes_what_one_process_writes(cluster, command, tmp_path):
     import importlib
 
-    main = importlib.import_module(f"experiments.{command}").main
+    main = importlib.import_module(f"experiments.cli.{command}").main
     args = ["--model", TOY, "--no-progress", *COMMANDS[command]]
     with torch.no_grad():
         main(args + ["--out", str(tmp_path / "one")])

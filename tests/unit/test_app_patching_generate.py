@@ -20,6 +20,7 @@ import torch
 import workbench as wb
 from app.url_state import encode
 from experiments import patching
+from experiments.plots import patching as patching_plots
 from experiments.datasets import DEFAULT_NAMES, IOI_TEMPLATES
 from tests.unit.test_app_pages import assert_clean, chart, dense, metric, moe, run_page  # noqa: F401  (fixtures)
 from tests.unit.test_continuations import hand_loop, zero_head
@@ -187,13 +188,13 @@ def test_attribution_agreement_matches_components_to_sites():
 
 def test_head_map_puts_a_click_target_on_every_cell():
     table = pd.DataFrame({"layer": [1, 0, 0, 1], "head": [0, 0, 1, 1], "delta": [3.0, 1.0, 2.0, 4.0]})
-    fig = patching.head_map_figure(table, "heads", "delta")
+    fig = patching_plots.head_map_figure(table, "heads", "delta")
     heatmap, targets = fig.data
     assert np.asarray(heatmap.z).tolist() == [[1.0, 2.0], [3.0, 4.0]] and heatmap.hoverinfo == "skip"
     assert list(zip(targets.y, targets.x)) == [(0, 0), (0, 1), (1, 0), (1, 1)]  # (layer, head) of each cell
     assert targets.marker.opacity == 0 and fig.layout.clickmode == "event+select"
     with pytest.raises(wb.InputError, match="layer x head"):
-        patching.head_map_figure(table.assign(position=[0, 1, 0, 1]))
+        patching_plots.head_map_figure(table.assign(position=[0, 1, 0, 1]))
 
 
 def test_attribution_patching_reports_the_unpatched_metrics(dense):

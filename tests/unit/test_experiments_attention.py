@@ -13,9 +13,8 @@ import tokenizers
 import torch
 
 import workbench as wb
-from experiments import ablation, heads, lens, patching, router
 from experiments.attention import attention_patterns, head_summary
-from experiments.cli import attention, detectors, induction
+from experiments.cli import ablation, attention, detectors, heads, induction, lens, patching, router
 from experiments.plots.attention import layer_patterns_figure, pattern_figure, pattern_grid_figure
 from experiments.plots.common import scores_heatmap
 from tests.unit.helpers import make_model
