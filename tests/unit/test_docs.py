@@ -221,7 +221,20 @@ def _public_function_nodes(path: Path) -> list[ast.FunctionDef]:
             if isinstance(node, ast.FunctionDef) and not node.name.startswith("_") and node.name != "main"]
 
 
-EXPERIMENT_MODULES = sorted((ROOT / "experiments").glob("[!_]*.py"))
+def _experiment_sections() -> dict[Path, str]:
+    """Every module that may hold public experiment functions, by the api.md section documenting them:
+    ``experiments/x.py`` and a package's ``experiments/x/*.py`` in ``experiments.x``, ``experiments/plots/x.py``
+    in ``experiments.plots.x`` (command lines, ``experiments/cli/``, are documented as commands)."""
+    sections = {}
+    for path in sorted((ROOT / "experiments").rglob("[!_]*.py")):
+        parts = path.relative_to(ROOT / "experiments").with_suffix("").parts
+        if parts[0] != "cli":
+            sections[path] = ".".join(parts[:2]) if parts[0] == "plots" else parts[0]
+    return sections
+
+
+EXPERIMENT_SECTIONS = _experiment_sections()
+EXPERIMENT_MODULES = list(EXPERIMENT_SECTIONS)
 
 
 def _public_methods(path: Path, class_name: str) -> list[str]:
@@ -234,7 +247,8 @@ def test_api_md_names_every_public_function():
     import workbench
 
     api = (DOCS / "api.md").read_text(encoding="utf-8")
-    names = list(workbench.__all__) + _public_methods(ROOT / "workbench" / "model.py", "Decoder")
+    names = (list(workbench.__all__) + _public_methods(ROOT / "workbench" / "model.py", "Decoder")
+             + _public_methods(ROOT / "workbench" / "readouts.py", "ReadoutMethods"))
     for path in EXPERIMENT_MODULES:
         names += [node.name for node in _public_function_nodes(path)]
     assert len(names) > 40
@@ -243,16 +257,17 @@ def test_api_md_names_every_public_function():
 
 
 def _api_sections(api: str) -> dict[str, str]:
-    """api.md's '### `experiments.X`' sections by module name."""
-    parts = re.split(r"^### `experiments\.(\w+)`.*$", api, flags=re.MULTILINE)
+    """api.md's '### `experiments.X`' sections by module name (``plots.x`` for a figures module)."""
+    parts = re.split(r"^### `experiments\.([\w.]+)`.*$", api, flags=re.MULTILINE)
     return {parts[i]: parts[i + 1].split("\n## ", 1)[0] for i in range(1, len(parts), 2)}
 
 
-@pytest.mark.parametrize("path", [p for p in EXPERIMENT_MODULES if _public_function_nodes(p)], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in EXPERIMENT_MODULES if _public_function_nodes(p)],
+                         ids=lambda p: str(p.relative_to(ROOT / "experiments")))
 def test_api_md_gives_each_experiment_function_its_parameters(path):
     """One bullet per public function in its module's section, naming every parameter."""
     functions = _public_function_nodes(path)
-    section = _api_sections((DOCS / "api.md").read_text(encoding="utf-8")).get(path.stem, "")
+    section = _api_sections((DOCS / "api.md").read_text(encoding="utf-8")).get(EXPERIMENT_SECTIONS[path], "")
     problems = []
     for fn in functions:
         bullet = re.search(rf"^- `{fn.name}\((.*)$", section, flags=re.MULTILINE)
@@ -261,13 +276,14 @@ def test_api_md_gives_each_experiment_function_its_parameters(path):
             problems.append(f"{fn.name}: no '- `{fn.name}(' line")
         elif missing := [p for p in params if not re.search(rf"\b{p}\b", bullet[1].split("`")[0])]:
             problems.append(f"{fn.name}: parameters {missing} not in its signature line")
-    assert problems == [], f"docs/api.md, experiments.{path.stem}: {problems}"
+    assert problems == [], f"docs/api.md, experiments.{EXPERIMENT_SECTIONS[path]}: {problems}"
 
 
 def test_api_md_lists_every_experiment_command():
     api = (DOCS / "api.md").read_text(encoding="utf-8")
     modules = [p.stem for p in (ROOT / "experiments").glob("[!_]*.py")
                if 'if __name__ == "__main__"' in p.read_text(encoding="utf-8")]
+    modules += [p.parent.name for p in (ROOT / "experiments").glob("*/__main__.py")]  # packages
     assert "induction" in modules
     assert [m for m in modules if f"python -m experiments.{m}" not in api] == []
 
