@@ -10,7 +10,8 @@ import torch
 
 import workbench as wb
 from experiments.patching import (attribution_patching, logit_diff_metric, patch_attn_mlp, patch_heads,
-                                  patch_residual, patched_run, patching_heatmap)
+                                  patch_residual, patched_run)
+from experiments.plots.patching import patching_heatmap
 from tests.unit.helpers import make_model
 
 ANSWER, WRONG = 3, 7
