@@ -196,7 +196,8 @@ class MixtureOfExperts(nn.Module):
 
         Example:
             >>> moe = MixtureOfExperts(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=4, d_mlp=6,
-            ...                                    num_experts=4, experts_per_token=2, gated_mlp=True, act_fn="silu"))
+            ...                                    num_experts=4, experts_per_token=2, gated_mlp=True, act_fn="silu"),
+            ...                        RuntimeOptions())
             >>> moe.router_logits(torch.zeros(1, 3, 8)).shape   # [batch, pos, num_experts]
             torch.Size([1, 3, 4])
         """
@@ -216,7 +217,8 @@ class MixtureOfExperts(nn.Module):
 
         Example:
             >>> moe = MixtureOfExperts(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=4, d_mlp=6,
-            ...                                    num_experts=4, experts_per_token=2, gated_mlp=True, act_fn="silu"))
+            ...                                    num_experts=4, experts_per_token=2, gated_mlp=True, act_fn="silu"),
+            ...                        RuntimeOptions())
             >>> moe.expert_forward(3, torch.zeros(5, 8)).shape   # what expert 3 adds, before its router weight
             torch.Size([5, 8])
         """
@@ -231,7 +233,8 @@ class MixtureOfExperts(nn.Module):
 
         Example:
             >>> moe = MixtureOfExperts(ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=4, d_mlp=6,
-            ...                                    num_experts=4, experts_per_token=2, gated_mlp=True, act_fn="silu"))
+            ...                                    num_experts=4, experts_per_token=2, gated_mlp=True, act_fn="silu"),
+            ...                        RuntimeOptions())
             >>> moe.expert_hidden(3, torch.zeros(5, 8)).shape
             torch.Size([5, 6])
         """

@@ -17,7 +17,7 @@ from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.gguf_loader import GGUF_MODELS, GGUFFile, load_gguf, model_config_from_gguf
 from workbench.loading.hf import ARCHITECTURES, hf_checkpoint_dtype, hf_model_config, is_hf_config, load_hf_directory, read_config
-from workbench.loading.native import FORMAT_TAG, load_native, native_config, native_options
+from workbench.loading.native import FORMAT_TAG, load_native, native_config, read_native_config
 from workbench.loading.memory_plan import plan
 from workbench.loading.placement import DeviceMapSpec, MaxMemory, Placement
 from workbench.loading.registry import REGISTRY, default_model_name, list_models
@@ -161,7 +161,8 @@ def _config_and_dtype(source: Union[str, Path]) -> tuple[ModelConfig, torch.dtyp
     if kind == "gguf":
         return model_config_from_gguf(GGUFFile(path)), torch.float32
     if kind == "native":
-        return native_config(path), RuntimeOptions(**native_options(path)).dtype
+        cfg, options = read_native_config(path)
+        return cfg, RuntimeOptions(**options).dtype
     return hf_model_config(path), hf_checkpoint_dtype(path)
 
 

@@ -43,36 +43,27 @@ def native_config(directory: Union[str, Path]) -> ModelConfig:
         >>> native_config(ZOO / "toy-attn-2l").n_layers
         2
     """
-    config_path = Path(directory) / CONFIG_FILE
-    try:
-        config = json.loads(config_path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{config_path}: cannot read the config ({error})") from error
-    return _split(config, config_path)[0]
+    return read_native_config(directory)[0]
 
 
-def native_options(directory: Union[str, Path]) -> dict:
-    """The runtime options a saved model was written with (``dtype``, ``attn_impl``, ``weight_processing``, ...).
+def read_native_config(directory: Union[str, Path]) -> tuple[ModelConfig, dict]:
+    """A saved model's config.json as (the architecture, the runtime options it was saved with).
 
     Example:
         >>> from workbench.loading.registry import ZOO
-        >>> native_options(ZOO / "toy-attn-2l")["attn_impl"]
-        'sdpa'
+        >>> cfg, options = read_native_config(ZOO / "toy-attn-2l")
+        >>> cfg.n_layers, options["dtype"]
+        (2, 'float32')
     """
     config_path = Path(directory) / CONFIG_FILE
     try:
         config = json.loads(config_path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise CheckpointError(f"{config_path}: cannot read the config ({error})") from error
-    return _split(config, config_path)[1]
-
-
-def _split(config: dict, config_path: Path) -> tuple[ModelConfig, dict]:
-    """config.json as (architecture, saved options); a config the model cannot honour names the file."""
     config = {key: value for key, value in config.items() if key != "format"}
     try:
         return split_saved_config(config)
-    except (ConfigError, TypeError) as error:
+    except (ConfigError, TypeError) as error:  # a config the model cannot honour names the file
         raise CheckpointError(f"{config_path}: {error}") from error
 
 
@@ -87,7 +78,7 @@ def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype
     """
     directory = Path(directory)
     weights_path = directory / WEIGHTS_FILE
-    cfg, saved = native_config(directory), native_options(directory)
+    cfg, saved = read_native_config(directory)
     runtime_options(cfg, dtype=dtype, attn_impl=attn_impl, saved=saved)  # a bad option fails before the weights are read
     if not weights_path.exists():
         raise CheckpointError(f"{weights_path}: weights file not found")
