@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional, get_args
 
 from workbench.errors import ConfigError
+from workbench.sub_configs import SUB_CONFIGS, LatentAttentionConfig, MoEConfig, require
 
 Normalization = Literal["LN", "RMS"]
 # pre: x + f(norm(x)); post: norm(x + f(x)) (the original transformer); sandwich: x + norm'(f(norm(x)))
@@ -29,15 +30,6 @@ NormPlacement = Literal["pre", "post", "sandwich", "sublayer_output"]
 Positional = Literal["rotary", "learned", "sinusoidal", "alibi", "none"]
 QKNorm = Literal["head", "projection"]
 ActFn = Literal["gelu", "gelu_new", "silu", "relu"]
-# How a router turns its logits into chosen experts and their weights (``components.moe``):
-# softmax: softmax over all experts, top-k of the probabilities (Mixtral, Qwen2/3-MoE, DeepSeek-V2);
-# sigmoid: a sigmoid per expert, top-k of the scores plus a correction bias (DeepSeek-V3);
-# topk_softmax: top-k of the logits, then a softmax over the chosen only (gpt-oss).
-RouterScoring = Literal["softmax", "sigmoid", "topk_softmax"]
-# The score of a group of experts under group-limited routing: its best expert's (DeepSeek-V2) or the
-# sum of its best two (DeepSeek-V3).
-RouterGroupScore = Literal["max", "top2_sum"]
-
 # The allowed values of each choice field: read off its Literal, so they are written down once.
 _CHOICES: dict[str, tuple[str, ...]] = {
     "normalization": get_args(Normalization),
@@ -57,86 +49,6 @@ ROTARY_SCALINGS: dict[str, tuple[str, ...]] = {
 # mlp_only_layers) set num_experts and experts_per_token to 0 and their own d_mlp.
 PER_LAYER_FIELDS = ("sliding_window", "positional", "rotary_base", "rotary_scaling", "rotary_dim",
                     "num_experts", "experts_per_token", "d_mlp")
-
-
-@dataclass(frozen=True, kw_only=True)
-class MoEConfig:
-    """How a mixture of experts routes tokens and what its experts compute (``ModelConfig.moe``).
-
-    Example:
-        >>> MoEConfig(router_scoring="sigmoid", router_groups=4, router_topk_groups=2).router_groups
-        4
-    """
-
-    router_renormalize: bool = True  # rescale the top-k router weights to sum to one (Mixtral)
-    router_scoring: RouterScoring = "softmax"
-    router_bias: bool = False  # the router's linear map has a bias (gpt-oss); it is part of the logits
-    router_in_float32: bool = False  # the router's linear map runs in float32 whatever the weights' dtype (DeepSeek)
-    # A per-expert bias added to the scores only to choose experts, never to weight them (DeepSeek-V3's
-    # e_score_correction_bias).
-    router_score_correction: bool = False
-    # Group-limited routing: experts in router_groups equal groups, only the best router_topk_groups
-    # groups (by router_group_score) may be chosen. None: no groups.
-    router_groups: Optional[int] = None
-    router_topk_groups: Optional[int] = None
-    router_group_score: RouterGroupScore = "max"
-    routed_scaling_factor: float = 1.0  # the chosen experts' weights are multiplied by this (DeepSeek)
-    d_shared_expert: int = 0  # width of an always-on gated MLP beside the routed experts; 0: none
-    shared_expert_gate: bool = False  # the shared expert's output times sigmoid(w . x) (Qwen2-MoE)
-    expert_bias: bool = False  # the routed experts' projections have biases (gpt-oss)
-    # gpt-oss's clamped SwiGLU in the experts: gate <= limit, -limit <= up <= limit, and
-    # out = (up + 1) * gate * sigmoid(swiglu_alpha * gate). None: the plain gated MLP.
-    swiglu_limit: Optional[float] = None
-    swiglu_alpha: float = 1.0
-
-    def __post_init__(self) -> None:
-        for name, choices in (("router_scoring", get_args(RouterScoring)), ("router_group_score", get_args(RouterGroupScore))):
-            _require(getattr(self, name) in choices, f"moe.{name}", f"must be one of {choices}, got {getattr(self, name)!r}")
-        _require(self.d_shared_expert >= 0, "moe.d_shared_expert", f"must be >= 0, got {self.d_shared_expert}")
-        _require(self.routed_scaling_factor > 0, "moe.routed_scaling_factor",
-                 f"must be positive, got {self.routed_scaling_factor}")
-        _require(self.swiglu_limit is None or self.swiglu_limit > 0, "moe.swiglu_limit",
-                 f"must be positive or None, got {self.swiglu_limit!r}")
-        if self.router_groups is None:
-            _require(self.router_topk_groups is None, "moe.router_topk_groups",
-                     f"is {self.router_topk_groups} but router_groups is None (no group-limited routing)")
-            return
-        _require(self.router_groups > 0, "moe.router_groups", f"must be positive or None, got {self.router_groups}")
-        _require(self.router_topk_groups is not None and 0 < self.router_topk_groups <= self.router_groups,
-                 "moe.router_topk_groups",
-                 f"must be in 1..router_groups={self.router_groups}, got {self.router_topk_groups}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class LatentAttentionConfig:
-    """Multi-head latent attention (DeepSeek-V2/V3): keys and values are expanded per head from a cached
-    latent [kv_lora_rank] (normed), and one rotary key [rotary_dim] is shared by every head. The model's
-    d_head is then the query/key width per head (its last rotary_dim dimensions carry RoPE, the rest none);
-    d_head_v the value width. q_lora_rank: queries through a normed low-rank bottleneck too (None: one
-    projection). latent_norm_eps: those two norms' eps (``ModelConfig.latent``).
-
-    Example:
-        >>> LatentAttentionConfig(kv_lora_rank=16, d_head_v=8).q_lora_rank is None
-        True
-    """
-
-    kv_lora_rank: int
-    q_lora_rank: Optional[int] = None
-    d_head_v: Optional[int] = None  # None: the model's d_head
-    latent_norm_eps: float = 1e-6
-
-    def __post_init__(self) -> None:
-        _require(isinstance(self.kv_lora_rank, int) and self.kv_lora_rank > 0, "latent.kv_lora_rank",
-                 f"must be a positive integer, got {self.kv_lora_rank!r}")
-        _require(self.q_lora_rank is None or self.q_lora_rank > 0, "latent.q_lora_rank",
-                 f"must be positive or None, got {self.q_lora_rank}")
-        _require(self.d_head_v is None or self.d_head_v > 0, "latent.d_head_v",
-                 f"must be positive or None, got {self.d_head_v}")
-        _require(self.latent_norm_eps > 0, "latent.latent_norm_eps", f"must be positive, got {self.latent_norm_eps}")
-
-
-# The sub-configs' fields, which configs saved before they were apart held at the top level.
-SUB_CONFIGS = {"moe": MoEConfig, "latent": LatentAttentionConfig}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,87 +119,87 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "d_vocab", "n_ctx"):
-            _require(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name,
-                     f"must be a positive integer, got {getattr(self, name)!r}")
+            require(isinstance(getattr(self, name), int) and getattr(self, name) > 0, name,
+                    f"must be a positive integer, got {getattr(self, name)!r}")
         for name, choices in _CHOICES.items():
-            _require(getattr(self, name) in choices, name,
-                     f"must be one of {choices}, got {getattr(self, name)!r}")
+            require(getattr(self, name) in choices, name,
+                    f"must be one of {choices}, got {getattr(self, name)!r}")
 
         if self.d_head is None:
-            _require(self.d_model % self.n_heads == 0, "d_head",
-                     f"not given, and d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+            require(self.d_model % self.n_heads == 0, "d_head",
+                    f"not given, and d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
             self._set("d_head", self.d_model // self.n_heads)
-        _require(self.d_head > 0, "d_head", f"must be positive, got {self.d_head}")
+        require(self.d_head > 0, "d_head", f"must be positive, got {self.d_head}")
         if self.n_key_value_heads is None:
             self._set("n_key_value_heads", self.n_heads)
-        _require(0 < self.n_key_value_heads <= self.n_heads and self.n_heads % self.n_key_value_heads == 0,
-                 "n_key_value_heads",
-                 f"must divide n_heads={self.n_heads}, got {self.n_key_value_heads}")
+        require(0 < self.n_key_value_heads <= self.n_heads and self.n_heads % self.n_key_value_heads == 0,
+                "n_key_value_heads",
+                f"must divide n_heads={self.n_heads}, got {self.n_key_value_heads}")
         if self.d_mlp is None:
             self._set("d_mlp", 4 * self.d_model)
-        _require(self.attn_only or self.d_mlp > 0, "d_mlp", f"must be positive, got {self.d_mlp}")
+        require(self.attn_only or self.d_mlp > 0, "d_mlp", f"must be positive, got {self.d_mlp}")
         if self.rotary_dim is None:
             self._set("rotary_dim", self.d_head)
         if self.attn_scale is None:
             self._set("attn_scale", math.sqrt(self.d_head))
-        _require(self.attn_scale > 0, "attn_scale", f"must be positive, got {self.attn_scale}")
+        require(self.attn_scale > 0, "attn_scale", f"must be positive, got {self.attn_scale}")
         for name in ("attn_scores_soft_cap", "output_logits_soft_cap", "clip_qkv"):
             value = getattr(self, name)
-            _require(value is None or value > 0, name, f"must be positive or None, got {value!r}")
-        _require(self.qk_norm in (None, "head", "projection"), "qk_norm",
-                 f"must be None, 'head' or 'projection', got {self.qk_norm!r}")
-        _require(self.embed_scale > 0, "embed_scale", f"must be positive, got {self.embed_scale}")
+            require(value is None or value > 0, name, f"must be positive or None, got {value!r}")
+        require(self.qk_norm in (None, "head", "projection"), "qk_norm",
+                f"must be None, 'head' or 'projection', got {self.qk_norm!r}")
+        require(self.embed_scale > 0, "embed_scale", f"must be positive, got {self.embed_scale}")
         _check_rotary_scaling(self.rotary_scaling)
-        _require(not (self.parallel_attn_mlp and self.norm_placement != "pre"), "parallel_attn_mlp",
-                 f"needs norm_placement='pre', got {self.norm_placement!r}")
-        _require(not (self.parallel_attn_mlp and self.attn_only), "parallel_attn_mlp",
-                 "an attention-only model has no MLP to run in parallel")
-        _require(0 < self.rotary_dim <= self.d_head and self.rotary_dim % 2 == 0, "rotary_dim",
-                 f"must be even and at most d_head={self.d_head}, got {self.rotary_dim}")
-        _require(self.rotary_base > 0, "rotary_base", f"must be positive, got {self.rotary_base}")
-        _require(self.norm_eps > 0, "norm_eps", f"must be positive, got {self.norm_eps}")
-        _require(self.num_experts >= 0, "num_experts", f"must be >= 0, got {self.num_experts}")
+        require(not (self.parallel_attn_mlp and self.norm_placement != "pre"), "parallel_attn_mlp",
+                f"needs norm_placement='pre', got {self.norm_placement!r}")
+        require(not (self.parallel_attn_mlp and self.attn_only), "parallel_attn_mlp",
+                "an attention-only model has no MLP to run in parallel")
+        require(0 < self.rotary_dim <= self.d_head and self.rotary_dim % 2 == 0, "rotary_dim",
+                f"must be even and at most d_head={self.d_head}, got {self.rotary_dim}")
+        require(self.rotary_base > 0, "rotary_base", f"must be positive, got {self.rotary_base}")
+        require(self.norm_eps > 0, "norm_eps", f"must be positive, got {self.norm_eps}")
+        require(self.num_experts >= 0, "num_experts", f"must be >= 0, got {self.num_experts}")
         if self.num_experts:
-            _require(0 < self.experts_per_token <= self.num_experts, "experts_per_token",
-                     f"must be in 1..num_experts={self.num_experts}, got {self.experts_per_token}")
-            _require(not self.attn_only, "num_experts", "an attention-only model has no MLP to make a mixture of")
+            require(0 < self.experts_per_token <= self.num_experts, "experts_per_token",
+                    f"must be in 1..num_experts={self.num_experts}, got {self.experts_per_token}")
+            require(not self.attn_only, "num_experts", "an attention-only model has no MLP to make a mixture of")
         else:
-            _require(self.experts_per_token == 0, "experts_per_token",
-                     f"is {self.experts_per_token} but num_experts is 0 (no mixture of experts)")
+            require(self.experts_per_token == 0, "experts_per_token",
+                    f"is {self.experts_per_token} but num_experts is 0 (no mixture of experts)")
         self._check_router()
         self._check_latent_attention()
         if self.sliding_window is not None:
-            _require(isinstance(self.sliding_window, int) and self.sliding_window > 0, "sliding_window",
-                     f"must be a positive integer or None, got {self.sliding_window!r}")
+            require(isinstance(self.sliding_window, int) and self.sliding_window > 0, "sliding_window",
+                    f"must be a positive integer or None, got {self.sliding_window!r}")
         self._check_layer_overrides()
 
     def _check_router(self) -> None:
         """What the mixture's settings (each checked by ``MoEConfig``) must agree on with the expert count."""
-        _require(isinstance(self.moe, MoEConfig), "moe", f"must be a MoEConfig, got {self.moe!r}")
+        require(isinstance(self.moe, MoEConfig), "moe", f"must be a MoEConfig, got {self.moe!r}")
         groups, topk_groups = self.moe.router_groups, self.moe.router_topk_groups
         if groups is None or not self.num_experts:
             return
         per_group = self.num_experts // groups
-        _require(self.num_experts % groups == 0, "moe.router_groups",
-                 f"must divide num_experts={self.num_experts}, got {groups}")
-        _require(self.moe.router_group_score != "top2_sum" or per_group >= 2, "moe.router_group_score",
-                 f"'top2_sum' needs at least two experts per group, got {per_group}")
-        _require(self.experts_per_token <= topk_groups * per_group, "experts_per_token",
-                 f"is {self.experts_per_token} but the {topk_groups} chosen group(s) hold only "
-                 f"{topk_groups * per_group} experts")
+        require(self.num_experts % groups == 0, "moe.router_groups",
+                f"must divide num_experts={self.num_experts}, got {groups}")
+        require(self.moe.router_group_score != "top2_sum" or per_group >= 2, "moe.router_group_score",
+                f"'top2_sum' needs at least two experts per group, got {per_group}")
+        require(self.experts_per_token <= topk_groups * per_group, "experts_per_token",
+                f"is {self.experts_per_token} but the {topk_groups} chosen group(s) hold only "
+                f"{topk_groups * per_group} experts")
 
     def _check_latent_attention(self) -> None:
         if self.latent is None:
             return
-        _require(isinstance(self.latent, LatentAttentionConfig), "latent",
-                 f"must be a LatentAttentionConfig or None, got {self.latent!r}")
-        _require(self.positional == "rotary", "latent", f"latent attention needs positional='rotary', got "
-                                                        f"{self.positional!r}")
-        _require(self.n_key_value_heads == self.n_heads, "n_key_value_heads",
-                 f"latent attention expands keys and values for every head: must equal n_heads={self.n_heads}, "
-                 f"got {self.n_key_value_heads}")
+        require(isinstance(self.latent, LatentAttentionConfig), "latent",
+                f"must be a LatentAttentionConfig or None, got {self.latent!r}")
+        require(self.positional == "rotary", "latent", f"latent attention needs positional='rotary', got "
+                                                       f"{self.positional!r}")
+        require(self.n_key_value_heads == self.n_heads, "n_key_value_heads",
+                f"latent attention expands keys and values for every head: must equal n_heads={self.n_heads}, "
+                f"got {self.n_key_value_heads}")
         for name in ("qk_norm", "clip_qkv"):
-            _require(getattr(self, name) is None, name, "is not supported with latent attention (latent)")
+            require(getattr(self, name) is None, name, "is not supported with latent attention (latent)")
 
     def _check_layer_overrides(self) -> None:
         overrides = self.layer_overrides
@@ -296,16 +208,16 @@ class ModelConfig:
             self._set("layer_overrides", overrides)
         if not overrides:
             return
-        _require(len(overrides) == self.n_layers, "layer_overrides",
-                 f"must have one mapping per layer ({self.n_layers}), got {len(overrides)}")
+        require(len(overrides) == self.n_layers, "layer_overrides",
+                f"must have one mapping per layer ({self.n_layers}), got {len(overrides)}")
         for layer, override in enumerate(overrides):
             unknown = sorted(set(override) - set(PER_LAYER_FIELDS))
-            _require(not unknown, "layer_overrides",
-                     f"layer {layer} sets {unknown}; a layer may set only {PER_LAYER_FIELDS}")
+            require(not unknown, "layer_overrides",
+                    f"layer {layer} sets {unknown}; a layer may set only {PER_LAYER_FIELDS}")
             if "positional" in override:
-                _require({override["positional"], self.positional} <= {"rotary", "none"}, "layer_overrides",
-                         f"layer {layer}: a layer may only switch between 'rotary' and 'none' positions "
-                         f"(the model's is {self.positional!r}, the layer's {override['positional']!r})")
+                require({override["positional"], self.positional} <= {"rotary", "none"}, "layer_overrides",
+                        f"layer {layer}: a layer may only switch between 'rotary' and 'none' positions "
+                        f"(the model's is {self.positional!r}, the layer's {override['positional']!r})")
             self.for_layer(layer)  # validates the layer's values
 
     def for_layer(self, layer: int) -> "ModelConfig":
@@ -456,16 +368,11 @@ class ModelConfig:
 def _check_rotary_scaling(scaling: Optional[dict[str, Any]]) -> None:
     if scaling is None:
         return
-    _require(isinstance(scaling, dict), "rotary_scaling", f"must be a mapping or None, got {scaling!r}")
+    require(isinstance(scaling, dict), "rotary_scaling", f"must be a mapping or None, got {scaling!r}")
     kind = scaling.get("rope_type")
-    _require(kind in ROTARY_SCALINGS, "rotary_scaling",
-             f"rope_type must be one of {sorted(ROTARY_SCALINGS)}, got {kind!r}")
-    _require(isinstance(scaling.get("factor"), (int, float)) and scaling["factor"] > 0, "rotary_scaling",
-             f"{kind} needs a positive 'factor', got {scaling.get('factor')!r}")
+    require(kind in ROTARY_SCALINGS, "rotary_scaling",
+            f"rope_type must be one of {sorted(ROTARY_SCALINGS)}, got {kind!r}")
+    require(isinstance(scaling.get("factor"), (int, float)) and scaling["factor"] > 0, "rotary_scaling",
+            f"{kind} needs a positive 'factor', got {scaling.get('factor')!r}")
     missing = [key for key in ROTARY_SCALINGS[kind] if scaling.get(key) is None]
-    _require(not missing, "rotary_scaling", f"{kind} needs {missing}")
-
-
-def _require(ok: bool, field: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"ModelConfig.{field} {message}")
+    require(not missing, "rotary_scaling", f"{kind} needs {missing}")

@@ -250,7 +250,7 @@ def test_an_interrupted_write_or_computation_leaves_no_file(tokenizer, cache_dir
             file.write(b"\x00" * 100)  # a partial file, then the interruption
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(neurons, "save_file", half_written)
+    monkeypatch.setattr(neurons.windows, "save_file", half_written)
     with pytest.raises(KeyboardInterrupt):
         neurons.corpus_maxima(model, MLPUnit(1), n_windows=4, window=32)
     assert list((cache_dir / "neurons").iterdir()) == []

@@ -1,0 +1,37 @@
+"""MLP neurons: one neuron's activation on a prompt, its top-activating windows over the bundled corpus
+(computed once per MLP for all its neurons, cached on disk) and its direct effect on the logits.
+
+Legend: B batch, P position, D d_model, M d_mlp, V d_vocab, N flattened tokens.
+
+Where a neuron lives (an ``MLPUnit``) and where its activation is read:
+  dense MLP      blocks.{l}.mlp.hook_post [B, P, M] (the input to W_out)
+  routed expert  no hook has it: computed here from the MLP's input and expert e's weights (W_gate / W_in
+                 [E, D, M], b_gate / b_in, the activation; gpt-oss's clamped SwiGLU with ``swiglu_limit``).
+                 Only the tokens the router sent to e (``hook_expert_indices``) count: elsewhere the
+                 activation is NaN (the expert never ran there).
+  shared expert  blocks.{l}.mlp.shared.hook_post [B, P, M]
+The MLP's input is ``blocks.{l}.ln2.hook_normalized`` where a norm precedes the MLP, and
+``hook_resid_mid`` in post-norm and sublayer-output blocks (their MLP reads the raw residual).
+
+Direct logit effect: ``W_out[neuron] @ W_U``, by default through the final norm's gain (its linear part
+at unit scale: RMSNorm multiplies by w, LayerNorm centres then multiplies by w). The norm's per-token
+divisor is left out (a positive factor: rankings are exact), and so are an expert's router weight and
+a shared expert's gate: the effect is per unit of the neuron's activation.
+
+Top windows (``corpus_maxima``): ``window``-token windows of the Python standard library
+(``workbench.corpus``, the text the zoo trains on) through ``experiments.datasets.corpus_windows``; for
+every neuron of the MLP, the max over each window's positions (BOS excluded: it is an outlier for most
+neurons) and where it is. Stored as safetensors under ``cache_directory()/neurons``, keyed by the
+weights' digest, the MLP and the window token ids, written to a temporary file then renamed.
+
+The HTML of the top windows is ``experiments.plots.neurons``.
+"""
+
+from experiments.neurons.units import (MLPUnit, direct_logit_effect, mlp_units, neuron_activation, output_weights,
+                                       unit_activations)
+from experiments.neurons.windows import (CACHE_ENV, CorpusMaxima, cache_directory, corpus_maxima, maxima_path,
+                                         neuron_corpus, top_windows, weights_digest)
+
+__all__ = ["MLPUnit", "mlp_units", "unit_activations", "neuron_activation", "output_weights", "direct_logit_effect",
+           "CACHE_ENV", "CorpusMaxima", "cache_directory", "weights_digest", "neuron_corpus", "maxima_path",
+           "corpus_maxima", "top_windows"]
