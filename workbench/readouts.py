@@ -22,14 +22,15 @@ shared expert a mixture lacks, an MLP read of an attention-only model.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from jaxtyping import Float
-from torch import Tensor, nn
+from torch import Tensor
 
 from workbench.components.moe import MixtureOfExperts
 from workbench.config import ModelConfig
 from workbench.errors import InputError
+from workbench.host import DecoderHost
 
 
 def mlp_width(cfg: ModelConfig, layer: int, expert: Optional[int] = None, shared: bool = False) -> int:
@@ -64,11 +65,12 @@ def mlp_width(cfg: ModelConfig, layer: int, expert: Optional[int] = None, shared
     return cfg.layer_values("d_mlp")[layer]
 
 
-class ReadoutMethods:
-    """One layer's attention and MLP weights, and a mixture of experts' expert and router math, for a ``Decoder``."""
+# Typed against the host it is mixed into (workbench.host.DecoderHost); at run time a plain base.
+_Host = DecoderHost if TYPE_CHECKING else object
 
-    cfg: ModelConfig
-    blocks: nn.ModuleList
+
+class ReadoutMethods(_Host):
+    """One layer's attention and MLP weights, and a mixture of experts' expert and router math, for a ``Decoder``."""
 
     # ---- attention -------------------------------------------------------------------------------
     def _check_layer(self, layer: int) -> None:
