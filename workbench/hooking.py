@@ -30,6 +30,7 @@ from transformer_lens import ActivationCache
 from transformer_lens.hook_points import HookPoint
 
 from workbench.cache_batches import run_with_cache_in_batches
+from workbench.call_lock import model_lock
 from workbench.errors import InputError
 from workbench.hook_point import caching, caching_hooks
 from workbench.host import DecoderHost
@@ -56,11 +57,12 @@ class HookMethods(_Host):
         """
         fwd_hooks = self._checked_hook_list(fwd_hooks, "fwd_hooks")
         bwd_hooks = self._checked_hook_list(bwd_hooks, "bwd_hooks")
-        with super().hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts) as model:
+        # The model's lock for the whole block: another thread's call waits instead of running under these hooks.
+        with model_lock(self), super().hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts) as model:
             yield model
 
     def attached_hooks(self) -> dict[str, int]:
-        """How many hooks are attached now, per hook point (only points with at least one).
+        """How many hooks (and cache sinks) are attached now, per hook point (only points with at least one).
 
         An empty dict after a run means nothing was left behind: the dashboard's Home page shows the
         total, and tests check it after a hook raises.
@@ -71,7 +73,8 @@ class HookMethods(_Host):
             >>> model.add_hook("blocks.0.hook_resid_pre", lambda x, hook: x); model.attached_hooks()   # doctest: +SKIP
             {'blocks.0.hook_resid_pre': 1}
         """
-        counts = {name: len(point.fwd_hooks) + len(point.bwd_hooks) for name, point in self.hook_dict.items()}
+        counts = {name: len(point.fwd_hooks) + len(point.bwd_hooks) + (point.cache_into is not None)
+                  for name, point in self.hook_dict.items()}
         return {name: n for name, n in counts.items() if n}
 
     def add_hook(self, name, hook, dir="fwd", is_permanent=False, level=None, prepend=False) -> None:
@@ -87,12 +90,15 @@ class HookMethods(_Host):
             raise InputError(f"a hook's name must be a hook point name or a function of the name, got {name!r}")
         if not callable(hook):
             raise InputError(f"the hook for {name!r} must be a function (tensor, hook) -> tensor or None, got {hook!r}")
-        super().add_hook(name, _checked_hook(hook), dir=dir, is_permanent=is_permanent, level=level, prepend=prepend)
+        with model_lock(self):  # never attached in the middle of another thread's call
+            super().add_hook(name, _checked_hook(hook), dir=dir, is_permanent=is_permanent, level=level,
+                             prepend=prepend)
 
     def run_with_cache(self, *model_args: Any, batch_size: Optional[int] = None, cache_dir: Any = None,
                        progress: bool = True, names_filter: Any = None, device: Any = None,
                        remove_batch_dim: bool = False, incl_bwd: bool = False, reset_hooks_end: bool = True,
-                       clear_contexts: bool = False, pos_slice: Any = None, **kwargs: Any) -> tuple[Any, ActivationCache]:
+                       clear_contexts: bool = False, pos_slice: Any = None,
+                       **kwargs: Any) -> tuple[Any, ActivationCache]:
         """Runs the model and caches activations (all, or those ``names_filter`` selects).
 
         ``names_filter``: None (all), a hook name, a list of hook names (each must exist:
@@ -119,35 +125,36 @@ class HookMethods(_Host):
             >>> last["blocks.0.hook_resid_post"].shape == (1, 1, model.cfg.d_model)   # the last position
             True
         """
-        options = dict(names_filter=names_filter, device=device, pos_slice=pos_slice)
-        if batch_size is not None or cache_dir is not None:
-            if not model_args and "input" in kwargs:
-                model_args = (kwargs.pop("input"),)
-            if not 1 <= len(model_args) <= 2:
-                raise InputError("run_with_cache with batch_size or cache_dir takes the input and at most "
-                                 f"return_type as positional arguments, got {len(model_args)}")
-            return run_with_cache_in_batches(self, *model_args, batch_size=batch_size, cache_dir=cache_dir,
-                                             progress=progress, remove_batch_dim=remove_batch_dim, incl_bwd=incl_bwd,
-                                             reset_hooks_end=reset_hooks_end, clear_contexts=clear_contexts,
-                                             **options, **kwargs)
-        if remove_batch_dim and model_args and isinstance(model_args[0], Tensor) and model_args[0].ndim > 1 \
-                and model_args[0].shape[0] != 1:
-            raise InputError(f"remove_batch_dim=True needs a batch of one row, got {model_args[0].shape[0]}")
-        is_cached = self.cached_names(options.pop("names_filter"))
-        cache: dict[str, Tensor] = {}
-        if incl_bwd or not reset_hooks_end:  # the cacher must outlive this call: as hooks
-            fwd, bwd = caching_hooks(self.hook_dict, is_cached, cache, incl_bwd=incl_bwd,
-                                     remove_batch_dim=remove_batch_dim, **options)
-            with self.hooks(fwd_hooks=_trusted(fwd), bwd_hooks=_trusted(bwd), reset_hooks_end=reset_hooks_end,
-                            clear_contexts=clear_contexts):
-                out = self(*model_args, **kwargs)
-                if incl_bwd:
-                    out.backward()
-        else:
-            with caching(self.hook_dict, is_cached, cache, remove_batch_dim=remove_batch_dim,
-                         clear_contexts=clear_contexts, **options):
-                out = self(*model_args, **kwargs)
-        return out, ActivationCache(cache, self, has_batch_dim=not remove_batch_dim)
+        with model_lock(self):  # the whole call: no other thread's forward lands in this cache
+            options = dict(names_filter=names_filter, device=device, pos_slice=pos_slice)
+            if batch_size is not None or cache_dir is not None:
+                if not model_args and "input" in kwargs:
+                    model_args = (kwargs.pop("input"),)
+                if not 1 <= len(model_args) <= 2:
+                    raise InputError("run_with_cache with batch_size or cache_dir takes the input and at most "
+                                     f"return_type as positional arguments, got {len(model_args)}")
+                return run_with_cache_in_batches(self, *model_args, batch_size=batch_size, cache_dir=cache_dir,
+                                                 progress=progress, remove_batch_dim=remove_batch_dim,
+                                                 incl_bwd=incl_bwd, reset_hooks_end=reset_hooks_end,
+                                                 clear_contexts=clear_contexts, **options, **kwargs)
+            if remove_batch_dim and model_args and isinstance(model_args[0], Tensor) and model_args[0].ndim > 1 \
+                    and model_args[0].shape[0] != 1:
+                raise InputError(f"remove_batch_dim=True needs a batch of one row, got {model_args[0].shape[0]}")
+            is_cached = self.cached_names(options.pop("names_filter"))
+            cache: dict[str, Tensor] = {}
+            if incl_bwd or not reset_hooks_end:  # the cacher must outlive this call: as hooks
+                fwd, bwd = caching_hooks(self.hook_dict, is_cached, cache, incl_bwd=incl_bwd,
+                                         remove_batch_dim=remove_batch_dim, **options)
+                with self.hooks(fwd_hooks=_trusted(fwd), bwd_hooks=_trusted(bwd), reset_hooks_end=reset_hooks_end,
+                                clear_contexts=clear_contexts):
+                    out = self(*model_args, **kwargs)
+                    if incl_bwd:
+                        out.backward()
+            else:
+                with caching(self.hook_dict, is_cached, cache, remove_batch_dim=remove_batch_dim,
+                             clear_contexts=clear_contexts, **options):
+                    out = self(*model_args, **kwargs)
+            return out, ActivationCache(cache, self, has_batch_dim=not remove_batch_dim)
 
     def cached_names(self, names_filter: Any = None) -> Callable[[str], bool]:
         """``names_filter`` (None, a hook name, a list of hook names or a function of the name) as a function

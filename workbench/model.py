@@ -29,6 +29,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens.HookedRootModule import HookedRootModule
 
+from workbench.call_lock import model_lock
 from workbench.components import Embed, TransformerBlock, Unembed
 from workbench.components.embedding import make_pos_embed
 from workbench.components.norm import make_norm
@@ -78,7 +79,8 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRo
         self.pos_embed = make_pos_embed(cfg, self.options)
         if self.pos_embed is not None:
             self.hook_pos_embed = HookPoint()  # [B, P, D]
-        self.blocks = nn.ModuleList(TransformerBlock(cfg.for_layer(layer), self.options) for layer in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(TransformerBlock(cfg.for_layer(layer), self.options)
+                                    for layer in range(cfg.n_layers))
         self.ln_final = make_norm(cfg, self.options) if cfg.has_final_norm else None
         self.unembed = Unembed(cfg, self.options)
         if cfg.tie_embeddings:
@@ -102,6 +104,11 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRo
                 param.normal_(0.0, std / (2 * self.cfg.n_layers) ** 0.5)
             else:
                 param.normal_(0.0, std)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # One call at a time per model: another thread's hooks or cache never see this call (workbench.call_lock).
+        with model_lock(self):
+            return super().__call__(*args, **kwargs)
 
     @property
     def cfg(self) -> ConfigView:
