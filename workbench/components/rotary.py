@@ -31,6 +31,9 @@ Scaling = Optional[tuple[tuple[str, Any], ...]]  # rotary_scaling as a hashable,
 
 # The angles of the last (positions, table, dtype) seen: shared by all layers of one forward pass.
 _LAST_ANGLES: list[Optional[tuple]] = [None]
+# Rows of the table built with the model. A longer context gets rows as positions reach them (doubling), so a
+# config's n_ctx alone never allocates: a hostile max_position_embeddings=1e8 would ask for gigabytes.
+INITIAL_POSITIONS = 32768
 
 
 class Rotary(nn.Module):
@@ -51,7 +54,7 @@ class Rotary(nn.Module):
         self.dynamic = (cfg.rotary_scaling or {}).get("rope_type") == "dynamic"
         with torch.device("cpu"):  # a real (and cached) table even when the model is built on the meta device
             cos, sin = rotary_table(cfg.n_ctx, cfg.rotary_dim, cfg.rotary_base, self.scaling,
-                                    adjacent_pairs=self.adjacent_pairs)
+                                    adjacent_pairs=self.adjacent_pairs, length=min(cfg.n_ctx, INITIAL_POSITIONS))
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
@@ -80,13 +83,25 @@ class Rotary(nn.Module):
         return angles
 
     def _angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        # Only dynamic scaling reads the longest position (a device sync on GPU).
-        seq_len = int(positions.max()) + 1 if self.dynamic and positions.numel() else 0
-        if seq_len > self.n_ctx:  # NTK: a base fitted to this call's longest position
+        # Only dynamic scaling, and a table not yet grown to n_ctx, read the longest position (a device sync on GPU).
+        short = self.cos.shape[0] < self.n_ctx
+        seq_len = int(positions.max()) + 1 if (self.dynamic or short) and positions.numel() else 0
+        if short and seq_len > self.cos.shape[0]:
+            self._grow(seq_len)
+        if self.dynamic and seq_len > self.n_ctx:  # NTK: a base fitted to this call's longest position
             cos, sin = rotary_table(self.n_ctx, self.rotary_dim, self.base, self.scaling, seq_len,
                                     adjacent_pairs=self.adjacent_pairs)
             return cos.to(self.cos.device)[positions], sin.to(self.sin.device)[positions]
         return self.cos[positions], self.sin[positions]
+
+    def _grow(self, seq_len: int) -> None:
+        """The table extended to cover ``seq_len`` positions (doubling, at most ``n_ctx``): the same values for
+        the rows it had, as each row depends on its position only."""
+        rows = min(self.n_ctx, max(seq_len, 2 * self.cos.shape[0]))
+        with torch.device("cpu"):
+            cos, sin = rotary_table(self.n_ctx, self.rotary_dim, self.base, self.scaling,
+                                    adjacent_pairs=self.adjacent_pairs, length=rows)
+        self.cos, self.sin = cos.to(self.cos.device), sin.to(self.sin.device)
 
 
 def inverse_frequencies(rotary_dim: int, base: float, scaling: Scaling = None, n_ctx: int = 0,
@@ -160,10 +175,10 @@ def _yarn(inv_freq: Tensor, base: float, dim: int, spec: dict[str, Any], n_ctx: 
 
 
 @lru_cache(maxsize=16)
-def rotary_table(n_ctx: int, rotary_dim: int, base: float, scaling: Scaling = None,
-                 seq_len: int = 0, adjacent_pairs: bool = False) -> tuple[Tensor, Tensor]:
-    """cos and sin [n_ctx, R] of the rotation angles (float32; computed in float64), the attention
-    factor of ``yarn`` included. ``seq_len`` > ``n_ctx`` only for ``dynamic`` scaling. Each
+def rotary_table(n_ctx: int, rotary_dim: int, base: float, scaling: Scaling = None, seq_len: int = 0,
+                 adjacent_pairs: bool = False, length: Optional[int] = None) -> tuple[Tensor, Tensor]:
+    """cos and sin [n_ctx, R] (or the first ``length`` rows) of the rotation angles (float32; computed in
+    float64), the attention factor of ``yarn`` included. ``seq_len`` > ``n_ctx`` only for ``dynamic`` scaling. Each
     frequency appears twice, laid out as the rotation pairs dimensions: (f0..fn, f0..fn) for
     halves, (f0, f0, f1, f1, ...) for adjacent pairs.
 
@@ -179,7 +194,7 @@ def rotary_table(n_ctx: int, rotary_dim: int, base: float, scaling: Scaling = No
                 [-0.4161, -0.4161]])
     """
     inv_freq, attention_factor = inverse_frequencies(rotary_dim, base, scaling, n_ctx, seq_len)
-    length = max(n_ctx, seq_len)
+    length = max(n_ctx, seq_len) if length is None else length
     angles = torch.arange(length, dtype=torch.float64)[:, None] * inv_freq[None, :]  # [n_ctx, R/2]
     angles = angles.repeat_interleave(2, dim=-1) if adjacent_pairs else torch.cat([angles, angles], dim=-1)  # [n_ctx, R]
     return (angles.cos() * attention_factor).float(), (angles.sin() * attention_factor).float()
