@@ -67,3 +67,12 @@ def test_every_shape_is_checked_before_anything_is_dequantised(tiny_gguf, monkey
     with pytest.raises(wb.CheckpointError, match=rf"tiny\.gguf: tensor 'blk\.0\.ffn_gate\.weight' has shape "
                                                  rf"\({D_MLP}, 64\) \(rows, cols as stored\), expected \({D_MLP + 1}, 64\)"):
         read_tensors(file, cfg)
+
+
+def test_a_zero_head_count_is_refused_naming_the_field(tiny_gguf, monkeypatch):
+    file = GGUFFile(tiny_gguf)
+    real_field = file.field
+    monkeypatch.setattr(file, "field", lambda name, *default: 0 if name == "llama.attention.head_count"
+                        else real_field(name, *default))
+    with pytest.raises(wb.ConfigError, match=r"llama\.attention\.head_count.*0.*must be a positive integer"):
+        model_config_from_gguf(file)  # was a ZeroDivisionError

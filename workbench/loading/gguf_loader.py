@@ -101,6 +101,8 @@ def model_config_from_gguf(file: GGUFFile) -> ModelConfig:
     if "rope_freqs.weight" in file.tensors:
         raise file.refuse("rope_freqs.weight", "present", "per-frequency RoPE scaling (Llama 3.1 style) is not supported")
     d_model, n_heads = int(file.field(key("embedding_length"))), int(file.field(key("attention.head_count")))
+    if n_heads <= 0:  # checked before it divides anything
+        raise file.refuse(key("attention.head_count"), n_heads, "must be a positive integer")
     n_kv = file.field(key("attention.head_count_kv"), n_heads)
     if not np.isscalar(n_kv):
         raise file.refuse(key("attention.head_count_kv"), "per-layer list", "every layer must have the same KV heads")
