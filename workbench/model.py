@@ -21,6 +21,7 @@ setters below (and ``.to``) assign the one options object all components share.
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Union
 
@@ -156,6 +157,19 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRo
         Example:
             >>> loss = model(tokens, return_type="loss")   # doctest: +SKIP
         """
+        L = self.cfg.n_layers
+        for name, value in (("start_at_layer", start_at_layer), ("stop_at_layer", stop_at_layer)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+                raise InputError(f"{name} must be an integer layer index or None, got {value!r}")
+            if value is not None and not -L <= value <= L:
+                raise InputError(f"{name}={value} is outside -{L}..{L} for a model of {L} layers")
+        if start_at_layer is not None and not (isinstance(input, Tensor) and input.is_floating_point()
+                                               and input.ndim == 3 and input.shape[-1] == self.cfg.d_model):
+            got = (f"a {input.dtype} tensor of shape {tuple(input.shape)}" if isinstance(input, Tensor)
+                   else f"a {type(input).__name__}")
+            raise InputError(f"start_at_layer takes the residual stream [batch, pos, d_model={self.cfg.d_model}] "
+                             f"entering that layer as input, got {got} (token ids or text run from the start: "
+                             "leave start_at_layer out)")
         offset = kv_cache.length if kv_cache is not None else 0
         if start_at_layer is None:
             tokens, mask_BP = self.as_tokens_and_mask(input, prepend_bos, offset, attention_mask, padding_side)
@@ -172,10 +186,6 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRo
             mask_BP = None if attention_mask is None else check_attention_mask(attention_mask, (B, P), resid_BPD.device)
             key_mask_BS, positions = self._positions(mask_BP, kv_cache, B, P, resid_BPD.device)
 
-        L = self.cfg.n_layers
-        for name, value in (("start_at_layer", start_at_layer), ("stop_at_layer", stop_at_layer)):
-            if value is not None and not -L <= value <= L:
-                raise InputError(f"{name}={value} is outside -{L}..{L} for a model of {L} layers")
         layers = range(L)[start_at_layer:stop_at_layer]  # Python's slice: negatives count from the end
         for layer in layers:
             layer_cache = kv_cache.layers[layer] if kv_cache is not None else None
