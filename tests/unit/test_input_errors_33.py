@@ -78,3 +78,21 @@ def test_saved_config_with_an_unknown_dtype_names_the_file_and_the_field(model, 
     (directory / "config.json").write_text(json.dumps({**config, "dtype": "float7"}))
     with pytest.raises(CheckpointError, match=r"config\.json: dtype must be a floating-point .*'float7'"):
         wb.load_model(str(directory))
+
+
+@pytest.mark.parametrize("pick, dtype", [(lambda names: next(n for n in names if "embed" in n), torch.int64),
+                                         (lambda names: next(n for n in names if n.endswith(".w")), torch.bool)])
+def test_weights_that_cannot_be_a_float_parameter_are_refused_naming_the_tensor(model, tmp_path, pick, dtype):
+    from safetensors.torch import load_file, save_file
+
+    import workbench as wb
+    from workbench.errors import CheckpointError
+
+    directory = tmp_path / "saved"
+    model.save(directory)
+    tensors = load_file(str(directory / "model.safetensors"))
+    name = pick(sorted(tensors))
+    tensors[name] = tensors[name].round().to(dtype)
+    save_file(tensors, str(directory / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=rf"model\.safetensors.*tensor '{name}' has dtype {dtype}"):
+        wb.load_model(str(directory))
