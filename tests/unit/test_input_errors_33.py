@@ -96,3 +96,51 @@ def test_weights_that_cannot_be_a_float_parameter_are_refused_naming_the_tensor(
     save_file(tensors, str(directory / "model.safetensors"))
     with pytest.raises(CheckpointError, match=rf"model\.safetensors.*tensor '{name}' has dtype {dtype}"):
         wb.load_model(str(directory))
+
+
+MASKS = {"causal": dict(), "window": dict(sliding_window=2), "alibi": dict(alibi_slopes_H=torch.rand(4)),
+         "padding": dict(key_mask_BS=torch.tensor([[True] * 5, [False] + [True] * 4])), "sinks": dict(sinks_H=torch.rand(4)),
+         "decode": dict(q_offset=4)}
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "flash"])
+@pytest.mark.parametrize("mask_name", sorted(MASKS))
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_nonfinite_query_gives_nan_where_eager_does(kernel, mask_name, bad):
+    from workbench.components.attention_kernels import FAST_KERNELS, MaskSpec, eager_attention
+
+    q_BHPK, k_BGSK, v_BGSK = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    q_BHPK[0, 1, 2, 3] = bad  # one element of head 1's query at position 2
+    if mask_name == "decode":
+        q_BHPK = q_BHPK[:, :, 2:3].contiguous()
+    mask = MaskSpec(scale=0.3, **MASKS[mask_name])
+    eager_BPHJ = eager_attention(q_BHPK, k_BGSK, v_BGSK, mask)
+    fast_BPHJ = FAST_KERNELS[kernel](q_BHPK, k_BGSK, v_BGSK, mask)
+    # Eager: that head's whole row is NaN (its softmax has NaN or inf - inf in it), nothing else.
+    expected_nan = torch.zeros_like(eager_BPHJ, dtype=torch.bool)
+    expected_nan[0, 0 if mask_name == "decode" else 2, 1] = True
+    assert torch.equal(eager_BPHJ.isnan(), expected_nan)
+    assert torch.equal(fast_BPHJ.isnan(), expected_nan)
+    torch.testing.assert_close(fast_BPHJ.nan_to_num(0.0), eager_BPHJ.nan_to_num(0.0), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attn_impl", ["sdpa", "flash"])
+def test_nan_in_one_heads_query_propagates_through_the_model_as_under_eager(attn_impl):
+    from tests.unit.helpers import same_weights
+
+    eager = make_model("gqa_rotary_rms_swiglu", attn_impl="eager")
+    fast = same_weights(eager, attn_impl=attn_impl)
+
+    def poison(q_BPHK, hook):
+        q_BPHK = q_BPHK.clone()
+        q_BPHK[0, 2, 1, 0] = float("nan")
+        return q_BPHK
+
+    tokens = tokens_BP()
+    hook = [("blocks.1.attn.hook_q", poison)]
+    z = {}
+    for name, m in (("eager", eager), ("fast", fast)):
+        grab = [("blocks.1.attn.hook_z", lambda t, hook, name=name: z.setdefault(name, t.clone()))]
+        m.run_with_hooks(tokens, fwd_hooks=hook + grab)
+    assert z["eager"][0, 2, 1].isnan().all()
+    assert torch.equal(z["fast"].isnan(), z["eager"].isnan())
