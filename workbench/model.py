@@ -155,7 +155,14 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRo
                 its own, padded on ``padding_side``.
 
         Example:
-            >>> loss = model(tokens, return_type="loss")   # doctest: +SKIP
+            >>> model(tokens).shape   # [batch, pos, d_vocab]
+            torch.Size([1, 14, 2048])
+            >>> resid = model(tokens, stop_at_layer=1)   # the residual stream entering layer 1
+            >>> torch.equal(model(resid, start_at_layer=1), model(tokens))   # the rest of the run
+            True
+            >>> model(tokens, start_at_layer=1)   # token ids where the residual stream belongs
+            Traceback (most recent call last):
+            workbench.errors.InputError: start_at_layer takes the residual stream [batch, pos, d_model=...] entering that layer as input, got a torch.int64 tensor of shape (1, 14) ...
         """
         L = self.cfg.n_layers
         for name, value in (("start_at_layer", start_at_layer), ("stop_at_layer", stop_at_layer)):
