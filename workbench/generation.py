@@ -5,6 +5,8 @@ Legend: B batch, P position, V d_vocab.
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Optional, Union
 
 import torch
@@ -84,6 +86,7 @@ def generate_tokens(
     """
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    check_sampling(temperature, top_k, top_p)  # before any step runs
     tokens_BP, mask_BP = model.as_tokens_and_mask(tokens_BP, attention_mask=attention_mask)
     if mask_BP is not None and not bool(mask_BP[:, -1].all()):
         raise InputError("generation needs left padding (every row's last token real): pad with "
@@ -120,6 +123,26 @@ def generate_tokens(
     return tokens_BP, torch.stack(step_logits, dim=1) if keep_logits else None
 
 
+def check_sampling(temperature: float, top_k: Optional[int], top_p: Optional[float]) -> None:
+    """``InputError`` naming the argument unless ``temperature`` is a finite number >= 0, ``top_k``
+    None or an integer >= 1, and ``top_p`` None or a number in [0, 1] (NaN fails every comparison,
+    so each test is written to refuse it).
+
+    Example:
+        >>> check_sampling(1.0, top_k=5, top_p=0.9)   # fine: returns None
+        >>> check_sampling(float("nan"), None, None)
+        Traceback (most recent call last):
+        workbench.errors.InputError: temperature must be a finite number >= 0 (0: greedy), got nan
+    """
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
+            math.isfinite(temperature) and temperature >= 0):
+        raise InputError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1):
+        raise InputError(f"top_k must be None or an integer >= 1 (the number of tokens kept), got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not 0 <= top_p <= 1):
+        raise InputError(f"top_p must be None or a probability in [0, 1] (the nucleus kept), got {top_p!r}")
+
+
 def sample_next(
     logits_BV: Float[Tensor, "batch d_vocab"],
     temperature: float = 0.0,
@@ -137,10 +160,9 @@ def sample_next(
         >>> sample_next(logits.expand(100, 3), 1.0, top_p=0.8, generator=generator).unique()   # the top two
         tensor([1, 2])
     """
+    check_sampling(temperature, top_k, top_p)
     if temperature == 0.0:
         return logits_BV.argmax(dim=-1)
-    if temperature < 0:
-        raise InputError(f"temperature must be >= 0, got {temperature}")
     logits_BV = logits_BV / temperature
     if top_k is not None:
         kth = torch.topk(logits_BV, min(top_k, logits_BV.shape[-1]), dim=-1).values[:, -1:]

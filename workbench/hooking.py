@@ -91,7 +91,7 @@ class HookMethods(_Host):
         if not callable(hook):
             raise InputError(f"the hook for {name!r} must be a function (tensor, hook) -> tensor or None, got {hook!r}")
         with model_lock(self):  # never attached in the middle of another thread's call
-            super().add_hook(name, _checked_hook(hook), dir=dir, is_permanent=is_permanent, level=level,
+            super().add_hook(name, _checked_hook(hook, dir), dir=dir, is_permanent=is_permanent, level=level,
                              prepend=prepend)
 
     def run_with_cache(self, *model_args: Any, batch_size: Optional[int] = None, cache_dir: Any = None,
@@ -262,7 +262,8 @@ class HookMethods(_Host):
                 raise InputError(f"the hook for {name!r} in {argument} must be a function (tensor, hook) -> tensor "
                                  f"or None, got {hook!r}")
         self.check_hook_names([name for name, _ in pairs if isinstance(name, str)])
-        return [(name, hook if isinstance(hook, _Trusted) else _checked_hook(hook)) for name, hook in pairs]
+        direction = "bwd" if argument == "bwd_hooks" else "fwd"
+        return [(name, hook if isinstance(hook, _Trusted) else _checked_hook(hook, direction)) for name, hook in pairs]
 
     def _checked_names_filter(self, names_filter: Any) -> Any:
         """A string or list ``names_filter`` checked (a tuple or set becomes a list); others unchanged."""
@@ -294,9 +295,18 @@ def _hook_label(hook_fn: Callable) -> str:
     return getattr(hook_fn, "__qualname__", None) or getattr(hook_fn, "__name__", None) or type(hook_fn).__name__
 
 
-def _checked_hook(hook_fn: Callable) -> Callable:
+def _checked_hook(hook_fn: Callable, dir: str = "fwd") -> Callable:
     """Wraps a user hook: an exception it raises gets a note naming its hook point, and a result
-    of another shape or dtype than the tensor it received is an ``InputError`` naming both."""
+    of another shape or dtype than the tensor it received is an ``InputError`` naming both.
+
+    ``dir``: "bwd" accepts a one-element tuple ``(grad,)`` (what PyTorch's backward hooks return);
+    a forward hook returning any tuple is refused, since the next module would receive it.
+
+    Example:
+        >>> model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_resid_pre", lambda x, hook: (x,))])
+        Traceback (most recent call last):
+        workbench.errors.InputError: the hook <lambda> on 'blocks.0.hook_resid_pre' returned a tuple: ...
+    """
     def checked(tensor: Tensor, hook: HookPoint) -> Any:
         try:
             result = hook_fn(tensor, hook=hook)
@@ -305,7 +315,8 @@ def _checked_hook(hook_fn: Callable) -> Callable:
             raise
         if result is None or result is tensor:
             return result
-        returned = result[0] if isinstance(result, tuple) and len(result) == 1 else result  # a bwd hook's (grad,)
+        backward_tuple = dir == "bwd" and isinstance(result, tuple) and len(result) == 1  # a bwd hook's (grad,)
+        returned = result[0] if backward_tuple else result
         if not isinstance(returned, Tensor):
             raise InputError(f"the hook {_hook_label(hook_fn)} on '{hook.name}' returned a {type(result).__name__}: "
                              "a hook returns a tensor of the shape and dtype it received, or None")

@@ -21,6 +21,7 @@ setters below (and ``.to``) assign the one options object all components share.
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Union
 
@@ -161,8 +162,28 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRo
                 its own, padded on ``padding_side``.
 
         Example:
-            >>> loss = model(tokens, return_type="loss")   # doctest: +SKIP
+            >>> model(tokens).shape   # [batch, pos, d_vocab]
+            torch.Size([1, 14, 2048])
+            >>> resid = model(tokens, stop_at_layer=1)   # the residual stream entering layer 1
+            >>> torch.equal(model(resid, start_at_layer=1), model(tokens))   # the rest of the run
+            True
+            >>> model(tokens, start_at_layer=1)   # token ids where the residual stream belongs
+            Traceback (most recent call last):
+            workbench.errors.InputError: start_at_layer takes the residual stream [batch, pos, d_model=...] entering that layer as input, got a torch.int64 tensor of shape (1, 14) ...
         """
+        L = self.cfg.n_layers
+        for name, value in (("start_at_layer", start_at_layer), ("stop_at_layer", stop_at_layer)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+                raise InputError(f"{name} must be an integer layer index or None, got {value!r}")
+            if value is not None and not -L <= value <= L:
+                raise InputError(f"{name}={value} is outside -{L}..{L} for a model of {L} layers")
+        if start_at_layer is not None and not (isinstance(input, Tensor) and input.is_floating_point()
+                                               and input.ndim == 3 and input.shape[-1] == self.cfg.d_model):
+            got = (f"a {input.dtype} tensor of shape {tuple(input.shape)}" if isinstance(input, Tensor)
+                   else f"a {type(input).__name__}")
+            raise InputError(f"start_at_layer takes the residual stream [batch, pos, d_model={self.cfg.d_model}] "
+                             f"entering that layer as input, got {got} (token ids or text run from the start: "
+                             "leave start_at_layer out)")
         offset = kv_cache.length if kv_cache is not None else 0
         if start_at_layer is None:
             tokens, mask_BP = self.as_tokens_and_mask(input, prepend_bos, offset, attention_mask, padding_side)
@@ -179,10 +200,6 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRo
             mask_BP = None if attention_mask is None else check_attention_mask(attention_mask, (B, P), resid_BPD.device)
             key_mask_BS, positions = self._positions(mask_BP, kv_cache, B, P, resid_BPD.device)
 
-        L = self.cfg.n_layers
-        for name, value in (("start_at_layer", start_at_layer), ("stop_at_layer", stop_at_layer)):
-            if value is not None and not -L <= value <= L:
-                raise InputError(f"{name}={value} is outside -{L}..{L} for a model of {L} layers")
         layers = range(L)[start_at_layer:stop_at_layer]  # Python's slice: negatives count from the end
         for layer in layers:
             layer_cache = kv_cache.layers[layer] if kv_cache is not None else None

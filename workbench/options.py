@@ -31,7 +31,8 @@ WEIGHT_PROCESSING_STEPS = ("fold_ln", "center_writing_weights", "center_unembed"
 def _dtype(value: Any) -> torch.dtype:
     value = getattr(torch, value) if isinstance(value, str) and hasattr(torch, value) else value
     if not (isinstance(value, torch.dtype) and value.is_floating_point):
-        raise ConfigError(f"dtype must be a floating-point torch.dtype, got {value!r}")
+        raise ConfigError(f"dtype must be a floating-point torch.dtype or its name (float32, bfloat16, ...), "
+                          f"got {value!r}")
     return value
 
 

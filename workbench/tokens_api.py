@@ -40,7 +40,7 @@ class TokenMethods(_Host):
     def as_tokens(self, input: TextOrTokens, prepend_bos: Optional[bool] = None, offset: int = 0) -> Int[Tensor, "batch pos"]:
         """Token ids [batch, pos] on the model's device from text, a list of texts, or ids ([pos] or [batch, pos]).
 
-        Checked: integer dtype, non-empty, every id in the vocabulary, ``offset + pos`` within n_ctx
+        Checked: an integer dtype (any: cast to int64, as the embedding needs), non-empty, every id in the vocabulary, ``offset + pos`` within n_ctx
         (``offset``: positions already in a KV cache; ``cfg.context_limit`` None: no limit, dynamic
         RoPE). The one place inputs are validated.
 
@@ -49,6 +49,8 @@ class TokenMethods(_Host):
             torch.Size([1, 3])
             >>> model.as_tokens("import os")
             tensor([[  0, 717, 608]])
+            >>> model.as_tokens(torch.tensor([[0, 7]], dtype=torch.uint8)).dtype   # any integer dtype: int64
+            torch.int64
             >>> model.as_tokens(torch.tensor([5000]))
             Traceback (most recent call last):
             workbench.errors.InputError: token id 5000 is out of range for a vocabulary of 2048 (0..2047)
@@ -60,7 +62,8 @@ class TokenMethods(_Host):
         else:
             raise InputError(f"expected text or a tensor of token ids, got {type(input).__name__}")
         if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-            raise InputError(f"token ids must be an integer tensor, got dtype {tokens.dtype}")
+            raise InputError(f"tokens: token ids must be an integer tensor, got dtype {tokens.dtype}")
+        tokens = tokens.long()  # any integer dtype (uint8, int32 ...) holds ids exactly; the embedding takes int64
         if tokens.ndim == 1:
             tokens = tokens[None]
         if tokens.ndim != 2:

@@ -19,7 +19,7 @@ from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.build import build_model, runtime_options
 from workbench.loading.placement import Placement
 from workbench.model import Decoder
-from workbench.options import split_saved_config
+from workbench.options import RuntimeOptions, split_saved_config
 from workbench.saving import CONFIG_FILE, FORMAT_TAG, WEIGHTS_FILE
 from workbench.tokenizer import Tokenizer
 
@@ -62,9 +62,11 @@ def read_native_config(directory: Union[str, Path]) -> tuple[ModelConfig, dict]:
         raise CheckpointError(f"{config_path}: cannot read the config ({error})") from error
     config = {key: value for key, value in config.items() if key != "format"}
     try:
-        return split_saved_config(config)
+        cfg, options = split_saved_config(config)
+        RuntimeOptions(**options)  # each saved option checked here, so a bad one names this file
     except (ConfigError, TypeError) as error:  # a config the model cannot honour names the file
         raise CheckpointError(f"{config_path}: {error}") from error
+    return cfg, options
 
 
 def load_native(directory: Union[str, Path], attn_impl: str | None = None, dtype: torch.dtype | None = None,

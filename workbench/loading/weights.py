@@ -18,7 +18,8 @@ def assign_weights(model: torch.nn.Module, tensors: Mapping[str, Tensor], source
     """Copies ``tensors`` into ``model``'s parameters (cast to their dtype), or raises.
 
     Raises ``CheckpointError`` naming ``source`` and the tensor when a parameter is missing, a
-    tensor is not a parameter of this model, or a shape differs. Tied parameters (the same
+    tensor is not a parameter of this model, a shape differs, or an integer/bool tensor would be
+    cast into a float parameter (see ``check_weights``). Tied parameters (the same
     Parameter under two names) need only one of their names. With ``move=True`` the caller hands
     the tensors over (freshly read from a file): each becomes its parameter's storage instead of
     being copied, which saves a full pass over a large checkpoint's memory.
@@ -37,11 +38,15 @@ def check_weights(model: torch.nn.Module, tensors: Mapping[str, Tensor], source:
     """``model``'s state dict (parameters as themselves), once every tensor's name and shape is checked.
 
     ``CheckpointError`` naming ``source`` and the tensor when a parameter is missing, a tensor is not
-    a parameter of this model, or a shape differs. Tied parameters need only one of their names.
+    a parameter of this model, a shape differs, or a float parameter's tensor is not floating-point
+    (integer, bool or complex: no cast would be right). Tied parameters need only one of their names.
 
     Example:
         >>> check_weights(torch.nn.Linear(2, 3), {"weight": torch.zeros(3, 2), "bias": torch.zeros(3)}, "x")["bias"].shape
         torch.Size([3])
+        >>> check_weights(torch.nn.Linear(2, 3), {"weight": torch.zeros(3, 2, dtype=torch.int64), "bias": torch.zeros(3)}, "x")
+        Traceback (most recent call last):
+        workbench.errors.CheckpointError: x: tensor 'weight' has dtype torch.int64, which cannot be the floating-point parameter torch.float32 (a corrupt or foreign checkpoint)
     """
     expected = model.state_dict(keep_vars=True)
     by_identity: dict[int, list[str]] = {}
@@ -57,4 +62,8 @@ def check_weights(model: torch.nn.Module, tensors: Mapping[str, Tensor], source:
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise CheckpointError(
                 f"{source}: tensor '{name}' has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
+        if expected[name].is_floating_point() and not tensor.is_floating_point():
+            # Casting ids, flags or complex values to a float parameter would load nonsense without a word.
+            raise CheckpointError(f"{source}: tensor '{name}' has dtype {tensor.dtype}, which cannot be the "
+                                  f"floating-point parameter {expected[name].dtype} (a corrupt or foreign checkpoint)")
     return expected
