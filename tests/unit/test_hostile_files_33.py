@@ -1,0 +1,94 @@
+"""Issue 33: files the workbench reads or deletes are checked, and stay inside their directory.
+
+Each test writes a hostile file itself (in tmp_path) and checks it is refused, or not trusted, with
+an error naming the field, and that nothing outside the directory is read or deleted.
+"""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import workbench as wb
+from workbench.cache_store import INDEX_NAME
+
+
+@pytest.fixture(scope="module")
+def model():
+    return wb.load_model("toy-attn-2l", progress=False)
+
+
+@pytest.fixture
+def written_cache(model, tmp_path):
+    """A real two-shard cache of one hook (rows 0:1 and 1:2), and a function that rewrites its index."""
+    directory = tmp_path / "cache"
+    tokens = model.to_tokens(["The cat sat", "The dog ran"])
+    model.run_with_cache(tokens, cache_dir=directory, names_filter="hook_embed", batch_size=1)
+    index = json.loads((directory / INDEX_NAME).read_text())
+    assert [shard["rows"] for shard in index["shards"]] == [[0, 1], [1, 2]]
+
+    def tamper(edit):
+        changed = json.loads(json.dumps(index))
+        edit(changed)
+        (directory / INDEX_NAME).write_text(json.dumps(changed))
+        return directory
+    return directory, tamper
+
+
+# 1. load_cache trusts its index.json
+
+def test_a_larger_shape_than_the_shards_hold_is_refused_before_reading(written_cache):
+    _, tamper = written_cache
+    directory = tamper(lambda index: index["shapes"].update(hook_embed=[2, 999, 128]))
+    with pytest.raises(wb.InputError, match="shapes"):
+        wb.load_cache(directory)
+
+
+def test_rows_must_be_covered_exactly_once_in_order(written_cache):
+    _, tamper = written_cache
+    for rows in ([[0, 1], [0, 1]], [[0, 1], [1, 3]], [[1, 2], [0, 1]], [[0, 1], [-1, 2]]):
+        def edit(index, rows=rows):
+            for shard, span in zip(index["shards"], rows):
+                shard["rows"] = span
+        with pytest.raises(wb.InputError, match=r"shards\[\d\]\.rows|'shards'"):
+            wb.load_cache(tamper(edit))
+    with pytest.raises(wb.InputError, match="'shards' cover rows 0:1"):
+        wb.load_cache(tamper(lambda index: index["shards"].pop()))
+
+
+def test_a_dtype_edit_is_refused_not_cast(written_cache):
+    _, tamper = written_cache
+    with pytest.raises(wb.InputError, match="dtypes"):
+        wb.load_cache(tamper(lambda index: index["dtypes"].update(hook_embed="float16")))
+    with pytest.raises(wb.InputError, match=r"dtypes\['hook_embed'\]"):
+        wb.load_cache(tamper(lambda index: index["dtypes"].update(hook_embed="Tensor")))
+
+
+@pytest.mark.parametrize("file_name", ["../outside.safetensors", "/etc/passwd", "sub/shard.safetensors", ".."])
+def test_a_shard_outside_the_directory_is_never_read(written_cache, file_name, tmp_path):
+    directory, tamper = written_cache
+    outside = tmp_path / "outside.safetensors"  # a valid shard, just outside the cache directory
+    save_file({"hook_embed": torch.zeros(1, 4, 128)}, str(outside))
+    with pytest.raises(wb.InputError, match=r"shards\[0\]\.file"):
+        wb.load_cache(tamper(lambda index: index["shards"][0].update(file=file_name)))
+
+
+@pytest.mark.parametrize("field", ["rows", "names", "shapes", "dtypes", "shards", "model"])
+def test_a_missing_field_is_named_not_a_key_error(written_cache, field):
+    _, tamper = written_cache
+    with pytest.raises(wb.InputError, match=f"field '{field}' is missing"):
+        wb.load_cache(tamper(lambda index: index.pop(field)))
+
+
+def test_a_shard_swapped_after_loading_is_refused_on_read(written_cache):
+    directory, _ = written_cache
+    cache = wb.load_cache(directory)
+    save_file({"hook_embed": torch.zeros(1, 2, 128)}, str(directory / "shard-00001.safetensors"))
+    with pytest.raises(wb.InputError, match="hook_embed"):
+        cache["hook_embed"]
+
+
+def test_an_untampered_cache_still_loads(written_cache, model):
+    directory, _ = written_cache
+    assert wb.load_cache(directory)["hook_embed"].shape[0] == 2
