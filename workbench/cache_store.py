@@ -40,6 +40,17 @@ SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.f
                       "U8": torch.uint8, "BOOL": torch.bool}
 
 
+def is_plain_file_name(name: Any) -> bool:
+    """Whether ``name`` names a file directly inside a directory (no folder part, no "..", not absolute):
+    what a file name read from an index on disk must be before it is opened or deleted.
+
+    Example:
+        >>> is_plain_file_name("shard-00000.safetensors"), is_plain_file_name("../x"), is_plain_file_name("/etc/passwd")
+        (True, False, False)
+    """
+    return isinstance(name, str) and Path(name).name == name and name not in ("", ".", "..")
+
+
 def shard_name(number: int) -> str:
     """The file name of shard ``number``.
 
@@ -350,7 +361,7 @@ def _check_index(index_path: Path, index: dict[str, Any]) -> None:
     covered = 0
     for number, shard in enumerate(index["shards"]):
         file, span = (shard.get("file"), shard.get("rows")) if isinstance(shard, dict) else (None, None)
-        if not (isinstance(file, str) and Path(file).name == file and file not in ("", ".", "..")):
+        if not is_plain_file_name(file):
             raise refuse(f"shards[{number}].file", f"must be a file name inside the cache directory, got {file!r}")
         if not (isinstance(span, list) and len(span) == 2 and all(_is_count(row) for row in span)
                 and span[0] == covered and span[1] >= covered):

@@ -92,3 +92,45 @@ def test_a_shard_swapped_after_loading_is_refused_on_read(written_cache):
 def test_an_untampered_cache_still_loads(written_cache, model):
     directory, _ = written_cache
     assert wb.load_cache(directory)["hook_embed"].shape[0] == 2
+
+
+# 2. the offload folder
+
+DISK_MAP = {"blocks": "disk", "embed": "cpu", "ln_final": "cpu", "unembed": "cpu"}
+
+
+def test_the_offload_index_has_its_own_name_and_an_activation_cache_is_not_an_offload(model, tmp_path):
+    from workbench.loading.placement import OFFLOAD_INDEX
+    assert OFFLOAD_INDEX != INDEX_NAME
+    directory = tmp_path / "cache"
+    model.run_with_cache(model.to_tokens("The cat"), cache_dir=directory, names_filter="hook_embed")
+    before = {path.name: path.read_bytes() for path in directory.iterdir()}
+    with pytest.raises(wb.ConfigError, match=f"offload_folder {directory}: not empty and not an earlier offload"):
+        wb.load_model("toy-attn-2l", device_map=DISK_MAP, offload_folder=directory, progress=False)
+    assert {path.name: path.read_bytes() for path in directory.iterdir()} == before  # the cache is untouched
+
+
+def test_clearing_an_offload_deletes_only_regular_files_it_lists_inside_the_folder(tmp_path):
+    from workbench.loading.placement import OFFLOAD_INDEX, prepare_offload_folder
+    folder, victim = tmp_path / "offload", tmp_path / "victim.dat"
+    folder.mkdir()
+    victim.write_text("not ours")
+    (folder / "sub").mkdir()
+    (folder / "sub.dat").mkdir()                       # a folder, not a weight file
+    (folder / "link.dat").symlink_to(victim)           # a link to a file outside
+    (folder / "w.dat").write_bytes(b"weights")
+    index = {name: {} for name in ("../victim", str(tmp_path / "victim"), "sub/../../victim", "sub", "link", "w")}
+    (folder / OFFLOAD_INDEX).write_text(json.dumps(index))
+    assert prepare_offload_folder(folder, {"blocks.0": "disk"}) == folder
+    assert victim.read_text() == "not ours"
+    assert sorted(path.name for path in folder.iterdir()) == ["link.dat", "sub", "sub.dat"]
+
+
+def test_an_offload_into_the_same_folder_still_replaces_the_earlier_one(tmp_path):
+    from workbench.loading.placement import OFFLOAD_INDEX
+    wb.load_model("toy-attn-2l", device_map=DISK_MAP, offload_folder=tmp_path, progress=False)
+    model = wb.load_model("toy-attn-2l", device_map=DISK_MAP, offload_folder=tmp_path, progress=False)
+    index = json.loads((tmp_path / OFFLOAD_INDEX).read_text())
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{n}.dat" for n in index] + [OFFLOAD_INDEX])
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    torch.testing.assert_close(model(tokens), wb.load_model("toy-attn-2l", progress=False)(tokens))
