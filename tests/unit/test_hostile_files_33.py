@@ -134,3 +134,30 @@ def test_an_offload_into_the_same_folder_still_replaces_the_earlier_one(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{n}.dat" for n in index] + [OFFLOAD_INDEX])
     tokens = torch.tensor([[1, 2, 3, 4]])
     torch.testing.assert_close(model(tokens), wb.load_model("toy-attn-2l", progress=False)(tokens))
+
+
+# 3. an HF shard index pointing outside its directory
+
+@pytest.mark.parametrize("file_name", ["../outside.safetensors", "ABSOLUTE", "sub/../../outside.safetensors", 7])
+def test_an_hf_shard_index_pointing_outside_its_directory_is_refused(tmp_path, monkeypatch, file_name):
+    from workbench.loading import hf_checkpoint
+    outside = tmp_path / "outside.safetensors"
+    save_file({"w": torch.zeros(2)}, str(outside))
+    directory = tmp_path / "model"
+    directory.mkdir()
+    save_file({"v": torch.zeros(2)}, str(directory / "model-00001-of-00001.safetensors"))
+    file_name = str(outside) if file_name == "ABSOLUTE" else file_name
+    (directory / hf_checkpoint.INDEX_FILE).write_text(json.dumps(
+        {"weight_map": {"v": "model-00001-of-00001.safetensors", "w": file_name}}))
+    opened = []
+    monkeypatch.setattr(hf_checkpoint, "_open", lambda path: opened.append(path))
+    with pytest.raises(wb.CheckpointError, match=r"weight_map\['w'\]"):
+        hf_checkpoint.SafetensorsCheckpoint(directory, progress=False)
+    assert opened == []  # refused before any file was opened
+
+
+def test_an_hf_shard_index_with_plain_names_still_loads(tmp_path):
+    from workbench.loading import hf_checkpoint
+    save_file({"v": torch.ones(2)}, str(tmp_path / "model-00001-of-00001.safetensors"))
+    (tmp_path / hf_checkpoint.INDEX_FILE).write_text(json.dumps({"weight_map": {"v": "model-00001-of-00001.safetensors"}}))
+    assert hf_checkpoint.SafetensorsCheckpoint(tmp_path, progress=False).take("v").tolist() == [1.0, 1.0]
