@@ -161,3 +161,43 @@ def test_an_hf_shard_index_with_plain_names_still_loads(tmp_path):
     save_file({"v": torch.ones(2)}, str(tmp_path / "model-00001-of-00001.safetensors"))
     (tmp_path / hf_checkpoint.INDEX_FILE).write_text(json.dumps({"weight_map": {"v": "model-00001-of-00001.safetensors"}}))
     assert hf_checkpoint.SafetensorsCheckpoint(tmp_path, progress=False).take("v").tolist() == [1.0, 1.0]
+
+
+# 4. the Neurons disk cache trusts what it reads back
+
+def _tampered(stored):
+    """Hostile versions of a maxima file: each one must be recomputed, never returned."""
+    windows_BP, max_BM, argmax_BM = stored["windows_BP"], stored["max_BM"], stored["argmax_BM"]
+    wrapped = argmax_BM.clone()
+    wrapped[0, 0] = -1  # would silently index the window's last token
+    beyond = argmax_BM.clone()
+    beyond[1, 2] = windows_BP.shape[1]
+    return {
+        "argmax -1": dict(stored, argmax_BM=wrapped),
+        "argmax past the window": dict(stored, argmax_BM=beyond),
+        "argmax as floats": dict(stored, argmax_BM=argmax_BM.float()),
+        "too few neurons": dict(stored, max_BM=max_BM[:, :-1].contiguous(), argmax_BM=argmax_BM[:, :-1].contiguous()),
+        "maxima as integers": dict(stored, max_BM=max_BM.long()),
+        "NaN maxima": dict(stored, max_BM=max_BM.clone().fill_(float("nan"))),
+        "no argmax": {"windows_BP": windows_BP, "max_BM": max_BM},
+        "an extra tensor": dict(stored, extra=torch.zeros(1)),
+    }
+
+
+def test_a_tampered_neuron_maxima_file_is_recomputed_not_trusted(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+    from experiments.neurons import windows
+    from experiments.neurons.units import MLPUnit
+    monkeypatch.setenv(windows.CACHE_ENV, str(tmp_path))
+    moe_model = wb.load_model("toy-moe-2l", progress=False)
+    unit = MLPUnit(1, expert=3)
+    computed = windows.corpus_maxima(moe_model, unit, n_windows=4, window=32)
+    assert not computed.from_disk and computed.path.is_file()
+    assert windows.corpus_maxima(moe_model, unit, n_windows=4, window=32).from_disk  # an honest file is used
+    stored = load_file(str(computed.path))
+    for what, hostile in _tampered(stored).items():
+        save_file(hostile, str(computed.path))
+        again = windows.corpus_maxima(moe_model, unit, n_windows=4, window=32)
+        assert not again.from_disk, what
+        assert torch.equal(again.argmax_BM, computed.argmax_BM) and torch.equal(again.max_BM, computed.max_BM), what
+        assert windows.corpus_maxima(moe_model, unit, n_windows=4, window=32).from_disk, what  # rewritten honestly
