@@ -142,15 +142,32 @@ def maxima_path(model, unit: MLPUnit, windows_BP: Tensor) -> Path:
     return cache_directory() / "neurons" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.safetensors"
 
 
-def _read_maxima(path: Path, windows_BP: Tensor) -> Optional[CorpusMaxima]:
-    """The cached maxima, or None when the file is missing, unreadable or for other windows."""
+def _read_maxima(path: Path, windows_BP: Tensor, width: int) -> Optional[CorpusMaxima]:
+    """The cached maxima, or None when the file is missing, unreadable, for other windows, or not what
+    ``corpus_maxima`` writes (then it is recomputed and replaced): exactly its three tensors, the maxima
+    floating-point [B, width] without NaN, the positions integers [B, width] inside the window (a -1
+    would silently index the window's last token).
+
+    Example:
+        >>> _read_maxima(Path("no/such/maxima.safetensors"), torch.zeros(2, 8, dtype=torch.long), 16) is None
+        True
+    """
     try:
         stored = load_file(str(path))
     except (OSError, SafetensorError, ValueError):
         return None
-    if not torch.equal(stored.get("windows_BP", torch.empty(0)), windows_BP.cpu().long()):
+    windows_BP = windows_BP.cpu().long()
+    if set(stored) != {"windows_BP", "max_BM", "argmax_BM"} or not torch.equal(stored["windows_BP"], windows_BP):
         return None
-    return CorpusMaxima(windows_BP.cpu().long(), stored["max_BM"], stored["argmax_BM"].long(), path, True)
+    max_BM, argmax_BM = stored["max_BM"], stored["argmax_BM"]
+    shape = (windows_BP.shape[0], width)
+    if tuple(max_BM.shape) != shape or not max_BM.is_floating_point() or bool(max_BM.isnan().any()):
+        return None
+    if tuple(argmax_BM.shape) != shape or argmax_BM.dtype not in (torch.int32, torch.int64):
+        return None
+    if argmax_BM.numel() and not (0 <= int(argmax_BM.min()) and int(argmax_BM.max()) < windows_BP.shape[1]):
+        return None
+    return CorpusMaxima(windows_BP, max_BM, argmax_BM.long(), path, True)
 
 
 def _write_atomically(path: Path, tensors: dict[str, Tensor]) -> None:
@@ -177,10 +194,10 @@ def corpus_maxima(model, unit: MLPUnit, n_windows: int = 256, window: int = 64, 
         >>> maxima.max_BM.shape, maxima.from_disk
         (torch.Size([16, 256]), False)
     """
-    unit.width(model.cfg)
+    width = unit.width(model.cfg)
     windows_BP = neuron_corpus(model, n_windows, window).cpu().long()
     path = maxima_path(model, unit, windows_BP) if use_disk else None
-    cached = _read_maxima(path, windows_BP) if path is not None and path.is_file() else None
+    cached = _read_maxima(path, windows_BP, width) if path is not None and path.is_file() else None
     if cached is not None:
         return cached
     skip = 1 if model.bos_first() else 0  # BOS's activations are outliers, not evidence

@@ -19,6 +19,7 @@ from experiments.patching import patch_heads
 from tests.integration.hf_tiny import build_and_save
 from workbench.errors import ConfigError, InputError
 from workbench.extras import MissingExtraError
+from workbench.loading.placement import OFFLOAD_INDEX
 
 pytestmark = pytest.mark.slow
 TOL = 1e-5
@@ -54,7 +55,7 @@ def test_max_memory_smaller_than_the_model_offloads_blocks_to_disk(offloaded, in
     assert devices["embed"] == devices["unembed"] == devices["ln_final"] == "cpu"
     on_disk = [unit for unit, device in devices.items() if device == "disk"]
     assert on_disk == [f"blocks.{layer}" for layer in range(30 - len(on_disk), 30)]  # the last blocks, in order
-    index = json.loads((folder / "index.json").read_text())
+    index = json.loads((folder / OFFLOAD_INDEX).read_text())
     assert {name.split(".attn.")[0].split(".mlp.")[0].rsplit(".ln", 1)[0] for name in index} == set(on_disk)
     assert all((folder / f"{name}.dat").is_file() for name in index)
     # the CPU holds what it was allowed to: top-level modules, its blocks and room for one disk block
@@ -231,8 +232,8 @@ def test_reloading_into_the_same_folder_replaces_the_earlier_offload(tmp_path):
     device_map = {"blocks": "disk", "embed": "cpu", "ln_final": "cpu", "unembed": "cpu"}
     wb.load_model("toy-moe-2l", device_map=device_map, offload_folder=tmp_path)
     model = wb.load_model("toy-attn-2l", device_map=device_map, offload_folder=tmp_path)
-    index = json.loads((tmp_path / "index.json").read_text())
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{n}.dat" for n in index] + ["index.json"])
+    index = json.loads((tmp_path / OFFLOAD_INDEX).read_text())
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{n}.dat" for n in index] + [OFFLOAD_INDEX])
     tokens = torch.tensor([[1, 2, 3, 4]])
     torch.testing.assert_close(model(tokens), wb.load_model("toy-attn-2l")(tokens), atol=TOL, rtol=0)
 

@@ -138,6 +138,7 @@ def build_dispatched(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: 
         with _quiet_accelerate():
             dispatch_model(model, {unit: accelerate_device(device) for unit, device in device_map.items()},
                            main_device=main_device, offload_dir=str(folder) if folder else None,
+                           offload_index=index or None,  # accelerate would look for its own "index.json"
                            preload_module_classes=["TransformerBlock"], force_hooks=True)
     except BaseException:
         if folder is not None:

@@ -17,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from workbench.cache_store import is_plain_file_name
 from workbench.errors import CheckpointError
 from workbench.loading.common import show_progress
 
@@ -144,8 +145,13 @@ def _checkpoint_files(directory: Path) -> tuple[list[Path], dict[str, Path]]:
             weight_map = json.loads(index_path.read_text())["weight_map"]
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
             raise CheckpointError(f"{index_path}: unreadable shard index ({error!r})") from error
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index_path}: field 'weight_map' must map tensor names to shard file names")
         out = {}
         for name, file_name in weight_map.items():
+            if not is_plain_file_name(file_name):  # checked before anything is opened: shards sit beside the index
+                raise CheckpointError(f"{index_path}: weight_map['{name}'] = {file_name!r} is not a file name in "
+                                      f"{directory} (a shard must sit beside the index)")
             path = directory / file_name
             if not path.exists():
                 raise CheckpointError(f"{path}: shard file not found (it should hold tensor '{name}')")

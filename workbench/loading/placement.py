@@ -28,6 +28,7 @@ from typing import Mapping, Optional, Union
 
 import torch
 
+from workbench.cache_store import is_plain_file_name
 from workbench.errors import ConfigError
 from workbench.memory import readable_bytes
 from workbench.model import Decoder
@@ -35,7 +36,8 @@ from workbench.model import Decoder
 DeviceMapSpec = Union[str, Mapping[str, Union[int, str, torch.device]]]
 MaxMemory = Optional[Mapping[Union[int, str], Union[int, str]]]
 AUTO_MAPS = ("auto", "sequential")
-OFFLOAD_INDEX = "index.json"
+# its own name: a folder holding another tool's index.json (an activation cache) is not an offload of ours
+OFFLOAD_INDEX = "workbench-offload-index.json"
 
 
 @dataclass(frozen=True)
@@ -273,13 +275,14 @@ def prepare_offload_folder(folder: Optional[Union[str, Path]], device_map: Mappi
 
 def clear_offload(folder: Path, names=None) -> None:
     """Removes an offload's files, nothing else: the weights ``names`` lists (default: those its index
-    lists) and the index.
+    lists) and the index. Only regular files directly inside ``folder`` are removed: an entry naming
+    another place ("../victim"), a link or a folder is left alone.
 
     Example:
         >>> import tempfile
         >>> folder = Path(tempfile.mkdtemp())
         >>> _ = (folder / "blocks.1.ln1.w.dat").write_bytes(b"weights"), (folder / "notes.txt").write_text("kept")
-        >>> _ = (folder / OFFLOAD_INDEX).write_text('{"blocks.1.ln1.w": {}}')
+        >>> _ = (folder / OFFLOAD_INDEX).write_text('{"blocks.1.ln1.w": {}, "../notes": {}}')
         >>> clear_offload(folder)
         >>> sorted(path.name for path in folder.iterdir())
         ['notes.txt']
@@ -289,8 +292,12 @@ def clear_offload(folder: Path, names=None) -> None:
             names = json.loads((folder / OFFLOAD_INDEX).read_text())
         except (OSError, json.JSONDecodeError):
             names = {}
+    if not isinstance(names, (dict, list)):
+        names = {}
     for name in names:
-        (folder / f"{name}.dat").unlink(missing_ok=True)
-    (folder / OFFLOAD_INDEX).unlink(missing_ok=True)
-
-
+        file_name = f"{name}.dat" if isinstance(name, str) else None
+        if is_plain_file_name(file_name) and (folder / file_name).is_file() and not (folder / file_name).is_symlink():
+            (folder / file_name).unlink()
+    index = folder / OFFLOAD_INDEX
+    if index.is_file() and not index.is_symlink():
+        index.unlink()
