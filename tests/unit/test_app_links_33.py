@@ -58,7 +58,7 @@ def rendered_markdown(at: AppTest) -> list[str]:
 def assert_no_injected_markup(at: AppTest, where: str) -> None:
     for text in rendered_markdown(at):
         plain = outside_code_spans(text)
-        for bad in ("](", "![", "evil.example", "<a ", "<img"):
+        for bad in ("](", "![", "evil", "://", "www.", "<a ", "<img"):  # "evil": a message may cut the host short
             assert bad not in plain, f"{where}: {bad!r} outside a code span in {text!r}"
     for chart in at.get("plotly_chart"):  # plotly draws <a href> in titles and labels
         assert '<a href=\\"https://evil' not in chart.proto.spec and "<a href=\"https://evil" not in chart.proto.spec
