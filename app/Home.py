@@ -10,6 +10,7 @@ import streamlit as st
 
 import workbench as wb
 from app import state
+from app.safe_text import quoted
 from app.widgets import open_model, page_setup, run_page
 
 REGISTERED, PATH = "Registered model", "Path on this machine"
@@ -46,7 +47,7 @@ def _picker() -> None:
 def _card(loaded: state.LoadedModel, description: str = "") -> None:
     """The open model at a glance: size, shape, hook points, kernel, then every config field."""
     model, cfg = loaded.model, loaded.model.cfg
-    st.subheader(f"Open model: `{state.model_source()}`")
+    st.subheader(f"Open model: {quoted(state.model_source())}")
     if description:
         st.markdown(description)
     cols = st.columns(7)

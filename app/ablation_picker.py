@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app.safe_text import quoted
 from app.results import Reference, Targets
 from app.state import LoadedModel
 from app.url_state import linked
@@ -63,7 +64,7 @@ def choose_targets(loaded: LoadedModel) -> Targets:
     try:
         neurons = sorted({int(part) for part in text.replace(" ", "").split(",") if part})
     except ValueError:
-        st.error(f"Neurons must be whole numbers separated by commas, got “{text}”.")
+        st.error(f"Neurons must be whole numbers separated by commas, got {quoted(text)}.")
         return ()
     outside = [n for n in neurons if not 0 <= n < d_mlp]
     if outside:

@@ -17,6 +17,7 @@ import workbench as wb
 
 SOURCE_KEY = "model_source"  # a registered name or a path (HF dir, .gguf, saved dir)
 IMPL_KEY = "attn_impl"
+OFFER_KEY = "linked_model_offer"  # a path named by a link, waiting for the user's click
 DEFAULT_IMPL = "sdpa"
 # The model's kernels (``workbench.ATTN_IMPLS``), the default first: the order the Home page offers them in.
 ATTN_IMPLS = (DEFAULT_IMPL, *(impl for impl in wb.ATTN_IMPLS if impl != DEFAULT_IMPL))
@@ -65,9 +66,12 @@ def attn_impl() -> str:
 
 
 def open_linked_model() -> None:
-    """Opens the model a link names (``?model=...&impl=...``) when this session has not chosen one yet.
+    """Opens the registered model a link names (``?model=...&impl=...``) when this session has not chosen one yet.
 
-    Called by every page before anything else, so a copied link reopens its model on any page.
+    Called by every page before anything else, so a copied link reopens its model on any page. A link
+    naming anything else (a path on the server) opens nothing: it is kept as an offer
+    (``linked_model_offer``) that the page shows with a button, so only a click loads a file a link
+    names, and a path that fails is not tried again on every rerun.
 
     Example:
         >>> open_linked_model()   # doctest: +SKIP
@@ -75,8 +79,23 @@ def open_linked_model() -> None:
     if SOURCE_KEY in st.session_state:
         return
     source, impl = st.query_params.get("model"), st.query_params.get("impl")
-    if source:
-        choose_model(source, impl if impl in ATTN_IMPLS else None)
+    impl = impl if impl in ATTN_IMPLS else None
+    if not source or not source.strip():
+        return
+    if source.strip() in wb.list_models()["name"].tolist():
+        choose_model(source, impl)
+    else:
+        st.session_state[OFFER_KEY] = (source.strip(), impl)
+
+
+def linked_model_offer() -> Optional[tuple[str, Optional[str]]]:
+    """The (path, kernel) a link offered and the user has neither opened nor replaced, else None.
+
+    Example:
+        >>> linked_model_offer()   # doctest: +SKIP
+        ('/data/my-model', 'eager')
+    """
+    return st.session_state.get(OFFER_KEY)
 
 
 def choose_model(source: str, impl: Optional[str] = None) -> None:
@@ -86,5 +105,6 @@ def choose_model(source: str, impl: Optional[str] = None) -> None:
         >>> choose_model("toy-moe-2l")   # doctest: +SKIP
     """
     st.session_state[SOURCE_KEY] = source.strip()
+    st.session_state.pop(OFFER_KEY, None)  # a model chosen by hand replaces a link's offer
     if impl is not None:
         st.session_state[IMPL_KEY] = impl

@@ -18,6 +18,8 @@ from typing import Any, Callable, Optional
 
 import streamlit as st
 
+from app.safe_text import quoted
+
 _SAVED = "_linked_{}"
 # The keyword that carries each widget's default, which must be dropped when the value comes from
 # session state (Streamlit warns when a widget gets both).
@@ -108,7 +110,8 @@ def _seed(kind: str, key: str, args: tuple, kwargs: dict) -> bool:
             return True
         except (KeyError, ValueError, TypeError, json.JSONDecodeError):
             if origin == "link":
-                st.warning(f"The link's value for `{key}` ({raw[:60]!r}) does not fit here; using the default.")
+                st.warning(f"The link's value for {quoted(key)} ({quoted(raw, limit=60)}) does not fit here; "
+                           "using the default.")
     if candidates:  # the widget's own value came from other options (a longer prompt, another model): drop it too
         st.session_state.pop(key, None)
     return False

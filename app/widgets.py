@@ -18,6 +18,7 @@ import torch
 import workbench as wb
 from app import results, state, url_state
 from app.runtime import leave_a_core_free
+from app.safe_text import quoted
 from app.state import LoadedModel
 from app.url_state import linked
 
@@ -62,6 +63,29 @@ def page_setup(title: str) -> None:
     leave_a_core_free()
     st.set_page_config(page_title=f"{title} · workbench", layout="wide")
     state.open_linked_model()
+    linked_model_offer()
+
+
+def linked_model_offer() -> None:
+    """Shows the model path a link named, with a button: the path is loaded only when the user clicks.
+
+    A link can point at any file on the server; opening it is the user's decision, not the link's.
+
+    Example:
+        >>> linked_model_offer()   # doctest: +SKIP
+    """
+    offer = state.linked_model_offer()
+    if offer is None:
+        return
+    source, impl = offer
+    slot = st.empty()
+    with slot.container():
+        st.info(f"This link names a model path on this machine: {quoted(source, limit=300)}. It is not opened "
+                "until you ask; meanwhile the pages use the model shown below.")
+        clicked = st.button("Open the linked model", key="open_linked_model")
+    if clicked:  # the choice replaces the offer, which goes at once
+        state.choose_model(source, impl)
+        slot.empty()
 
 
 def guarded(body: Callable[..., None]) -> Callable[..., None]:
@@ -80,10 +104,11 @@ def guarded(body: Callable[..., None]) -> Callable[..., None]:
         try:
             body(*args, **kwargs)
         except (wb.InputError, wb.ConfigError, wb.CheckpointError) as error:
-            st.error(str(error))
+            st.error(quoted(error, limit=600))
         except Exception as error:  # noqa: BLE001 - the page must never show a traceback
             log.exception("dashboard page failed")
-            st.error(f"Something went wrong ({type(error).__name__}): {error}. The server log has the details.")
+            st.error(f"Something went wrong ({type(error).__name__}): {quoted(error, limit=300)}. "
+                     "The server log has the details.")
 
     return run
 
@@ -111,10 +136,10 @@ def open_model() -> Optional[LoadedModel]:
     url_state.to_link("model", source)
     url_state.to_link("impl", impl)
     try:
-        with st.spinner(f"Loading {source} …"):
+        with st.spinner(f"Loading {quoted(source)} …"):
             return results.load_model(source, impl)
     except LOAD_ERRORS as error:
-        st.error(f"Could not load model `{source}`: {error}")
+        st.error(f"Could not load model {quoted(source)}: {quoted(error, limit=600)}")
         st.info("Pick another model on the Home page (registered names are listed there).")
         return None
 
@@ -150,7 +175,7 @@ def prompt_box(loaded: LoadedModel, label: str = "Prompt", max_tokens: int = MAX
     try:
         tokens = model.to_tokens(text)
     except wb.InputError as error:
-        st.error(f"This prompt cannot be tokenized by the model: {error}")
+        st.error(f"This prompt cannot be tokenized by the model: {quoted(error, limit=300)}")
         return None
     n_tokens, n_ctx = tokens.shape[1], model.cfg.n_ctx
     if n_tokens > n_ctx:
@@ -163,7 +188,7 @@ def prompt_box(loaded: LoadedModel, label: str = "Prompt", max_tokens: int = MAX
         return None
     prompt = Prompt(text, tuple(int(i) for i in tokens[0].tolist()), model.to_str_tokens(tokens[0]))
     with st.container(key="prompt_tokens"):  # the key lets the browser test see the tokens change
-        shown = " | ".join(repr(t) for t in prompt.str_tokens[:120]) + (" | …" if n_tokens > 120 else "")
+        shown = " | ".join(quoted(repr(t)) for t in prompt.str_tokens[:120]) + (" | …" if n_tokens > 120 else "")
         st.caption(f"{n_tokens} tokens: {shown}")
     return prompt
 

@@ -4,10 +4,13 @@ MLPs and embeddings push the final logit of a chosen token up or down (direct lo
 
 from __future__ import annotations
 
+import html
+
 import pandas as pd
 import streamlit as st
 
 from app import downloads, results
+from app.safe_text import quoted
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import Prompt, page_setup, prompt_box, require_model, run_page
@@ -18,7 +21,7 @@ def _token_id(loaded: LoadedModel, text: str, what: str) -> int:
     """The id of ``text`` when it is exactly one token; stops the page with a message otherwise."""
     ids = loaded.model.to_tokens(text, prepend_bos=False)[0].tolist()
     if len(ids) != 1:
-        st.error(f"The {what} “{text}” is {len(ids)} tokens for this tokenizer; give a single token "
+        st.error(f"The {what} {quoted(text)} is {len(ids)} tokens for this tokenizer; give a single token "
                  "(mind the leading space, e.g. “ Paris”).")
         st.stop()
     return int(ids[0])
@@ -40,8 +43,10 @@ def _attribution(loaded: LoadedModel, prompt: Prompt, table: pd.DataFrame) -> No
     target = _token_id(loaded, target_text, "target") if target_text else int(final["token_id"].iloc[0])
     baseline = _token_id(loaded, baseline_text, "baseline") if baseline_text else None
     target_name = target_text or top_tokens[0]
-    title = f"Direct logit attribution of {target_name!r}" + (f" minus {baseline_text!r}" if baseline_text else "")
-    st.caption(f"Top predictions here: {', '.join(repr(t) for t in top_tokens)}")
+    # Plotly reads HTML tags (links included) in a title: the typed tokens go in escaped.
+    title = (f"Direct logit attribution of {html.escape(repr(target_name), quote=False)}"
+             + (f" minus {html.escape(repr(baseline_text), quote=False)}" if baseline_text else ""))
+    st.caption(f"Top predictions here: {', '.join(quoted(repr(t)) for t in top_tokens)}")
     dla = results.direct_logit_attribution(loaded, prompt.ids, target, baseline, position)
     downloads.figure(lens_plots.dla_figure(dla, title), "direct_logit_attribution", key="dla")
     st.caption(f"The components sum exactly to the logit difference {dla.attrs['logit_diff']:.4f}; "

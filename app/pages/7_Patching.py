@@ -17,6 +17,7 @@ import streamlit as st
 import workbench as wb
 from app import downloads, results, url_state
 from app.results import PatchPrompts
+from app.safe_text import quoted
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import MAX_PROMPT_TOKENS, page_setup, progress_callback, require_model, run_page
@@ -39,7 +40,7 @@ def _single_token(model, text: str, what: str) -> int:
     try:
         return model.to_single_token(text)
     except wb.InputError as error:
-        st.error(f"The {what} token “{text}” is not one token of this model's vocabulary ({error}). Give a single "
+        st.error(f"The {what} token {quoted(text)} is not one token of this model's vocabulary ({quoted(error)}). Give a single "
                  "token, minding the leading space (e.g. “ Mary”).")
         st.stop()
 

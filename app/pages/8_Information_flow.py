@@ -12,6 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from app import downloads, results, url_state
+from app.safe_text import quoted
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import Prompt, page_setup, progress_callback, prompt_box, require_model, run_page
@@ -76,7 +77,7 @@ def _pick(nodes: pd.DataFrame, edges: pd.DataFrame) -> Optional[str]:
 
 def _edge_view(loaded: LoadedModel, prompt: Prompt, contributions, edge: pd.Series) -> None:
     layer, i, j = int(edge.layer), int(edge.target_position), int(edge.source_position)
-    st.markdown(f"**Attention edge at layer {layer}: {j} {prompt.str_tokens[j]!r} → {i} {prompt.str_tokens[i]!r}**, "
+    st.markdown(f"**Attention edge at layer {layer}: {j} {quoted(repr(prompt.str_tokens[j]))} → {i} {quoted(repr(prompt.str_tokens[i]))}**, "
                 f"importance {edge.importance:.4f}")
     heads = flow.edge_heads(contributions, layer, i, j)
     downloads.table(heads, f"flow_edge_heads_L{layer}_{j}_{i}", key="flow_edge_heads", height=200)
@@ -92,10 +93,10 @@ def _edge_view(loaded: LoadedModel, prompt: Prompt, contributions, edge: pd.Seri
 def _node_view(loaded: LoadedModel, prompt: Prompt, node: pd.Series) -> None:
     layer, position, block = int(node.layer), int(node.position), node.block
     if not block:
-        st.info(f"{node.node} is the embedding of token {position} {prompt.str_tokens[position]!r}: no block writes it.")
+        st.info(f"{node.node} is the embedding of token {position} {quoted(repr(prompt.str_tokens[position]))}: no block writes it.")
         return
     st.markdown(f"**{node.node}: what layer {layer}'s {BLOCK_NAMES[block]} writes at {position} "
-                f"{prompt.str_tokens[position]!r}**")
+                f"{quoted(repr(prompt.str_tokens[position]))}**")
     st.caption("Its output through the final norm (scale frozen at this position's final residual) and the "
                "unembedding: its direct effect on this position's logits.")
     vocab = results.flow_vocab_projection(loaded, prompt.ids, layer, position, block, VOCAB_K)
