@@ -33,6 +33,18 @@ from workbench.errors import InputError
 from workbench.host import DecoderHost
 
 
+def check_layer(cfg: ModelConfig, layer: int) -> None:
+    """``InputError`` unless ``layer`` is one of the model's blocks: the one check behind every per-layer read.
+
+    Example:
+        >>> check_layer(model.cfg, 5)
+        Traceback (most recent call last):
+        workbench.errors.InputError: layer must be in 0..1, got 5
+    """
+    if not 0 <= layer < cfg.n_layers:
+        raise InputError(f"layer must be in 0..{cfg.n_layers - 1}, got {layer}")
+
+
 def mlp_width(cfg: ModelConfig, layer: int, expert: Optional[int] = None, shared: bool = False) -> int:
     """The number of neurons of layer ``layer``'s dense MLP, its routed ``expert`` or its ``shared`` expert;
     ``InputError`` naming what is wrong when the model has no such MLP.
@@ -48,8 +60,7 @@ def mlp_width(cfg: ModelConfig, layer: int, expert: Optional[int] = None, shared
     """
     if cfg.attn_only:
         raise InputError("this model is attention-only: it has no MLP, so no neurons (open a model with MLPs)")
-    if not 0 <= layer < cfg.n_layers:
-        raise InputError(f"layer must be in 0..{cfg.n_layers - 1}, got {layer}")
+    check_layer(cfg, layer)
     moe = layer in cfg.moe_layers
     if (expert is not None or shared) and not moe:
         raise InputError(f"layer {layer} is a dense MLP: it has no experts")
@@ -73,10 +84,6 @@ class ReadoutMethods(_Host):
     """One layer's attention and MLP weights, and a mixture of experts' expert and router math, for a ``Decoder``."""
 
     # ---- attention -------------------------------------------------------------------------------
-    def _check_layer(self, layer: int) -> None:
-        if not 0 <= layer < self.cfg.n_layers:
-            raise InputError(f"layer must be in 0..{self.cfg.n_layers - 1}, got {layer}")
-
     def layer_W_O(self, layer: int) -> Float[Tensor, "n_heads d_head_v d_model"]:
         """Layer ``layer``'s attention output weights [H, J, D] (``model.W_O[layer]`` without stacking every layer).
 
@@ -86,7 +93,7 @@ class ReadoutMethods(_Host):
             >>> torch.equal(model.layer_W_O(1), model.W_O[1])
             True
         """
-        self._check_layer(layer)
+        check_layer(self.cfg, layer)
         return self.blocks[layer].attn.W_O
 
     def layer_b_O(self, layer: int) -> Optional[Float[Tensor, "d_model"]]:
@@ -97,7 +104,7 @@ class ReadoutMethods(_Host):
             >>> model.layer_b_O(0) is None, bool(model.b_O[0].eq(0).all())   # toy-attn-2l has no attention biases
             (True, True)
         """
-        self._check_layer(layer)
+        check_layer(self.cfg, layer)
         return self.blocks[layer].attn.b_O
 
     # ---- MLPs and experts --------------------------------------------------------------------------
@@ -108,7 +115,8 @@ class ReadoutMethods(_Host):
 
         Example:
             >>> moe = wb.Decoder(wb.ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=20, n_ctx=8, d_mlp=12,
-            ...                                 num_experts=4, experts_per_token=2, moe=wb.MoEConfig(d_shared_expert=24)))
+            ...                                 num_experts=4, experts_per_token=2,
+            ...                                 moe=wb.MoEConfig(d_shared_expert=24)))
             >>> moe.layer_W_out(1, expert=3).shape, moe.layer_W_out(1, shared=True).shape
             (torch.Size([12, 16]), torch.Size([24, 16]))
             >>> moe.layer_W_out(1)
@@ -154,7 +162,8 @@ class ReadoutMethods(_Host):
 
         Example:
             >>> moe = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=20, n_ctx=8, d_mlp=12,
-            ...                                 num_experts=4, experts_per_token=2, moe=wb.MoEConfig(router_scoring="sigmoid")))
+            ...                                 num_experts=4, experts_per_token=2,
+            ...                                 moe=wb.MoEConfig(router_scoring="sigmoid")))
             >>> moe.router_probabilities(0, torch.zeros(1, 2, 4)).tolist()
             [[[0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25]]]
         """

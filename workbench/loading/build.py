@@ -66,12 +66,7 @@ def empty_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer] = None,
         (device(type='meta'), True)
     """
     with torch.device("meta"):
-        return Decoder(cfg, tokenizer=tokenizer, init_weights=False, **_as_kwargs(options))
-
-
-def _as_kwargs(options: Optional[RuntimeOptions]) -> dict[str, Any]:
-    return {} if options is None else {field.name: getattr(options, field.name)
-                                       for field in dataclasses.fields(options)}
+        return Decoder(cfg, tokenizer=tokenizer, init_weights=False, **dataclasses.asdict(options or RuntimeOptions()))
 
 
 def build_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: dict[str, Tensor], source: str, *,
@@ -91,7 +86,7 @@ def build_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: dict[
     options = runtime_options(cfg, dtype=dtype, attn_impl=attn_impl, saved=saved_options)
     if placement is not None:
         return build_dispatched(cfg, tokenizer, tensors, source, placement, options)
-    model = Decoder(cfg, tokenizer=tokenizer, init_weights=False, **_as_kwargs(options))
+    model = Decoder(cfg, tokenizer=tokenizer, init_weights=False, **dataclasses.asdict(options))
     assign_weights(model, tensors, source, move=True)
     return model.to(device).eval()  # .to() records the device in the options
 
