@@ -69,14 +69,17 @@ def test_patching_page(browser, server_url, screenshot, model):
     for key, text in (("patching_answer", " Mary"), ("patching_wrong", " John")):
         page.locator(f".st-key-{key} input").fill(text)
         page.locator(f".st-key-{key} input").press("Enter")
+    clean, corrupt = logit_diff(model, IOI_CLEAN), logit_diff(model, IOI_CORRUPT)
+    # Each edit reruns the page: wait for the run that has all four (the first rerun, after the prompts alone,
+    # already changes the metric, with the old answer and wrong tokens).
     page.wait_for_function(
-        "(before) => { const m = [...document.querySelectorAll('[data-testid=\"stMetric\"]')]"
+        "(expected) => { const m = [...document.querySelectorAll('[data-testid=\"stMetric\"]')]"
         ".find(e => e.textContent.includes('Clean logit diff'));"
-        " return m && m.querySelector('[data-testid=\"stMetricValue\"]').textContent !== before; }", arg=before)
+        " return m && Math.abs(parseFloat(m.querySelector('[data-testid=\"stMetricValue\"]').textContent)"
+        " - expected) < 2e-3; }", arg=clean)
     wait_chart(page, "patching_heads_attribution")
     wait_idle(page)
     assert_no_traceback(page)
-    clean, corrupt = logit_diff(model, IOI_CLEAN), logit_diff(model, IOI_CORRUPT)
     assert float(metric_value(page, "Clean logit diff")) == pytest.approx(clean, abs=2e-3)
     assert float(metric_value(page, "Corrupted logit diff")) == pytest.approx(corrupt, abs=2e-3)
     approx = patching.attribution_patching(model, IOI_CLEAN, IOI_CORRUPT, " Mary", " John", sites=["heads"])
