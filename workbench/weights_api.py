@@ -50,7 +50,10 @@ class WeightMethods(_Host):
         """Learned (or sinusoidal) position embeddings; a rotary or ALiBi model has none."""
         if self.pos_embed is None:
             raise InputError(f"this model has no absolute position embedding (positional={self.cfg.positional!r})")
-        return self.pos_embed.W_pos if hasattr(self.pos_embed, "W_pos") else self.pos_embed.table
+        if hasattr(self.pos_embed, "W_pos"):
+            return self.pos_embed.W_pos
+        self.pos_embed.grow(self.cfg.n_ctx)  # a sinusoidal table holds the positions used so far: all of them here
+        return self.pos_embed.table
 
     @property
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:

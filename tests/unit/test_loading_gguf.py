@@ -52,8 +52,8 @@ def test_a_gguf_load_builds_one_model(tiny_gguf, monkeypatch):
 def test_a_hostile_block_count_is_refused_before_any_layer_is_listed(tiny_gguf):
     file = GGUFFile(tiny_gguf)
     cfg = model_config_from_gguf(file).replace(n_layers=10**12)
-    with pytest.raises(wb.CheckpointError, match=r"tiny\.gguf: 1000000000000 layers \(field 'llama\.block_count'\), "
-                                                 r"but the file holds only \d+ tensors"):
+    with pytest.raises(wb.CheckpointError, match=r"tiny\.gguf: field 'llama\.block_count' declares 1000000000000 "
+                                                 r"layers, but the weights hold tensors for 2"):
         read_tensors(file, cfg)
 
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from workbench.components.rotary import INITIAL_POSITIONS
 from workbench.config import ModelConfig
 from workbench.options import RuntimeOptions
 
@@ -71,16 +72,31 @@ class SinusoidalPosEmbed(nn.Module):
 
     def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
-        with torch.device("cpu"):  # a real table even when the model is built on the meta device
-            table = sinusoidal_table(cfg.n_ctx, cfg.d_model).to(options.dtype)
+        self.n_ctx, self.d_model = cfg.n_ctx, cfg.d_model
+        # Rows for the positions used, as RoPE's table (rotary.INITIAL_POSITIONS): a declared context alone
+        # never allocates. A real table even when the model is built on the meta device.
+        with torch.device("cpu"):
+            table = sinusoidal_table(min(cfg.n_ctx, INITIAL_POSITIONS), cfg.d_model).to(options.dtype)
         self.register_buffer("table", table, persistent=False)
 
     def forward(self, positions: Int[Tensor, "*batch pos"]) -> Float[Tensor, "*batch pos d_model"]:
+        if self.table.shape[0] < self.n_ctx and positions.numel() and not positions.is_meta:  # meta: shapes only
+            self.grow(int(positions.max()) + 1)
         return self.table[positions]
+
+    def grow(self, n_positions: int) -> None:
+        """The table extended to cover ``n_positions`` (doubling, at most ``n_ctx``); each row depends on its
+        position only, so the rows it had keep their values."""
+        if n_positions <= self.table.shape[0]:
+            return
+        rows = min(self.n_ctx, max(n_positions, 2 * self.table.shape[0]))
+        with torch.device("cpu"):
+            table = sinusoidal_table(rows, self.d_model)
+        self.table = table.to(device=self.table.device, dtype=self.table.dtype)
 
 
 def sinusoidal_table(n_ctx: int, d_model: int) -> Float[Tensor, "n_ctx d_model"]:
-    """PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)).
+    """The first ``n_ctx`` rows: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)).
 
     Example:
         >>> sinusoidal_table(4, 8)[0, :2].tolist()

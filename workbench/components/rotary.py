@@ -84,8 +84,10 @@ class Rotary(nn.Module):
 
     def _angles(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         # Only dynamic scaling, and a table not yet grown to n_ctx, read the longest position (a device sync on GPU).
+        # Positions on the meta device (plan_memory's pass) have a shape but no values: nothing grows for them.
         short = self.cos.shape[0] < self.n_ctx
-        seq_len = int(positions.max()) + 1 if (self.dynamic or short) and positions.numel() else 0
+        measure = (self.dynamic or short) and positions.numel() and not positions.is_meta
+        seq_len = int(positions.max()) + 1 if measure else 0
         if short and seq_len > self.cos.shape[0]:
             self._grow(seq_len)
         if self.dynamic and seq_len > self.n_ctx:  # NTK: a base fitted to this call's longest position

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.build import build_model, runtime_options
-from workbench.loading.common import cannot_honour, show_progress
+from workbench.loading.common import cannot_honour, check_layer_count, show_progress
 from workbench.loading.gguf_tokenizer import tokenizer_from_gguf
 from workbench.loading.placement import Placement
 
@@ -189,9 +189,8 @@ def read_tensors(file: GGUFFile, cfg: ModelConfig, progress: Optional[bool] = No
         >>> read_tensors(file, model_config_from_gguf(file))["embed.W_E"].shape       # doctest: +SKIP
         torch.Size([49152, 576])
     """
-    if cfg.n_layers > len(file.tensors):  # before listing per-layer names for a hostile block_count
-        raise CheckpointError(f"{file.path}: {cfg.n_layers} layers (field '{file.field('general.architecture')}"
-                              f".block_count'), but the file holds only {len(file.tensors)} tensors")
+    # Before listing per-layer names for a hostile block_count.
+    check_layer_count(cfg.n_layers, file.tensors, str(file.path), f"{file.field('general.architecture')}.block_count")
     expected = expected_tensors(cfg)
     wanted = {tensor.gguf_name for tensor in expected.values()}
     missing = sorted(wanted - set(file.tensors))

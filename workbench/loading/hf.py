@@ -19,12 +19,15 @@ from workbench.errors import CheckpointError
 from workbench.loading import hf_deepseek, hf_gemma, hf_gpt2, hf_llama, hf_neox, hf_opt_bloom, hf_phi
 from workbench.loading.build import build_model, runtime_options
 from workbench.loading.family import Family, register
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
+from workbench.loading.common import check_layer_count
+from workbench.loading.hf_checkpoint import SafetensorsCheckpoint, tensor_names
 from workbench.loading.hf_common import HFConfig
 from workbench.loading.hf_tokenizer import tokenizer_from_hf_directory
 from workbench.loading.placement import Placement
 
 CONFIG_FILE = "config.json"
+# Where config.json states the layer count, by family (for the message refusing a count the weights lack).
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
 # The family modules, each exporting FAMILIES (workbench.loading.family.Family), in the order
 # wb.supported_architectures() lists them.
@@ -123,6 +126,8 @@ def _read_hf_config(directory: Path) -> tuple[dict, str, ModelConfig]:
     data = read_config(config_path)
     architecture = architecture_of(data, str(config_path))
     cfg = ARCHITECTURES[architecture].model_config(HFConfig(data, str(config_path)), architecture)
+    field = next((key for key in LAYER_COUNT_KEYS if key in data), "num_hidden_layers")
+    check_layer_count(cfg.n_layers, tensor_names(directory), str(config_path), field)
     return data, architecture, cfg.replace(model_name=directory.name)
 
 

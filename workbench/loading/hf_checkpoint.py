@@ -137,6 +137,23 @@ class SafetensorsCheckpoint:
         self._handles.clear()
 
 
+def tensor_names(directory: Path) -> list[str]:
+    """Every tensor name a checkpoint directory holds, from its shard index and safetensors headers (no
+    tensor data read).
+
+    Example:
+        >>> from workbench.loading.registry import ZOO
+        >>> "embed.W_E" in tensor_names(ZOO / "toy-attn-2l")
+        True
+    """
+    files, file_of = _checkpoint_files(Path(directory))
+    names = set(file_of)
+    for path in files:
+        with _open(path) as handle:
+            names.update(handle.keys())
+    return sorted(names)
+
+
 def _checkpoint_files(directory: Path) -> tuple[list[Path], dict[str, Path]]:
     """The weight files, and tensor -> file as the shard index states it ({} without an index)."""
     index_path = directory / INDEX_FILE

@@ -17,6 +17,8 @@ from safetensors.torch import load_file
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.build import build_model, runtime_options
+from workbench.loading.common import check_layer_count
+from workbench.loading.hf_checkpoint import tensor_names
 from workbench.loading.placement import Placement
 from workbench.model import Decoder
 from workbench.options import RuntimeOptions, split_saved_config
@@ -66,6 +68,9 @@ def read_native_config(directory: Union[str, Path]) -> tuple[ModelConfig, dict]:
         RuntimeOptions(**options)  # each saved option checked here, so a bad one names this file
     except (ConfigError, TypeError) as error:  # a config the model cannot honour names the file
         raise CheckpointError(f"{config_path}: {error}") from error
+    weights_path = Path(directory) / WEIGHTS_FILE
+    if weights_path.exists():  # its header only: a declared layer count the weights lack is refused here
+        check_layer_count(cfg.n_layers, tensor_names(Path(directory)), str(config_path), "n_layers")
     return cfg, options
 
 
