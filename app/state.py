@@ -18,6 +18,7 @@ import workbench as wb
 SOURCE_KEY = "model_source"  # a registered name or a path (HF dir, .gguf, saved dir)
 IMPL_KEY = "attn_impl"
 OFFER_KEY = "linked_model_offer"  # a path named by a link, waiting for the user's click
+FAILURE_KEY = "model_load_failure"  # ((source, kernel), message) of the last load that failed in this session
 DEFAULT_IMPL = "sdpa"
 # The model's kernels (``workbench.ATTN_IMPLS``), the default first: the order the Home page offers them in.
 ATTN_IMPLS = (DEFAULT_IMPL, *(impl for impl in wb.ATTN_IMPLS if impl != DEFAULT_IMPL))
@@ -106,5 +107,36 @@ def choose_model(source: str, impl: Optional[str] = None) -> None:
     """
     st.session_state[SOURCE_KEY] = source.strip()
     st.session_state.pop(OFFER_KEY, None)  # a model chosen by hand replaces a link's offer
+    forget_load_failure()  # a choice made again is tried again
     if impl is not None:
         st.session_state[IMPL_KEY] = impl
+
+
+def record_load_failure(source: str, impl: str, message: str) -> None:
+    """Remembers that ``source`` with kernel ``impl`` failed to load, and why: the pages show ``message``
+    instead of loading it again on every rerun (a slow or broken file would be re-read at each click).
+
+    Example:
+        >>> record_load_failure("smollm2-135m", "sdpa", "weights file not found")   # doctest: +SKIP
+    """
+    st.session_state[FAILURE_KEY] = ((source, impl), message)
+
+
+def load_failure(source: str, impl: str) -> Optional[str]:
+    """Why ``source`` with kernel ``impl`` failed to load in this session, or None if it has not failed.
+
+    Example:
+        >>> load_failure("smollm2-135m", "sdpa")   # doctest: +SKIP
+        'weights file not found'
+    """
+    failure = st.session_state.get(FAILURE_KEY)
+    return failure[1] if failure is not None and failure[0] == (source, impl) else None
+
+
+def forget_load_failure() -> None:
+    """Lets the next page run try the chosen model again.
+
+    Example:
+        >>> forget_load_failure()   # doctest: +SKIP
+    """
+    st.session_state.pop(FAILURE_KEY, None)

@@ -135,13 +135,20 @@ def open_model() -> Optional[LoadedModel]:
         return None
     url_state.to_link("model", source)
     url_state.to_link("impl", impl)
-    try:
-        with st.spinner(f"Loading {quoted(source)} …"):
-            return results.load_model(source, impl)
-    except LOAD_ERRORS as error:
-        st.error(f"Could not load model {quoted(source)}: {quoted(error, limit=600)}")
-        st.info("Pick another model on the Home page (registered names are listed there).")
-        return None
+    message = state.load_failure(source, impl)
+    if message is None:  # not tried yet, or tried again on request: a failure is not retried on every rerun
+        try:
+            with st.spinner(f"Loading {quoted(source)} …"):
+                return results.load_model(source, impl)
+        except LOAD_ERRORS as error:
+            message = f"Could not load model {quoted(source)}: {quoted(error, limit=600)}"
+            state.record_load_failure(source, impl, message)
+    st.error(message)
+    st.info("Pick another model on the Home page (registered names are listed there).")
+    if st.button("Try loading it again", key="retry_model_load"):
+        state.forget_load_failure()
+        st.rerun()
+    return None
 
 
 def require_model() -> LoadedModel:

@@ -6,6 +6,7 @@ the model's own ``Decoder.as_tokens``.
 
 from __future__ import annotations
 
+import html
 from typing import Union
 
 from jaxtyping import Int
@@ -30,14 +31,37 @@ def str_tokens(model, tokens_P: Int[Tensor, "pos"]) -> list[str]:
     return model.to_str_tokens(ids)
 
 
-def axis_labels(str_toks: list[str]) -> list[str]:
-    """Position-prefixed labels ("3: 'the'"): plotly merges repeated category labels, positions keep them apart.
+def chart_text(text: str) -> str:
+    """``text`` as plotly shows it literally: plotly renders tags (``<a href>``, ``<b>``) in labels, titles and
+    hovers, so a token or prompt holding markup is escaped (plotly decodes ``&lt;`` ``&gt;`` ``&amp;``).
 
     Example:
-        >>> axis_labels(["The", " cat", "The"])
-        ["0: 'The'", "1: ' cat'", "2: 'The'"]
+        >>> chart_text('<a href="https://x.example">x</a> & y')
+        '&lt;a href="https://x.example"&gt;x&lt;/a&gt; &amp; y'
     """
-    return [f"{i}: {tok!r}"[:40] for i, tok in enumerate(str_toks)]
+    return html.escape(str(text), quote=False)
+
+
+def token_label(token: str, limit: int = 40) -> str:
+    """A token as a chart shows it: quoted (so " " and "\\n" are visible), cut to ``limit`` characters, escaped
+    (``chart_text``).
+
+    Example:
+        >>> token_label(" cat"), token_label("<b>"), token_label("x" * 50, limit=8)
+        ("' cat'", "'&lt;b&gt;'", "'xxxxxxx")
+    """
+    return chart_text(repr(token)[:limit])
+
+
+def axis_labels(str_toks: list[str]) -> list[str]:
+    """Position-prefixed labels ("3: 'the'"): plotly merges repeated category labels, positions keep them apart.
+    Tokens are escaped for plotly (``chart_text``).
+
+    Example:
+        >>> axis_labels(["The", " cat", "The", "<i>"])
+        ["0: 'The'", "1: ' cat'", "2: 'The'", "3: '&lt;i&gt;'"]
+    """
+    return [chart_text(f"{i}: {tok!r}"[:40]) for i, tok in enumerate(str_toks)]
 
 
 def as_floats(values) -> list[float]:

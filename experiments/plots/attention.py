@@ -13,7 +13,7 @@ from jaxtyping import Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from experiments._tokens import axis_labels
+from experiments._tokens import axis_labels, token_label
 from experiments.plots.common import labelled_heatmap, to_numpy
 from workbench.errors import InputError
 
@@ -28,8 +28,8 @@ def pattern_figure(pattern_PS: Float[Tensor, "pos key_pos"], str_tokens: Sequenc
     Example:
         >>> from experiments.attention import attention_patterns
         >>> fig = pattern_figure(attention_patterns(model, tokens)[1, 2], model.to_str_tokens(tokens), "L1H2")
-        >>> fig.data[0].z.shape, fig.data[0].x[:2]
-        ((14, 14), ("0: '<|endoftext|>'", "1: 'The'"))
+        >>> fig.data[0].z.shape, fig.data[0].x[:2]   # tokens escaped for plotly, which shows them as typed
+        ((14, 14), ("0: '&lt;|endoftext|&gt;'", "1: 'The'"))
     """
     z = to_numpy(pattern_PS)
     if z.ndim != 2 or z.shape[0] != len(str_tokens) or z.shape[1] != len(str_tokens):
@@ -95,7 +95,7 @@ def pattern_grid_figure(
         if len(str_tokens) != n_keys:
             raise InputError(f"{len(str_tokens)} string tokens for patterns over {n_keys} positions")
         # Per-cell token hovers would weigh megabytes for a 270-head grid; the positions key is in the title.
-        key = " ".join(f"{i}:{t!r}" for i, t in enumerate(str_tokens))
+        key = " ".join(f"{i}:{token_label(t)}" for i, t in enumerate(str_tokens))
         title += "<br><sup>" + (key if len(key) <= 160 else key[:157] + "...") + "</sup>"
     # Ticks name each tile at its middle column (row): a position on numeric axes, that column's
     # (row's) label on category axes.

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from jaxtyping import Float
 from torch import Tensor
 
+from experiments._tokens import chart_text
 from workbench.errors import InputError
 
 
@@ -131,7 +132,7 @@ def signed_token_bars(
     """
     import plotly.express as px  # imported here: it is slow to import and only this helper needs it
 
-    labels = [f"{p}: {t!r}"[:30] for p, t in zip(df["position"], df["token"])]
+    labels = [chart_text(f"{p}: {t!r}"[:30]) for p, t in zip(df["position"], df["token"])]
     fig = px.bar(df.assign(label=labels), x="label", y=value, hover_data=list(hover), title=title,
                  labels={"label": x_title, value: value_name})
     fig.update_traces(marker_color=["#b2182b" if v > 0 else "#2166ac" for v in df[value]])

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from experiments._tokens import axis_labels
+from experiments._tokens import axis_labels, chart_text, token_label
 
 EDGE_COLOURS = {"attention": "#2b6cb0", "residual": "#8c8c8c", "mlp_in": "#dd6b20", "mlp": "#dd6b20"}
 NODE_COLOURS = {"embed": "#4a5568", "mid": "#2b6cb0", "post": "#2f855a", "mlp": "#dd6b20"}
@@ -74,7 +74,7 @@ def flow_figure(nodes: pd.DataFrame, edges: pd.DataFrame, str_toks: Sequence[str
     fig.add_trace(go.Scatter(x=mid_x, y=mid_y, mode="markers", name="edges", customdata=edges["edge"].tolist(),
                              marker=dict(size=7, color=[EDGE_COLOURS[k] for k in edges["kind"]], opacity=0.35),
                              text=hover, hovertemplate="%{text}<extra></extra>", showlegend=False))
-    labels = [f"{n}<br>{t!r}" for n, t in zip(nodes["node"], nodes["token"])]
+    labels = [f"{chart_text(n)}<br>{token_label(t)}" for n, t in zip(nodes["node"], nodes["token"])]
     fig.add_trace(go.Scatter(x=x, y=y, mode="markers", name="nodes", customdata=nodes["node"].tolist(),
                              marker=dict(size=11, color=[NODE_COLOURS[s] for s in nodes["stage"]],
                                          symbol=["square" if s == "mlp" else "circle" for s in nodes["stage"]],

@@ -14,7 +14,7 @@ import torch
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from experiments._tokens import axis_labels
+from experiments._tokens import axis_labels, chart_text
 from experiments.plots.common import labelled_heatmap
 from workbench.errors import InputError
 
@@ -51,7 +51,7 @@ def logit_lens_figure(df: pd.DataFrame, str_toks: Optional[Sequence] = None, row
         >>> mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
         >>> fig = logit_lens_figure(logit_lens(model, toks, row=1, attention_mask=mask), model.to_str_tokens(toks), 1, mask)
         >>> fig.data[0].x
-        ("0: '<|endoftext|>'", "1: 'The'", "2: ' c'", "3: 'at'")
+        ("0: '&lt;|endoftext|&gt;'", "1: 'The'", "2: ' c'", "3: 'at'")
     """
     top = df[df["rank"] == 1]
     prob = top.pivot(index="layer", columns="position", values="prob")
@@ -66,7 +66,7 @@ def logit_lens_figure(df: pd.DataFrame, str_toks: Optional[Sequence] = None, row
         x_labels = axis_labels(labels)
     else:
         x_labels = [str(p) for p in prob.columns]
-    text = [[str(t)[:10] for t in row_tokens] for row_tokens in token.values]
+    text = [[chart_text(str(t)[:10]) for t in row_tokens] for row_tokens in token.values]
     fig = labelled_heatmap(prob.values, x_labels, y_labels, title="Logit lens: top token per layer and position",
                            x_title="position", y_title="layer", value_name="prob", text=text, colorscale="Blues")
     fig.update_traces(zmin=0, zmax=1, textfont=dict(size=9))

@@ -20,7 +20,8 @@ from tests.unit.test_app_pages import APP, PAGES, SHORT_PROMPT, assert_clean, de
 
 HOSTILE = ("nope [Session expired: click to sign in](https://evil.example/phish) ![b](https://evil.example/b.png) "
            "<a href=\"https://evil.example/a\">a</a> www.evil.example ` `` **bold**\n\n[x](https://evil.example/2)")
-HOSTILE_PROMPT = "[x](https://evil.example) ![i](https://evil.example/i.png)"  # short enough for the toy models
+# Markdown for the messages, a tag for the charts (plotly renders <a href> in labels); short enough for the toy models.
+HOSTILE_PROMPT = '<a href="https://evil.example/a">a</a> [x](https://evil.example) ![i](https://evil.example/i.png)'
 MESSAGE_KINDS = ("markdown", "caption", "error", "warning", "info", "success", "toast", "title", "header",
                  "subheader", "exception")
 _RUN = re.compile(r"`+")
@@ -107,6 +108,22 @@ def test_a_registered_name_in_a_link_opens_at_once(toy_default):
     assert_clean(at)
     assert at.session_state["model_source"] == "toy-moe-2l"
     assert "open_linked_model" not in [b.key for b in at.button]
+
+
+def test_a_registered_name_that_fails_to_load_is_not_retried_on_every_rerun(toy_default, monkeypatch):
+    tries = []
+
+    def broken(source, impl):
+        tries.append(source)
+        raise wb.CheckpointError(f"{source}: weights file not found")
+    monkeypatch.setattr(results, "load_model", broken)
+    at = open_link("attention", model="toy-moe-2l", prompt=SHORT_PROMPT)
+    assert tries == ["toy-moe-2l"] and any("weights file not found" in e.value for e in at.error)
+    at.run()
+    at.run()
+    assert tries == ["toy-moe-2l"] and any("weights file not found" in e.value for e in at.error)  # still said
+    at.button(key="retry_model_load").click().run()
+    assert tries == ["toy-moe-2l", "toy-moe-2l"]  # tried again only when asked
 
 
 def test_the_hostile_model_link_is_shown_quoted_on_home(toy_default):
