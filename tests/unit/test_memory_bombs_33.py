@@ -37,8 +37,8 @@ for name, call in (("load_model", lambda: wb.load_model(path, progress=False)),
                    ("plan_memory", lambda: wb.plan_memory(path, pos=16))):
     try:
         result = call()
-    except wb.CheckpointError as error:
-        print(name, "REFUSED", error)
+    except (wb.CheckpointError, wb.ConfigError) as error:  # plan_memory: a plan that fits nowhere is a ConfigError
+        print(name, "REFUSED", type(error).__name__, error)
         continue
     if name == "load_model":
         logits = result(torch.tensor([[1, 2, 3]]))
@@ -80,6 +80,14 @@ def test_our_format_declaring_more_layers_than_its_weights_is_refused_before_bui
     for call in ("load_model", "plan_memory"):
         assert out[call].startswith("REFUSED"), out
         assert "field 'n_layers' declares 100000 layers, but the weights hold tensors for 2" in out[call]
+
+
+@pytest.mark.parametrize("field", ["d_vocab", "d_model"])
+def test_our_format_declaring_sizes_its_tensors_lack_is_refused_before_allocating(tmp_path, field):
+    # 1e9 x 128 float32 parameters: 512 GB if the model were built before its tensors were checked.
+    out = probe(saved_zoo_model(tmp_path, **{field: 10**9}))
+    assert out["load_model"].startswith("REFUSED CheckpointError") and "expected (" in out["load_model"], out
+    assert out["plan_memory"].split()[0] in ("REFUSED", "PLANNED"), out  # read from the config, within the cap
 
 
 def test_an_hf_checkpoint_declaring_more_layers_than_its_weights_is_refused_before_building(tmp_path):
