@@ -1,0 +1,108 @@
+"""Older and structurally different dense families load at parity with transformers (``family_parity``),
+padded batches equal transformers' with the mask, and configurations we cannot honour are refused naming
+the field before any weight is read.
+
+Falcon: the old layout (multi-query, parallel attention with one shared norm; multi-head sequential) and
+the new one (grouped-query, two norms or one). Tiny configs: d_model 48 over 6 heads (d_head 8), vocab
+101, 2 layers.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import FalconConfig
+
+import workbench as wb
+import workbench.loading.hf as hf_loading
+from tests.integration.family_parity import Case, build_and_save, family_parity_tests
+from tests.integration.hf_tiny import N_CTX, VOCAB
+from tests.integration.test_padding_parity import padded_batch
+
+_SPECIAL = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+_FALCON = dict(**_SPECIAL, hidden_size=48, num_attention_heads=6, num_hidden_layers=2, ffn_hidden_size=80,
+               max_position_embeddings=N_CTX)
+
+
+def falcon(**changes) -> FalconConfig:
+    return FalconConfig(**{**_FALCON, **changes})
+
+
+CASES = {
+    # Falcon-7B's shape: one key/value head, attention and MLP reading one norm, no biases, tied.
+    "falcon_old_mqa_parallel": Case(lambda: falcon()),
+    # Falcon-RW's shape: multi-head, sequential block, biases, untied.
+    "falcon_old_mha_sequential_bias": Case(lambda: falcon(multi_query=False, parallel_attn=False, bias=True,
+                                                          tie_word_embeddings=False)),
+    # Falcon-40B's shape: grouped-query, two norms (ln_attn, ln_mlp), RoPE base 500.
+    "falcon_new_gqa_two_norms": Case(lambda: falcon(new_decoder_architecture=True, num_kv_heads=2,
+                                                    rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    # The new layout with one norm (num_ln_in_parallel_attn 1), biases, exact GELU named.
+    "falcon_new_one_norm_bias": Case(lambda: falcon(new_decoder_architecture=True, num_kv_heads=3, bias=True,
+                                                    num_ln_in_parallel_attn=1, activation="gelu")),
+}
+
+globals().update(family_parity_tests(CASES))
+
+# ---- padded batches: each real position's logits equal transformers' under the same mask ---------------
+PADDED = ("falcon_new_gqa_two_norms",)
+
+
+@pytest.fixture(scope="module", params=PADDED)
+def padded_pair(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(f"padded_{request.param}")
+    return request.param, build_and_save(CASES[request.param].config(), directory), wb.load_model(directory)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batches_equal_transformers(padded_pair, side):
+    name, hf_model, ours = padded_pair
+    tokens, mask = padded_batch(side)
+    positions = (mask.cumsum(1) - 1).clamp(min=0)  # as generate computes them
+    with torch.no_grad():
+        expected = hf_model(tokens, attention_mask=mask, position_ids=positions).logits
+        for kernel in ("eager", "sdpa", "flash"):
+            logits = ours.set_attn_impl(kernel)(tokens, attention_mask=mask)
+            difference = (logits[mask.bool()] - expected[mask.bool()]).abs().max().item()
+            assert difference < 1e-4, f"{name} {side} {kernel}: {difference:.2e}"
+
+
+# ---- values we cannot honour: a ConfigError naming the field, raised before any weight is read ----------
+REFUSALS = {
+    # transformers' own eager and SDPA runs disagree (the bias added twice under eager)
+    "falcon_alibi": ("falcon_old_mqa_parallel", {"alibi": True}, "alibi"),
+    "falcon_new_sequential": ("falcon_new_gqa_two_norms", {"parallel_attn": False}, "parallel_attn"),
+    "falcon_partial_rotary": ("falcon_new_gqa_two_norms",
+                              {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                   "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
+    "falcon_activation": ("falcon_old_mqa_parallel", {"activation": "relu2"}, "activation"),
+}
+
+
+@pytest.fixture(scope="module")
+def refusal_sources(tmp_path_factory):
+    """One saved directory per case that a refusal edits (built once, copied per test)."""
+    out = {}
+    for name in sorted({case for case, _, _ in REFUSALS.values()}):
+        out[name] = tmp_path_factory.mktemp(f"refuse_{name}")
+        build_and_save(CASES[name].config(), out[name])
+    return out
+
+
+@pytest.mark.parametrize("refusal", sorted(REFUSALS))
+def test_unhonourable_config_value_is_refused_by_field_before_reading_weights(refusal, refusal_sources, tmp_path,
+                                                                              monkeypatch):
+    case, changes, field = REFUSALS[refusal]
+    for path in refusal_sources[case].iterdir():
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **changes}))
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights were opened before the config was checked")
+
+    monkeypatch.setattr(hf_loading, "SafetensorsCheckpoint", no_weights)
+    with pytest.raises(wb.ConfigError, match=rf"field '[\w.]*{field}' = .* cannot be honoured"):
+        wb.load_model(tmp_path)
