@@ -3,7 +3,8 @@ padded batches equal transformers' with the mask, and configurations we cannot h
 the field before any weight is read.
 
 Falcon: the old layout (multi-query, parallel attention with one shared norm; multi-head sequential) and
-the new one (grouped-query, two norms or one). Tiny configs: d_model 48 over 6 heads (d_head 8), vocab
+the new one (grouped-query, two norms or one); GPT-BigCode (multi-query and multi-head); StarCoder2
+(grouped-query, a sliding window). Tiny configs: d_model 48 over 6 heads (d_head 8), vocab
 101, 2 layers.
 """
 
@@ -13,7 +14,7 @@ import json
 
 import pytest
 import torch
-from transformers import FalconConfig
+from transformers import FalconConfig, GPTBigCodeConfig, Starcoder2Config
 
 import workbench as wb
 import workbench.loading.hf as hf_loading
@@ -24,6 +25,11 @@ from tests.integration.test_padding_parity import padded_batch
 _SPECIAL = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=2)
 _FALCON = dict(**_SPECIAL, hidden_size=48, num_attention_heads=6, num_hidden_layers=2, ffn_hidden_size=80,
                max_position_embeddings=N_CTX)
+
+
+_BIGCODE = dict(**_SPECIAL, n_embd=48, n_head=6, n_layer=2, n_inner=80, n_positions=N_CTX)
+_STARCODER2 = dict(**_SPECIAL, hidden_size=48, num_attention_heads=6, num_key_value_heads=2, num_hidden_layers=2,
+                   intermediate_size=80, max_position_embeddings=N_CTX)
 
 
 def falcon(**changes) -> FalconConfig:
@@ -42,12 +48,23 @@ CASES = {
     # The new layout with one norm (num_ln_in_parallel_attn 1), biases, exact GELU named.
     "falcon_new_one_norm_bias": Case(lambda: falcon(new_decoder_architecture=True, num_kv_heads=3, bias=True,
                                                     num_ln_in_parallel_attn=1, activation="gelu")),
+    # SantaCoder / StarCoder: one key/value head, tanh GELU, tied.
+    "bigcode_mqa": Case(lambda: GPTBigCodeConfig(**_BIGCODE)),
+    # Multi-head ([H, 3, K] rows), unscaled scores, exact GELU, untied.
+    "bigcode_mha_unscaled_untied": Case(lambda: GPTBigCodeConfig(**_BIGCODE, multi_query=False,
+                                                                 scale_attn_weights=False,
+                                                                 activation_function="gelu",
+                                                                 tie_word_embeddings=False)),
+    # StarCoder2: grouped-query, biases, tied; and a window of 5 without biases, untied.
+    "starcoder2_gqa_bias": Case(lambda: Starcoder2Config(**_STARCODER2)),
+    "starcoder2_window_no_bias": Case(lambda: Starcoder2Config(**_STARCODER2, sliding_window=5, use_bias=False,
+                                                               tie_word_embeddings=False)),
 }
 
 globals().update(family_parity_tests(CASES))
 
 # ---- padded batches: each real position's logits equal transformers' under the same mask ---------------
-PADDED = ("falcon_new_gqa_two_norms",)
+PADDED = ("falcon_new_gqa_two_norms", "bigcode_mqa", "starcoder2_window_no_bias")
 
 
 @pytest.fixture(scope="module", params=PADDED)
@@ -78,6 +95,8 @@ REFUSALS = {
                               {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                                    "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
     "falcon_activation": ("falcon_old_mqa_parallel", {"activation": "relu2"}, "activation"),
+    "bigcode_cross_attention": ("bigcode_mqa", {"add_cross_attention": True}, "add_cross_attention"),
+    "starcoder2_partial_rotary": ("starcoder2_gqa_bias", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
 }
 
 

@@ -18,8 +18,7 @@ biases (``bias``, on every linear map). Its two layouts differ only in config va
 Q, K and V are fused in ``query_key_value``, whose output rows come in key/value groups: each group
 holds its query heads, then its key head, then its value head ([G, H/G + 2, K]). All three
 layouts are that one shape: the new one directly, the old multi-query one with G = 1 ([H + 2, K]) and
-the old multi-head one with G = H ([H, 3, K]). ``split_grouped_qkv`` reads them all (gpt_bigcode's
-multi-query ``c_attn`` too).
+the old multi-head one with G = H ([H, 3, K]). ``hf_parts.split_grouped_qkv`` reads them all.
 
 Refused: ``alibi`` true, because transformers 5.24 itself has no one answer to be at parity with: its
 eager attention adds the ALiBi bias twice (once in the mask it builds, once in the attention) and
@@ -45,6 +44,7 @@ from workbench.config import ModelConfig
 from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
+from workbench.loading.hf_parts import fused_qkv, layer_norm, linear
 
 
 def model_config(hf: HFConfig, architecture: str = "FalconForCausalLM") -> ModelConfig:
@@ -92,24 +92,6 @@ def _kv_heads(hf: HFConfig, n_heads: int, new_layout: bool) -> int:
     return 1 if hf.get("multi_query", True) else n_heads
 
 
-def split_grouped_qkv(fused: Tensor, n_heads: int, n_kv_heads: int, d_head: int) -> dict[str, Tensor]:
-    """{"Q": [H*K, ...], "K": [G*K, ...], "V": [G*K, ...]} from fused rows laid out per key/value
-    group as [G, H/G + 2, K] (each group's query heads, its key head, its value head); a weight
-    [rows, D] or a bias [rows].
-
-    Example:
-        >>> import torch
-        >>> rows = torch.arange(8.0)   # H=2 query heads over G=1 key/value head, K=2: q q | k | v
-        >>> {name: t.tolist() for name, t in split_grouped_qkv(rows, 2, 1, 2).items()}
-        {'Q': [0.0, 1.0, 2.0, 3.0], 'K': [4.0, 5.0], 'V': [6.0, 7.0]}
-    """
-    G, per_group = n_kv_heads, n_heads // n_kv_heads
-    grouped = fused.view(G, per_group + 2, d_head, *fused.shape[1:])
-    return {"Q": grouped[:, :per_group].reshape(n_heads * d_head, *fused.shape[1:]),
-            "K": grouped[:, per_group].reshape(G * d_head, *fused.shape[1:]),
-            "V": grouped[:, per_group + 1].reshape(G * d_head, *fused.shape[1:])}
-
-
 def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture: str = "") -> dict[str, Tensor]:
     """Reads every tensor the model needs under our names, the fused QKV split per key/value group;
     a missing or mis-shaped one is a ``CheckpointError`` naming the HF tensor and its file.
@@ -121,14 +103,15 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
     """
     V, D = cfg.d_vocab, cfg.d_model
     out = {"embed.W_E": ckpt.take("transformer.word_embeddings.weight", (V, D)),
-           **_layer_norm(ckpt, "transformer.ln_f", "ln_final", D)}
+           **layer_norm(ckpt, "transformer.ln_f", "ln_final", D)}
     out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))
     for layer in range(cfg.n_layers):
         hf, ours = f"transformer.h.{layer}", f"blocks.{layer}"
         out.update(_norms(ckpt, cfg, hf, ours))
         out.update(_attention(ckpt, cfg, f"{hf}.self_attention", f"{ours}.attn"))
-        out.update(_linear(ckpt, f"{hf}.mlp.dense_h_to_4h", f"{ours}.mlp", "in", (cfg.d_mlp, D), cfg.mlp_bias))
-        out.update(_linear(ckpt, f"{hf}.mlp.dense_4h_to_h", f"{ours}.mlp", "out", (D, cfg.d_mlp), cfg.mlp_bias))
+        for hf_name, name, shape in (("dense_h_to_4h", "in", (cfg.d_mlp, D)), ("dense_4h_to_h", "out", (D, cfg.d_mlp))):
+            out.update(linear(ckpt, f"{hf}.mlp.{hf_name}", f"{ours}.mlp._W_{name}_lin", shape,
+                              f"{ours}.mlp.b_{name}" if cfg.mlp_bias else None))
     return out
 
 
@@ -136,40 +119,22 @@ def _norms(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, hf: str, ours: str) ->
     """ln1 and ln2 from whichever norms this layer has: two of its own, or one shared (two clones)."""
     D = cfg.d_model
     if ckpt.has(f"{hf}.ln_attn.weight"):
-        return {**_layer_norm(ckpt, f"{hf}.ln_attn", f"{ours}.ln1", D),
-                **_layer_norm(ckpt, f"{hf}.ln_mlp", f"{ours}.ln2", D)}
-    out = _layer_norm(ckpt, f"{hf}.input_layernorm", f"{ours}.ln1", D)
+        return {**layer_norm(ckpt, f"{hf}.ln_attn", f"{ours}.ln1", D),
+                **layer_norm(ckpt, f"{hf}.ln_mlp", f"{ours}.ln2", D)}
+    out = layer_norm(ckpt, f"{hf}.input_layernorm", f"{ours}.ln1", D)
     if cfg.parallel_attn_mlp:  # one norm read by attention and MLP alike
         out.update({f"{ours}.ln2.{p}": out[f"{ours}.ln1.{p}"].clone() for p in ("w", "b")})
     else:
-        out.update(_layer_norm(ckpt, f"{hf}.post_attention_layernorm", f"{ours}.ln2", D))
+        out.update(layer_norm(ckpt, f"{hf}.post_attention_layernorm", f"{ours}.ln2", D))
     return out
 
 
 def _attention(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, hf: str, ours: str) -> dict[str, Tensor]:
-    H, G, K, D = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model
-    rows = (H + 2 * G) * K
-    out = {f"{ours}._W_{name}_lin": weight for name, weight in
-           split_grouped_qkv(ckpt.take(f"{hf}.query_key_value.weight", (rows, D)), H, G, K).items()}
-    if cfg.attn_bias:
-        out.update({f"{ours}._b_{name}_lin": bias for name, bias in
-                    split_grouped_qkv(ckpt.take(f"{hf}.query_key_value.bias", (rows,)), H, G, K).items()})
-    out[f"{ours}._W_O_lin"] = ckpt.take(f"{hf}.dense.weight", (D, H * K))
-    if cfg.attn_bias:
-        out[f"{ours}.b_O"] = ckpt.take(f"{hf}.dense.bias", (D,))
+    out = fused_qkv(ckpt, f"{hf}.query_key_value", ours, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head,
+                    cfg.d_model, cfg.attn_bias)
+    out.update(linear(ckpt, f"{hf}.dense", f"{ours}._W_O_lin", (cfg.d_model, cfg.n_heads * cfg.d_head),
+                      f"{ours}.b_O" if cfg.attn_bias else None))
     return out
-
-
-def _linear(ckpt: SafetensorsCheckpoint, hf: str, ours: str, name: str, shape: tuple[int, int],
-            bias: bool) -> dict[str, Tensor]:
-    out = {f"{ours}._W_{name}_lin": ckpt.take(f"{hf}.weight", shape)}
-    if bias:
-        out[f"{ours}.b_{name}"] = ckpt.take(f"{hf}.bias", shape[:1])
-    return out
-
-
-def _layer_norm(ckpt: SafetensorsCheckpoint, hf: str, ours: str, D: int) -> dict[str, Tensor]:
-    return {f"{ours}.w": ckpt.take(f"{hf}.weight", (D,)), f"{ours}.b": ckpt.take(f"{hf}.bias", (D,))}
 
 
 # What hf.py loads through this module (the contract: workbench.loading.family.Family).
