@@ -4,7 +4,7 @@ the field before any weight is read.
 
 Falcon: the old layout (multi-query, parallel attention with one shared norm; multi-head sequential) and
 the new one (grouped-query, two norms or one); GPT-BigCode (multi-query and multi-head); StarCoder2
-(grouped-query, a sliding window). Tiny configs: d_model 48 over 6 heads (d_head 8), vocab
+(grouped-query, a sliding window); MPT (ALiBi over 8 and 6 heads, clip_qkv, softmax_scale). Tiny configs: d_model 48 over 6 heads (d_head 8), vocab
 101, 2 layers.
 """
 
@@ -14,7 +14,7 @@ import json
 
 import pytest
 import torch
-from transformers import FalconConfig, GPTBigCodeConfig, Starcoder2Config
+from transformers import FalconConfig, GPTBigCodeConfig, MptConfig, Starcoder2Config
 
 import workbench as wb
 import workbench.loading.hf as hf_loading
@@ -30,6 +30,7 @@ _FALCON = dict(**_SPECIAL, hidden_size=48, num_attention_heads=6, num_hidden_lay
 _BIGCODE = dict(**_SPECIAL, n_embd=48, n_head=6, n_layer=2, n_inner=80, n_positions=N_CTX)
 _STARCODER2 = dict(**_SPECIAL, hidden_size=48, num_attention_heads=6, num_key_value_heads=2, num_hidden_layers=2,
                    intermediate_size=80, max_position_embeddings=N_CTX)
+_MPT = dict(**_SPECIAL, d_model=48, n_heads=6, n_layers=2, max_seq_len=N_CTX)
 
 
 def falcon(**changes) -> FalconConfig:
@@ -59,12 +60,17 @@ CASES = {
     "starcoder2_gqa_bias": Case(lambda: Starcoder2Config(**_STARCODER2)),
     "starcoder2_window_no_bias": Case(lambda: Starcoder2Config(**_STARCODER2, sliding_window=5, use_bias=False,
                                                                tie_word_embeddings=False)),
+    # MPT: ALiBi over 8 heads (a power of two), tied.
+    "mpt_8_heads": Case(lambda: MptConfig(**{**_MPT, "d_model": 64, "n_heads": 8})),
+    # 6 heads (ALiBi's interleaved slopes), q/k/v clamped to 0.5, softmax_scale 0.2, untied.
+    "mpt_6_heads_clip_scale_untied": Case(lambda: MptConfig(**_MPT, tie_word_embeddings=False,
+                                                            attn_config={"clip_qkv": 0.5, "softmax_scale": 0.2})),
 }
 
 globals().update(family_parity_tests(CASES))
 
 # ---- padded batches: each real position's logits equal transformers' under the same mask ---------------
-PADDED = ("falcon_new_gqa_two_norms", "bigcode_mqa", "starcoder2_window_no_bias")
+PADDED = ("falcon_new_gqa_two_norms", "bigcode_mqa", "starcoder2_window_no_bias", "mpt_6_heads_clip_scale_untied")
 
 
 @pytest.fixture(scope="module", params=PADDED)
@@ -96,6 +102,12 @@ REFUSALS = {
                                                    "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
     "falcon_activation": ("falcon_old_mqa_parallel", {"activation": "relu2"}, "activation"),
     "bigcode_cross_attention": ("bigcode_mqa", {"add_cross_attention": True}, "add_cross_attention"),
+    "mpt_no_alibi": ("mpt_8_heads", {"attn_config": {"alibi": False}}, "alibi"),
+    "mpt_alibi_bias_max": ("mpt_8_heads", {"attn_config": {"alibi_bias_max": 16}}, "alibi_bias_max"),
+    "mpt_qk_ln": ("mpt_8_heads", {"attn_config": {"qk_ln": True}}, "qk_ln"),
+    "mpt_expansion_ratio": ("mpt_8_heads", {"expansion_ratio": 2}, "expansion_ratio"),
+    "mpt_biases": ("mpt_8_heads", {"no_bias": False}, "no_bias"),
+    "mpt_logit_scale": ("mpt_8_heads", {"logit_scale": 0.5}, "logit_scale"),
     "starcoder2_partial_rotary": ("starcoder2_gqa_bias", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
 }
 
