@@ -4,7 +4,8 @@ the field before any weight is read.
 
 Falcon: the old layout (multi-query, parallel attention with one shared norm; multi-head sequential) and
 the new one (grouped-query, two norms or one); GPT-BigCode (multi-query and multi-head); StarCoder2
-(grouped-query, a sliding window); MPT (ALiBi over 8 and 6 heads, clip_qkv, softmax_scale). Tiny configs: d_model 48 over 6 heads (d_head 8), vocab
+(grouped-query, a sliding window); MPT (ALiBi over 8 and 6 heads, clip_qkv, softmax_scale); CodeGen (partial and full
+rotary). Tiny configs: d_model 48 over 6 heads (d_head 8), vocab
 101, 2 layers.
 """
 
@@ -14,7 +15,7 @@ import json
 
 import pytest
 import torch
-from transformers import FalconConfig, GPTBigCodeConfig, MptConfig, Starcoder2Config
+from transformers import CodeGenConfig, FalconConfig, GPTBigCodeConfig, MptConfig, Starcoder2Config
 
 import workbench as wb
 import workbench.loading.hf as hf_loading
@@ -31,6 +32,7 @@ _BIGCODE = dict(**_SPECIAL, n_embd=48, n_head=6, n_layer=2, n_inner=80, n_positi
 _STARCODER2 = dict(**_SPECIAL, hidden_size=48, num_attention_heads=6, num_key_value_heads=2, num_hidden_layers=2,
                    intermediate_size=80, max_position_embeddings=N_CTX)
 _MPT = dict(**_SPECIAL, d_model=48, n_heads=6, n_layers=2, max_seq_len=N_CTX)
+_CODEGEN = dict(**_SPECIAL, n_embd=48, n_head=6, n_layer=2, n_positions=N_CTX)
 
 
 def falcon(**changes) -> FalconConfig:
@@ -65,12 +67,17 @@ CASES = {
     # 6 heads (ALiBi's interleaved slopes), q/k/v clamped to 0.5, softmax_scale 0.2, untied.
     "mpt_6_heads_clip_scale_untied": Case(lambda: MptConfig(**_MPT, tie_word_embeddings=False,
                                                             attn_config={"clip_qkv": 0.5, "softmax_scale": 0.2})),
+    # CodeGen: GPT-J's block, the fused qkv_proj over 4 shards; partial and full rotary, tied once.
+    "codegen_partial_rotary": Case(lambda: CodeGenConfig(**_CODEGEN, rotary_dim=4)),
+    "codegen_full_rotary_tied": Case(lambda: CodeGenConfig(**_CODEGEN, rotary_dim=8, n_inner=80,
+                                                           tie_word_embeddings=True, activation_function="gelu")),
 }
 
 globals().update(family_parity_tests(CASES))
 
 # ---- padded batches: each real position's logits equal transformers' under the same mask ---------------
-PADDED = ("falcon_new_gqa_two_norms", "bigcode_mqa", "starcoder2_window_no_bias", "mpt_6_heads_clip_scale_untied")
+PADDED = ("falcon_new_gqa_two_norms", "bigcode_mqa", "starcoder2_window_no_bias", "mpt_6_heads_clip_scale_untied",
+          "codegen_partial_rotary")
 
 
 @pytest.fixture(scope="module", params=PADDED)
@@ -108,6 +115,8 @@ REFUSALS = {
     "mpt_expansion_ratio": ("mpt_8_heads", {"expansion_ratio": 2}, "expansion_ratio"),
     "mpt_biases": ("mpt_8_heads", {"no_bias": False}, "no_bias"),
     "mpt_logit_scale": ("mpt_8_heads", {"logit_scale": 0.5}, "logit_scale"),
+    "codegen_rotary_dim": ("codegen_partial_rotary", {"rotary_dim": 12}, "rotary_dim"),
+    "codegen_shards": ("codegen_partial_rotary", {"n_embd": 42, "n_head": 6}, "n_embd"),
     "starcoder2_partial_rotary": ("starcoder2_gqa_bias", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
 }
 
