@@ -5,7 +5,7 @@ the field before any weight is read.
 Falcon: the old layout (multi-query, parallel attention with one shared norm; multi-head sequential) and
 the new one (grouped-query, two norms or one); GPT-BigCode (multi-query and multi-head); StarCoder2
 (grouped-query, a sliding window); MPT (ALiBi over 8 and 6 heads, clip_qkv, softmax_scale); CodeGen (partial and full
-rotary). Tiny configs: d_model 48 over 6 heads (d_head 8), vocab
+rotary); XGLM (fairseq's sinusoidal positions); OpenAI GPT (post-norm). Tiny configs: d_model 48 over 6 heads (d_head 8), vocab
 101, 2 layers.
 """
 
@@ -15,7 +15,8 @@ import json
 
 import pytest
 import torch
-from transformers import CodeGenConfig, FalconConfig, GPTBigCodeConfig, MptConfig, Starcoder2Config
+from transformers import (CodeGenConfig, FalconConfig, GPTBigCodeConfig, MptConfig, OpenAIGPTConfig, Starcoder2Config,
+                          XGLMConfig)
 
 import workbench as wb
 import workbench.loading.hf as hf_loading
@@ -33,6 +34,10 @@ _STARCODER2 = dict(**_SPECIAL, hidden_size=48, num_attention_heads=6, num_key_va
                    intermediate_size=80, max_position_embeddings=N_CTX)
 _MPT = dict(**_SPECIAL, d_model=48, n_heads=6, n_layers=2, max_seq_len=N_CTX)
 _CODEGEN = dict(**_SPECIAL, n_embd=48, n_head=6, n_layer=2, n_positions=N_CTX)
+# XGLM pads with 1 as its checkpoints do (transformers zeroes the position row pad_token_id).
+_XGLM = dict(vocab_size=VOCAB, bos_token_id=0, eos_token_id=2, pad_token_id=1, d_model=48, attention_heads=6,
+             num_layers=2, ffn_dim=80, max_position_embeddings=N_CTX)
+_GPT1 = dict(vocab_size=VOCAB, n_embd=48, n_head=6, n_layer=2, n_positions=N_CTX)
 
 
 def falcon(**changes) -> FalconConfig:
@@ -71,13 +76,20 @@ CASES = {
     "codegen_partial_rotary": Case(lambda: CodeGenConfig(**_CODEGEN, rotary_dim=4)),
     "codegen_full_rotary_tied": Case(lambda: CodeGenConfig(**_CODEGEN, rotary_dim=8, n_inner=80,
                                                            tie_word_embeddings=True, activation_function="gelu")),
+    # XGLM: fairseq's sinusoidal table, embeddings scaled by sqrt(d_model), tied; unscaled and untied.
+    "xglm_scaled_tied": Case(lambda: XGLMConfig(**_XGLM)),
+    "xglm_unscaled_untied_relu": Case(lambda: XGLMConfig(**_XGLM, scale_embedding=False, tie_word_embeddings=False,
+                                                         activation_function="relu")),
+    # OpenAI GPT: post-norm, no final norm, afn "gelu" (tanh), tied; and SiLU, untied.
+    "openai_gpt_post_norm": Case(lambda: OpenAIGPTConfig(**_GPT1)),
+    "openai_gpt_silu_untied": Case(lambda: OpenAIGPTConfig(**_GPT1, afn="silu", tie_word_embeddings=False)),
 }
 
 globals().update(family_parity_tests(CASES))
 
 # ---- padded batches: each real position's logits equal transformers' under the same mask ---------------
 PADDED = ("falcon_new_gqa_two_norms", "bigcode_mqa", "starcoder2_window_no_bias", "mpt_6_heads_clip_scale_untied",
-          "codegen_partial_rotary")
+          "codegen_partial_rotary", "xglm_scaled_tied", "openai_gpt_post_norm")
 
 
 @pytest.fixture(scope="module", params=PADDED)
@@ -117,6 +129,9 @@ REFUSALS = {
     "mpt_logit_scale": ("mpt_8_heads", {"logit_scale": 0.5}, "logit_scale"),
     "codegen_rotary_dim": ("codegen_partial_rotary", {"rotary_dim": 12}, "rotary_dim"),
     "codegen_shards": ("codegen_partial_rotary", {"n_embd": 42, "n_head": 6}, "n_embd"),
+    "xglm_pad_row_read": ("xglm_scaled_tied", {"pad_token_id": 2}, "pad_token_id"),
+    "xglm_cross_attention": ("xglm_scaled_tied", {"add_cross_attention": True}, "add_cross_attention"),
+    "openai_gpt_activation": ("openai_gpt_post_norm", {"afn": "gelu_fast"}, "afn"),
     "starcoder2_partial_rotary": ("starcoder2_gqa_bias", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
 }
 
