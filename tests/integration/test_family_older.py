@@ -2,11 +2,11 @@
 padded batches equal transformers' with the mask, and configurations we cannot honour are refused naming
 the field before any weight is read.
 
-Falcon: the old layout (multi-query, parallel attention with one shared norm; multi-head sequential) and
-the new one (grouped-query, two norms or one); GPT-BigCode (multi-query and multi-head); StarCoder2
-(grouped-query, a sliding window); MPT (ALiBi over 8 and 6 heads, clip_qkv, softmax_scale); CodeGen (partial and full
-rotary); XGLM (fairseq's sinusoidal positions); OpenAI GPT (post-norm). Tiny configs: d_model 48 over 6 heads (d_head 8), vocab
-101, 2 layers.
+Falcon: the old layout (multi-query, parallel attention with one shared norm; multi-head sequential)
+and the new one (grouped-query, two norms or one); GPT-BigCode (multi-query and multi-head);
+StarCoder2 (grouped-query, a sliding window); MPT (ALiBi over 8 and 6 heads, clip_qkv,
+softmax_scale); CodeGen (partial and full rotary); XGLM (fairseq's sinusoidal positions); OpenAI GPT
+(post-norm). Tiny configs: d_model 48 over 6 heads (d_head 8), vocab 101, 2 layers.
 """
 
 from __future__ import annotations
@@ -47,13 +47,13 @@ def falcon(**changes) -> FalconConfig:
 CASES = {
     # Falcon-7B's shape: one key/value head, attention and MLP reading one norm, no biases, tied.
     "falcon_old_mqa_parallel": Case(lambda: falcon()),
-    # Falcon-RW's shape: multi-head, sequential block, biases, untied.
+    # Falcon-RW's layout (with RoPE: its ALiBi is refused): multi-head, sequential block, biases, untied.
     "falcon_old_mha_sequential_bias": Case(lambda: falcon(multi_query=False, parallel_attn=False, bias=True,
                                                           tie_word_embeddings=False)),
     # Falcon-40B's shape: grouped-query, two norms (ln_attn, ln_mlp), RoPE base 500.
     "falcon_new_gqa_two_norms": Case(lambda: falcon(new_decoder_architecture=True, num_kv_heads=2,
                                                     rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
-    # The new layout with one norm (num_ln_in_parallel_attn 1), biases, exact GELU named.
+    # Falcon2-11B's: the new layout with one norm (num_ln_in_parallel_attn 1); biases, exact GELU named.
     "falcon_new_one_norm_bias": Case(lambda: falcon(new_decoder_architecture=True, num_kv_heads=3, bias=True,
                                                     num_ln_in_parallel_attn=1, activation="gelu")),
     # SantaCoder / StarCoder: one key/value head, tanh GELU, tied.

@@ -6,14 +6,14 @@ Legend: H n_heads, G n_key_value_heads, K d_head, D d_model, M d_mlp, V d_vocab.
 Falcon is a LayerNorm decoder with RoPE (over halves of the whole head), a plain MLP and optional
 biases (``bias``, on every linear map). Its two layouts differ only in config values:
 
-- the old one (``new_decoder_architecture`` false; Falcon-7B, Falcon-RW): multi-query attention
+- the old one (``new_decoder_architecture`` false; Falcon-7B, and Falcon-RW but for its ALiBi): multi-query attention
   (``multi_query``: one key/value head) or multi-head attention; with ``parallel_attn`` (the default)
   attention and MLP both read ONE norm of the block input (``input_layernorm``, loaded as two clones,
   ln1 and ln2, so each can be edited alone); without it a sequential pre-norm block
   (``input_layernorm``, ``post_attention_layernorm``);
-- the new one (Falcon-40B/180B, Falcon 2/3 use it through their own configs): grouped-query attention
-  over ``num_kv_heads`` and always parallel, with two norms of the block input (``ln_attn`` for
-  attention, ``ln_mlp`` for the MLP) or one (``num_ln_in_parallel_attn`` 1).
+- the new one (Falcon-40B/180B; Falcon2-11B): grouped-query attention over ``num_kv_heads`` and always
+  parallel, with two norms of the block input (``ln_attn`` for attention, ``ln_mlp`` for the MLP) or
+  one (``num_ln_in_parallel_attn`` 1, Falcon2-11B).
 
 Q, K and V are fused in ``query_key_value``, whose output rows come in key/value groups: each group
 holds its query heads, then its key head, then its value head ([G, H/G + 2, K]). All three
@@ -47,6 +47,11 @@ from workbench.loading.hf_common import HFConfig
 from workbench.loading.hf_parts import fused_qkv, layer_norm, linear
 
 
+# transformers' FalconConfig defaults for fields a config.json may leave out.
+_DEFAULTS = {"activation": "gelu", "new_decoder_architecture": False, "multi_query": True, "parallel_attn": True,
+             "bias": False, "tie_word_embeddings": True}
+
+
 def model_config(hf: HFConfig, architecture: str = "FalconForCausalLM") -> ModelConfig:
     """Maps a Falcon ``config.json`` onto ``ModelConfig``; a value we cannot honour names its field.
 
@@ -57,11 +62,11 @@ def model_config(hf: HFConfig, architecture: str = "FalconForCausalLM") -> Model
         >>> cfg.n_key_value_heads, cfg.parallel_attn_mlp, cfg.d_mlp
         (2, True, 192)
     """
+    hf = HFConfig({**_DEFAULTS, **hf.data}, hf.source)
     if hf.get("alibi", False):
         raise hf.refuse("alibi", True, "transformers 5.24's Falcon adds the ALiBi bias twice under eager attention "
                         "and once under SDPA (both rounded to bfloat16), so there is no reference to be at parity with")
-    new_layout = bool(hf.get("new_decoder_architecture", False))
-    parallel = bool(hf.get("parallel_attn", True))
+    new_layout, parallel = bool(hf.get("new_decoder_architecture")), bool(hf.get("parallel_attn"))
     if new_layout and not parallel:
         raise hf.refuse("parallel_attn", False, "transformers' new Falcon decoder layout is parallel only "
                         "(its sequential block reads norms it never builds)")
@@ -71,16 +76,16 @@ def model_config(hf: HFConfig, architecture: str = "FalconForCausalLM") -> Model
     if rotary["rotary_dim"] != d_model // n_heads:
         raise hf.refuse("partial_rotary_factor", rotary["rotary_dim"] / (d_model // n_heads),
                         "transformers' Falcon applies RoPE to the whole head")
-    bias = bool(hf.get("bias", False))
+    bias = bool(hf.get("bias"))
     return hf.model_config(
         n_layers=int(hf.require("num_hidden_layers")), d_model=d_model, n_heads=n_heads,
         n_key_value_heads=_kv_heads(hf, n_heads, new_layout),
         d_mlp=int(hf.get("ffn_hidden_size", 4 * d_model)), d_vocab=int(hf.require("vocab_size")),
         n_ctx=int(hf.get("max_position_embeddings", 2048)), normalization="LN",
         norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
-        act_fn=hf.activation("activation") if "activation" in hf.data else "gelu",  # transformers' default
+        act_fn=hf.activation("activation"),
         parallel_attn_mlp=parallel, attn_bias=bias, mlp_bias=bias,
-        tie_embeddings=bool(hf.get("tie_word_embeddings", True)), **rotary,
+        tie_embeddings=bool(hf.get("tie_word_embeddings")), **rotary,
     )
 
 
@@ -89,7 +94,7 @@ def _kv_heads(hf: HFConfig, n_heads: int, new_layout: bool) -> int:
     layout, one with ``multi_query``, else one per query head (the [H, 3, K] layout)."""
     if new_layout:
         return int(hf.get("num_kv_heads", n_heads))
-    return 1 if hf.get("multi_query", True) else n_heads
+    return 1 if hf.get("multi_query") else n_heads
 
 
 def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture: str = "") -> dict[str, Tensor]:
@@ -139,8 +144,8 @@ def _attention(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, hf: str, ours: str
 
 # What hf.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
-    architectures={"FalconForCausalLM": ("falcon", "Falcon (7B's multi-query and 40B/180B's grouped-query "
-                                                   "layouts; not the ALiBi variant)")},
+    architectures={"FalconForCausalLM": ("falcon", "Falcon-7B (multi-query), Falcon-40B/180B, Falcon2-11B "
+                                                   "(grouped-query); the ALiBi variant (Falcon-RW) is refused")},
     model_config=model_config,
     convert_tensors=convert_tensors,
 ),)

@@ -52,24 +52,35 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
     return hf.model_config(**_CONFIGS[architecture](hf))
 
 
+# transformers' GPTBigCodeConfig defaults for fields a config.json may leave out.
+_BIGCODE_DEFAULTS = {"activation_function": "gelu_pytorch_tanh", "multi_query": True, "scale_attn_weights": True,
+                     "n_positions": 1024, "tie_word_embeddings": True}
+
+
 def _bigcode_fields(hf: HFConfig) -> dict:
+    hf = HFConfig({**_BIGCODE_DEFAULTS, **hf.data}, hf.source)
     if hf.get("add_cross_attention", False):
         raise hf.refuse("add_cross_attention", True, "only decoder-only models load (no cross-attention)")
     d_model, n_heads = int(hf.require("n_embd")), int(hf.require("n_head"))
-    activation = HFConfig({"activation_function": "gelu_pytorch_tanh", **hf.data}, hf.source)
     return dict(
         n_layers=int(hf.require("n_layer")), d_model=d_model, n_heads=n_heads,
-        n_key_value_heads=1 if hf.get("multi_query", True) else n_heads,
+        n_key_value_heads=1 if hf.get("multi_query") else n_heads,
         d_mlp=int(hf.get("n_inner", 4 * d_model)), d_vocab=int(hf.require("vocab_size")),
-        n_ctx=int(hf.get("n_positions", 1024)), normalization="LN",
+        n_ctx=int(hf.get("n_positions")), normalization="LN",
         norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)), positional="learned",
-        attn_scale=None if hf.get("scale_attn_weights", True) else 1.0,
-        act_fn=activation.activation("activation_function"), attn_bias=True, mlp_bias=True,
-        tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        attn_scale=None if hf.get("scale_attn_weights") else 1.0,
+        act_fn=hf.activation("activation_function"), attn_bias=True, mlp_bias=True,
+        tie_embeddings=bool(hf.get("tie_word_embeddings")),
     )
 
 
+# transformers' Starcoder2Config defaults for fields a config.json may leave out.
+_STARCODER2_DEFAULTS = {"hidden_act": "gelu_pytorch_tanh", "use_bias": True, "norm_epsilon": 1e-5,
+                        "tie_word_embeddings": True}
+
+
 def _starcoder2_fields(hf: HFConfig) -> dict:
+    hf = HFConfig({**_STARCODER2_DEFAULTS, **hf.data}, hf.source)
     d_model, n_heads = int(hf.require("hidden_size")), int(hf.require("num_attention_heads"))
     n_layers, head_dim = int(hf.require("num_hidden_layers")), d_model // n_heads
     layers = HFConfig({k: v for k, v in hf.data.items() if k not in ("layer_types", "no_rope_layers")},
@@ -77,14 +88,14 @@ def _starcoder2_fields(hf: HFConfig) -> dict:
     if layers["rotary_dim"] != head_dim:
         raise hf.refuse("partial_rotary_factor", layers["rotary_dim"] / head_dim,
                         "transformers' StarCoder2 applies RoPE to the whole head")
-    bias = bool(hf.get("use_bias", True))
+    bias = bool(hf.get("use_bias"))
     return dict(
         n_layers=n_layers, d_model=d_model, n_heads=n_heads,
         n_key_value_heads=int(hf.get("num_key_value_heads", n_heads)),
         d_mlp=int(hf.require("intermediate_size")), d_vocab=int(hf.require("vocab_size")),
         n_ctx=int(hf.require("max_position_embeddings")), normalization="LN",
-        norm_eps=float(hf.get("norm_epsilon", 1e-5)), act_fn=hf.activation("hidden_act"),
-        attn_bias=bias, mlp_bias=bias, tie_embeddings=bool(hf.get("tie_word_embeddings", True)), **layers,
+        norm_eps=float(hf.get("norm_epsilon")), act_fn=hf.activation("hidden_act"),
+        attn_bias=bias, mlp_bias=bias, tie_embeddings=bool(hf.get("tie_word_embeddings")), **layers,
     )
 
 

@@ -34,6 +34,10 @@ from workbench.loading.hf_common import HFConfig
 from workbench.loading.hf_parts import layer_norm, linear
 
 
+# transformers' XGLMConfig defaults for fields a config.json may leave out.
+_DEFAULTS = {"activation_function": "gelu", "scale_embedding": True, "tie_word_embeddings": True}
+
+
 def model_config(hf: HFConfig, architecture: str = "XGLMForCausalLM") -> ModelConfig:
     """Maps an XGLM ``config.json`` onto ``ModelConfig``; a value we cannot honour names its field.
 
@@ -44,6 +48,7 @@ def model_config(hf: HFConfig, architecture: str = "XGLMForCausalLM") -> ModelCo
         >>> cfg.positional, cfg.sinusoidal_style, round(cfg.embed_scale, 3)
         ('sinusoidal', 'fairseq', 6.928)
     """
+    hf = HFConfig({**_DEFAULTS, **hf.data}, hf.source)
     if hf.get("add_cross_attention", False):
         raise hf.refuse("add_cross_attention", True, "only decoder-only models load (no cross-attention)")
     pad = hf.get("pad_token_id")
@@ -56,9 +61,9 @@ def model_config(hf: HFConfig, architecture: str = "XGLMForCausalLM") -> ModelCo
         d_mlp=int(hf.require("ffn_dim")), d_vocab=int(hf.require("vocab_size")),
         n_ctx=int(hf.require("max_position_embeddings")), normalization="LN", norm_eps=1e-5,  # nn.LayerNorm's
         positional="sinusoidal", sinusoidal_style="fairseq",
-        embed_scale=math.sqrt(d_model) if hf.get("scale_embedding", True) else 1.0,
+        embed_scale=math.sqrt(d_model) if hf.get("scale_embedding") else 1.0,
         act_fn=hf.activation("activation_function"), attn_bias=True, mlp_bias=True,
-        tie_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings")),
     )
 
 
