@@ -30,7 +30,7 @@ from workbench.loading import hf_neox
 from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_parts import layer_norm, linear
+from workbench.loading.hf_parts import layer_norm, plain_mlp
 
 MODEL_PARALLEL_SHARDS = 4  # transformers' CodeGenAttention.mp_num: the fused rows' interleaving
 _SHARD_PARTS = "QVK"  # the order of the three parts inside each shard
@@ -74,8 +74,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
         for index, name in enumerate(_SHARD_PARTS):
             out[f"{ours}.attn._W_{name}_lin"] = shards_S3JD[:, index].reshape(D, D)
         out[f"{ours}.attn._W_O_lin"] = ckpt.take(f"{hf}.attn.out_proj.weight", (D, D))
-        out.update(linear(ckpt, f"{hf}.mlp.fc_in", f"{ours}.mlp._W_in_lin", (M, D), f"{ours}.mlp.b_in"))
-        out.update(linear(ckpt, f"{hf}.mlp.fc_out", f"{ours}.mlp._W_out_lin", (D, M), f"{ours}.mlp.b_out"))
+        out.update(plain_mlp(ckpt, f"{hf}.mlp.fc_in", f"{hf}.mlp.fc_out", f"{ours}.mlp", D, M, bias=True))
     return out
 
 

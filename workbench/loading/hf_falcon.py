@@ -44,7 +44,7 @@ from workbench.config import ModelConfig
 from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_parts import fused_qkv, layer_norm, linear
+from workbench.loading.hf_parts import fused_qkv, layer_norm, linear, plain_mlp
 
 
 # transformers' FalconConfig defaults for fields a config.json may leave out.
@@ -114,9 +114,8 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
         hf, ours = f"transformer.h.{layer}", f"blocks.{layer}"
         out.update(_norms(ckpt, cfg, hf, ours))
         out.update(_attention(ckpt, cfg, f"{hf}.self_attention", f"{ours}.attn"))
-        for hf_name, name, shape in (("dense_h_to_4h", "in", (cfg.d_mlp, D)), ("dense_4h_to_h", "out", (D, cfg.d_mlp))):
-            out.update(linear(ckpt, f"{hf}.mlp.{hf_name}", f"{ours}.mlp._W_{name}_lin", shape,
-                              f"{ours}.mlp.b_{name}" if cfg.mlp_bias else None))
+        out.update(plain_mlp(ckpt, f"{hf}.mlp.dense_h_to_4h", f"{hf}.mlp.dense_4h_to_h", f"{ours}.mlp", D,
+                             cfg.d_mlp, cfg.mlp_bias))
     return out
 
 

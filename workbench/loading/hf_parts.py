@@ -1,8 +1,8 @@
-"""Checkpoint readers the older dense family modules share (Falcon, the StarCoders, MPT, CodeGen, XGLM,
-OpenAI GPT): a LayerNorm's gain and bias, one linear map with an optional bias, and Q, K and V split
-from fused rows laid out per key/value group.
+"""Checkpoint readers the older dense family modules share (Falcon, the StarCoders, CodeGen, XGLM):
+a LayerNorm's gain and bias, one linear map with an optional bias, an ungated MLP, and Q, K and V
+split from fused rows laid out per key/value group.
 
-Legend: H n_heads, G n_key_value_heads, K d_head, D d_model.
+Legend: H n_heads, G n_key_value_heads, K d_head, D d_model, M d_mlp.
 """
 
 from __future__ import annotations
@@ -33,6 +33,19 @@ def linear(ckpt: SafetensorsCheckpoint, hf: str, weight: str, shape: tuple[int, 
     out = {weight: ckpt.take(f"{hf}.weight", shape)}
     if bias is not None:
         out[bias] = ckpt.take(f"{hf}.bias", shape[:1])
+    return out
+
+
+def plain_mlp(ckpt: SafetensorsCheckpoint, hf_in: str, hf_out: str, ours: str, D: int, M: int,
+              bias: bool) -> dict[str, Tensor]:
+    """An ungated MLP's ``_W_in_lin`` [M, D] and ``_W_out_lin`` [D, M] (with ``bias``, ``b_in`` and ``b_out``)
+    under ``ours`` from the linear maps ``hf_in`` and ``hf_out``.
+
+    Example:
+        >>> plain_mlp(ckpt, "model.layers.0.fc1", "model.layers.0.fc2", "blocks.0.mlp", 48, 80, bias=True)  # doctest: +SKIP
+    """
+    out = linear(ckpt, hf_in, f"{ours}._W_in_lin", (M, D), f"{ours}.b_in" if bias else None)
+    out.update(linear(ckpt, hf_out, f"{ours}._W_out_lin", (D, M), f"{ours}.b_out" if bias else None))
     return out
 
 

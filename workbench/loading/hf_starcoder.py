@@ -27,7 +27,8 @@ attention, one sliding window on every layer when ``sliding_window`` is set, a p
 from __future__ import annotations
 
 import re
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 from torch import Tensor
 
@@ -35,7 +36,7 @@ from workbench.config import ModelConfig
 from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_parts import fused_qkv, layer_norm, linear
+from workbench.loading.hf_parts import fused_qkv, layer_norm, linear, plain_mlp
 
 
 def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
@@ -115,32 +116,22 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
         >>> tensors["blocks.0.attn._W_K_lin"].shape   # one key head                     # doctest: +SKIP
         torch.Size([8, 48])
     """
-    bigcode = architecture == "GPTBigCodeForCausalLM"
-    prefix = "transformer" if bigcode else "model"
+    layout = LAYOUTS[architecture]
     V, D, M = cfg.d_vocab, cfg.d_model, cfg.d_mlp
-    out = {"embed.W_E": ckpt.take(f"{prefix}.{'wte' if bigcode else 'embed_tokens'}.weight", (V, D)),
-           **layer_norm(ckpt, f"{prefix}.{'ln_f' if bigcode else 'norm'}", "ln_final", D)}
-    if bigcode:
-        out["pos_embed.W_pos"] = ckpt.take("transformer.wpe.weight", (cfg.n_ctx, D))
+    out = {"embed.W_E": ckpt.take(f"{layout.embed}.weight", (V, D)),
+           **layer_norm(ckpt, layout.final_norm, "ln_final", D)}
+    if layout.pos_embed is not None:
+        out["pos_embed.W_pos"] = ckpt.take(f"{layout.pos_embed}.weight", (cfg.n_ctx, D))
     out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))
-    names = _BIGCODE_NAMES if bigcode else _STARCODER2_NAMES
     for layer in range(cfg.n_layers):
-        hf, ours = f"{prefix}.{names['layer']}.{layer}", f"blocks.{layer}"
-        out.update(layer_norm(ckpt, f"{hf}.{names['ln1']}", f"{ours}.ln1", D))
-        out.update(layer_norm(ckpt, f"{hf}.{names['ln2']}", f"{ours}.ln2", D))
-        out.update((_bigcode_qkv if bigcode else _starcoder2_qkv)(ckpt, cfg, hf, f"{ours}.attn"))
-        for hf_name, ours_name, bias_name, shape, bias in (
-                (names["out"], "attn._W_O_lin", "attn.b_O", (D, D), cfg.attn_bias),
-                ("mlp.c_fc", "mlp._W_in_lin", "mlp.b_in", (M, D), cfg.mlp_bias),
-                ("mlp.c_proj", "mlp._W_out_lin", "mlp.b_out", (D, M), cfg.mlp_bias)):
-            out.update(linear(ckpt, f"{hf}.{hf_name}", f"{ours}.{ours_name}", shape,
-                              f"{ours}.{bias_name}" if bias else None))
+        hf, ours = layout.layer.format(l=layer), f"blocks.{layer}"
+        out.update(layer_norm(ckpt, f"{hf}.{layout.ln1}", f"{ours}.ln1", D))
+        out.update(layer_norm(ckpt, f"{hf}.{layout.ln2}", f"{ours}.ln2", D))
+        out.update(layout.qkv(ckpt, cfg, hf, f"{ours}.attn"))
+        out.update(linear(ckpt, f"{hf}.{layout.out}", f"{ours}.attn._W_O_lin", (D, D),
+                          f"{ours}.attn.b_O" if cfg.attn_bias else None))
+        out.update(plain_mlp(ckpt, f"{hf}.mlp.c_fc", f"{hf}.mlp.c_proj", f"{ours}.mlp", D, M, cfg.mlp_bias))
     return out
-
-
-_BIGCODE_NAMES = {"layer": "h", "ln1": "ln_1", "ln2": "ln_2", "out": "attn.c_proj"}
-_STARCODER2_NAMES = {"layer": "layers", "ln1": "input_layernorm", "ln2": "post_attention_layernorm",
-                     "out": "self_attn.o_proj"}
 
 
 def _bigcode_qkv(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, hf: str, ours: str) -> dict[str, Tensor]:
@@ -154,6 +145,30 @@ def _starcoder2_qkv(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, hf: str, ours
         out.update(linear(ckpt, f"{hf}.self_attn.{name.lower()}_proj", f"{ours}._W_{name}_lin",
                           (heads * cfg.d_head, cfg.d_model), f"{ours}._b_{name}_lin" if cfg.attn_bias else None))
     return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one architecture keeps its tensors; ``{l}`` in ``layer`` is the layer index."""
+
+    embed: str
+    final_norm: str
+    pos_embed: Optional[str]  # None: RoPE
+    layer: str
+    ln1: str
+    ln2: str
+    out: str
+    qkv: Callable[[SafetensorsCheckpoint, ModelConfig, str, str], dict[str, Tensor]]
+
+
+LAYOUTS = {
+    "GPTBigCodeForCausalLM": Layout(embed="transformer.wte", final_norm="transformer.ln_f",
+                                    pos_embed="transformer.wpe", layer="transformer.h.{l}", ln1="ln_1", ln2="ln_2",
+                                    out="attn.c_proj", qkv=_bigcode_qkv),
+    "Starcoder2ForCausalLM": Layout(embed="model.embed_tokens", final_norm="model.norm", pos_embed=None,
+                                    layer="model.layers.{l}", ln1="input_layernorm", ln2="post_attention_layernorm",
+                                    out="self_attn.o_proj", qkv=_starcoder2_qkv),
+}
 
 
 # What hf.py loads through this module (the contract: workbench.loading.family.Family).

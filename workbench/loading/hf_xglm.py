@@ -31,7 +31,7 @@ from workbench.config import ModelConfig
 from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_parts import layer_norm, linear
+from workbench.loading.hf_parts import layer_norm, linear, plain_mlp
 
 
 # transformers' XGLMConfig defaults for fields a config.json may leave out.
@@ -84,12 +84,11 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
         hf, ours = f"model.layers.{layer}", f"blocks.{layer}"
         out.update(layer_norm(ckpt, f"{hf}.self_attn_layer_norm", f"{ours}.ln1", D))
         out.update(layer_norm(ckpt, f"{hf}.final_layer_norm", f"{ours}.ln2", D))
-        for proj, name in (("q", "Q"), ("k", "K"), ("v", "V")):
+        for proj, name, bias in (("q", "Q", "_b_Q_lin"), ("k", "K", "_b_K_lin"), ("v", "V", "_b_V_lin"),
+                                 ("out", "O", "b_O")):
             out.update(linear(ckpt, f"{hf}.self_attn.{proj}_proj", f"{ours}.attn._W_{name}_lin", (D, D),
-                              f"{ours}.attn._b_{name}_lin"))
-        out.update(linear(ckpt, f"{hf}.self_attn.out_proj", f"{ours}.attn._W_O_lin", (D, D), f"{ours}.attn.b_O"))
-        out.update(linear(ckpt, f"{hf}.fc1", f"{ours}.mlp._W_in_lin", (M, D), f"{ours}.mlp.b_in"))
-        out.update(linear(ckpt, f"{hf}.fc2", f"{ours}.mlp._W_out_lin", (D, M), f"{ours}.mlp.b_out"))
+                              f"{ours}.attn.{bias}"))
+        out.update(plain_mlp(ckpt, f"{hf}.fc1", f"{hf}.fc2", f"{ours}.mlp", D, M, bias=True))
     return out
 
 
