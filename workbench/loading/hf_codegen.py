@@ -30,7 +30,7 @@ from workbench.loading import hf_neox
 from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_parts import layer_norm, plain_mlp
+from workbench.loading.hf_parts import layer_norm, plain_mlp, shared_layer_norm
 
 MODEL_PARALLEL_SHARDS = 4  # transformers' CodeGenAttention.mp_num: the fused rows' interleaving
 _SHARD_PARTS = "QVK"  # the order of the three parts inside each shard
@@ -68,11 +68,11 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
     out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))
     for layer in range(cfg.n_layers):
         hf, ours = f"transformer.h.{layer}", f"blocks.{layer}"
-        out.update(layer_norm(ckpt, f"{hf}.ln_1", f"{ours}.ln1", D))
-        out.update({f"{ours}.ln2.{p}": out[f"{ours}.ln1.{p}"].clone() for p in ("w", "b")})  # one norm, two names
-        shards_S3JD = ckpt.take(f"{hf}.attn.qkv_proj.weight", (3 * D, D)).view(MODEL_PARALLEL_SHARDS, 3, -1, D)
+        out.update(shared_layer_norm(ckpt, f"{hf}.ln_1", ours, D))
+        # [shards, 3 parts, D/shards, D]: each part's shards side by side are its D rows
+        sharded = ckpt.take(f"{hf}.attn.qkv_proj.weight", (3 * D, D)).view(MODEL_PARALLEL_SHARDS, 3, -1, D)
         for index, name in enumerate(_SHARD_PARTS):
-            out[f"{ours}.attn._W_{name}_lin"] = shards_S3JD[:, index].reshape(D, D)
+            out[f"{ours}.attn._W_{name}_lin"] = sharded[:, index].reshape(D, D)
         out[f"{ours}.attn._W_O_lin"] = ckpt.take(f"{hf}.attn.out_proj.weight", (D, D))
         out.update(plain_mlp(ckpt, f"{hf}.mlp.fc_in", f"{hf}.mlp.fc_out", f"{ours}.mlp", D, M, bias=True))
     return out

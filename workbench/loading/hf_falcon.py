@@ -44,7 +44,7 @@ from workbench.config import ModelConfig
 from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_parts import fused_qkv, layer_norm, linear, plain_mlp
+from workbench.loading.hf_parts import fused_qkv, layer_norm, linear, plain_mlp, shared_layer_norm
 
 
 # transformers' FalconConfig defaults for fields a config.json may leave out.
@@ -125,12 +125,10 @@ def _norms(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, hf: str, ours: str) ->
     if ckpt.has(f"{hf}.ln_attn.weight"):
         return {**layer_norm(ckpt, f"{hf}.ln_attn", f"{ours}.ln1", D),
                 **layer_norm(ckpt, f"{hf}.ln_mlp", f"{ours}.ln2", D)}
-    out = layer_norm(ckpt, f"{hf}.input_layernorm", f"{ours}.ln1", D)
     if cfg.parallel_attn_mlp:  # one norm read by attention and MLP alike
-        out.update({f"{ours}.ln2.{p}": out[f"{ours}.ln1.{p}"].clone() for p in ("w", "b")})
-    else:
-        out.update(layer_norm(ckpt, f"{hf}.post_attention_layernorm", f"{ours}.ln2", D))
-    return out
+        return shared_layer_norm(ckpt, f"{hf}.input_layernorm", ours, D)
+    return {**layer_norm(ckpt, f"{hf}.input_layernorm", f"{ours}.ln1", D),
+            **layer_norm(ckpt, f"{hf}.post_attention_layernorm", f"{ours}.ln2", D)}
 
 
 def _attention(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, hf: str, ours: str) -> dict[str, Tensor]:

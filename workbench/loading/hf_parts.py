@@ -21,6 +21,18 @@ def layer_norm(ckpt: SafetensorsCheckpoint, hf: str, ours: str, D: int) -> dict[
     return {f"{ours}.w": ckpt.take(f"{hf}.weight", (D,)), f"{ours}.b": ckpt.take(f"{hf}.bias", (D,))}
 
 
+def shared_layer_norm(ckpt: SafetensorsCheckpoint, hf: str, block: str, D: int) -> dict[str, Tensor]:
+    """A block's one norm read by attention and MLP alike (GPT-J's block), as ``block.ln1`` and a clone
+    ``block.ln2``, so each can be edited alone.
+
+    Example:
+        >>> shared_layer_norm(ckpt, "transformer.h.0.ln_1", "blocks.0", 48)   # doctest: +SKIP
+    """
+    out = layer_norm(ckpt, hf, f"{block}.ln1", D)
+    out.update({f"{block}.ln2.{p}": out[f"{block}.ln1.{p}"].clone() for p in ("w", "b")})
+    return out
+
+
 def linear(ckpt: SafetensorsCheckpoint, hf: str, weight: str, shape: tuple[int, int],
            bias: str | None = None) -> dict[str, Tensor]:
     """``{weight: hf.weight [out, in]}`` in nn.Linear's layout, plus ``{bias: hf.bias [out]}`` when ``bias``
