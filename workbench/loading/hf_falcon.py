@@ -94,7 +94,12 @@ def _kv_heads(hf: HFConfig, n_heads: int, new_layout: bool) -> int:
     layout, one with ``multi_query``, else one per query head (the [H, 3, K] layout)."""
     if new_layout:
         return int(hf.get("num_kv_heads", n_heads))
-    return 1 if hf.get("multi_query") else n_heads
+    if hf.get("multi_query"):
+        return 1
+    if int(hf.get("num_kv_heads", n_heads)) != n_heads:
+        raise hf.refuse("num_kv_heads", hf.get("num_kv_heads"), "the old layout without multi_query has one "
+                        "key/value head per query head (transformers cannot run fewer)")
+    return n_heads
 
 
 def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture: str = "") -> dict[str, Tensor]:

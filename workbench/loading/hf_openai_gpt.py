@@ -19,6 +19,8 @@ than -inf, which leaves no weight on them either (e^-1e4 is 0 in every float for
 
 from __future__ import annotations
 
+import re
+
 from torch import Tensor
 
 from workbench.config import ModelConfig
@@ -64,11 +66,13 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
         False
     """
     V, D, M = cfg.d_vocab, cfg.d_model, cfg.d_mlp
-    out = {"embed.W_E": ckpt.take("transformer.tokens_embed.weight", (V, D)),
-           "pos_embed.W_pos": ckpt.take("transformer.positions_embed.weight", (cfg.n_ctx, D))}
+    # The hub's openai-gpt checkpoint stores the base model's names, without "transformer.".
+    prefix = "transformer." if ckpt.has("transformer.tokens_embed.weight") else ""
+    out = {"embed.W_E": ckpt.take(f"{prefix}tokens_embed.weight", (V, D)),
+           "pos_embed.W_pos": ckpt.take(f"{prefix}positions_embed.weight", (cfg.n_ctx, D))}
     out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))
     for layer in range(cfg.n_layers):
-        hf, ours = f"transformer.h.{layer}", f"blocks.{layer}"
+        hf, ours = f"{prefix}h.{layer}", f"blocks.{layer}"
         out.update(layer_norm(ckpt, f"{hf}.ln_1", f"{ours}.ln1", D))
         out.update(layer_norm(ckpt, f"{hf}.ln_2", f"{ours}.ln2", D))
         qkv_3DD = ckpt.take(f"{hf}.attn.c_attn.weight", (D, 3 * D)).T  # Conv1D [in, out] -> Linear [out, in]
@@ -89,4 +93,6 @@ FAMILIES = (Family(
     architectures={"OpenAIGPTLMHeadModel": ("openai-gpt", "OpenAI GPT (GPT-1; post-norm)")},
     model_config=model_config,
     convert_tensors=convert_tensors,
+    # Buffers older checkpoints saved that are not parameters: the causal mask and the position ids.
+    ignored_tensors=re.compile(r"(transformer\.)?(h\.\d+\.attn\.bias|position_ids)"),
 ),)
