@@ -30,12 +30,15 @@ NormPlacement = Literal["pre", "post", "sandwich", "sublayer_output"]
 Positional = Literal["rotary", "learned", "sinusoidal", "alibi", "none"]
 QKNorm = Literal["head", "projection"]
 ActFn = Literal["gelu", "gelu_new", "silu", "relu"]
+# issue 38 (older dense families): the sinusoidal position table's layout (see ModelConfig.sinusoidal_style).
+SinusoidalStyle = Literal["interleaved", "fairseq"]
 # The allowed values of each choice field: read off its Literal, so they are written down once.
 _CHOICES: dict[str, tuple[str, ...]] = {
     "normalization": get_args(Normalization),
     "norm_placement": get_args(NormPlacement),
     "positional": get_args(Positional),
     "act_fn": get_args(ActFn),
+    "sinusoidal_style": get_args(SinusoidalStyle),
 }
 # RoPE scalings (transformers' rope_type values) and the keys each one needs besides "factor".
 ROTARY_SCALINGS: dict[str, tuple[str, ...]] = {
@@ -116,6 +119,11 @@ class ModelConfig:
     model_name: str = "custom"
     # One mapping per layer of the PER_LAYER_FIELDS that layer sets differently; () = all alike.
     layer_overrides: tuple[dict[str, Any], ...] = ()
+    # ---- issue 38, older dense families (Falcon, StarCoder, MPT, CodeGen, XGLM, OpenAI GPT) --------------
+    # The table of ``positional="sinusoidal"``: "interleaved" (sin, cos) pairs at frequencies 10000^(-2i/D)
+    # (Attention Is All You Need), or "fairseq" (XGLM): all sines, then all cosines, at frequencies
+    # 10000^(-i/(D/2 - 1)), position p reading the row of p + 2 (fairseq's padding offset).
+    sinusoidal_style: SinusoidalStyle = "interleaved"
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "d_vocab", "n_ctx"):

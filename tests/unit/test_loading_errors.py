@@ -99,8 +99,8 @@ def test_unexpected_tensor(broken):
 
 
 def test_unknown_architecture(broken):
-    edit_config(broken, architectures=["FalconForCausalLM"], model_type="falcon")
-    with pytest.raises(wb.CheckpointError, match=r"config\.json: unknown architecture \['FalconForCausalLM'\].*'architectures'"):
+    edit_config(broken, architectures=["NoSuchModelForCausalLM"], model_type="no_such_model")
+    with pytest.raises(wb.CheckpointError, match=r"config\.json: unknown architecture \['NoSuchModelForCausalLM'\].*'architectures'"):
         wb.load_model(broken)
 
 

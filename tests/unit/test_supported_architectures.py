@@ -29,7 +29,7 @@ def test_each_hf_architecture_is_transformers_causal_lm_of_its_model_type():
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     hf = wb.supported_architectures().query("format == 'HF directory'")
-    assert len(hf) == 25
+    assert len(hf) == 32
     for architecture, model_type in zip(hf.architecture, hf.model_type):
         assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) == architecture, (architecture, model_type)
 

@@ -61,7 +61,8 @@ class LearnedPosEmbed(nn.Module):
 
 
 class SinusoidalPosEmbed(nn.Module):
-    """The fixed sin/cos table of "Attention Is All You Need" (no parameters).
+    """A fixed sin/cos table (no parameters): "Attention Is All You Need"'s, or fairseq's
+    (``cfg.sinusoidal_style``; ``sinusoidal_table``).
 
     Example:
         >>> pos_embed = SinusoidalPosEmbed(ModelConfig(n_layers=1, d_model=2, n_heads=1, d_vocab=3, n_ctx=4), RuntimeOptions())
@@ -72,11 +73,11 @@ class SinusoidalPosEmbed(nn.Module):
 
     def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
-        self.n_ctx, self.d_model = cfg.n_ctx, cfg.d_model
+        self.n_ctx, self.d_model, self.style = cfg.n_ctx, cfg.d_model, cfg.sinusoidal_style
         # Rows for the positions used, as RoPE's table (rotary.INITIAL_POSITIONS): a declared context alone
         # never allocates. A real table even when the model is built on the meta device.
         with torch.device("cpu"):
-            table = sinusoidal_table(min(cfg.n_ctx, INITIAL_POSITIONS), cfg.d_model).to(options.dtype)
+            table = sinusoidal_table(min(cfg.n_ctx, INITIAL_POSITIONS), cfg.d_model, self.style).to(options.dtype)
         self.register_buffer("table", table, persistent=False)
 
     def forward(self, positions: Int[Tensor, "*batch pos"]) -> Float[Tensor, "*batch pos d_model"]:
@@ -91,23 +92,42 @@ class SinusoidalPosEmbed(nn.Module):
             return
         rows = min(self.n_ctx, max(n_positions, 2 * self.table.shape[0]))
         with torch.device("cpu"):
-            table = sinusoidal_table(rows, self.d_model)
+            table = sinusoidal_table(rows, self.d_model, self.style)
         self.table = table.to(device=self.table.device, dtype=self.table.dtype)
 
 
-def sinusoidal_table(n_ctx: int, d_model: int) -> Float[Tensor, "n_ctx d_model"]:
-    """The first ``n_ctx`` rows: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)).
+# fairseq's sinusoidal table starts at row padding_idx + 1 = 2 (XGLM fixes the offset at 2).
+FAIRSEQ_POSITION_OFFSET = 2
+
+
+def sinusoidal_table(n_ctx: int, d_model: int, style: str = "interleaved") -> Float[Tensor, "n_ctx d_model"]:
+    """The first ``n_ctx`` rows of a sinusoidal table (each row depends on its position only).
+    "interleaved": PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)).
+    "fairseq" (XGLM's ``XGLMSinusoidalPositionalEmbedding``, half h = d/2): PE[p, i] = sin(q w_i),
+    PE[p, h + i] = cos(q w_i) with w_i = 10000^(-i/(h-1)) and q = p + 2; a zero column when d is odd.
 
     Example:
         >>> sinusoidal_table(4, 8)[0, :2].tolist()
         [0.0, 1.0]
+        >>> [round(x, 4) for x in sinusoidal_table(4, 4, "fairseq")[0].tolist()]   # q = 2: sin 2, sin 2e-4, cos 2 ...
+        [0.9093, 0.0002, -0.4161, 1.0]
     """
+    if style == "fairseq":
+        return _fairseq_sinusoidal_table(n_ctx, d_model)
     position = torch.arange(n_ctx, dtype=torch.float64)[:, None]
     inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
     table = torch.zeros(n_ctx, d_model, dtype=torch.float64)
     table[:, 0::2] = torch.sin(position * inv_freq)
     table[:, 1::2] = torch.cos(position * inv_freq)[:, : d_model // 2]
     return table.float()
+
+
+def _fairseq_sinusoidal_table(n_ctx: int, d_model: int) -> Tensor:
+    """Computed in float32 step by step as transformers does, so long positions' angles round alike."""
+    half = d_model // 2
+    inv_freq = torch.exp(torch.arange(half, dtype=torch.float32) * -(math.log(10000.0) / (half - 1)))
+    angles = (torch.arange(n_ctx, dtype=torch.float32) + FAIRSEQ_POSITION_OFFSET)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.sin(), angles.cos(), torch.zeros(n_ctx, d_model % 2)], dim=1)
 
 
 POS_EMBEDS: dict[str, type[nn.Module]] = {"learned": LearnedPosEmbed, "sinusoidal": SinusoidalPosEmbed}
