@@ -124,10 +124,12 @@ def test_the_sinusoidal_table_grows_to_the_positions_used_with_the_formulas_valu
         assert out[row].tolist() == pytest.approx(expected, abs=1e-6)
 
 
-def test_w_pos_of_a_sinusoidal_model_covers_its_whole_context(monkeypatch):
+@pytest.mark.parametrize("style", ["interleaved", "fairseq"])
+def test_w_pos_of_a_sinusoidal_model_covers_its_whole_context(monkeypatch, style):
     monkeypatch.setattr(embedding, "INITIAL_POSITIONS", 4)
     model = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=40,
-                                      positional="sinusoidal"))
+                                      positional="sinusoidal", sinusoidal_style=style))
+    model.pos_embed(torch.tensor([9]))  # grown once in between: the rows it had keep their values
     assert model.W_pos.shape == (40, 8)
-    assert torch.equal(model.W_pos, embedding.sinusoidal_table(40, 8))
+    assert torch.equal(model.W_pos, embedding.sinusoidal_table(40, 8, style))
 
