@@ -1,0 +1,18 @@
+"""Sparse autoencoders and transcoders in SAELens's format: ``SAEConfig``, ``SAE``, ``load_sae``.
+
+- ``architectures``: the table of architectures (what each stores, its activation);
+- ``config``: ``SAEConfig`` / ``SAEMetadata`` and reading a ``cfg.json`` of SAELens 6 or earlier;
+- ``math``: encode and decode, SAELens's arithmetic;
+- ``tensors``: the one check of an SAE's tensors;
+- ``model``: ``SAE``, the ``HookedRootModule`` with SAELens's weights and hook points;
+- ``files``: ``load_sae`` and ``save_sae``.
+
+Splicing an SAE into a model is ``workbench.sae_splicing`` (the ``Decoder``'s ``run_with_saes`` and friends).
+"""
+
+from workbench.sae.architectures import ARCHITECTURES
+from workbench.sae.config import SAEConfig, SAEMetadata
+from workbench.sae.files import load_sae, save_sae
+from workbench.sae.model import SAE
+
+__all__ = ["ARCHITECTURES", "SAEConfig", "SAEMetadata", "SAE", "load_sae", "save_sae"]
