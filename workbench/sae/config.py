@@ -114,6 +114,8 @@ class SAEConfig:
     d_out: Optional[int] = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.metadata, SAEMetadata):  # a plain dict is accepted
+            self.metadata = SAEMetadata(**dict(self.metadata or {}))
         spec = architecture_spec(self.architecture_name)  # ConfigError naming the architecture
         for name in ("d_in", "d_sae") + (("d_out",) if spec.transcoder else ()):
             value = getattr(self, name)
@@ -148,8 +150,6 @@ class SAEConfig:
         if spec.top_k:
             if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= self.d_sae:
                 raise ConfigError(f"SAEConfig.k must be an integer from 1 to d_sae={self.d_sae}, got {self.k!r}")
-        if not isinstance(self.metadata, SAEMetadata):
-            self.metadata = SAEMetadata(**dict(self.metadata or {}))
 
     def architecture(self) -> str:
         """The architecture's name, as SAELens's ``cfg.architecture()``.
