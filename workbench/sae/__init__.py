@@ -5,14 +5,15 @@
 - ``math``: encode and decode, SAELens's arithmetic;
 - ``tensors``: the one check of an SAE's tensors;
 - ``model``: ``SAE``, the ``HookedRootModule`` with SAELens's weights and hook points;
-- ``files``: ``load_sae`` and ``save_sae``.
+- ``format``: the directory's files and ``save_sae``; ``files``: ``load_sae``.
 
 Splicing an SAE into a model is ``workbench.sae_splicing`` (the ``Decoder``'s ``run_with_saes`` and friends).
 """
 
 from workbench.sae.architectures import ARCHITECTURES
 from workbench.sae.config import SAEConfig, SAEMetadata
-from workbench.sae.files import load_sae, save_sae
+from workbench.sae.files import load_sae
+from workbench.sae.format import save_sae
 from workbench.sae.model import SAE
 
 __all__ = ["ARCHITECTURES", "SAEConfig", "SAEMetadata", "SAE", "load_sae", "save_sae"]

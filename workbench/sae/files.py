@@ -1,9 +1,7 @@
-"""SAELens's on-disk format: a directory holding ``cfg.json`` and ``sae_weights.safetensors``.
+"""``load_sae``: an SAE from a SAELens directory (``cfg.json`` and ``sae_weights.safetensors``).
 
-``load_sae`` reads SAELens 6 and earlier configs (``workbench.sae.config``) and checks every tensor
-(``workbench.sae.tensors``) before building anything; ``save_sae`` writes SAELens 6's format, which
-SAELens's ``SAE.load_from_disk`` reads. Only those two files, directly inside the directory, are read or
-written: a name that resolves outside it (a link) is refused.
+It reads SAELens 6 and earlier configs (``workbench.sae.config``) and checks every tensor
+(``workbench.sae.tensors``) before building anything. Writing is ``workbench.sae.format``.
 """
 
 from __future__ import annotations
@@ -13,19 +11,13 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 import torch
-from packaging.version import Version
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from workbench.errors import CheckpointError, ConfigError
 from workbench.sae.config import DTYPES, config_from_dict
+from workbench.sae.format import CFG_FILE, WEIGHTS_FILE, inside
 from workbench.sae.model import SAE
 from workbench.sae.tensors import check_tensors
-
-CFG_FILE = "cfg.json"
-WEIGHTS_FILE = "sae_weights.safetensors"
-# The SAELens release whose format save writes (SAELens reads a config without a 6.x version as pre-6.0).
-FORMAT_VERSION = "6.54.12"
 
 
 def load_sae(path: Union[str, Path], device: Any = None, dtype: Any = None) -> SAE:
@@ -41,7 +33,7 @@ def load_sae(path: Union[str, Path], device: Any = None, dtype: Any = None) -> S
     folder = Path(path)
     if not folder.is_dir():
         raise CheckpointError(f"{path}: no such directory (an SAE is a directory with {CFG_FILE} and {WEIGHTS_FILE})")
-    cfg_path, weights_path = _inside(folder, CFG_FILE), _inside(folder, WEIGHTS_FILE)
+    cfg_path, weights_path = inside(folder, CFG_FILE), inside(folder, WEIGHTS_FILE)
     try:
         raw = json.loads(cfg_path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -54,41 +46,6 @@ def load_sae(path: Union[str, Path], device: Any = None, dtype: Any = None) -> S
     tensors = _read_tensors(weights_path)
     check_tensors(cfg, tensors, str(weights_path), CheckpointError)
     return SAE.from_tensors(cfg, {name: tensor.to(cfg.torch_dtype) for name, tensor in tensors.items()})
-
-
-def save_sae(sae: SAE, path: Union[str, Path]) -> Path:
-    """Writes ``sae`` into directory ``path`` in SAELens 6's format (``SAE.save``). Returns ``path``.
-
-    Example:
-        >>> import tempfile
-        >>> sae = wb.SAE.from_tensors(wb.SAEConfig("standard", d_in=2, d_sae=3), {"W_enc": torch.ones(2, 3),
-        ...     "W_dec": torch.ones(3, 2), "b_enc": torch.zeros(3), "b_dec": torch.zeros(2)})
-        >>> with tempfile.TemporaryDirectory() as folder:
-        ...     sorted(p.name for p in save_sae(sae, folder).iterdir())
-        ['cfg.json', 'sae_weights.safetensors']
-    """
-    folder = Path(path)
-    if folder.exists() and not folder.is_dir():
-        raise CheckpointError(f"{path}: exists and is not a directory")
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg_path, weights_path = _inside(folder, CFG_FILE, must_exist=False), _inside(folder, WEIGHTS_FILE, must_exist=False)
-    config = sae.cfg.to_dict()
-    version = config["metadata"].get("sae_lens_version")
-    if not version or Version(str(version)) < Version("6.0.0-rc.0"):
-        config["metadata"]["sae_lens_version"] = FORMAT_VERSION
-    save_file({name: param.detach().contiguous() for name, param in sae.state_dict().items()}, str(weights_path))
-    cfg_path.write_text(json.dumps(config))
-    return folder
-
-
-def _inside(folder: Path, name: str, must_exist: bool = True) -> Path:
-    """``folder / name``, refused when it resolves outside ``folder`` (a link) or, with ``must_exist``, is missing."""
-    target = folder / name
-    if not target.resolve().is_relative_to(folder.resolve()):
-        raise CheckpointError(f"{target}: resolves outside the SAE directory ({target.resolve()}); refusing to use it")
-    if must_exist and not target.is_file():
-        raise CheckpointError(f"{target}: missing (an SAE directory holds {CFG_FILE} and {WEIGHTS_FILE})")
-    return target
 
 
 def _read_tensors(weights_path: Path) -> dict[str, torch.Tensor]:

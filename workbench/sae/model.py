@@ -26,6 +26,7 @@ from workbench.hook_point import HookPoint
 from workbench.sae import math
 from workbench.sae.architectures import ArchitectureSpec, architecture_spec
 from workbench.sae.config import SAEConfig
+from workbench.sae.format import save_sae
 from workbench.sae.tensors import check_tensors
 
 HOOK_NAMES = ("hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post", "hook_sae_output", "hook_sae_recons",
@@ -199,7 +200,6 @@ class SAE(HookedRootModule):
             ...     torch.equal(wb.load_sae(sae.save(folder)).W_enc, sae.W_enc)
             True
         """
-        from workbench.sae.files import save_sae  # the file format's module imports this one
         return save_sae(self, path)
 
     def __repr__(self) -> str:
