@@ -1,6 +1,7 @@
 """An SAE's arithmetic, SAELens 6's to the operation (read from its ``saes/*.py``), as functions of the weights.
 
-Legend: ... any leading axes, I d_in, F d_sae, O d_out (d_in for an SAE, the output width for a transcoder).
+Shapes: inputs ``[..., d_in]``, features ``[..., d_sae]``, outputs ``[..., d_out]`` (``...`` any leading
+axes; ``d_out`` is ``d_in`` for an SAE and the written hook's width for a transcoder).
 
 Each function takes the hook points to fire as an argument (``Points``), so the same code runs hooked (the
 SAE's own points) and clean (``IDENTITY``): the error term is the input minus the *clean* reconstruction,
@@ -56,8 +57,8 @@ class NormState:
     d_head: Optional[int] = None
 
 
-def encode(sae: "SAE", x: Float[Tensor, "... I"], points: Points = IDENTITY,
-           ) -> tuple[Float[Tensor, "... F"], NormState]:
+def encode(sae: "SAE", x: Float[Tensor, "... d_in"], points: Points = IDENTITY,
+           ) -> tuple[Float[Tensor, "... d_sae"], NormState]:
     """Feature activations of ``x`` and the normalisation state the decode needs (SAELens's ``encode``).
 
     Example:
@@ -96,8 +97,8 @@ def _activate(sae: "SAE", spec: ArchitectureSpec, x: Tensor, points: Points) -> 
     return torch.zeros_like(hidden_pre).scatter_(-1, indices, values.relu())
 
 
-def decode(sae: "SAE", features: Float[Tensor, "... F"], state: NormState, points: Points = IDENTITY,
-           ) -> Float[Tensor, "... O"]:
+def decode(sae: "SAE", features: Float[Tensor, "... d_sae"], state: NormState, points: Points = IDENTITY,
+           ) -> Float[Tensor, "... d_out"]:
     """The reconstruction of ``features`` (SAELens's ``decode``; a transcoder's output, without its skip term).
 
     Example:
@@ -119,7 +120,7 @@ def decode(sae: "SAE", features: Float[Tensor, "... F"], state: NormState, point
     return out
 
 
-def skip_term(sae: "SAE", x: Float[Tensor, "... I"]) -> Optional[Float[Tensor, "... O"]]:
+def skip_term(sae: "SAE", x: Float[Tensor, "... d_in"]) -> Optional[Float[Tensor, "... d_out"]]:
     """A skip transcoder's linear skip connection ``x W_skip^T``, added after the decode (None without one).
 
     Example:

@@ -1,6 +1,7 @@
 """``SAE``: a sparse autoencoder (or transcoder) as a TransformerLens ``HookedRootModule``, SAELens's names.
 
-Legend: ... any leading axes, I d_in, F d_sae, O d_out (d_in for an SAE).
+Shapes: inputs ``[..., d_in]``, features ``[..., d_sae]``, outputs ``[..., d_out]`` (``...`` any leading
+axes; ``d_out`` is ``d_in`` for an SAE and the written hook's width for a transcoder).
 
 Weights keep SAELens's names and shapes (``W_enc [I, F]``, ``W_dec [F, O]``, ``b_enc``, ``b_dec``, ``threshold``,
 ``b_gate`` / ``b_mag`` / ``r_mag``, ``W_skip [O, I]``); which an SAE has is its architecture's row in
@@ -29,8 +30,39 @@ from workbench.sae.config import SAEConfig
 from workbench.sae.format import save_sae
 from workbench.sae.tensors import check_tensors
 
-HOOK_NAMES = ("hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post", "hook_sae_output", "hook_sae_recons",
-              "hook_sae_error")
+# SAELens's hook points, in firing order, with the shape each receives when spliced and what it carries.
+HOOK_POINTS = {
+    "hook_sae_input": (("batch", "pos", "d_in"), "the activation the SAE reads (a hook_z SAE's heads flattened), "
+                       "before input normalisation and b_dec"),
+    "hook_sae_acts_pre": (("batch", "pos", "d_sae"), "pre-activations x W_enc + b_enc (gated: the magnitude path; "
+                          "top-k with rescaling: before the decoder-norm scaling)"),
+    "hook_sae_acts_post": (("batch", "pos", "d_sae"), "feature activations: read, ablate or steer features here"),
+    "hook_sae_recons": (("batch", "pos", "d_out"), "features W_dec + b_dec, before de-normalisation and a skip term"),
+    "hook_sae_error": (("batch", "pos", "d_out"), "with use_error_term only: the true activation minus the clean "
+                       "reconstruction"),
+    "hook_sae_output": (("batch", "pos", "d_out"), "what the SAE writes (a hook_z SAE: [batch, pos, n_heads, d_head] "
+                        "again)"),
+}
+HOOK_NAMES = tuple(HOOK_POINTS)
+
+
+def hook_points_markdown() -> list[str]:
+    """docs/hooks.md's section on SAE hook points (``workbench.hook_table`` appends it).
+
+    Example:
+        >>> hook_points_markdown()[0]
+        '## SAE hook points'
+    """
+    lines = ["## SAE hook points", "",
+             "A `wb.SAE` has SAELens's hook points. While it is spliced into a model (`model.run_with_saes`,",
+             "`add_sae`, `with model.saes(...)`: `workbench.sae_splicing`) they join the model's `hook_dict` as",
+             "`{hook_name_out}.` plus the name below, SAELens's cache keys (`blocks.3.hook_resid_post.hook_sae_acts_post`;",
+             "a transcoder's under the hook it writes); on an SAE alone they are the bare names. The hook point",
+             "`{hook_name_out}` itself then carries what the SAE wrote. `d_in`, `d_sae`, `d_out` are the SAE's widths.",
+             "", "| name | shape | note |", "|---|---|---|"]
+    for name, (shape, note) in HOOK_POINTS.items():
+        lines.append(f"| `{{hook_name_out}}.{name}` | `[{', '.join(shape)}]` | {note} |")
+    return lines + [""]
 
 
 class SAE(HookedRootModule):
@@ -112,7 +144,7 @@ class SAE(HookedRootModule):
         return self
 
     # ---- the arithmetic (workbench.sae.math), SAELens's methods ---------------------------------------------
-    def encode(self, x: Float[Tensor, "... I"]) -> Float[Tensor, "... F"]:
+    def encode(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
         """Feature activations of ``x`` (a ``hook_z`` SAE takes ``[..., heads, d_head]``), firing
         ``hook_sae_input``, ``hook_sae_acts_pre`` and ``hook_sae_acts_post``.
 
@@ -125,7 +157,7 @@ class SAE(HookedRootModule):
         features, self._pending = math.encode(self, x, self._points)
         return features
 
-    def decode(self, feature_acts: Float[Tensor, "... F"]) -> Float[Tensor, "... O"]:
+    def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_out"]:
         """The reconstruction of ``feature_acts`` (firing ``hook_sae_recons``), without a skip transcoder's skip
         term (as SAELens's ``decode``). An SAE that normalises its input uses the last ``encode``'s statistics, once.
 
@@ -138,7 +170,7 @@ class SAE(HookedRootModule):
         state, self._pending = self._pending, math.NormState(d_head=self._pending.d_head)
         return math.decode(self, feature_acts, state, self._points)
 
-    def forward(self, x: Float[Tensor, "... I"]) -> Float[Tensor, "... O"]:
+    def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
         """``decode(encode(x))`` plus a skip transcoder's skip term, plus the error term with
         ``use_error_term`` (an SAE only: a transcoder's error needs its output hook's activation); fires
         ``hook_sae_output``.
@@ -152,8 +184,8 @@ class SAE(HookedRootModule):
         target = x if self.use_error_term and not self.spec.transcoder else None
         return self.reconstruct(x, target)
 
-    def reconstruct(self, x: Float[Tensor, "... I"], target: Optional[Float[Tensor, "... O"]] = None,
-                    ) -> Float[Tensor, "... O"]:
+    def reconstruct(self, x: Float[Tensor, "... d_in"], target: Optional[Float[Tensor, "... d_out"]] = None,
+                    ) -> Float[Tensor, "... d_out"]:
         """What the SAE writes for input ``x``: its reconstruction (with a skip term), and with ``target`` (the
         true activation where it writes) plus the error term ``target - clean reconstruction``, computed without
         hooks and gradient as SAELens does, so an edit of a feature moves the output by exactly its decoded change.
