@@ -211,8 +211,9 @@ class SAESpliceMethods(_Host):
                     raise InputError(f"{sae!r} {role} hook {name!r}, which this model does not have: {error}") \
                         from None
         head = cfg.metadata.hook_head_index
-        if head is not None and cfg.is_transcoder:
-            raise InputError(f"{sae!r}: cfg.metadata.hook_head_index={head} on a transcoder cannot be honoured")
+        if head is not None and (cfg.is_transcoder or cfg.reshape_activations != "none"):
+            raise InputError(f"{sae!r}: cfg.metadata.hook_head_index={head} cannot be honoured on a transcoder or "
+                             f"with reshape_activations={cfg.reshape_activations!r} (a one-head SAE reads d_head)")
         for other in self._sae_splices.values():  # the one reading the same hook is replaced, not shared
             if other.output_hook == cfg.hook_name_out and other.input_hook != cfg.hook_name:
                 raise InputError(f"{sae!r} would share hook {cfg.hook_name_out!r} with {other.sae!r}, spliced "

@@ -241,3 +241,33 @@ def test_threads_sharing_a_model_never_see_each_others_saes():
         results = list(pool.map(run, calls * 10))
     assert all(torch.equal(result, alone[call]) for call, result in results)
     assert model.attached_hooks() == {}
+
+
+def test_an_sae_of_one_head_replaces_that_head_only(model, tokens):
+    sae = random_sae("standard", "blocks.0.attn.hook_z", 8, meta={"hook_head_index": 2})
+
+    def hand(z, hook):
+        z = z.clone()
+        z[:, :, 2] = by_hand(sae, z[:, :, 2])
+        return z
+
+    with torch.no_grad():
+        expected = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", hand)])
+        spliced = model.run_with_saes(tokens, saes=[sae])
+    torch.testing.assert_close(spliced, expected, atol=1e-5, rtol=0)
+    flattened = random_sae("standard", "blocks.0.attn.hook_z", 8, reshape_activations="hook_z",
+                           meta={"hook_head_index": 2})
+    with pytest.raises(wb.InputError, match="hook_head_index=2 cannot be honoured"):
+        model.add_sae(flattened)
+    assert model.attached_hooks() == {}
+
+
+def test_an_sae_of_another_dtype_writes_the_models_dtype(model, tokens):
+    sae = random_sae("standard", "blocks.1.hook_resid_pre", 32)
+    double = wb.SAE.from_tensors(sae.cfg, dict(sae.named_parameters()), dtype=torch.float64)
+    with torch.no_grad():
+        spliced = model.run_with_saes(tokens, saes=[double])
+        expected = model.run_with_hooks(tokens, fwd_hooks=[
+            ("blocks.1.hook_resid_pre", lambda x, hook: by_hand(double, x.double()).float())])
+    assert spliced.dtype == torch.float32 and double.W_enc.dtype == torch.float64
+    torch.testing.assert_close(spliced, expected, atol=1e-5, rtol=0)

@@ -13,6 +13,7 @@ into a model (``workbench.sae_splicing``) the model's one cacher and hook entry 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
@@ -116,7 +117,7 @@ class SAE(HookedRootModule):
         changes = {"dtype": str(dtype).removeprefix("torch.")} if dtype is not None else {}
         if device is not None:
             changes["device"] = str(torch.device(device))
-        sae = cls(dataclasses.replace(cfg, **changes) if changes else cfg)
+        sae = cls(dataclasses.replace(cfg, metadata=copy.deepcopy(cfg.metadata), **changes))  # its own config
         with torch.no_grad():
             for name, param in sae.named_parameters():
                 param.copy_(tensors[name])
