@@ -229,15 +229,8 @@ class SAESpliceMethods(_Host):
         """One token through the model (up to the blocks the hooks are in), recording the activations' shapes:
         an SAE whose ``d_in`` (``d_out``) does not match what its hook carries is an ``InputError`` naming both."""
         cfg = sae.cfg
-        names = {cfg.hook_name, cfg.hook_name_out}
-        layers = [self.layer_of(name) for name in names]
-        stop = None if None in layers else max(layers) + 1
-        shapes = _Shapes()
-        tokens = torch.zeros((1, 1), dtype=torch.long, device=self.cfg.device)
-        with torch.no_grad(), caching(self.hook_dict, names.__contains__, shapes):
-            self(tokens, return_type=None, stop_at_layer=stop)
+        got_in, got_out = self._hook_shape(cfg.hook_name), self._hook_shape(cfg.hook_name_out)
         head = cfg.metadata.hook_head_index
-        got_in, got_out = shapes.get(cfg.hook_name), shapes.get(cfg.hook_name_out)
         if got_in is None or got_out is None:
             raise InputError(f"{sae!r}: hook {cfg.hook_name!r} or {cfg.hook_name_out!r} does not fire in this "
                              "model's forward pass")
@@ -257,6 +250,20 @@ class SAESpliceMethods(_Host):
                                                           if cfg.is_transcoder else "")
                              + (" (a hook_z SAE reads heads x d_head flattened)"
                                 if cfg.reshape_activations == "hook_z" else ""))
+
+    def _hook_shape(self, name: str) -> Optional[tuple[int, ...]]:
+        """The shape hook ``name`` carries for one token (None if it never fires), found by one token through the
+        blocks up to it and remembered per hook and runtime options (a splice per call costs no extra forward)."""
+        known = self.__dict__.setdefault("_sae_hook_shapes", {})
+        key = (name, repr(self.options))  # use_split_qkv_input and use_attn_result change what some hooks carry
+        if key not in known:
+            layer = self.layer_of(name)
+            shapes = _Shapes()
+            tokens = torch.zeros((1, 1), dtype=torch.long, device=self.cfg.device)
+            with torch.no_grad(), caching(self.hook_dict, name.__eq__, shapes):
+                self(tokens, return_type=None, stop_at_layer=None if layer is None else layer + 1)
+            known[key] = shapes.get(name)
+        return known[key]
 
     def _attach(self, splice: "_Splice") -> None:
         sae, names = splice.sae, splice.sae.hook_dict

@@ -57,6 +57,8 @@ def test_with_the_error_term_the_output_is_unchanged_and_the_hooks_fire(model, t
         clean = model(tokens)
         spliced, cache = model.run_with_cache_with_saes(tokens, saes=[sae], use_error_term=True)
     torch.testing.assert_close(spliced, clean, atol=1e-5, rtol=0)
+    with torch.no_grad():  # nothing edits the features: the activation passes on exactly
+        assert torch.equal(model.run_with_saes(tokens, saes=[sae], use_error_term=True), clean)
     for name in ("input", "acts_pre", "acts_post", "recons", "error", "output"):
         assert f"blocks.1.hook_resid_pre.hook_sae_{name}" in cache
     assert model.attached_hooks() == {} and model.acts_to_saes == {}
@@ -83,6 +85,24 @@ def test_cached_features_equal_encode_of_the_cached_activation(model, tokens):
     torch.testing.assert_close(acts, features_by_hand(sae, plain["blocks.1.hook_resid_mid"]), atol=1e-5, rtol=0)
     torch.testing.assert_close(acts, sae.encode(plain["blocks.1.hook_resid_mid"]).detach(), atol=1e-5, rtol=0)
     assert (acts > 0).any() and (acts == 0).any()
+
+
+def test_the_error_term_passes_gradients_through_the_sae_as_saelens(model, tokens):
+    """SAELens computes the error term without gradient: the output's gradient reaches the SAE's weights, so
+    dL/dW_dec = features^T (dL/d output) summed over tokens."""
+    sae = random_sae("standard", "blocks.0.hook_resid_post", 32)
+    seen = {}
+    _, cache = model.run_with_cache_with_saes(tokens, saes=[sae], use_error_term=True,
+                                              names_filter="blocks.0.hook_resid_post.hook_sae_acts_post")
+    with model.saes(saes=[sae], use_error_term=True):
+        logits = model.run_with_hooks(tokens, bwd_hooks=[
+            ("blocks.0.hook_resid_post", lambda grad, hook: seen.update(grad=grad.detach()))])
+    logits[:, -1].sum().backward()
+    features = cache["blocks.0.hook_resid_post.hook_sae_acts_post"]
+    expected = torch.einsum("bpf,bpd->fd", features, seen["grad"])
+    torch.testing.assert_close(sae.W_dec.grad, expected, atol=1e-5, rtol=1e-4)
+    assert expected.abs().sum() > 0
+    model.zero_grad(set_to_none=True)
 
 
 def test_editing_a_feature_moves_the_output_by_its_decoded_change(model, tokens):

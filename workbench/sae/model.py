@@ -203,10 +203,14 @@ class SAE(HookedRootModule):
         if skip is not None:
             out = out + skip
         if target is not None:
+            target = target.to(out.dtype)
+            edited = self._edits_possible()
             with torch.no_grad():
-                clean = self._clean_output(x) if self._edits_possible() else out
-                error = self.hook_sae_error(target.to(out.dtype) - clean)
-            out = out + error
+                error = self.hook_sae_error(target - (self._clean_output(x) if edited else out))
+            if edited or self.hook_sae_error._forward_hooks:
+                out = out + error
+            else:  # nothing changed the reconstruction: the activation exactly, with gradients through the SAE
+                out = target.detach() + (out - out.detach())
         return self.hook_sae_output(out)
 
     def _clean_output(self, x: Tensor) -> Tensor:
