@@ -71,6 +71,9 @@ def test_bad_weights_name_the_tensor(sae_dir, change, message):
     (dict(reshape_activations="hook_q"), "reshape_activations"),
     (dict(d_sae=0), "d_sae"),
     (dict(dtype="int8"), "dtype"),
+    (dict(dtype=32), "dtype"),
+    (dict(metadata={"hook_name": 3, "sae_lens_version": "6.54.12"}), "metadata.hook_name"),
+    (dict(metadata=[1]), "'metadata' must be an object"),
     (dict(architecture="topk", k=99), r"SAEConfig\.k"),
     (dict(architecture="transcoder", d_out=16, apply_b_dec_to_input=True), "apply_b_dec_to_input"),
 ])

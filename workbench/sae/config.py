@@ -126,7 +126,10 @@ class SAEConfig:
                 raise ConfigError(f"SAEConfig.d_out is for transcoders; a {self.architecture_name} SAE writes d_in="
                                   f"{self.d_in}, got d_out={self.d_out!r}")
             self.d_out = self.d_in
-        if self.dtype.removeprefix("torch.") not in DTYPES:
+        for name in ("hook_name", "hook_name_out"):
+            if not isinstance(self.metadata[name], (str, type(None))):
+                raise ConfigError(f"SAEConfig.metadata.{name} must be a hook point name, got {self.metadata[name]!r}")
+        if not isinstance(self.dtype, str) or self.dtype.removeprefix("torch.") not in DTYPES:
             raise ConfigError(f"SAEConfig.dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
         self.dtype = self.dtype.removeprefix("torch.")
         if self.normalize_activations not in NORMALIZATIONS:
@@ -209,6 +212,8 @@ def config_from_dict(raw: Mapping[str, Any], dtype: Optional[str] = None, device
     if not isinstance(raw, Mapping):
         raise ConfigError(f"an SAE config is a JSON object, got {type(raw).__name__}")
     values = dict(raw)
+    if not isinstance(values.get("metadata") or {}, Mapping):
+        raise ConfigError(f"SAE config field 'metadata' must be an object, got {values['metadata']!r}")
     if _is_pre_6(values):
         values = _pre_6_to_6(values)
     for name in ("architecture", "d_in", "d_sae"):
@@ -216,8 +221,6 @@ def config_from_dict(raw: Mapping[str, Any], dtype: Optional[str] = None, device
             raise ConfigError(f"SAE config has no {name!r} field")
     spec = architecture_spec(values["architecture"])
     metadata = values.get("metadata") or {}
-    if not isinstance(metadata, Mapping):
-        raise ConfigError(f"SAE config field 'metadata' must be an object, got {metadata!r}")
     known = {f.name for f in fields(SAEConfig)} - {"architecture_name", "metadata"}
     kwargs = {name: values[name] for name in known if name in values and values[name] is not None}
     if dtype is not None:
@@ -261,6 +264,8 @@ def _pre_6_to_6(values: dict[str, Any]) -> dict[str, Any]:
         new["architecture"], new["k"] = "topk", k
     elif activation != "relu":
         raise ConfigError(f"SAE config field 'activation_fn' must be 'relu' or 'topk', got {activation!r}")
-    new["metadata"] = {key: new[key] for key in METADATA_KEYS if key in new}
+    # SAELens rebuilds the metadata from the top level only; one already nested is kept here (its hook name too).
+    nested = new.get("metadata") if isinstance(new.get("metadata"), Mapping) else {}
+    new["metadata"] = {**nested, **{key: new[key] for key in METADATA_KEYS if key in new}}
     return new
 
