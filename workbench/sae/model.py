@@ -28,7 +28,7 @@ from workbench.hook_point import HookPoint
 from workbench.sae import math
 from workbench.sae.architectures import ArchitectureSpec, architecture_spec
 from workbench.sae.config import SAEConfig
-from workbench.sae.format import save_sae
+from workbench.sae.format import CFG_FILE, WEIGHTS_FILE, save_sae
 from workbench.sae.tensors import check_tensors
 
 # SAELens's hook points, in firing order, with the shape each receives when spliced and what it carries.
@@ -238,6 +238,19 @@ class SAE(HookedRootModule):
             True
         """
         return save_sae(self, path)
+
+    def save_model(self, path: Union[str, Path]) -> tuple[Path, Path]:
+        """SAELens's name for ``save``: returns the weights' and the config's paths, as SAELens's does.
+
+        Example:
+            >>> import tempfile
+            >>> sae = wb.load_sae("tests/fixtures/sae/standard")
+            >>> with tempfile.TemporaryDirectory() as folder:
+            ...     [p.name for p in sae.save_model(folder)]
+            ['sae_weights.safetensors', 'cfg.json']
+        """
+        folder = self.save(path)
+        return folder / WEIGHTS_FILE, folder / CFG_FILE
 
     def __repr__(self) -> str:
         return (f"SAE({self.cfg.architecture_name}, d_in={self.cfg.d_in}, d_sae={self.cfg.d_sae}, "
