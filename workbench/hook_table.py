@@ -24,6 +24,7 @@ import torch
 from workbench.config import ModelConfig
 from workbench.generation import KVCache
 from workbench.model import Decoder
+from workbench.sae.model import hook_points_markdown
 from workbench.hook_table_models import DIMENSIONS, PREFIX, reference_models
 
 def _has_dense_mlp(cfg: ModelConfig) -> bool:
@@ -285,7 +286,8 @@ def render_markdown(rows: list[HookRow], models: dict[str, Decoder] | None = Non
               + ", ".join(f"{name}={size}" for name, size in DIMENSIONS.items() if name != "1") + "):", ""]
     for label, model in models.items():
         lines.append(f"- {label}: `{_config_summary(model.cfg)}`")
-    return "\n".join(lines) + "\n"
+    lines += ["", *hook_points_markdown()]  # an SAE's hook points, which join a model's while it is spliced in
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def _config_summary(cfg: ModelConfig) -> str:

@@ -42,6 +42,7 @@ from workbench.loss import next_token_loss, token_losses_from_normed
 from workbench.options import AttnImpl, ConfigView, RuntimeOptions
 from workbench.readouts import ReadoutMethods
 from workbench.hooking import HookMethods
+from workbench.sae_splicing import SAESpliceMethods
 from workbench.saving import save_native
 from workbench.tokenizer import Tokenizer
 from workbench.tokens_api import TextOrTokens, TokenMethods, check_attention_mask
@@ -50,7 +51,7 @@ from workbench.weights_api import WeightMethods
 ReturnType = Optional[Literal["logits", "loss", "both"]]
 
 
-class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRootModule):
+class Decoder(TokenMethods, HookMethods, SAESpliceMethods, WeightMethods, ReadoutMethods, HookedRootModule):
     """A decoder-only transformer whose every activation sits on a named ``HookPoint``.
 
     Example:

@@ -1,0 +1,19 @@
+"""Sparse autoencoders and transcoders in SAELens's format: ``SAEConfig``, ``SAE``, ``load_sae``.
+
+- ``architectures``: the table of architectures (what each stores, its activation);
+- ``config``: ``SAEConfig`` / ``SAEMetadata`` and reading a ``cfg.json`` of SAELens 6 or earlier;
+- ``math``: encode and decode, SAELens's arithmetic;
+- ``tensors``: the one check of an SAE's tensors;
+- ``model``: ``SAE``, the ``HookedRootModule`` with SAELens's weights and hook points;
+- ``format``: the directory's files and ``save_sae``; ``files``: ``load_sae``.
+
+Splicing an SAE into a model is ``workbench.sae_splicing`` (the ``Decoder``'s ``run_with_saes`` and friends).
+"""
+
+from workbench.sae.architectures import ARCHITECTURES
+from workbench.sae.config import SAEConfig, SAEMetadata
+from workbench.sae.files import load_sae
+from workbench.sae.format import save_sae
+from workbench.sae.model import SAE
+
+__all__ = ["ARCHITECTURES", "SAEConfig", "SAEMetadata", "SAE", "load_sae", "save_sae"]

@@ -1,0 +1,164 @@
+"""An SAE's arithmetic, SAELens 6's to the operation (read from its ``saes/*.py``), as functions of the weights.
+
+Shapes: inputs ``[..., d_in]``, features ``[..., d_sae]``, outputs ``[..., d_out]`` (``...`` any leading
+axes; ``d_out`` is ``d_in`` for an SAE and the written hook's width for a transcoder).
+
+Each function takes the hook points to fire as an argument (``Points``), so the same code runs hooked (the
+SAE's own points) and clean (``IDENTITY``): the error term is the input minus the *clean* reconstruction,
+so an edit of ``hook_sae_acts_post`` changes the output by exactly its decoded difference, as in SAELens.
+
+Input normalisation keeps per-row statistics from the encode for the decode (``NormState``), which SAELens
+keeps on the module between ``encode`` and ``decode``; here they are passed explicitly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from workbench.errors import InputError
+from workbench.sae.architectures import ArchitectureSpec
+
+if TYPE_CHECKING:
+    from workbench.sae.model import SAE
+
+HookFn = Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Points:
+    """The hook points an encode and decode fire, in order: input, pre-activations, features, reconstruction."""
+
+    input: HookFn
+    acts_pre: HookFn
+    acts_post: HookFn
+    recons: HookFn
+
+
+def _identity(tensor: Tensor) -> Tensor:
+    return tensor
+
+
+IDENTITY = Points(_identity, _identity, _identity, _identity)
+
+
+@dataclass
+class NormState:
+    """What an encode's input normalisation leaves for the decode: the rows' mean and std (``layer_norm``), their
+    scale (``constant_norm_rescale``), and the head size of a ``hook_z`` input (its heads are flattened)."""
+
+    mean: Optional[Tensor] = None
+    std: Optional[Tensor] = None
+    scale: Optional[Tensor] = None
+    d_head: Optional[int] = None
+
+
+def encode(sae: "SAE", x: Float[Tensor, "... d_in"], points: Points = IDENTITY,
+           ) -> tuple[Float[Tensor, "... d_sae"], NormState]:
+    """Feature activations of ``x`` and the normalisation state the decode needs (SAELens's ``encode``).
+
+    Example:
+        >>> sae = wb.SAE.from_tensors(wb.SAEConfig("standard", d_in=2, d_sae=2),
+        ...     {"W_enc": torch.eye(2), "W_dec": torch.eye(2), "b_enc": torch.tensor([0., -1.]), "b_dec": torch.zeros(2)})
+        >>> encode(sae, torch.tensor([3., 0.5]))[0].detach()
+        tensor([3., 0.])
+    """
+    cfg, spec = sae.cfg, sae.spec
+    state = NormState()
+    x = x.to(sae.W_enc.dtype)
+    if cfg.reshape_activations == "hook_z":  # [..., heads, d_head] -> [..., heads * d_head]
+        state.d_head = x.shape[-1]
+        x = x.flatten(-2)
+    x = points.input(x)
+    x = _normalise_in(cfg.normalize_activations, cfg.d_in, x, state)
+    if cfg.apply_b_dec_to_input and not spec.transcoder:
+        x = x - sae.b_dec
+    return points.acts_post(_activate(sae, spec, x, points)), state
+
+
+def _activate(sae: "SAE", spec: ArchitectureSpec, x: Tensor, points: Points) -> Tensor:
+    """The encoder's affine map and the architecture's activation on centred, normalised inputs."""
+    if spec.activation == "gated":
+        active = (x @ sae.W_enc + sae.b_gate > 0).to(x.dtype)
+        magnitude = points.acts_pre(x @ (sae.W_enc * sae.r_mag.exp()) + sae.b_mag)
+        return active * torch.relu(magnitude)
+    hidden_pre = points.acts_pre(x @ sae.W_enc + sae.b_enc)
+    if spec.activation == "relu":
+        return torch.relu(hidden_pre)
+    if spec.activation == "jumprelu":
+        return torch.relu(hidden_pre) * (hidden_pre > sae.threshold).to(hidden_pre.dtype)
+    if sae.cfg.rescale_acts_by_decoder_norm:  # top-k chooses by pre-activation times decoder norm
+        hidden_pre = hidden_pre * sae.W_dec.norm(dim=-1)
+    values, indices = torch.topk(hidden_pre, k=sae.cfg.k, dim=-1, sorted=False)
+    return torch.zeros_like(hidden_pre).scatter_(-1, indices, values.relu())
+
+
+def decode(sae: "SAE", features: Float[Tensor, "... d_sae"], state: NormState, points: Points = IDENTITY,
+           ) -> Float[Tensor, "... d_out"]:
+    """The reconstruction of ``features`` (SAELens's ``decode``; a transcoder's output, without its skip term).
+
+    Example:
+        >>> sae = wb.SAE.from_tensors(wb.SAEConfig("standard", d_in=2, d_sae=2),
+        ...     {"W_enc": torch.eye(2), "W_dec": 2 * torch.eye(2), "b_enc": torch.zeros(2), "b_dec": torch.ones(2)})
+        >>> decode(sae, torch.tensor([1., 0.]), NormState()).detach()
+        tensor([3., 1.])
+    """
+    cfg = sae.cfg
+    features = features.to(sae.W_dec.dtype)
+    if cfg.rescale_acts_by_decoder_norm and sae.spec.top_k:
+        features = features * (1 / sae.W_dec.norm(dim=-1))
+    out = points.recons(features @ sae.W_dec + sae.b_dec)
+    if sae.spec.transcoder:  # its output lives at another hook: no de-normalisation, no reshape
+        return out
+    out = _normalise_out(cfg.normalize_activations, out, state)
+    if state.d_head is not None:
+        out = out.unflatten(-1, (-1, state.d_head))
+    return out
+
+
+def skip_term(sae: "SAE", x: Float[Tensor, "... d_in"]) -> Optional[Float[Tensor, "... d_out"]]:
+    """A skip transcoder's linear skip connection ``x W_skip^T``, added after the decode (None without one).
+
+    Example:
+        >>> sae = wb.SAE.from_tensors(wb.SAEConfig("standard", d_in=2, d_sae=2), {"W_enc": torch.eye(2),
+        ...     "W_dec": torch.eye(2), "b_enc": torch.zeros(2), "b_dec": torch.zeros(2)})
+        >>> skip_term(sae, torch.ones(2)) is None
+        True
+    """
+    if not sae.spec.skip:
+        return None
+    return x.to(sae.W_skip.dtype) @ sae.W_skip.T
+
+
+def _normalise_in(mode: str, d_in: int, x: Tensor, state: NormState) -> Tensor:
+    """SAELens's run-time input normalisation (``expected_average_only_in`` is folded into the weights before an
+    SAE is saved for inference, so it is the identity here, as there)."""
+    if mode == "constant_norm_rescale":
+        state.scale = d_in ** 0.5 / x.norm(dim=-1, keepdim=True)
+        return x * state.scale
+    if mode == "layer_norm":
+        state.mean = x.mean(dim=-1, keepdim=True)
+        x = x - state.mean
+        state.std = x.std(dim=-1, keepdim=True)
+        return x / (state.std + 1e-5)
+    return x
+
+
+def _normalise_out(mode: str, x: Tensor, state: NormState) -> Tensor:
+    if mode == "constant_norm_rescale":
+        _need(state.scale, mode)
+        return x / state.scale
+    if mode == "layer_norm":
+        _need(state.std, mode)
+        return x * state.std + state.mean
+    return x
+
+
+def _need(statistic: Optional[Tensor], mode: str) -> None:
+    if statistic is None:
+        raise InputError(f"this SAE normalises its input ({mode!r}): decode needs the statistics of an encode, so "
+                         "call encode first (as in SAELens) or use sae(x)")
