@@ -123,7 +123,7 @@ def _corpus(loaded: LoadedModel, loaded_sae: LoadedSAE, feature: int) -> None:
         return
     stats = results.feature_corpus_stats(loaded, loaded_sae, int(n_windows), int(window), bar=progress_callback)
     where = f"read from {stats.path}" if stats.from_disk else (f"saved to {stats.path}" if stats.path else "")
-    density = float(stats.density_F[feature])
+    density = float(stats.density_X[feature])
     st.metric("Density", f"{density:.3%}", help=f"The fraction of the corpus's {stats.n_tokens} tokens where "
                                                  "the feature fires")
     st.caption(f"{stats.windows_BP.shape[0]} windows of {window} tokens from the bundled corpus, BOS left out; "

@@ -1,15 +1,16 @@
 """SAE features: what a feature of a sparse autoencoder reads and writes, on a prompt and over a corpus.
 
-Legend: B batch, P position, D d_model, F d_sae, K top windows kept per feature, H histogram bins, V d_vocab.
+Legend: B batch, P position, D d_model, V d_vocab, N flattened tokens, X d_sae, W windows kept per feature,
+Z density histogram bins.
 
-- ``activations``: feature activations on a prompt (``feature_activations`` [B, P, F], ``feature_on_prompt``)
+- ``activations``: feature activations on a prompt (``feature_activations`` [B, P, X], ``feature_on_prompt``)
   and the features active at each token (``active_features``), read from ``hook_sae_acts_post`` with the SAE
   spliced in with its error term (``model.saes(...)``), so nothing else in the model changes.
 - ``corpus``: ``feature_corpus_stats``, one pass over ``n_windows`` windows of the bundled corpus (the Neurons
   page's, ``experiments.neurons.neuron_corpus``) for every feature at once, ``batch_size`` windows at a time:
   a running top-``k`` of each feature's per-window maxima (where in which window) and a histogram of the log10
   of its positive activations (fixed bins ``bin_edges()``; outside values in the end bins). Memory is bounded
-  by K x F plus one batch, whatever the corpus. BOS is left out (an outlier, not evidence). Stored as
+  by W x X plus one batch, whatever the corpus. BOS is left out (an outlier, not evidence). Stored as
   safetensors under ``cache_directory()/features``, keyed by the model's and the SAE's weights and config,
   the window ids, k, the bins and the format; written to a temporary file then renamed, and read back only
   when every tensor is what the pass writes (else recomputed and replaced).

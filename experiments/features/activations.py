@@ -95,8 +95,8 @@ def feature_activations(model, sae: SAE, tokens: TokensLike) -> Float[Tensor, "b
         >>> _ = torch.manual_seed(0); sae = wb.SAE.from_tensors(wb.SAEConfig("topk", d_in=128, d_sae=16, k=3,
         ...     metadata={"hook_name": "blocks.0.hook_resid_post"}), {"W_enc": torch.randn(128, 16),
         ...     "W_dec": torch.randn(16, 128), "b_enc": torch.zeros(16), "b_dec": torch.zeros(128)})
-        >>> acts_BPF = feature_activations(model, sae, tokens)
-        >>> acts_BPF.shape, int((acts_BPF != 0).sum(-1).max())   # top-3: at most 3 features per token
+        >>> acts_BPX = feature_activations(model, sae, tokens)
+        >>> acts_BPX.shape, int((acts_BPX != 0).sum(-1).max())   # top-3: at most 3 features per token
         (torch.Size([1, 14, 16]), 3)
     """
     tokens_BP = model.as_tokens(tokens)
@@ -119,12 +119,12 @@ def active_features(model, sae: SAE, tokens: TokensLike, k: int = 5) -> pd.DataF
     if k < 1:
         raise InputError(f"k must be at least 1, got {k}")
     tokens_1P = model.as_tokens(tokens)[:1]
-    acts_PF = feature_activations(model, sae, tokens_1P)[0].cpu()
-    values_PK, features_PK = acts_PF.topk(min(k, acts_PF.shape[-1]), dim=-1)
+    acts_PX = feature_activations(model, sae, tokens_1P)[0].cpu()
+    top_values, top_features = acts_PX.topk(min(k, acts_PX.shape[-1]), dim=-1)
     names = str_tokens(model, tokens_1P[0].cpu())
-    rows = [{"position": p, "token": names[p], "rank": r + 1, "feature": int(features_PK[p, r]),
-             "activation": float(values_PK[p, r])}
-            for p in range(acts_PF.shape[0]) for r in range(values_PK.shape[1]) if values_PK[p, r] > 0]
+    rows = [{"position": p, "token": names[p], "rank": r + 1, "feature": int(top_features[p, r]),
+             "activation": float(top_values[p, r])}
+            for p in range(acts_PX.shape[0]) for r in range(top_values.shape[1]) if top_values[p, r] > 0]
     return pd.DataFrame(rows, columns=["position", "token", "rank", "feature", "activation"])
 
 

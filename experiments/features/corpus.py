@@ -31,7 +31,7 @@ FORMAT = "workbench-feature-stats-1"
 # fall in the first or last bin (a fixed grid, so a one-pass count needs no second look at the data).
 LOG10_RANGE = (-5.0, 3.0)
 N_BINS = 40
-TENSORS = {"windows_BP", "top_values_KF", "top_windows_KF", "top_positions_KF", "histogram_FH", "n_tokens"}
+TENSORS = {"windows_BP", "top_values_WX", "top_windows_WX", "top_positions_WX", "histogram_XZ", "n_tokens"}
 
 
 def bin_edges() -> Float[Tensor, "n_bins_plus_1"]:
@@ -48,25 +48,25 @@ def bin_edges() -> Float[Tensor, "n_bins_plus_1"]:
 class FeatureStats:
     """What one pass over the corpus found for every feature of an SAE.
 
-    ``top_values_KF[r, f]`` is feature f's r-th highest window maximum (descending), in window
-    ``top_windows_KF[r, f]`` at position ``top_positions_KF[r, f]``; ``histogram_FH[f, h]`` counts the
+    ``top_values_WX[r, f]`` is feature f's r-th highest window maximum (descending), in window
+    ``top_windows_WX[r, f]`` at position ``top_positions_WX[r, f]``; ``histogram_XZ[f, h]`` counts the
     tokens where f's activation is positive with log10 in bin h of ``bin_edges()``; ``n_tokens`` tokens
     were read (BOS left out).
     """
 
     windows_BP: Int[Tensor, "batch pos"]
-    top_values_KF: Float[Tensor, "k d_sae"]
-    top_windows_KF: Int[Tensor, "k d_sae"]
-    top_positions_KF: Int[Tensor, "k d_sae"]
-    histogram_FH: Int[Tensor, "d_sae n_bins"]
+    top_values_WX: Float[Tensor, "k d_sae"]
+    top_windows_WX: Int[Tensor, "k d_sae"]
+    top_positions_WX: Int[Tensor, "k d_sae"]
+    histogram_XZ: Int[Tensor, "d_sae n_bins"]
     n_tokens: int
     path: Optional[Path]
     from_disk: bool
 
     @property
-    def density_F(self) -> Float[Tensor, "d_sae"]:
+    def density_X(self) -> Float[Tensor, "d_sae"]:
         """The fraction of the corpus's tokens where each feature fires (is positive)."""
-        return self.histogram_FH.sum(1).double() / max(self.n_tokens, 1)
+        return self.histogram_XZ.sum(1).double() / max(self.n_tokens, 1)
 
 
 def sae_digest(sae: SAE) -> str:
@@ -115,15 +115,15 @@ def _read_stats(path: Path, windows_BP: Tensor, k: int, d_sae: int) -> Optional[
     if set(stored) != TENSORS or not torch.equal(stored["windows_BP"], windows_BP):
         return None
     B, P = windows_BP.shape
-    shape_KF = (min(k, B), d_sae)
-    values, windows, positions = stored["top_values_KF"], stored["top_windows_KF"], stored["top_positions_KF"]
-    histogram, n_tokens = stored["histogram_FH"], stored["n_tokens"]
-    if tuple(values.shape) != shape_KF or values.dtype != torch.float32 or not bool(values.isfinite().all()):
+    shape_WX = (min(k, B), d_sae)
+    values, windows, positions = stored["top_values_WX"], stored["top_windows_WX"], stored["top_positions_WX"]
+    histogram, n_tokens = stored["histogram_XZ"], stored["n_tokens"]
+    if tuple(values.shape) != shape_WX or values.dtype != torch.float32 or not bool(values.isfinite().all()):
         return None
     if values.shape[0] > 1 and bool((values[1:] > values[:-1]).any()):
         return None
     for tensor, bound in ((windows, B), (positions, P)):
-        if tuple(tensor.shape) != shape_KF or tensor.dtype != torch.int64:
+        if tuple(tensor.shape) != shape_WX or tensor.dtype != torch.int64:
             return None
         if tensor.numel() and not (int(tensor.min()) >= 0 and int(tensor.max()) < bound):
             return None
@@ -136,16 +136,16 @@ def _read_stats(path: Path, windows_BP: Tensor, k: int, d_sae: int) -> Optional[
     return FeatureStats(windows_BP, values, windows, positions, histogram, int(n_tokens), path, True)
 
 
-def _histogram(acts_NF: Tensor, counts_FH: Tensor) -> None:
-    """Adds each positive activation of ``acts_NF`` to its feature's log10 bin of ``counts_FH`` (in place)."""
-    tokens_n, features_n = (acts_NF > 0).nonzero(as_tuple=True)
+def _histogram(acts_NX: Tensor, counts_XZ: Tensor) -> None:
+    """Adds each positive activation of ``acts_NX`` to its feature's log10 bin of ``counts_XZ`` (in place)."""
+    tokens_n, features_n = (acts_NX > 0).nonzero(as_tuple=True)
     if not len(tokens_n):
         return
-    log10_n = acts_NF[tokens_n, features_n].double().log10()
+    log10_n = acts_NX[tokens_n, features_n].double().log10()
     # right=True: bin h holds edges[h] <= x < edges[h + 1] (numpy's convention); the inner edges only, so
     # values past either end land in the first or last bin.
     bins_n = torch.bucketize(log10_n, bin_edges()[1:-1].to(log10_n.device), right=True)
-    counts_FH.view(-1).index_add_(0, (features_n * N_BINS + bins_n).cpu(),
+    counts_XZ.view(-1).index_add_(0, (features_n * N_BINS + bins_n).cpu(),
                                   torch.ones(len(bins_n), dtype=torch.int64))
 
 
@@ -162,7 +162,7 @@ def feature_corpus_stats(model, sae: SAE, n_windows: int = 256, window: int = 64
         ...     metadata={"hook_name": "blocks.0.hook_resid_post"}), {"W_enc": torch.randn(128, 16),
         ...     "W_dec": torch.randn(16, 128), "b_enc": torch.zeros(16), "b_dec": torch.zeros(128)})
         >>> stats = feature_corpus_stats(model, sae, n_windows=8, window=16, k=4, use_disk=False)
-        >>> stats.top_values_KF.shape, stats.histogram_FH.shape, stats.n_tokens   # 8 windows of 15 tokens past BOS
+        >>> stats.top_values_WX.shape, stats.histogram_XZ.shape, stats.n_tokens   # 8 windows of 15 tokens past BOS
         (torch.Size([4, 16]), torch.Size([16, 40]), 120)
     """
     if k < 1 or batch_size < 1:
@@ -174,34 +174,34 @@ def feature_corpus_stats(model, sae: SAE, n_windows: int = 256, window: int = 64
     if cached is not None:
         return cached
     skip = 1 if model.bos_first() else 0  # BOS's activations are outliers, not evidence
-    F = sae.cfg.d_sae
-    values_KF = torch.empty(0, F)
-    windows_KF = positions_KF = torch.empty(0, F, dtype=torch.long)
-    counts_FH = torch.zeros(F, N_BINS, dtype=torch.int64)
+    X = sae.cfg.d_sae
+    values_WX = torch.empty(0, X)
+    windows_WX = positions_WX = torch.empty(0, X, dtype=torch.long)
+    counts_XZ = torch.zeros(X, N_BINS, dtype=torch.int64)
     n_tokens = 0
     with reading_features(model, sae) as (name, stop), \
             Progress(progress, total=windows_BP.shape[0], desc=f"SAE features at {sae.cfg.hook_name}") as bar:
         for start in range(0, windows_BP.shape[0], batch_size):
             chunk_BP = windows_BP[start:start + batch_size]
-            acts_BPF = run_features(model, name, stop, chunk_BP.to(model.cfg.device))[:, skip:]
-            _histogram(acts_BPF.reshape(-1, F), counts_FH)
-            n_tokens += acts_BPF.shape[0] * acts_BPF.shape[1]
-            max_BF, where_BF = (t.cpu() for t in acts_BPF.max(dim=1))
+            acts_BPX = run_features(model, name, stop, chunk_BP.to(model.cfg.device))[:, skip:]
+            _histogram(acts_BPX.reshape(-1, X), counts_XZ)
+            n_tokens += acts_BPX.shape[0] * acts_BPX.shape[1]
+            max_BX, where_BX = (t.cpu() for t in acts_BPX.max(dim=1))
             # The running top-k: the kept rows and this batch's windows, the k best of them kept.
-            values_NF = torch.cat([values_KF, max_BF])
-            windows_NF = torch.cat([windows_KF, (start + torch.arange(len(chunk_BP)))[:, None].expand(-1, F)])
-            positions_NF = torch.cat([positions_KF, where_BF + skip])
-            values_KF, best_KF = values_NF.topk(min(k, len(values_NF)), dim=0)
-            windows_KF, positions_KF = windows_NF.gather(0, best_KF), positions_NF.gather(0, best_KF)
+            values_NX = torch.cat([values_WX, max_BX])
+            windows_NX = torch.cat([windows_WX, (start + torch.arange(len(chunk_BP)))[:, None].expand(-1, X)])
+            positions_NX = torch.cat([positions_WX, where_BX + skip])
+            values_WX, best_WX = values_NX.topk(min(k, len(values_NX)), dim=0)
+            windows_WX, positions_WX = windows_NX.gather(0, best_WX), positions_NX.gather(0, best_WX)
             bar.advance(len(chunk_BP))
-    result = FeatureStats(windows_BP, values_KF.contiguous(), windows_KF.contiguous(), positions_KF.contiguous(),
-                          counts_FH, n_tokens, path, False)
+    result = FeatureStats(windows_BP, values_WX.contiguous(), windows_WX.contiguous(), positions_WX.contiguous(),
+                          counts_XZ, n_tokens, path, False)
     if path is None:
         return result
     try:
-        _write_atomically(path, {"windows_BP": windows_BP, "top_values_KF": result.top_values_KF,
-                                 "top_windows_KF": result.top_windows_KF, "top_positions_KF": result.top_positions_KF,
-                                 "histogram_FH": counts_FH, "n_tokens": torch.tensor([n_tokens])})
+        _write_atomically(path, {"windows_BP": windows_BP, "top_values_WX": result.top_values_WX,
+                                 "top_windows_WX": result.top_windows_WX, "top_positions_WX": result.top_positions_WX,
+                                 "histogram_XZ": counts_XZ, "n_tokens": torch.tensor([n_tokens])})
     except OSError:  # a read-only or full cache directory: the result stands, it is just not kept
         return dataclasses.replace(result, path=None)
     return result
@@ -219,15 +219,15 @@ def feature_top_windows(model, stats: FeatureStats, feature: int, k: int = 10) -
         >>> feature_top_windows(model, stats, 0)[["rank", "window", "position", "max_activation"]].values.tolist()
         [[1.0, 1.0, 2.0, 2.0]]
     """
-    if not 0 <= feature < stats.top_values_KF.shape[1]:
+    if not 0 <= feature < stats.top_values_WX.shape[1]:
         raise InputError(f"feature {feature!r} is out of range: this SAE has features "
-                         f"0..{stats.top_values_KF.shape[1] - 1}")
+                         f"0..{stats.top_values_WX.shape[1] - 1}")
     rows = []
-    for rank in range(min(k, stats.top_values_KF.shape[0])):
-        value = float(stats.top_values_KF[rank, feature])
+    for rank in range(min(k, stats.top_values_WX.shape[0])):
+        value = float(stats.top_values_WX[rank, feature])
         if value <= 0:
             break
-        w, position = int(stats.top_windows_KF[rank, feature]), int(stats.top_positions_KF[rank, feature])
+        w, position = int(stats.top_windows_WX[rank, feature]), int(stats.top_positions_WX[rank, feature])
         window_tokens = str_tokens(model, stats.windows_BP[w])
         rows.append({"rank": rank + 1, "window": w, "position": position, "token": window_tokens[position],
                      "max_activation": value, "text": "".join(window_tokens)})
@@ -245,10 +245,10 @@ def feature_density(stats: FeatureStats, feature: int) -> pd.DataFrame:
         >>> density = feature_density(stats, 0); density.loc[25].tolist(), float(density.fraction.sum())
         ([0.0, 0.2, 3.0, 0.25], 0.25)
     """
-    if not 0 <= feature < stats.histogram_FH.shape[0]:
+    if not 0 <= feature < stats.histogram_XZ.shape[0]:
         raise InputError(f"feature {feature!r} is out of range: this SAE has features "
-                         f"0..{stats.histogram_FH.shape[0] - 1}")
+                         f"0..{stats.histogram_XZ.shape[0] - 1}")
     edges = bin_edges().numpy()
-    counts = stats.histogram_FH[feature].numpy()
+    counts = stats.histogram_XZ[feature].numpy()
     return pd.DataFrame({"log10_low": edges[:-1].round(6) + 0.0, "log10_high": edges[1:].round(6) + 0.0, "count": counts,
                          "fraction": counts / max(stats.n_tokens, 1)})

@@ -78,17 +78,17 @@ def test_the_feature_card_shows_hand_computed_numbers(dense, model, sae_dir):
     sae = wb.load_sae(sae_dir)
     at = open_features(dense, features_sae_path=sae_dir)
     tokens = model.to_tokens(SHORT_PROMPT)
-    acts_PF = hand_features(model, sae, tokens)[0]
+    acts_PX = hand_features(model, sae, tokens)[0]
     # The default feature is the most active one at the last token.
-    feature = int(acts_PF[-1].argmax())
+    feature = int(acts_PX[-1].argmax())
     assert at.number_input(key="features_feature").value == feature and at.query_params["features_feature"] == str(feature)
-    assert metric(at, "Max activation on the prompt") == f"{float(acts_PF[:, feature].max()):.4f}"
-    assert metric(at, "Tokens where it fires") == f"{int((acts_PF[:, feature] > 0).sum())} of {tokens.shape[1]}"
+    assert metric(at, "Max activation on the prompt") == f"{float(acts_PX[:, feature].max()):.4f}"
+    assert metric(at, "Tokens where it fires") == f"{int((acts_PX[:, feature] > 0).sum())} of {tokens.shape[1]}"
     # Another feature through the link: the card follows it.
     at.number_input(key="features_feature").set_value(5).run()
     assert_clean(at)
     assert at.query_params["features_feature"] == "5"
-    assert metric(at, "Max activation on the prompt") == f"{float(acts_PF[:, 5].max()):.4f}"
+    assert metric(at, "Max activation on the prompt") == f"{float(acts_PX[:, 5].max()):.4f}"
     # The logit effect: W_dec[5], centred and times ln_final's gain (LayerNorm), through W_U.
     row = sae.W_dec[5].detach().double()
     normed = row - row.mean() if model.cfg.normalization == "LN" else row

@@ -68,29 +68,29 @@ def test_top_windows_and_density_equal_a_brute_force_scan(model):
                                           use_disk=False)  # batches of 5, 5, 5, 5, 1
     windows_BP = neuron_corpus(model, n_windows, window)
     assert torch.equal(stats.windows_BP, windows_BP.cpu())
-    acts_BPF = hand_features(model, sae, windows_BP)[:, 1:]  # BOS left out
-    max_BF, where_BF = acts_BPF.max(dim=1)
-    top_KF, top_windows_KF = max_BF.topk(k, dim=0)
-    torch.testing.assert_close(stats.top_values_KF, top_KF, atol=1e-5, rtol=1e-5)
-    fired = top_KF > 1e-4  # zeros tie: their windows are any
+    acts_BPX = hand_features(model, sae, windows_BP)[:, 1:]  # BOS left out
+    max_BX, where_BX = acts_BPX.max(dim=1)
+    top_WX, top_windows_WX = max_BX.topk(k, dim=0)
+    torch.testing.assert_close(stats.top_values_WX, top_WX, atol=1e-5, rtol=1e-5)
+    fired = top_WX > 1e-4  # zeros tie: their windows are any
     assert fired.any()
-    assert torch.equal(stats.top_windows_KF[fired], top_windows_KF[fired])
-    assert torch.equal(stats.top_positions_KF[fired], (where_BF.gather(0, top_windows_KF) + 1)[fired])
+    assert torch.equal(stats.top_windows_WX[fired], top_windows_WX[fired])
+    assert torch.equal(stats.top_positions_WX[fired], (where_BX.gather(0, top_windows_WX) + 1)[fired])
     # The density histogram: numpy's histogram of log10 of each feature's positive activations, ends clamped.
     edges = features.bin_edges().numpy()
-    acts_NF = acts_BPF.reshape(-1, F).double().numpy()
-    assert stats.n_tokens == acts_NF.shape[0] == n_windows * (window - 1)
+    acts_NX = acts_BPX.reshape(-1, F).double().numpy()
+    assert stats.n_tokens == acts_NX.shape[0] == n_windows * (window - 1)
     for f in range(F):
-        positive = acts_NF[:, f][acts_NF[:, f] > 0]
+        positive = acts_NX[:, f][acts_NX[:, f] > 0]
         logs = np.clip(np.log10(positive), edges[0], edges[-1] - 1e-9)
         counts, _ = np.histogram(logs, bins=edges)
-        assert stats.histogram_FH[f].tolist() == counts.tolist(), f
-    assert stats.histogram_FH.sum() > 0
+        assert stats.histogram_XZ[f].tolist() == counts.tolist(), f
+    assert stats.histogram_XZ.sum() > 0
     density = features.feature_density(stats, 3)
-    assert density["count"].sum() == int((acts_NF[:, 3] > 0).sum())
-    assert density["fraction"].sum() == pytest.approx((acts_NF[:, 3] > 0).mean())
+    assert density["count"].sum() == int((acts_NX[:, 3] > 0).sum())
+    assert density["fraction"].sum() == pytest.approx((acts_NX[:, 3] > 0).mean())
     table = features.feature_top_windows(model, stats, 3, k=k)
-    assert table["max_activation"].tolist() == pytest.approx([v for v in top_KF[:, 3].tolist() if v > 0], abs=1e-5)
+    assert table["max_activation"].tolist() == pytest.approx([v for v in top_WX[:, 3].tolist() if v > 0], abs=1e-5)
 
 
 def test_stats_are_cached_on_disk_and_distrusted_when_wrong(model, cache_dir):
@@ -98,28 +98,28 @@ def test_stats_are_cached_on_disk_and_distrusted_when_wrong(model, cache_dir):
     first = features.feature_corpus_stats(model, sae, n_windows=8, window=16, k=3)
     assert not first.from_disk and first.path is not None and first.path.parent == cache_dir / "features"
     again = features.feature_corpus_stats(model, sae, n_windows=8, window=16, k=3)
-    assert again.from_disk and torch.equal(again.top_values_KF, first.top_values_KF)
-    assert torch.equal(again.histogram_FH, first.histogram_FH) and again.n_tokens == first.n_tokens
+    assert again.from_disk and torch.equal(again.top_values_WX, first.top_values_WX)
+    assert torch.equal(again.histogram_XZ, first.histogram_XZ) and again.n_tokens == first.n_tokens
     # Another SAE (other weights) or another k is another file.
     assert features.stats_path(model, standard_sae(seed=1), first.windows_BP, 3) != first.path
     assert features.stats_path(model, sae, first.windows_BP, 4) != first.path
     good = load_file(str(first.path))
     bad_files = {
-        "position past the window": {**good, "top_positions_KF": torch.full_like(good["top_positions_KF"], 16)},
-        "window past the corpus": {**good, "top_windows_KF": torch.full_like(good["top_windows_KF"], -1)},
-        "NaN value": {**good, "top_values_KF": torch.full_like(good["top_values_KF"], float("nan"))},
-        "values not descending": {**good, "top_values_KF": good["top_values_KF"].flip(0) - 1},
+        "position past the window": {**good, "top_positions_WX": torch.full_like(good["top_positions_WX"], 16)},
+        "window past the corpus": {**good, "top_windows_WX": torch.full_like(good["top_windows_WX"], -1)},
+        "NaN value": {**good, "top_values_WX": torch.full_like(good["top_values_WX"], float("nan"))},
+        "values not descending": {**good, "top_values_WX": good["top_values_WX"].flip(0) - 1},
         "more firings than tokens": {**good, "n_tokens": torch.tensor([0])},
-        "negative count": {**good, "histogram_FH": good["histogram_FH"] - 1},
-        "a tensor missing": {name: t for name, t in good.items() if name != "histogram_FH"},
-        "float positions": {**good, "top_positions_KF": good["top_positions_KF"].float()},
+        "negative count": {**good, "histogram_XZ": good["histogram_XZ"] - 1},
+        "a tensor missing": {name: t for name, t in good.items() if name != "histogram_XZ"},
+        "float positions": {**good, "top_positions_WX": good["top_positions_WX"].float()},
     }
     for what, tensors in bad_files.items():
         save_file(tensors, str(first.path))
         recomputed = features.feature_corpus_stats(model, sae, n_windows=8, window=16, k=3)
         assert not recomputed.from_disk, what
-        assert torch.equal(recomputed.top_values_KF, first.top_values_KF), what
-        assert torch.equal(load_file(str(first.path))["histogram_FH"], first.histogram_FH), what  # replaced
+        assert torch.equal(recomputed.top_values_WX, first.top_values_WX), what
+        assert torch.equal(load_file(str(first.path))["histogram_XZ"], first.histogram_XZ), what  # replaced
     first.path.write_bytes(b"not a safetensors file")
     assert not features.feature_corpus_stats(model, sae, n_windows=8, window=16, k=3).from_disk
 
