@@ -16,7 +16,6 @@ from app.state import LoadedModel
 from app.token_widgets import token_text
 from app.url_state import linked
 from app.widgets import LOAD_ERRORS, Prompt, page_setup, progress_callback, prompt_box, require_model, run_page
-from experiments import features
 from experiments.plots.continuations import highlighted_html
 from experiments.plots.features import active_features_figure, density_figure
 from experiments.plots.token_view import token_html
@@ -135,7 +134,7 @@ def _corpus(loaded: LoadedModel, loaded_sae: LoadedSAE, feature: int) -> None:
         token_text(html, f"feature_{feature}_top_windows", key="features_top_windows",
                    title=f"Feature {feature}: top windows")
         downloads.table(table, f"feature_{feature}_top_windows", key="features_top_windows_table", height=250)
-    fig = density_figure(features.feature_density(stats, feature), f"Feature {feature}: activation density")
+    fig = density_figure(results.feature_density(stats, feature), f"Feature {feature}: activation density")
     downloads.figure(fig, f"feature_{feature}_density", key="features_density")
 
 
@@ -156,19 +155,19 @@ def _steering(loaded: LoadedModel, loaded_sae: LoadedSAE, prompt: Prompt, featur
         top = min(MAX_NEW_TOKENS, room)
         new = linked(st.number_input, "New tokens (greedy)", min_value=1, max_value=top, value=min(20, top), step=1,
                      key="features_steer_tokens")
-    edit = features.FeatureEdit(feature, STEER_MODES[mode], float(value))
-    settings = (loaded.key, loaded_sae.key, prompt.ids, edit, int(new))
+    settings = (loaded.key, loaded_sae.key, prompt.ids, feature, STEER_MODES[mode], float(value), int(new))
     if st.button("Generate", key="features_generate", type="primary"):
         st.session_state[_SHOWN] = settings
     if st.session_state.get(_SHOWN) != settings:
         st.info("Press Generate to continue the prompt, clean and steered.")
         return
-    result = results.feature_continuation(loaded, loaded_sae, prompt.ids, edit, int(new))
+    result = results.feature_continuation(loaded, loaded_sae, prompt.ids, feature, STEER_MODES[mode], float(value),
+                                          int(new))
     where = result.first_divergence
     st.metric("First divergence", "none" if where is None else f"step {where}")
     left, right = st.columns(2)
     for column, title, tokens, key in ((left, "Clean", result.clean_str_tokens, "features_clean"),
-                                       (right, f"Steered ({edit.label})", result.ablated_str_tokens, "features_steered")):
+                                       (right, f"Steered ({result.targets[0]})", result.ablated_str_tokens, "features_steered")):
         with column:
             st.markdown(f"**{title}**")
             with st.container(key=key, border=True):  # st.html: token text is never read as markdown or LaTeX

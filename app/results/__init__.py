@@ -25,6 +25,7 @@ Legend: P position, S key position, H n_heads, L n_layers.
 from app.results.ablation import Reference, Targets, ablation_effects, continuation, has_head_sweep, head_sweep
 from app.results.attention import attention_patterns, head_scores, head_summary
 from app.results.features import (LoadedSAE, active_features, feature_continuation, feature_corpus_stats,
+                                   feature_density,
                                    feature_logit_effect, feature_on_prompt, feature_top_windows, fit_error, load_sae,
                                    sae_choices)
 from app.results.flow import flow_contributions, flow_vocab_projection
@@ -46,4 +47,4 @@ __all__ = ["load_model", "ProgressBar",
            "flow_contributions", "flow_vocab_projection",
            "neuron_activation", "neuron_logit_effect", "neuron_corpus_maxima", "neuron_top_windows",
            "LoadedSAE", "sae_choices", "load_sae", "fit_error", "active_features", "feature_on_prompt",
-           "feature_logit_effect", "feature_corpus_stats", "feature_top_windows", "feature_continuation"]
+           "feature_logit_effect", "feature_corpus_stats", "feature_top_windows", "feature_density", "feature_continuation"]

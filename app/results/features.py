@@ -177,17 +177,31 @@ def feature_top_windows(loaded: LoadedModel, stats: features.FeatureStats, featu
     return table, top_windows_html(loaded.model, stats, table)
 
 
+def feature_density(stats: features.FeatureStats, feature: int) -> pd.DataFrame:
+    """``feature``'s density histogram from the stored ``stats`` (not cached: a view of one row).
+
+    Example:
+        >>> stats = features.FeatureStats(torch.tensor([[1, 2, 3]]), torch.tensor([[2.0]]), torch.tensor([[0]]),
+        ...                               torch.tensor([[1]]), torch.ones(1, 40, dtype=torch.long), 40, None, False)
+        >>> float(feature_density(stats, 0)["fraction"].sum())
+        1.0
+    """
+    return features.feature_density(stats, feature)
+
+
 @st.cache_data(show_spinner="Generating both continuations …", max_entries=32, hash_funcs=BY_KEYS)
-def feature_continuation(loaded: LoadedModel, loaded_sae: LoadedSAE, ids: tuple[int, ...], edit: features.FeatureEdit,
-                         max_new_tokens: int) -> Continuations:
-    """The prompt's greedy continuation, clean and with ``edit`` applied (``continue_with_feature``).
+def feature_continuation(loaded: LoadedModel, loaded_sae: LoadedSAE, ids: tuple[int, ...], feature: int, mode: str,
+                         value: float, max_new_tokens: int) -> Continuations:
+    """The prompt's greedy continuation, clean and with ``feature`` edited (``FeatureEdit(feature, mode, value)``:
+    "add" steers by ``value`` x its decoder direction, "clamp" sets its activation; ``continue_with_feature``).
 
     Example:
         >>> sae = wb.SAE(wb.SAEConfig("standard", d_in=128, d_sae=4, metadata={"hook_name": "blocks.0.hook_resid_post"}))
         >>> result = feature_continuation(LoadedModel(model, "toy-attn-2l|sdpa"), LoadedSAE(sae, "doctest-zero"),
-        ...                               tuple(tokens[0].tolist()), features.FeatureEdit(1, "add", 5.0), 3)
+        ...                               tuple(tokens[0].tolist()), 1, "add", 5.0, 3)
         >>> result.clean_tokens == result.ablated_tokens   # a zero decoder row changes nothing
         True
     """
     with loaded.lock:
-        return features.continue_with_feature(loaded.model, loaded_sae.sae, torch.tensor([ids]), edit, max_new_tokens)
+        return features.continue_with_feature(loaded.model, loaded_sae.sae, torch.tensor([ids]),
+                                              features.FeatureEdit(feature, mode, value), max_new_tokens)
