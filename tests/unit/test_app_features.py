@@ -125,3 +125,18 @@ def test_a_feature_out_of_range_in_the_link_falls_back_with_a_warning(dense, sae
     at = open_features(dense, features_sae_path=sae_dir, features_feature="4800")
     assert any("does not fit here" in w.value for w in at.warning)
     assert 0 <= at.number_input(key="features_feature").value < 48
+
+
+def test_a_shipped_sae_is_offered_first_and_opens_its_card(dense, model, sae_dir, tmp_path, monkeypatch):
+    from experiments.features import sources
+
+    folder = tmp_path / "zoo" / "toy-attn-2l" / "saes" / "resid0"
+    wb.load_sae(sae_dir).save(folder)
+    monkeypatch.setattr(sources, "SHIPPED_ROOTS", (tmp_path / "zoo",))
+    assert sources.shipped_saes("toy-attn-2l") == {"resid0 (blocks.0.hook_resid_post)": folder}
+    assert sources.shipped_saes("toy-moe-2l") == {}
+    if dense != "toy-attn-2l":
+        pytest.skip("the zoo's toy-attn-2l is not installed: the page's model has another name")
+    at = open_features(dense)
+    assert at.selectbox(key="features_sae_source").options == ["resid0 (blocks.0.hook_resid_post)", A_PATH]
+    assert [h.value for h in at.header if h.value.startswith("Feature ")]
