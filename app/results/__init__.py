@@ -15,7 +15,8 @@ and its arguments. This layer draws nothing of its own and imports no widget or 
 
 One module per page or pair of pages, each caching what ``experiments.<same name>`` computes:
 ``attention`` (Attention, Heads), ``induction``, ``ablation`` (Ablation, Token view, Generate),
-``lens``, ``router``, ``patching``, ``flow`` (Information flow), ``neurons`` (Neurons, Token view).
+``lens``, ``router``, ``patching``, ``flow`` (Information flow), ``neurons`` (Neurons, Token view),
+``features`` (Features: SAEs).
 A new page's computation goes in its page's module as a named function, cached like its neighbours.
 
 Legend: P position, S key position, H n_heads, L n_layers.
@@ -23,6 +24,10 @@ Legend: P position, S key position, H n_heads, L n_layers.
 
 from app.results.ablation import Reference, Targets, ablation_effects, continuation, has_head_sweep, head_sweep
 from app.results.attention import attention_patterns, head_scores, head_summary
+from app.results.features import (LoadedSAE, active_features, feature_continuation, feature_corpus_stats,
+                                   feature_density,
+                                   feature_logit_effect, feature_on_prompt, feature_top_windows, fit_error, load_sae,
+                                   sae_choices)
 from app.results.flow import flow_contributions, flow_vocab_projection
 from app.results.induction import induction_loss, induction_scores
 from app.results.lens import direct_logit_attribution, logit_lens
@@ -40,4 +45,6 @@ __all__ = ["load_model", "ProgressBar",
            "routing", "expert_ablation_effect",
            "PatchPrompts", "ioi_prompts", "attribution_patching", "exact_patching", "has_exact_patching",
            "flow_contributions", "flow_vocab_projection",
-           "neuron_activation", "neuron_logit_effect", "neuron_corpus_maxima", "neuron_top_windows"]
+           "neuron_activation", "neuron_logit_effect", "neuron_corpus_maxima", "neuron_top_windows",
+           "LoadedSAE", "sae_choices", "load_sae", "fit_error", "active_features", "feature_on_prompt",
+           "feature_logit_effect", "feature_corpus_stats", "feature_top_windows", "feature_density", "feature_continuation"]

@@ -20,9 +20,10 @@ HOSTILE = ("nope [Session expired: click to sign in](https://evil.example/phish)
 # kind is a right one, so the neuron box that reads ``ablation_neurons`` is drawn.
 PARAMS = {"model": HOSTILE, "impl": HOSTILE, "prompt": HOSTILE, "patching_answer": HOSTILE,
           "patching_wrong": HOSTILE, "ablation_kind": "neuron", "ablation_neurons": HOSTILE, "lens_target": HOSTILE,
-          "attention_layer": HOSTILE, "induction_seq_len": HOSTILE, "flow_position": HOSTILE}
+          "attention_layer": HOSTILE, "induction_seq_len": HOSTILE, "flow_position": HOSTILE,
+          "features_sae_path": HOSTILE, "features_feature": HOSTILE}
 PAGES = ["", "Attention", "Heads", "Induction", "Ablation", "Logit_lens", "Router", "Patching", "Information_flow",
-         "Token_view", "Neurons", "Generate"]
+         "Token_view", "Neurons", "Generate", "Features"]
 LINKS_JS = ("() => [...document.querySelectorAll('a[href], img[src], image, source, iframe')]"
             ".map(e => e.getAttribute('href') || e.getAttribute('src') || e.getAttribute('xlink:href') || '')")
 

@@ -27,7 +27,7 @@ APP_MODULES = ["app"] + sorted([f"app.{path.stem}" for path in APP.glob("*.py") 
                                + ["app.results"] + [f"app.results.{path.stem}" for path in RESULTS.glob("[!_]*.py")])
 # What the pages import besides app modules.
 PAGE_HELPERS = ["experiments.ablation", "experiments.attention", "experiments.continuations", "experiments.datasets",
-                "experiments.flow", "experiments.heads", "experiments.induction",
+                "experiments.features", "experiments.flow", "experiments.heads", "experiments.induction",
                 "experiments.lens", "experiments.neurons", "experiments.patching", "experiments.router",
                 "experiments.token_view", "experiments.plots"]
 SENTINEL_THREADS = (os.cpu_count() or 1) + 3  # never what "leave a core free" would choose
@@ -100,8 +100,8 @@ def test_only_results_caches():
     caching = sorted(name for name, text in sources.items() if "cache_data" in text or "cache_resource" in text)
     assert caching and all(name.startswith("results/") for name in caching), caching
     results = "".join(text for name, text in sources.items() if name.startswith("results/"))
-    # the models and the long-run store are resources; every cached result is data
-    assert results.count("@st.cache_resource") == 2 and results.count("@st.cache_data") >= 7
+    # the models, the long-run store and the SAEs (app.results.features) are resources; every cached result is data
+    assert results.count("@st.cache_resource") == 3 and results.count("@st.cache_data") >= 7
     assert "def load_model(" in sources["results/models.py"]
 
 

@@ -15,6 +15,7 @@ from streamlit.testing.v1 import AppTest
 import workbench as wb
 from app import results
 from app.safe_text import quoted
+from tests.unit.test_app_features import A_PATH, random_sae
 from tests.unit.test_app_neurons_token_view import cache_dir, dense_mlp  # noqa: F401
 from tests.unit.test_app_pages import APP, PAGES, SHORT_PROMPT, assert_clean, dense, moe  # noqa: F401
 
@@ -145,13 +146,26 @@ def _linked_keys(page: str, source: str) -> list[str]:
     return [key for key in at.query_params if key not in ("model", "impl")]
 
 
+@pytest.fixture(scope="module")
+def dense_mlp_sae(dense_mlp, tmp_path_factory) -> str:
+    """An SAE for ``dense_mlp`` (random weights), so the Features page goes on to read its other linked values."""
+    return str(random_sae(wb.load_model(dense_mlp, progress=False).cfg.d_model).save(tmp_path_factory.mktemp("sae")))
+
+
+FEATURE_KEYS = {"features_sae_source", "features_sae_path", "features_feature", "features_norm_gain", "features_corpus",
+                "features_windows", "features_window_len", "features_steer_mode", "features_steer_value",
+                "features_steer_tokens"}
+
+
 @pytest.mark.parametrize("page", sorted(PAGES))
-def test_hostile_query_values_render_no_link_or_image(page, dense_mlp):
+def test_hostile_query_values_render_no_link_or_image(page, dense_mlp, dense_mlp_sae):
     keys = set(_linked_keys(page, dense_mlp)) | {"prompt"}
     if page in ("ablation", "token_view", "generate"):
         keys |= {"ablation_neurons"}
     if page == "patching":
         keys |= {"patching_answer", "patching_wrong"}
+    if page == "features":
+        keys |= FEATURE_KEYS
     hostile = {key: HOSTILE for key in keys}
     # A prompt that fits the toy model's context, so the page goes on to read its other linked values.
     cases = [hostile, {**hostile, "prompt": SHORT_PROMPT}, {**hostile, "prompt": HOSTILE_PROMPT}]
@@ -162,6 +176,9 @@ def test_hostile_query_values_render_no_link_or_image(page, dense_mlp):
         cases.append({"patching_clean": HOSTILE, "patching_corrupt": HOSTILE})
     if page == "lens":
         cases.append({"prompt": SHORT_PROMPT, "lens_target": HOSTILE, "lens_baseline": HOSTILE})
+    if page == "features":  # a good SAE lets the feature card's hostile values through
+        cases.append({**hostile, "features_sae_source": A_PATH, "features_sae_path": dense_mlp_sae,
+                      "prompt": SHORT_PROMPT})
     for params in cases:
         at = AppTest.from_file(str(APP / PAGES[page]), default_timeout=90)
         at.session_state["model_source"] = dense_mlp
@@ -170,3 +187,5 @@ def test_hostile_query_values_render_no_link_or_image(page, dense_mlp):
         at.run()
         assert not at.exception, [e.value for e in at.exception]
         assert_no_injected_markup(at, f"{page} {sorted(params)}")
+        if params.get("features_sae_path") == dense_mlp_sae:  # the card was drawn, its values read
+            assert [h.value for h in at.header if h.value.startswith("Feature ")]

@@ -1,0 +1,199 @@
+"""Features: browse a sparse autoencoder's features on the open model — the features active on the prompt's
+tokens, one feature's card (its activation on the prompt, its corpus top windows and density, the tokens its
+decoder direction promotes and suppresses) and a generation steered with it beside the clean one.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import streamlit as st
+
+from app import downloads, results
+from app.results.features import LoadedSAE
+from app.safe_text import quoted
+from app.state import LoadedModel
+from app.token_widgets import token_text
+from app.url_state import linked
+from app.widgets import LOAD_ERRORS, Prompt, page_setup, progress_callback, prompt_box, require_model, run_page
+from experiments.plots.continuations import highlighted_html
+from experiments.plots.features import active_features_figure, density_figure
+from experiments.plots.token_view import token_html
+from workbench.errors import InputError
+
+A_PATH = "A path on this machine"
+TOP_K = 10
+PER_TOKEN = 5  # features shown per token in the prompt's overview
+WINDOW_LENGTHS = (32, 64, 128)
+STEER_MODES = {"Add to the residual direction": "add", "Clamp the activation": "clamp"}
+MAX_NEW_TOKENS = 64
+_SHOWN = "_features_shown"  # the settings of the continuations on screen
+
+
+def _choose_sae(loaded: LoadedModel) -> Optional[LoadedSAE]:
+    """The SAE chosen (a shipped one or a path), loaded and checked against the model; None after saying why not."""
+    choices = results.sae_choices(loaded)
+    source = linked(st.selectbox, "SAE", options=[*choices, A_PATH], index=0, key="features_sae_source",
+                    help="SAEs shipped for this model, or any directory in SAELens's format (cfg.json and "
+                         "sae_weights.safetensors).")
+    if source == A_PATH:
+        path = linked(st.text_input, "SAE directory", value="", key="features_sae_path",
+                      placeholder="/path/to/sae (cfg.json + sae_weights.safetensors)").strip()
+        if not path:
+            st.info("Enter the directory of an SAE trained on this model (SAELens's format: `cfg.json` and "
+                    "`sae_weights.safetensors`; `wb.SAE.save` writes it).")
+            return None
+    else:
+        path = str(choices[source])
+    try:
+        loaded_sae = results.load_sae(loaded, path)
+    except LOAD_ERRORS as error:
+        st.error(f"Could not load the SAE at {quoted(path, limit=300)}: {quoted(error, limit=400)}")
+        return None
+    problem = results.fit_error(loaded, loaded_sae)
+    if problem is not None:
+        st.error(f"This SAE does not fit the open model: {quoted(problem, limit=400)}")
+        return None
+    cfg = loaded_sae.sae.cfg
+    where = cfg.hook_name if cfg.hook_name == cfg.hook_name_out else f"{cfg.hook_name} -> {cfg.hook_name_out}"
+    st.caption(f"{quoted(cfg.architecture())} {'transcoder' if cfg.is_transcoder else 'SAE'} with {cfg.d_sae} "
+               f"features at {quoted(where)}, read with its error term (the model's output is unchanged).")
+    return loaded_sae
+
+
+def _active_features(loaded: LoadedModel, loaded_sae: LoadedSAE, prompt: Prompt) -> Optional[int]:
+    """The prompt's active features; returns the most active feature at the last token (the default feature)."""
+    st.subheader("Features active on the prompt")
+    table = results.active_features(loaded, loaded_sae, prompt.ids, PER_TOKEN)
+    if table.empty:
+        st.info("No feature of this SAE fires on any token of the prompt.")
+        return None
+    fig = active_features_figure(table, prompt.str_tokens, f"The {PER_TOKEN} most active features at each token")
+    downloads.figure(fig, "active_features", key="features_active")
+    with st.expander("Active features as a table"):
+        downloads.table(table, "active_features", key="features_active_table", height=250)
+    last = table[table["position"] == table["position"].max()]
+    return int(last["feature"].iloc[0])
+
+
+def _on_prompt(loaded: LoadedModel, loaded_sae: LoadedSAE, prompt: Prompt, feature: int) -> None:
+    acts = results.feature_on_prompt(loaded, loaded_sae, prompt.ids, feature)
+    peak = acts.loc[acts["activation"].idxmax()]
+    with st.container(key="features_metrics", horizontal=True):
+        st.metric("Max activation on the prompt", f"{peak['activation']:.4f}")
+        st.metric("At token", f"{int(peak['position'])}: {peak['token']!r}")
+        st.metric("Tokens where it fires", f"{int((acts['activation'] > 0).sum())} of {len(acts)}")
+    token_text(token_html(prompt.str_tokens, acts["activation"], selected=int(peak["position"]), value_name="activation"),
+               f"feature_{feature}", key="features_prompt", title=f"Feature {feature}")
+
+
+def _logit_effect(loaded: LoadedModel, loaded_sae: LoadedSAE, feature: int) -> None:
+    st.subheader("Direct effect on the logits")
+    through_norm = linked(st.toggle, "Through the final norm's gain", value=True, key="features_norm_gain")
+    try:
+        effect = results.feature_logit_effect(loaded, loaded_sae, feature, TOP_K, through_norm)
+    except InputError as error:  # an SAE writing something other than the residual stream
+        st.info(f"No direct logit effect: {quoted(error, limit=300)}")
+        return
+    st.caption(f"W_dec[{feature}] (through W_O for an SAE on hook_z) {'times the final norm gain ' if through_norm else ''}"
+               "projected on the unembedding W_U: what one unit of the feature adds to each token's logit directly.")
+    left, right = st.columns(2)
+    for column, direction in ((left, "promoted"), (right, "suppressed")):
+        with column:
+            st.markdown(f"**{direction.capitalize()}**")
+            downloads.table(effect[effect["direction"] == direction].drop(columns="direction"),
+                            f"feature_{feature}_{direction}", key=f"features_{direction}")
+
+
+def _corpus(loaded: LoadedModel, loaded_sae: LoadedSAE, feature: int) -> None:
+    st.subheader("Top-activating windows and density in the corpus")
+    left, middle, right = st.columns(3)
+    with left:
+        search = linked(st.toggle, "Search the corpus", value=True, key="features_corpus",
+                        help="Computed once for every feature of this SAE, then read from the disk cache.")
+    with middle:
+        n_windows = linked(st.number_input, "Windows", min_value=8, max_value=4096, value=256, step=8,
+                           key="features_windows")
+    lengths = [w for w in WINDOW_LENGTHS if w <= loaded.model.cfg.n_ctx] or [loaded.model.cfg.n_ctx]
+    with right:
+        window = linked(st.selectbox, "Tokens per window", options=lengths, index=min(1, len(lengths) - 1),
+                        key="features_window_len")
+    if not search:
+        return
+    stats = results.feature_corpus_stats(loaded, loaded_sae, int(n_windows), int(window), bar=progress_callback)
+    where = f"read from {stats.path}" if stats.from_disk else (f"saved to {stats.path}" if stats.path else "")
+    density = float(stats.density_X[feature])
+    st.metric("Density", f"{density:.3%}", help=f"The fraction of the corpus's {stats.n_tokens} tokens where "
+                                                 "the feature fires")
+    st.caption(f"{stats.windows_BP.shape[0]} windows of {window} tokens from the bundled corpus, BOS left out; "
+               f"every feature at once, {quoted(where, limit=300)}.")
+    table, html = results.feature_top_windows(loaded, stats, feature, TOP_K)
+    if table.empty:
+        st.info(f"Feature {feature} never fires on this corpus (a dead feature here).")
+    else:
+        token_text(html, f"feature_{feature}_top_windows", key="features_top_windows",
+                   title=f"Feature {feature}: top windows")
+        downloads.table(table, f"feature_{feature}_top_windows", key="features_top_windows_table", height=250)
+    fig = density_figure(results.feature_density(stats, feature), f"Feature {feature}: activation density")
+    downloads.figure(fig, f"feature_{feature}_density", key="features_density")
+
+
+def _steering(loaded: LoadedModel, loaded_sae: LoadedSAE, prompt: Prompt, feature: int) -> None:
+    st.subheader("Steer a generation with the feature")
+    cfg = loaded.model.cfg
+    room = (cfg.context_limit or len(prompt.ids) + MAX_NEW_TOKENS) - len(prompt.ids)
+    if room < 1:
+        st.error(f"The prompt fills the model's context ({cfg.n_ctx} tokens): shorten it to leave room to generate.")
+        return
+    cols = st.columns(3)
+    with cols[0]:
+        mode = linked(st.radio, "Edit", options=list(STEER_MODES), key="features_steer_mode")
+    with cols[1]:
+        value = linked(st.number_input, "Strength (add: alpha; clamp: the activation)", min_value=-1000.0,
+                       max_value=1000.0, value=8.0, step=1.0, key="features_steer_value")
+    with cols[2]:
+        top = min(MAX_NEW_TOKENS, room)
+        new = linked(st.number_input, "New tokens (greedy)", min_value=1, max_value=top, value=min(20, top), step=1,
+                     key="features_steer_tokens")
+    settings = (loaded.key, loaded_sae.key, prompt.ids, feature, STEER_MODES[mode], float(value), int(new))
+    if st.button("Generate", key="features_generate", type="primary"):
+        st.session_state[_SHOWN] = settings
+    if st.session_state.get(_SHOWN) != settings:
+        st.info("Press Generate to continue the prompt, clean and steered.")
+        return
+    result = results.feature_continuation(loaded, loaded_sae, prompt.ids, feature, STEER_MODES[mode], float(value),
+                                          int(new))
+    where = result.first_divergence
+    st.metric("First divergence", "none" if where is None else f"step {where}")
+    left, right = st.columns(2)
+    for column, title, tokens, key in ((left, "Clean", result.clean_str_tokens, "features_clean"),
+                                       (right, f"Steered ({result.targets[0]})", result.ablated_str_tokens, "features_steered")):
+        with column:
+            st.markdown(f"**{title}**")
+            with st.container(key=key, border=True):  # st.html: token text is never read as markdown or LaTeX
+                st.html(f'<div style="white-space: pre-wrap">{highlighted_html(tokens, where)}</div>')
+    downloads.table(result.to_frame(), f"feature_{feature}_steering", key="features_steering_table", height=250)
+
+
+def main() -> None:
+    st.title("Features")
+    loaded = require_model()
+    loaded_sae = _choose_sae(loaded)
+    if loaded_sae is None:
+        return
+    prompt = prompt_box(loaded)
+    if prompt is None:
+        return
+    default = _active_features(loaded, loaded_sae, prompt) or 0
+    d_sae = loaded_sae.sae.cfg.d_sae
+    feature = int(linked(st.number_input, "Feature", min_value=0, max_value=d_sae - 1, value=min(default, d_sae - 1),
+                         step=1, key="features_feature", help=f"This SAE has {d_sae} features (0..{d_sae - 1})."))
+    st.header(f"Feature {feature}")
+    _on_prompt(loaded, loaded_sae, prompt, feature)
+    _logit_effect(loaded, loaded_sae, feature)
+    _corpus(loaded, loaded_sae, feature)
+    _steering(loaded, loaded_sae, prompt, feature)
+
+
+page_setup("Features")
+run_page(main)

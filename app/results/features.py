@@ -1,0 +1,207 @@
+"""The Features page's results: the SAEs a model can be browsed with, an SAE loaded once per process, the
+features active on the prompt, a feature's card (its activation, logit effect, corpus top windows and density)
+and a generation steered with it.
+
+An SAE is kept by ``st.cache_resource`` (``load_sae``) under its path, the stamp of its files (so a rewritten
+SAE is read again) and the model it is for; results are cached on the model's key and the SAE's key
+(``BY_KEYS``), never by hashing weights. Every call that splices the SAE into the model holds the model's lock.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+import streamlit as st
+import torch
+
+import workbench as wb
+from app.results.long_runs import LongRun, ProgressBar
+from app.results.models import BY_MODEL_KEY
+from app.state import LoadedModel
+from experiments import features
+from experiments.continuations import Continuations
+from experiments.plots.neurons import top_windows_html
+
+SAE_FILES = ("cfg.json", "sae_weights.safetensors")
+
+
+@dataclass(frozen=True)
+class LoadedSAE:
+    """An SAE opened for one model, with the key its results are cached under (path, file stamp, model).
+
+    Example:
+        >>> sae = wb.SAE(wb.SAEConfig("standard", d_in=128, d_sae=4, metadata={"hook_name": "blocks.0.hook_resid_post"}))
+        >>> LoadedSAE(sae, "demo").key
+        'demo'
+    """
+
+    sae: wb.SAE = field(compare=False, repr=False)
+    key: str
+
+
+BY_KEYS = {**BY_MODEL_KEY, LoadedSAE: lambda loaded_sae: loaded_sae.key}
+
+
+def sae_choices(loaded: LoadedModel) -> dict[str, Path]:
+    """The SAEs shipped for the open model (``experiments.features.shipped_saes``, by its registered name),
+    by label: the one list the page offers before "a path on this machine".
+
+    Example:
+        >>> sae_choices(LoadedModel(model, "no-such-model|sdpa"))
+        {}
+    """
+    source = loaded.key.rsplit("|", 1)[0]
+    return {**features.shipped_saes(loaded.model.cfg.model_name), **features.shipped_saes(source)}
+
+
+def _stamp(path: str) -> tuple:
+    """The SAE files' sizes and modification times (None for a missing one)."""
+    stamps = []
+    for name in SAE_FILES:
+        try:
+            info = os.stat(Path(path) / name)
+            stamps.append((info.st_size, info.st_mtime_ns))
+        except OSError:
+            stamps.append(None)
+    return tuple(stamps)
+
+
+@st.cache_resource(show_spinner="Loading the SAE …", max_entries=4)
+def _load_sae(path: str, stamp: tuple, model_key: str, device: str) -> LoadedSAE:
+    return LoadedSAE(features.open_sae(path, device=device), f"{path}|{stamp}|{model_key}")
+
+
+def load_sae(loaded: LoadedModel, path: str) -> LoadedSAE:
+    """The SAE at ``path`` (a SAELens-format directory) on the model's device, loaded once per process and
+    again when its files change. Load errors (``wb.CheckpointError``, ``wb.ConfigError``) propagate.
+
+    Example:
+        >>> load_sae(LoadedModel(model, "toy-attn-2l|sdpa"), "/no/such/sae")
+        Traceback (most recent call last):
+        workbench.errors.CheckpointError: /no/such/sae: no such directory (an SAE is a directory with cfg.json and sae_weights.safetensors)
+    """
+    return _load_sae(str(path), _stamp(str(path)), loaded.key, str(loaded.model.cfg.device))
+
+
+@st.cache_data(show_spinner=False, max_entries=32, hash_funcs=BY_KEYS)
+def fit_error(loaded: LoadedModel, loaded_sae: LoadedSAE) -> Optional[str]:
+    """Why the SAE cannot be used with the model (its hook or width does not fit), or None.
+
+    Example:
+        >>> sae = wb.SAE(wb.SAEConfig("standard", d_in=64, d_sae=4, metadata={"hook_name": "blocks.0.hook_resid_post"}))
+        >>> fit_error(LoadedModel(model, "toy-attn-2l|sdpa"), LoadedSAE(sae, "doctest-64"))
+        "SAE(standard, d_in=64, d_sae=4, hook_name='blocks.0.hook_resid_post') has d_in=64, but this model's hook 'blocks.0.hook_resid_post' carries (128,) per token"
+    """
+    with loaded.lock:
+        try:
+            features.check_fits(loaded.model, loaded_sae.sae)
+        except wb.InputError as error:
+            return str(error)
+    return None
+
+
+@st.cache_data(show_spinner="Reading the SAE's features …", max_entries=64, hash_funcs=BY_KEYS)
+def active_features(loaded: LoadedModel, loaded_sae: LoadedSAE, ids: tuple[int, ...], k: int) -> pd.DataFrame:
+    """The ``k`` most active features at each token of the prompt (``experiments.features.active_features``).
+
+    Example:
+        >>> sae = wb.SAE(wb.SAEConfig("standard", d_in=128, d_sae=4, metadata={"hook_name": "blocks.0.hook_resid_post"}))
+        >>> active_features(LoadedModel(model, "toy-attn-2l|sdpa"), LoadedSAE(sae, "doctest-zero"), (1, 2, 3), 2).empty
+        True
+    """
+    with loaded.lock:
+        return features.active_features(loaded.model, loaded_sae.sae, torch.tensor([ids]), k)
+
+
+@st.cache_data(show_spinner="Reading the feature …", max_entries=64, hash_funcs=BY_KEYS)
+def feature_on_prompt(loaded: LoadedModel, loaded_sae: LoadedSAE, ids: tuple[int, ...], feature: int) -> pd.DataFrame:
+    """One feature's activation on each token of the prompt.
+
+    Example:
+        >>> sae = wb.SAE(wb.SAEConfig("standard", d_in=128, d_sae=4, metadata={"hook_name": "blocks.0.hook_resid_post"}))
+        >>> feature_on_prompt(LoadedModel(model, "toy-attn-2l|sdpa"), LoadedSAE(sae, "doctest-zero"), (1, 2), 3).shape
+        (2, 3)
+    """
+    with loaded.lock:
+        return features.feature_on_prompt(loaded.model, loaded_sae.sae, torch.tensor([ids]), feature)
+
+
+@st.cache_data(show_spinner="Projecting the feature onto the vocabulary …", max_entries=64, hash_funcs=BY_KEYS)
+def feature_logit_effect(loaded: LoadedModel, loaded_sae: LoadedSAE, feature: int, k: int,
+                         through_final_norm: bool) -> pd.DataFrame:
+    """The tokens the feature's decoder direction promotes and suppresses most (weights only: no hook, no lock).
+
+    Example:
+        >>> sae = wb.SAE(wb.SAEConfig("standard", d_in=128, d_sae=4, metadata={"hook_name": "blocks.0.hook_resid_post"}))
+        >>> len(feature_logit_effect(LoadedModel(model, "toy-attn-2l|sdpa"), LoadedSAE(sae, "doctest-zero"), 1, 3, True))
+        6
+    """
+    return features.feature_logit_effect(loaded.model, loaded_sae.sae, feature, k, through_final_norm)
+
+
+def _corpus_stats(model, loaded_sae: LoadedSAE, n_windows: int, window: int, progress) -> features.FeatureStats:
+    return features.feature_corpus_stats(model, loaded_sae.sae, n_windows=n_windows, window=window, progress=progress)
+
+
+_CORPUS_STATS = LongRun("Finding every feature's top windows and density in the corpus", _corpus_stats)
+
+
+def feature_corpus_stats(loaded: LoadedModel, loaded_sae: LoadedSAE, n_windows: int, window: int,
+                         bar: ProgressBar) -> features.FeatureStats:
+    """Every feature's top corpus windows and density histogram: from this process's store, the disk cache, or
+    computed with a progress bar (then saved to disk).
+
+    Example (on a page: it draws a bar and writes the disk cache):
+        >>> stats = feature_corpus_stats(loaded, loaded_sae, 256, 64, bar=app.widgets.progress_callback)   # doctest: +SKIP
+    """
+    return _CORPUS_STATS(loaded, loaded_sae, n_windows, window, bar=bar)
+
+
+def feature_top_windows(loaded: LoadedModel, stats: features.FeatureStats, feature: int,
+                        k: int) -> tuple[pd.DataFrame, str]:
+    """The ``k`` windows where ``feature`` peaks highest, as a table and as HTML text with each window's peak
+    token outlined (the Neurons page's drawing). Not cached: it reads ``k`` rows of the stored ``stats``.
+
+    Example:
+        >>> stats = features.FeatureStats(torch.tensor([[1, 2, 3]]), torch.tensor([[2.0]]), torch.tensor([[0]]),
+        ...                               torch.tensor([[1]]), torch.zeros(1, 40, dtype=torch.long), 2, None, False)
+        >>> table, html = feature_top_windows(LoadedModel(model, "toy-attn-2l|sdpa"), stats, 0, k=3)
+        >>> table["position"].tolist(), html.count('class="wb-token-view"')
+        ([1], 1)
+    """
+    table = features.feature_top_windows(loaded.model, stats, feature, k=k)
+    return table, top_windows_html(loaded.model, stats, table)
+
+
+def feature_density(stats: features.FeatureStats, feature: int) -> pd.DataFrame:
+    """``feature``'s density histogram from the stored ``stats`` (not cached: a view of one row).
+
+    Example:
+        >>> stats = features.FeatureStats(torch.tensor([[1, 2, 3]]), torch.tensor([[2.0]]), torch.tensor([[0]]),
+        ...                               torch.tensor([[1]]), torch.ones(1, 40, dtype=torch.long), 40, None, False)
+        >>> float(feature_density(stats, 0)["fraction"].sum())
+        1.0
+    """
+    return features.feature_density(stats, feature)
+
+
+@st.cache_data(show_spinner="Generating both continuations …", max_entries=32, hash_funcs=BY_KEYS)
+def feature_continuation(loaded: LoadedModel, loaded_sae: LoadedSAE, ids: tuple[int, ...], feature: int, mode: str,
+                         value: float, max_new_tokens: int) -> Continuations:
+    """The prompt's greedy continuation, clean and with ``feature`` edited (``FeatureEdit(feature, mode, value)``:
+    "add" steers by ``value`` x its decoder direction, "clamp" sets its activation; ``continue_with_feature``).
+
+    Example:
+        >>> sae = wb.SAE(wb.SAEConfig("standard", d_in=128, d_sae=4, metadata={"hook_name": "blocks.0.hook_resid_post"}))
+        >>> result = feature_continuation(LoadedModel(model, "toy-attn-2l|sdpa"), LoadedSAE(sae, "doctest-zero"),
+        ...                               tuple(tokens[0].tolist()), 1, "add", 5.0, 3)
+        >>> result.clean_tokens == result.ablated_tokens   # a zero decoder row changes nothing
+        True
+    """
+    with loaded.lock:
+        return features.continue_with_feature(loaded.model, loaded_sae.sae, torch.tensor([ids]),
+                                              features.FeatureEdit(feature, mode, value), max_new_tokens)
