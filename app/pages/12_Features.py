@@ -28,6 +28,7 @@ WINDOW_LENGTHS = (32, 64, 128)
 STEER_MODES = {"Add to the residual direction": "add", "Clamp the activation": "clamp"}
 MAX_NEW_TOKENS = 64
 _SHOWN = "_features_shown"  # the settings of the continuations on screen
+_OPENED = "_features_sae_opened"  # the SAE path this session chose to open (by a click)
 
 
 def _choose_sae(loaded: LoadedModel) -> Optional[LoadedSAE]:
@@ -43,6 +44,11 @@ def _choose_sae(loaded: LoadedModel) -> Optional[LoadedSAE]:
             st.info("Enter the directory of an SAE trained on this model (SAELens's format: `cfg.json` and "
                     "`sae_weights.safetensors`; `wb.SAE.save` writes it).")
             return None
+        if st.session_state.get(_OPENED) != path:  # a link may name any directory: only a click reads it
+            st.info(f"The SAE directory {quoted(path, limit=300)} is read only when you open it.")
+            if not st.button("Open this SAE", key="features_open_sae"):
+                return None
+            st.session_state[_OPENED] = path
     else:
         path = str(choices[source])
     try:

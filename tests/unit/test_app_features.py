@@ -53,6 +53,9 @@ def open_features(source: str, **params: str) -> AppTest:
     for key, value in {"features_windows": "16", "features_window_len": "32", **params}.items():
         at.query_params[key] = value
     at.run()
+    if "features_sae_path" in params:  # a path from a link is read only after a click
+        assert not at.get("plotly_chart") and any("is read only when you open it" in i.value for i in at.info)
+        at.button(key="features_open_sae").click().run()
     assert_clean(at)
     return at
 

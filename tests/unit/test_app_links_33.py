@@ -187,5 +187,8 @@ def test_hostile_query_values_render_no_link_or_image(page, dense_mlp, dense_mlp
         at.run()
         assert not at.exception, [e.value for e in at.exception]
         assert_no_injected_markup(at, f"{page} {sorted(params)}")
-        if params.get("features_sae_path") == dense_mlp_sae:  # the card was drawn, its values read
+        if params.get("features_sae_path") == dense_mlp_sae:  # opened by a click: the card is drawn, its values read
+            at.button(key="features_open_sae").click().run()
+            assert not at.exception, [e.value for e in at.exception]
+            assert_no_injected_markup(at, f"{page} {sorted(params)} after opening the SAE")
             assert [h.value for h in at.header if h.value.startswith("Feature ")]
