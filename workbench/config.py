@@ -29,7 +29,7 @@ Normalization = Literal["LN", "RMS"]
 NormPlacement = Literal["pre", "post", "sandwich", "sublayer_output"]
 Positional = Literal["rotary", "learned", "sinusoidal", "alibi", "none"]
 QKNorm = Literal["head", "projection"]
-ActFn = Literal["gelu", "gelu_new", "silu", "relu"]
+ActFn = Literal["gelu", "gelu_new", "silu", "relu", "relu2"]  # relu2: relu(x)^2 (Nemotron, Arcee)
 # The allowed values of each choice field: read off its Literal, so they are written down once.
 _CHOICES: dict[str, tuple[str, ...]] = {
     "normalization": get_args(Normalization),
@@ -114,6 +114,19 @@ class ModelConfig:
     attn_bias: bool = False
     mlp_bias: bool = False
     model_name: str = "custom"
+    # ---- issue 38, modern Llama-like families (famb) ------------------------------------------
+    # The unembedding's input multiplied by this (Granite: 1 / logits_scaling; Cohere: logit_scale).
+    logits_scale: float = 1.0
+    # Each block's attention and MLP outputs multiplied by this before they join the residual stream
+    # (Granite's residual_multiplier); hook_attn_out / hook_mlp_out see the scaled output.
+    residual_multiplier: float = 1.0
+    # QK norm after RoPE instead of before (HunYuan).
+    qk_norm_after_rotary: bool = False
+    # Queries scaled by 1 + beta * log(1 + floor(position / length)) after RoPE (Ministral 3's
+    # llama_4_scaling_beta over original_max_position_embeddings); None: no scaling.
+    query_scale_beta: Optional[float] = None
+    query_scale_length: Optional[int] = None
+    # ---- end of issue 38 (famb) ---------------------------------------------------------------
     # One mapping per layer of the PER_LAYER_FIELDS that layer sets differently; () = all alike.
     layer_overrides: tuple[dict[str, Any], ...] = ()
 
@@ -149,6 +162,7 @@ class ModelConfig:
         require(self.qk_norm in (None, "head", "projection"), "qk_norm",
                 f"must be None, 'head' or 'projection', got {self.qk_norm!r}")
         require(self.embed_scale > 0, "embed_scale", f"must be positive, got {self.embed_scale}")
+        self._check_famb_fields()
         _check_rotary_scaling(self.rotary_scaling)
         require(not (self.parallel_attn_mlp and self.norm_placement != "pre"), "parallel_attn_mlp",
                 f"needs norm_placement='pre', got {self.norm_placement!r}")
@@ -172,6 +186,16 @@ class ModelConfig:
             require(isinstance(self.sliding_window, int) and self.sliding_window > 0, "sliding_window",
                     f"must be a positive integer or None, got {self.sliding_window!r}")
         self._check_layer_overrides()
+
+    def _check_famb_fields(self) -> None:
+        """Issue 38's scales: positive; a query scaling needs both its beta and its length."""
+        for name in ("logits_scale", "residual_multiplier"):
+            require(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)!r}")
+        beta, length = self.query_scale_beta, self.query_scale_length
+        require((beta is None) == (length is None), "query_scale_beta",
+                f"and query_scale_length must be set together, got {beta!r} and {length!r}")
+        require(length is None or (isinstance(length, int) and length > 0), "query_scale_length",
+                f"must be a positive integer or None, got {length!r}")
 
     def _check_router(self) -> None:
         """What the mixture's settings (each checked by ``MoEConfig``) must agree on with the expert count."""

@@ -16,7 +16,7 @@ import torch
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError
-from workbench.loading import hf_deepseek, hf_gemma, hf_gpt2, hf_llama, hf_neox, hf_opt_bloom, hf_phi
+from workbench.loading import hf_deepseek, hf_gemma, hf_gpt2, hf_llama, hf_modern, hf_neox, hf_opt_bloom, hf_phi
 from workbench.loading.build import build_model, runtime_options
 from workbench.loading.family import Family, register
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
@@ -28,7 +28,7 @@ CONFIG_FILE = "config.json"
 
 # The family modules, each exporting FAMILIES (workbench.loading.family.Family), in the order
 # wb.supported_architectures() lists them.
-FAMILY_MODULES = (hf_gpt2, hf_llama, hf_neox, hf_gemma, hf_phi, hf_opt_bloom, hf_deepseek)
+FAMILY_MODULES = (hf_gpt2, hf_llama, hf_neox, hf_gemma, hf_phi, hf_opt_bloom, hf_deepseek, hf_modern)
 
 # architectures[0] in config.json -> the family that knows its config fields and tensor names
 # (every family checked against the contract here, at import).

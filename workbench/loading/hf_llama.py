@@ -85,6 +85,16 @@ class Variant:
     clip_qkv_field: Optional[str] = None  # OLMo: clip_qkv
     # transformers' defaults for fields missing from config.json, where they differ from Llama's.
     defaults: dict[str, Any] = field(default_factory=dict)
+    # ---- the modern families' switches (hf_modern) ----
+    o_bias_field: Optional[str] = None  # o_proj's own bias switch (Seed-OSS); None: as q/k/v (o_proj_bias)
+    rotary_adjacent_pairs: bool = False  # RoPE on adjacent pairs (Helium, ERNIE 4.5, GLM)
+    qk_norm_names: tuple[str, str] = ("q_norm", "k_norm")  # the QK norms' tensor names (HunYuan's differ)
+    fused_gate_up: bool = False  # GLM: one mlp.gate_up_proj [2M, D], gate rows first
+    # config.json data -> the data this table reads: transformers' computed defaults (layer_types ...)
+    # and spellings of the same model this table knows (HunYuan's fixed NTK alpha as a RoPE base).
+    prepare: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None
+    # ModelConfig fields beyond the common ones, from the prepared config (Granite's multipliers).
+    extra_fields: Optional[Callable[[HFConfig], dict[str, Any]]] = None
 
 
 _QWEN_DEFAULTS = {"num_key_value_heads": 32, "max_window_layers": 28, "sliding_window": 4096,
@@ -126,10 +136,12 @@ VARIANTS = {
 LAYER_NORMS = {
     "pre": (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm")),
     "sublayer_output": (("ln1_post", "post_attention_layernorm"), ("ln2_post", "post_feedforward_layernorm")),
+    "sandwich": (("ln1", "input_layernorm"), ("ln1_post", "post_self_attn_layernorm"),  # GLM-4
+                 ("ln2", "post_attention_layernorm"), ("ln2_post", "post_mlp_layernorm")),
 }
 
 
-def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
+def model_config(hf: HFConfig, architecture: str, variants: Optional[dict[str, Variant]] = None) -> ModelConfig:
     """Maps a Llama-family ``config.json`` onto ``ModelConfig``; unsupported values name their field.
 
     Example:
@@ -139,13 +151,17 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
         >>> model_config(hf, "LlamaForCausalLM").n_query_groups
         3
     """
-    variant = VARIANTS[architecture]
+    variant = (variants or VARIANTS)[architecture]
     hf = HFConfig({**variant.defaults, **hf.data}, hf.source)  # a missing field: transformers' default
+    if variant.prepare is not None:
+        hf = HFConfig(variant.prepare(dict(hf.data)), hf.source)
     d_model, n_heads = int(hf.require("hidden_size")), int(hf.require("num_attention_heads"))
     n_layers = int(hf.require("num_hidden_layers"))
     head_dim = int(hf.get("head_dim", d_model // n_heads))
-    _refuse_partial_rotary(hf)
+    if not variant.rotary_adjacent_pairs:  # the pairs' families (GLM) rotate part of the head
+        _refuse_partial_rotary(hf)
     attn_bias = variant.qkv_bias_always or bool(variant.qkv_bias_field and hf.get(variant.qkv_bias_field, False))
+    attn_bias = attn_bias or bool(variant.o_bias_field and hf.get(variant.o_bias_field, False))
     norm_eps = float(hf.get(variant.norm_eps_field, variant.norm_eps)) if variant.norm_eps_field else variant.norm_eps
     clip_qkv = hf.get(variant.clip_qkv_field) if variant.clip_qkv_field else None
     layers = _attention_layers(hf, variant, n_layers, head_dim)
@@ -165,7 +181,8 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
         act_fn=hf.activation("hidden_act"), gated_mlp=True, attn_bias=attn_bias,
         mlp_bias=bool(variant.mlp_bias_field and hf.get(variant.mlp_bias_field, False)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)), attn_sinks=variant.sinks,
-        **layers, **moe,
+        rotary_adjacent_pairs=variant.rotary_adjacent_pairs,
+        **layers, **moe, **(variant.extra_fields(hf) if variant.extra_fields else {}),
     )
 
 
@@ -185,6 +202,8 @@ def _attention_layers(hf: HFConfig, variant: Variant, n_layers: int, head_dim: i
     """Sliding windows, RoPE and NoPE per layer (``HFConfig.attention_layers``), from the layer
     kinds this architecture's transformers code masks with."""
     kinds, window = SLIDING_RULES[variant.sliding](hf, n_layers)
+    if "sliding_attention" not in kinds:
+        window = None  # a window no layer uses (Ministral's default) is no window
     data = {**hf.data, "layer_types": kinds, "sliding_window": window}
     if variant.nope_layers:
         data["no_rope_layers"] = _no_rope_layers(hf, n_layers)
@@ -264,8 +283,8 @@ SLIDING_RULES: dict[str, Callable[[HFConfig, int], tuple[list[str], Optional[int
 }
 
 
-def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig,
-                    architecture: str = "LlamaForCausalLM") -> dict[str, Tensor]:
+def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture: str = "LlamaForCausalLM",
+                    variants: Optional[dict[str, Variant]] = None) -> dict[str, Tensor]:
     """Reads every tensor the model needs, renamed to ours; a missing or mis-shaped one is a
     ``CheckpointError`` naming the HF tensor and its file.
 
@@ -274,7 +293,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig,
         >>> tensors["blocks.0.attn._W_K_lin"].shape                                    # doctest: +SKIP
         torch.Size([16, 48])
     """
-    variant = VARIANTS[architecture]
+    variant = (variants or VARIANTS)[architecture]
     V, D = cfg.d_vocab, cfg.d_model
     out = {"embed.W_E": ckpt.take("model.embed_tokens.weight", (V, D))}
     like = out["embed.W_E"]
@@ -288,9 +307,18 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig,
         layer_cfg = cfg.for_layer(layer)
         if layer_cfg.is_moe:
             out.update(read_experts(ckpt, MOE_KINDS[variant.moe], layer_cfg, layer))
+        elif variant.fused_gate_up:
+            out.update(_fused_gated_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D))
         else:
             out.update(dense_gated_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D, bias=cfg.mlp_bias))
     return out
+
+
+def _fused_gated_mlp(ckpt: SafetensorsCheckpoint, prefix: str, ours: str, M: int, D: int) -> dict[str, Tensor]:
+    """GLM: ``gate_up_proj`` [2M, D] (gate rows first) and ``down_proj`` [D, M], no biases."""
+    gate_up_2MD = ckpt.take(f"{prefix}.gate_up_proj.weight", (2 * M, D))
+    return {f"{ours}._W_gate_lin": gate_up_2MD[:M], f"{ours}._W_in_lin": gate_up_2MD[M:],
+            f"{ours}._W_out_lin": ckpt.take(f"{prefix}.down_proj.weight", (D, M))}
 
 
 def _norm(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, variant: Variant, hf: str, ours: str,
@@ -316,18 +344,19 @@ def _attention(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, variant: Variant, 
         out[f"{ours}._W_{name}_lin"] = ckpt.take(f"{hf}.{proj}_proj.weight", weight_shape)
         if not cfg.attn_bias:
             continue
-        if proj != "o":
-            out[f"{ours}._b_{name}_lin"] = ckpt.take(f"{hf}.{proj}_proj.bias", bias_shape)
-        elif not variant.o_proj_bias:  # Qwen2: q/k/v biased, o_proj never; ours is then zero
-            out[f"{ours}.b_O"] = torch.zeros(D, dtype=out[f"{ours}._W_O_lin"].dtype)
-        else:
-            out[f"{ours}.b_O"] = ckpt.take(f"{hf}.o_proj.bias", bias_shape)
+        ours_bias = f"{ours}.b_O" if proj == "o" else f"{ours}._b_{name}_lin"
+        has_bias = variant.o_proj_bias or proj != "o"  # Qwen2: q/k/v biased, o_proj never
+        if variant.o_bias_field is not None:  # Seed-OSS: q/k/v and o switched apart; what the config left off is absent
+            has_bias = ckpt.has(f"{hf}.{proj}_proj.bias")
+        out[ours_bias] = (ckpt.take(f"{hf}.{proj}_proj.bias", bias_shape) if has_bias
+                          else torch.zeros(bias_shape, dtype=out[f"{ours}._W_{name}_lin"].dtype))
+    q_norm, k_norm = variant.qk_norm_names
     if cfg.qk_norm == "head":  # one [K] gain shared by every head, as ours per head
-        out[f"{ours}.q_norm.w"] = ckpt.take(f"{hf}.q_norm.weight", (K,)).expand(H, K).clone()
-        out[f"{ours}.k_norm.w"] = ckpt.take(f"{hf}.k_norm.weight", (K,)).expand(G, K).clone()
+        out[f"{ours}.q_norm.w"] = ckpt.take(f"{hf}.{q_norm}.weight", (K,)).expand(H, K).clone()
+        out[f"{ours}.k_norm.w"] = ckpt.take(f"{hf}.{k_norm}.weight", (K,)).expand(G, K).clone()
     elif cfg.qk_norm == "projection":
-        out[f"{ours}.q_norm.w"] = ckpt.take(f"{hf}.q_norm.weight", (H * K,))
-        out[f"{ours}.k_norm.w"] = ckpt.take(f"{hf}.k_norm.weight", (G * K,))
+        out[f"{ours}.q_norm.w"] = ckpt.take(f"{hf}.{q_norm}.weight", (H * K,))
+        out[f"{ours}.k_norm.w"] = ckpt.take(f"{hf}.{k_norm}.weight", (G * K,))
     if cfg.attn_sinks:
         out[f"{ours}.sinks"] = ckpt.take(f"{hf}.sinks", (H,))
     return out
