@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import (Ernie4_5Config, Exaone4Config, Glm4Config, GlmConfig, GraniteConfig, HeliumConfig,
+from transformers import (ArceeConfig, Cohere2Config, CohereConfig, Ernie4_5Config, NemotronConfig, Exaone4Config, Glm4Config, GlmConfig, GraniteConfig, HeliumConfig,
                           HunYuanDenseV1Config, LlamaConfig, Ministral3Config, MinistralConfig, Olmo3Config,
                           Qwen2Config, SeedOssConfig)
 
@@ -72,6 +72,12 @@ CASES = {
     "ernie4_5_bias_tied": Case(lambda: Ernie4_5Config(**TINY, head_dim=8, use_bias=True, tie_word_embeddings=True)),
     "glm_partial_rotary": Case(lambda: GlmConfig(**TINY, head_dim=8)),
     "glm4_sandwich": Case(lambda: Glm4Config(**TINY, head_dim=8)),
+    "cohere_qk_norm_bias": Case(lambda: CohereConfig(**TINY, use_qk_norm=True, attention_bias=True, logit_scale=0.3)),
+    "cohere_untied": Case(lambda: CohereConfig(**TINY, tie_word_embeddings=False, logit_scale=2.0)),
+    "cohere2_sliding_rope_layers": Case(lambda: Cohere2Config(**THREE, sliding_window=5, logit_scale=0.5,
+                                                              layer_types=SLIDING_FULL_SLIDING)),
+    "arcee_relu2_bias": Case(lambda: ArceeConfig(**TINY, mlp_bias=True, attention_bias=True)),
+    "nemotron_layernorm1p_partial_rotary": Case(lambda: NemotronConfig(**TINY, attention_bias=True, mlp_bias=True)),
     "internlm3_all_biases": Case(lambda: LlamaConfig(**TINY, attention_bias=True, mlp_bias=True),
                                  edit_config=as_internlm3(qkv_bias=True, bias=True)),
     "internlm3_qkv_bias": Case(lambda: Qwen2Config(**TINY), edit_config=as_internlm3(qkv_bias=True, bias=False)),

@@ -27,6 +27,7 @@ HF_ACTIVATIONS = {
     "silu": "silu",
     "swish": "silu",
     "relu": "relu",
+    "relu2": "relu2",  # squared ReLU (Nemotron, Arcee)
 }
 
 

@@ -90,6 +90,12 @@ class Variant:
     rotary_adjacent_pairs: bool = False  # RoPE on adjacent pairs (Helium, ERNIE 4.5, GLM)
     qk_norm_names: tuple[str, str] = ("q_norm", "k_norm")  # the QK norms' tensor names (HunYuan's differ)
     fused_gate_up: bool = False  # GLM: one mlp.gate_up_proj [2M, D], gate rows first
+    gated_mlp: bool = True  # False: up_proj, act, down_proj (Nemotron, Arcee)
+    partial_rotary: bool = False  # honours partial_rotary_factor (GLM, Nemotron); else refused
+    norm_bias: bool = False  # a LayerNorm's bias is read (Nemotron); else zero (Cohere's have none)
+    norm_gain_offset: float = 0.0  # added to every norm gain (Nemotron's LayerNorm1P: 1 + w)
+    layer_norms: Optional[tuple[tuple[str, str], ...]] = None  # (ours, HF) norms of a layer; None: LAYER_NORMS
+    qk_norm_gains_per_head: bool = False  # Cohere: [H, K] / [G, K] QK-norm gains, not one shared [K]
     # config.json data -> the data this table reads: transformers' computed defaults (layer_types ...)
     # and spellings of the same model this table knows (HunYuan's fixed NTK alpha as a RoPE base).
     prepare: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None
@@ -158,7 +164,7 @@ def model_config(hf: HFConfig, architecture: str, variants: Optional[dict[str, V
     d_model, n_heads = int(hf.require("hidden_size")), int(hf.require("num_attention_heads"))
     n_layers = int(hf.require("num_hidden_layers"))
     head_dim = int(hf.get("head_dim", d_model // n_heads))
-    if not variant.rotary_adjacent_pairs:  # the pairs' families (GLM) rotate part of the head
+    if not variant.partial_rotary:
         _refuse_partial_rotary(hf)
     attn_bias = variant.qkv_bias_always or bool(variant.qkv_bias_field and hf.get(variant.qkv_bias_field, False))
     attn_bias = attn_bias or bool(variant.o_bias_field and hf.get(variant.o_bias_field, False))
@@ -172,18 +178,18 @@ def model_config(hf: HFConfig, architecture: str, variants: Optional[dict[str, V
         moe = {"moe": MoEConfig(**kind.router(hf))}
     else:
         layers["d_mlp"] = int(hf.require("intermediate_size"))
-    return hf.model_config(
+    fields = dict(
         n_layers=n_layers, d_model=d_model, n_heads=n_heads,
         n_key_value_heads=int(hf.get("num_key_value_heads", n_heads)), d_head=head_dim,
         d_vocab=int(hf.require("vocab_size")), n_ctx=int(hf.require("max_position_embeddings")),
         normalization=variant.normalization, norm_eps=norm_eps, norm_placement=variant.norm_placement,
         qk_norm=variant.qk_norm, clip_qkv=None if clip_qkv is None else float(clip_qkv),
-        act_fn=hf.activation("hidden_act"), gated_mlp=True, attn_bias=attn_bias,
+        act_fn=hf.activation("hidden_act"), gated_mlp=variant.gated_mlp, attn_bias=attn_bias,
         mlp_bias=bool(variant.mlp_bias_field and hf.get(variant.mlp_bias_field, False)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)), attn_sinks=variant.sinks,
-        rotary_adjacent_pairs=variant.rotary_adjacent_pairs,
-        **layers, **moe, **(variant.extra_fields(hf) if variant.extra_fields else {}),
+        rotary_adjacent_pairs=variant.rotary_adjacent_pairs, **layers, **moe,
     )
+    return hf.model_config(**{**fields, **(variant.extra_fields(hf) if variant.extra_fields else {})})
 
 
 def _refuse_partial_rotary(hf: HFConfig) -> None:
@@ -301,7 +307,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
     out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))
     for layer in range(cfg.n_layers):
         hf, ours = f"model.layers.{layer}", f"blocks.{layer}"
-        for our_norm, hf_norm in LAYER_NORMS[variant.norm_placement]:
+        for our_norm, hf_norm in variant.layer_norms or LAYER_NORMS[variant.norm_placement]:
             out.update(_norm(ckpt, cfg, variant, f"{hf}.{hf_norm}", f"{ours}.{our_norm}", like))
         out.update(_attention(ckpt, cfg, variant, layer))
         layer_cfg = cfg.for_layer(layer)
@@ -309,6 +315,8 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
             out.update(read_experts(ckpt, MOE_KINDS[variant.moe], layer_cfg, layer))
         elif variant.fused_gate_up:
             out.update(_fused_gated_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D))
+        elif not variant.gated_mlp:
+            out.update(_dense_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D, bias=cfg.mlp_bias))
         else:
             out.update(dense_gated_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D, bias=cfg.mlp_bias))
     return out
@@ -321,14 +329,29 @@ def _fused_gated_mlp(ckpt: SafetensorsCheckpoint, prefix: str, ours: str, M: int
             f"{ours}._W_out_lin": ckpt.take(f"{prefix}.down_proj.weight", (D, M))}
 
 
+def _dense_mlp(ckpt: SafetensorsCheckpoint, prefix: str, ours: str, M: int, D: int, bias: bool) -> dict[str, Tensor]:
+    """Nemotron, Arcee: ``up_proj`` [M, D] and ``down_proj`` [D, M] around the activation (no gate)."""
+    out = {}
+    for proj, name, shape in (("up", "in", (M, D)), ("down", "out", (D, M))):
+        out[f"{ours}._W_{name}_lin"] = ckpt.take(f"{prefix}.{proj}_proj.weight", shape)
+        if bias:
+            out[f"{ours}.b_{name}"] = ckpt.take(f"{prefix}.{proj}_proj.bias", shape[:1])
+    return out
+
+
 def _norm(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, variant: Variant, hf: str, ours: str,
           like: Tensor) -> dict[str, Tensor]:
-    """One [D] norm: its HF gain, or (OLMo's parameter-free LayerNorm) a gain of one and bias of zero."""
-    if variant.norm_params:
-        return {f"{ours}.w": ckpt.take(f"{hf}.weight", (cfg.d_model,))}
-    out = {f"{ours}.w": torch.ones(cfg.d_model, dtype=like.dtype)}
+    """One [D] norm: its HF gain (plus ``norm_gain_offset``) and, for a LayerNorm, its bias or zero; or
+    (OLMo's parameter-free LayerNorm) a gain of one and bias of zero."""
+    D = cfg.d_model
+    if not variant.norm_params:
+        out = {f"{ours}.w": torch.ones(D, dtype=like.dtype)}
+    else:
+        gain = ckpt.take(f"{hf}.weight", (D,))
+        out = {f"{ours}.w": gain + variant.norm_gain_offset if variant.norm_gain_offset else gain}
     if cfg.normalization == "LN":
-        out[f"{ours}.b"] = torch.zeros(cfg.d_model, dtype=like.dtype)
+        out[f"{ours}.b"] = (ckpt.take(f"{hf}.bias", (D,)) if variant.norm_params and variant.norm_bias
+                            else torch.zeros(D, dtype=like.dtype))
     return out
 
 
@@ -351,12 +374,18 @@ def _attention(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, variant: Variant, 
         out[ours_bias] = (ckpt.take(f"{hf}.{proj}_proj.bias", bias_shape) if has_bias
                           else torch.zeros(bias_shape, dtype=out[f"{ours}._W_{name}_lin"].dtype))
     q_norm, k_norm = variant.qk_norm_names
-    if cfg.qk_norm == "head":  # one [K] gain shared by every head, as ours per head
+    if cfg.qk_norm == "head" and variant.qk_norm_gains_per_head:  # Cohere: a gain per head already
+        out[f"{ours}.q_norm.w"] = ckpt.take(f"{hf}.{q_norm}.weight", (H, K))
+        out[f"{ours}.k_norm.w"] = ckpt.take(f"{hf}.{k_norm}.weight", (G, K))
+    elif cfg.qk_norm == "head":  # one [K] gain shared by every head, as ours per head
         out[f"{ours}.q_norm.w"] = ckpt.take(f"{hf}.{q_norm}.weight", (K,)).expand(H, K).clone()
         out[f"{ours}.k_norm.w"] = ckpt.take(f"{hf}.{k_norm}.weight", (K,)).expand(G, K).clone()
     elif cfg.qk_norm == "projection":
         out[f"{ours}.q_norm.w"] = ckpt.take(f"{hf}.{q_norm}.weight", (H * K,))
         out[f"{ours}.k_norm.w"] = ckpt.take(f"{hf}.{k_norm}.weight", (G * K,))
+    if cfg.qk_norm is not None and cfg.normalization == "LN":  # Cohere's LayerNorms have no bias
+        for name in ("q_norm", "k_norm"):
+            out[f"{ours}.{name}.b"] = torch.zeros_like(out[f"{ours}.{name}.w"])
     if cfg.attn_sinks:
         out[f"{ours}.sinks"] = ckpt.take(f"{hf}.sinks", (H,))
     return out

@@ -1,5 +1,5 @@
 """Modern Llama-like decoders in HF format: Granite, Helium, Ministral, Ministral 3, Seed-OSS, OLMo 3,
-EXAONE 4, HunYuan (dense), ERNIE 4.5, GLM, GLM-4 and InternLM3.
+EXAONE 4, HunYuan (dense), ERNIE 4.5, GLM, GLM-4, Cohere, Cohere 2, Arcee, Nemotron and InternLM3.
 
 Each is ``hf_llama``'s decoder (RMSNorm, RoPE, grouped-query attention, a SwiGLU MLP, the same tensor
 names) with different config values, so each is one ``hf_llama.Variant`` in the table below, read by
@@ -19,6 +19,11 @@ names) with different config values, so each is one ``hf_llama.Variant`` in the 
     ERNIE 4.5   RoPE on adjacent pairs; use_bias on every projection
     GLM         one fused gate_up_proj; RoPE on adjacent pairs of the first half of each head
     GLM-4       GLM with a norm before and after each sublayer (``norm_placement="sandwich"``)
+    Cohere      attention and MLP in parallel on one bias-free LayerNorm (ln2 a copy of ln1), RoPE on
+                adjacent pairs, logits times logit_scale, a LayerNorm QK norm with a gain per head
+    Cohere 2    Cohere plus sliding windows (default: all but every 4th layer), RoPE on the sliding layers only
+    Arcee       an MLP without a gate: down(relu(up x)^2)
+    Nemotron    the same MLP; LayerNorm1P (gains stored as w, used as 1 + w: folded in); partial rotary
     InternLM3   remote-code checkpoints: q/k/v biases (qkv_bias), o_proj and MLP biases (bias)
 """
 
@@ -93,7 +98,31 @@ def _ministral3_query_scale(hf: HFConfig) -> dict[str, Any]:
 _OLMO2_LIKE = dict(qkv_bias_field="attention_bias", norm_eps=1e-5, norm_placement="sublayer_output")
 _GLM_DEFAULTS = {"num_key_value_heads": 2, "head_dim": 128, "rms_norm_eps": 1.5625e-7, "attention_bias": True,
                  "partial_rotary_factor": 0.5}
-_GLM = dict(qkv_bias_field="attention_bias", o_proj_bias=False, fused_gate_up=True, rotary_adjacent_pairs=True)
+_GLM = dict(qkv_bias_field="attention_bias", o_proj_bias=False, fused_gate_up=True, rotary_adjacent_pairs=True,
+            partial_rotary=True)
+
+
+def _cohere_fields(hf: HFConfig) -> dict[str, Any]:
+    """Cohere: attention and MLP in parallel on one norm, logits times ``logit_scale``, QK norm when asked."""
+    return {"parallel_attn_mlp": True, "logits_scale": float(hf.get("logit_scale", 0.0625)),
+            "qk_norm": "head" if hf.get("use_qk_norm", False) else None}
+
+
+def _cohere2_layers(data: dict[str, Any]) -> dict[str, Any]:
+    """Cohere 2: sliding on all but every ``sliding_window_pattern``-th layer; RoPE on the sliding layers only."""
+    if data.get("layer_types") is None:
+        pattern, n_layers = int(data.get("sliding_window_pattern", 4)), int(data.get("num_hidden_layers", 0))
+        data["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)]
+    window = data.get("sliding_window")
+    data["no_rope_layers"] = [int(window is not None and kind == "sliding_attention") for kind in data["layer_types"]]
+    return data
+
+
+_COHERE = dict(qkv_bias_field="attention_bias", normalization="LN", norm_eps_field="layer_norm_eps", norm_eps=1e-5,
+               rotary_adjacent_pairs=True, qk_norm_gains_per_head=True,
+               layer_norms=(("ln1", "input_layernorm"), ("ln2", "input_layernorm")),  # one norm for both sublayers
+               extra_fields=_cohere_fields)
+_COHERE_DEFAULTS = {"tie_word_embeddings": True, "logit_scale": 0.0625}
 _MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0, "original_max_position_embeddings": 16384,
                     "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}
 
@@ -126,6 +155,14 @@ VARIANTS = {
                                                             "tie_word_embeddings": True}),
     "GlmForCausalLM": Variant(**_GLM, defaults=_GLM_DEFAULTS),
     "Glm4ForCausalLM": Variant(**_GLM, norm_placement="sandwich", defaults=_GLM_DEFAULTS),
+    "CohereForCausalLM": Variant(**_COHERE, defaults=_COHERE_DEFAULTS),
+    "Cohere2ForCausalLM": Variant(**_COHERE, sliding="layer_types", nope_layers=True, prepare=_cohere2_layers,
+                                  defaults={**_COHERE_DEFAULTS, "sliding_window": 4096}),
+    "ArceeForCausalLM": Variant(qkv_bias_field="attention_bias", mlp_bias_field="mlp_bias", gated_mlp=False,
+                                norm_eps=1e-5),
+    "NemotronForCausalLM": Variant(qkv_bias_field="attention_bias", mlp_bias_field="mlp_bias", gated_mlp=False,
+                                   partial_rotary=True, normalization="LN", norm_bias=True, norm_gain_offset=1.0,
+                                   norm_eps_field="norm_eps", norm_eps=1e-5, defaults={"partial_rotary_factor": 0.5}),
     "InternLM3ForCausalLM": Variant(qkv_bias_field="qkv_bias", o_bias_field="bias", mlp_bias_field="bias"),
 }
 
@@ -143,6 +180,10 @@ FAMILIES = (Family(
         "Ernie4_5ForCausalLM": ("ernie4_5", "ERNIE 4.5 dense"),
         "GlmForCausalLM": ("glm", "GLM-4-9B (partial rotary on adjacent pairs)"),
         "Glm4ForCausalLM": ("glm4", "GLM-4-0414 (sandwich norms, partial rotary on adjacent pairs)"),
+        "CohereForCausalLM": ("cohere", "Command-R (parallel blocks, bias-free LayerNorm, logit scale, QK norm)"),
+        "Cohere2ForCausalLM": ("cohere2", "Command R7B, Command A (sliding windows, NoPE full layers)"),
+        "ArceeForCausalLM": ("arcee", "Arcee AFM (relu^2 without a gate)"),
+        "NemotronForCausalLM": ("nemotron", "Nemotron-3/4, Minitron (relu^2, LayerNorm1P, partial rotary)"),
         "InternLM3ForCausalLM": ("internlm3", "InternLM3 (remote-code configs: qkv_bias, bias)"),
     },
     model_config=partial(hf_llama.model_config, variants=VARIANTS),
