@@ -29,7 +29,8 @@ Normalization = Literal["LN", "RMS"]
 NormPlacement = Literal["pre", "post", "sandwich", "sublayer_output"]
 Positional = Literal["rotary", "learned", "sinusoidal", "alibi", "none"]
 QKNorm = Literal["head", "projection"]
-ActFn = Literal["gelu", "gelu_new", "silu", "relu", "relu2"]  # relu2: relu(x)^2 (Nemotron, Arcee)
+# relu2: relu(x)^2 (Nemotron, Arcee); xielu: Apertus's, with learned scalars per layer (dense MLPs only)
+ActFn = Literal["gelu", "gelu_new", "silu", "relu", "relu2", "xielu"]
 # The allowed values of each choice field: read off its Literal, so they are written down once.
 _CHOICES: dict[str, tuple[str, ...]] = {
     "normalization": get_args(Normalization),
@@ -191,6 +192,8 @@ class ModelConfig:
         """Issue 38's scales: positive; a query scaling needs both its beta and its length."""
         for name in ("logits_scale", "residual_multiplier"):
             require(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)!r}")
+        require(self.act_fn != "xielu" or not (self.gated_mlp or self.num_experts), "act_fn",
+                "'xielu' is supported in dense MLPs without a gate only")
         beta, length = self.query_scale_beta, self.query_scale_length
         require((beta is None) == (length is None), "query_scale_beta",
                 f"and query_scale_length must be set together, got {beta!r} and {length!r}")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import (ArceeConfig, Cohere2Config, CohereConfig, Ernie4_5Config, NemotronConfig, Exaone4Config, Glm4Config, GlmConfig, GraniteConfig, HeliumConfig,
+from transformers import (ApertusConfig, ArceeConfig, Cohere2Config, CohereConfig, Ernie4_5Config, NemotronConfig, Exaone4Config, Glm4Config, GlmConfig, GraniteConfig, HeliumConfig,
                           HunYuanDenseV1Config, LlamaConfig, Ministral3Config, MinistralConfig, Olmo3Config,
                           Qwen2Config, SeedOssConfig)
 
@@ -50,6 +50,9 @@ MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "o
                    "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
                    "llama_4_scaling_beta": 0.5}
 
+APERTUS_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
 CASES = {
     "granite_multipliers_bias": Case(lambda: GraniteConfig(
         **TINY, embedding_multiplier=3.0, attention_multiplier=0.3, residual_multiplier=0.6, logits_scaling=2.5,
@@ -78,6 +81,7 @@ CASES = {
                                                               layer_types=SLIDING_FULL_SLIDING)),
     "arcee_relu2_bias": Case(lambda: ArceeConfig(**TINY, mlp_bias=True, attention_bias=True)),
     "nemotron_layernorm1p_partial_rotary": Case(lambda: NemotronConfig(**TINY, attention_bias=True, mlp_bias=True)),
+    "apertus_xielu_llama3_rope": Case(lambda: ApertusConfig(**TINY, rope_parameters=APERTUS_ROPE)),
     "internlm3_all_biases": Case(lambda: LlamaConfig(**TINY, attention_bias=True, mlp_bias=True),
                                  edit_config=as_internlm3(qkv_bias=True, bias=True)),
     "internlm3_qkv_bias": Case(lambda: Qwen2Config(**TINY), edit_config=as_internlm3(qkv_bias=True, bias=False)),

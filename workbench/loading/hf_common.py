@@ -28,6 +28,7 @@ HF_ACTIVATIONS = {
     "swish": "silu",
     "relu": "relu",
     "relu2": "relu2",  # squared ReLU (Nemotron, Arcee)
+    "xielu": "xielu",  # Apertus (learned scalars per layer)
 }
 
 

@@ -316,7 +316,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
         elif variant.fused_gate_up:
             out.update(_fused_gated_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D))
         elif not variant.gated_mlp:
-            out.update(_dense_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D, bias=cfg.mlp_bias))
+            out.update(_dense_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D, cfg.mlp_bias, cfg.act_fn))
         else:
             out.update(dense_gated_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D, bias=cfg.mlp_bias))
     return out
@@ -329,13 +329,17 @@ def _fused_gated_mlp(ckpt: SafetensorsCheckpoint, prefix: str, ours: str, M: int
             f"{ours}._W_out_lin": ckpt.take(f"{prefix}.down_proj.weight", (D, M))}
 
 
-def _dense_mlp(ckpt: SafetensorsCheckpoint, prefix: str, ours: str, M: int, D: int, bias: bool) -> dict[str, Tensor]:
-    """Nemotron, Arcee: ``up_proj`` [M, D] and ``down_proj`` [D, M] around the activation (no gate)."""
+def _dense_mlp(ckpt: SafetensorsCheckpoint, prefix: str, ours: str, M: int, D: int, bias: bool,
+               act_fn: str) -> dict[str, Tensor]:
+    """Nemotron, Arcee, Apertus: ``up_proj`` [M, D] and ``down_proj`` [D, M] around the activation (no gate)."""
     out = {}
     for proj, name, shape in (("up", "in", (M, D)), ("down", "out", (D, M))):
         out[f"{ours}._W_{name}_lin"] = ckpt.take(f"{prefix}.{proj}_proj.weight", shape)
         if bias:
             out[f"{ours}.b_{name}"] = ckpt.take(f"{prefix}.{proj}_proj.bias", shape[:1])
+    if act_fn == "xielu":  # Apertus: the activation's own scalars
+        out.update({f"{ours}.act.{name}": ckpt.take(f"{prefix}.act_fn.{name}", shape)
+                    for name, shape in (("alpha_p", (1,)), ("alpha_n", (1,)), ("beta", ()), ("eps", ()))})
     return out
 
 

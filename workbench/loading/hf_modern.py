@@ -1,5 +1,5 @@
 """Modern Llama-like decoders in HF format: Granite, Helium, Ministral, Ministral 3, Seed-OSS, OLMo 3,
-EXAONE 4, HunYuan (dense), ERNIE 4.5, GLM, GLM-4, Cohere, Cohere 2, Arcee, Nemotron and InternLM3.
+EXAONE 4, HunYuan (dense), ERNIE 4.5, GLM, GLM-4, Cohere, Cohere 2, Arcee, Nemotron, Apertus and InternLM3.
 
 Each is ``hf_llama``'s decoder (RMSNorm, RoPE, grouped-query attention, a SwiGLU MLP, the same tensor
 names) with different config values, so each is one ``hf_llama.Variant`` in the table below, read by
@@ -24,6 +24,8 @@ names) with different config values, so each is one ``hf_llama.Variant`` in the 
     Cohere 2    Cohere plus sliding windows (default: all but every 4th layer), RoPE on the sliding layers only
     Arcee       an MLP without a gate: down(relu(up x)^2)
     Nemotron    the same MLP; LayerNorm1P (gains stored as w, used as 1 + w: folded in); partial rotary
+    Apertus     the same MLP with xIELU (its scalars per layer, mlp.act_fn.*); a per-head QK norm; its
+                norms are attention_layernorm / feedforward_layernorm
     InternLM3   remote-code checkpoints: q/k/v biases (qkv_bias), o_proj and MLP biases (bias)
 """
 
@@ -122,6 +124,8 @@ _COHERE = dict(qkv_bias_field="attention_bias", normalization="LN", norm_eps_fie
                rotary_adjacent_pairs=True, qk_norm_gains_per_head=True,
                layer_norms=(("ln1", "input_layernorm"), ("ln2", "input_layernorm")),  # one norm for both sublayers
                extra_fields=_cohere_fields)
+_APERTUS_ROPE = {"rope_type": "llama3", "rope_theta": 12000000.0, "factor": 8.0, "original_max_position_embeddings": 8192,
+                 "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 _COHERE_DEFAULTS = {"tie_word_embeddings": True, "logit_scale": 0.0625}
 _MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0, "original_max_position_embeddings": 16384,
                     "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}
@@ -163,6 +167,9 @@ VARIANTS = {
     "NemotronForCausalLM": Variant(qkv_bias_field="attention_bias", mlp_bias_field="mlp_bias", gated_mlp=False,
                                    partial_rotary=True, normalization="LN", norm_bias=True, norm_gain_offset=1.0,
                                    norm_eps_field="norm_eps", norm_eps=1e-5, defaults={"partial_rotary_factor": 0.5}),
+    "ApertusForCausalLM": Variant(qkv_bias_field="attention_bias", gated_mlp=False, norm_eps=1e-5, qk_norm="head",
+                                  layer_norms=(("ln1", "attention_layernorm"), ("ln2", "feedforward_layernorm")),
+                                  defaults={"hidden_act": "xielu", "rope_parameters": _APERTUS_ROPE}),
     "InternLM3ForCausalLM": Variant(qkv_bias_field="qkv_bias", o_bias_field="bias", mlp_bias_field="bias"),
 }
 
@@ -184,6 +191,7 @@ FAMILIES = (Family(
         "Cohere2ForCausalLM": ("cohere2", "Command R7B, Command A (sliding windows, NoPE full layers)"),
         "ArceeForCausalLM": ("arcee", "Arcee AFM (relu^2 without a gate)"),
         "NemotronForCausalLM": ("nemotron", "Nemotron-3/4, Minitron (relu^2, LayerNorm1P, partial rotary)"),
+        "ApertusForCausalLM": ("apertus", "Swiss AI Apertus (xIELU, QK norm, llama3 RoPE)"),
         "InternLM3ForCausalLM": ("internlm3", "InternLM3 (remote-code configs: qkv_bias, bias)"),
     },
     model_config=partial(hf_llama.model_config, variants=VARIANTS),
