@@ -21,7 +21,7 @@ import pytest
 import torch
 from transformers import (ApertusConfig, ArceeConfig, Cohere2Config, CohereConfig, Ernie4_5Config, NemotronConfig, Exaone4Config, Glm4Config, GlmConfig, GraniteConfig, HeliumConfig,
                           HunYuanDenseV1Config, LlamaConfig, Ministral3Config, MinistralConfig, Olmo3Config,
-                          Qwen2Config, SeedOssConfig)
+                          Qwen2Config, SeedOssConfig, VaultGemmaConfig)
 
 import workbench as wb
 import workbench.loading.hf as hf_loading
@@ -82,6 +82,9 @@ CASES = {
     "arcee_relu2_bias": Case(lambda: ArceeConfig(**TINY, mlp_bias=True, attention_bias=True)),
     "nemotron_layernorm1p_partial_rotary": Case(lambda: NemotronConfig(**TINY, attention_bias=True, mlp_bias=True)),
     "apertus_xielu_llama3_rope": Case(lambda: ApertusConfig(**TINY, rope_parameters=APERTUS_ROPE)),
+    "vaultgemma_caps_windows": Case(lambda: VaultGemmaConfig(
+        **THREE, head_dim=8, sliding_window=5, query_pre_attn_scalar=32, attn_logit_softcapping=5.0,
+        final_logit_softcapping=4.0, hidden_activation="gelu_pytorch_tanh")),
     "internlm3_all_biases": Case(lambda: LlamaConfig(**TINY, attention_bias=True, mlp_bias=True),
                                  edit_config=as_internlm3(qkv_bias=True, bias=True)),
     "internlm3_qkv_bias": Case(lambda: Qwen2Config(**TINY), edit_config=as_internlm3(qkv_bias=True, bias=False)),
