@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import (ApertusConfig, ArceeConfig, Cohere2Config, CohereConfig, Ernie4_5Config, NemotronConfig, Exaone4Config, Glm4Config, GlmConfig, GraniteConfig, HeliumConfig,
+from transformers import (ApertusConfig, ArceeConfig, Cohere2Config, CohereConfig, Ernie4_5Config, NemotronConfig, PersimmonConfig, Exaone4Config, Glm4Config, GlmConfig, GraniteConfig, HeliumConfig,
                           HunYuanDenseV1Config, LlamaConfig, Ministral3Config, MinistralConfig, Olmo3Config,
                           Qwen2Config, SeedOssConfig, VaultGemmaConfig)
 
@@ -85,6 +85,7 @@ CASES = {
     "vaultgemma_caps_windows": Case(lambda: VaultGemmaConfig(
         **THREE, head_dim=8, sliding_window=5, query_pre_attn_scalar=32, attn_logit_softcapping=5.0,
         final_logit_softcapping=4.0, hidden_activation="gelu_pytorch_tanh")),
+    "persimmon_qk_layernorm": Case(lambda: PersimmonConfig(**{k: v for k, v in TINY.items() if k != "num_key_value_heads"})),
     "internlm3_all_biases": Case(lambda: LlamaConfig(**TINY, attention_bias=True, mlp_bias=True),
                                  edit_config=as_internlm3(qkv_bias=True, bias=True)),
     "internlm3_qkv_bias": Case(lambda: Qwen2Config(**TINY), edit_config=as_internlm3(qkv_bias=True, bias=False)),
