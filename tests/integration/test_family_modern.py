@@ -25,7 +25,9 @@ from transformers import (ApertusConfig, ArceeConfig, Cohere2Config, CohereConfi
 
 import workbench as wb
 import workbench.loading.hf as hf_loading
-from tests.integration.family_parity import Case, build_and_save, family_parity_tests, max_diff, saved_on_demand
+from tests.integration.family_parity import (KERNELS, TOLERANCE, Case, family_parity_tests, max_diff,
+                                             saved_on_demand)
+from tests.integration.test_padding_parity import padded_batch
 
 TINY = dict(vocab_size=101, hidden_size=48, num_attention_heads=6, num_key_value_heads=2, num_hidden_layers=2,
             intermediate_size=80, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=2)
@@ -92,3 +94,116 @@ CASES = {
 }
 
 globals().update(family_parity_tests(CASES))
+
+
+saved = saved_on_demand(CASES)
+
+
+def _copy(source: Path, target: Path, edit=None) -> Path:
+    shutil.copytree(source, target, dirs_exist_ok=True)
+    if edit is not None:
+        config = json.loads((target / "config.json").read_text())
+        edit(config)
+        (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+# ---- each new config value is really exercised: without it the logits move far past the tolerance ----
+
+def _drop_alpha(config: dict) -> None:
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": config["rope_parameters"]["rope_theta"]}
+
+
+FEATURES = {
+    "granite_embedding_multiplier": ("granite_multipliers_bias", lambda c: c.update(embedding_multiplier=1.0)),
+    "granite_attention_multiplier": ("granite_multipliers_bias", lambda c: c.update(attention_multiplier=1 / 8 ** 0.5)),
+    "granite_residual_multiplier": ("granite_multipliers_bias", lambda c: c.update(residual_multiplier=1.0)),
+    "granite_logits_scaling": ("granite_tied", lambda c: c.update(logits_scaling=1.0)),
+    "ministral3_query_scale": ("ministral3_query_scale_yarn",
+                               lambda c: c["rope_parameters"].update(llama_4_scaling_beta=0.0)),
+    "hunyuan_ntk_alpha": ("hunyuan_dense_ntk_alpha_bias", _drop_alpha),
+    "cohere_logit_scale": ("cohere_untied", lambda c: c.update(logit_scale=1.0)),
+    "exaone4_nope_full_layers": ("exaone4_sliding_nope_full", lambda c: c.update(sliding_window=None)),
+}
+
+
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+def test_each_new_config_value_changes_the_logits(saved, feature, tmp_path):
+    """The parity above is not parity of models without the feature: the same weights with the value
+    neutralised give logits far from transformers' (and ours follow the edited value)."""
+    case_name, edit = FEATURES[feature]
+    case = saved(case_name)
+    with torch.no_grad():
+        changed = wb.load_model(_copy(case.directory, tmp_path, edit))(case.tokens)
+    assert max_diff(changed, case.logits) > 100 * TOLERANCE
+
+
+def test_config_values_map_as_written(saved):
+    granite = wb.load_model(saved("granite_multipliers_bias").directory).cfg
+    assert (granite.embed_scale, granite.residual_multiplier) == (3.0, 0.6)
+    assert granite.attn_scale == pytest.approx(1 / 0.3) and granite.logits_scale == pytest.approx(1 / 2.5)
+    ministral3 = wb.load_model(saved("ministral3_query_scale_yarn").directory).cfg
+    assert (ministral3.query_scale_beta, ministral3.query_scale_length) == (0.5, 8)
+    exaone4 = wb.load_model(saved("exaone4_sliding_nope_full").directory).cfg
+    assert exaone4.layer_values("positional") == ["rotary", "none", "rotary"]
+    assert exaone4.layer_values("sliding_window") == [5, None, 5]
+    cohere2 = wb.load_model(saved("cohere2_sliding_rope_layers").directory).cfg
+    assert cohere2.parallel_attn_mlp and cohere2.layer_values("positional") == ["rotary", "none", "rotary"]
+    glm = wb.load_model(saved("glm_partial_rotary").directory).cfg
+    assert (glm.rotary_dim, glm.rotary_adjacent_pairs) == (4, True)
+    hunyuan = wb.load_model(saved("hunyuan_dense_ntk_alpha_bias").directory).cfg
+    assert hunyuan.rotary_base == pytest.approx(10000.0 * 4.0 ** (8 / 6)) and hunyuan.qk_norm_after_rotary
+
+
+# ---- padded batches: the position-dependent values (query scaling, NoPE layers, windows) per row ----
+
+PADDED = ["ministral3_query_scale_yarn", "cohere2_sliding_rope_layers", "exaone4_sliding_nope_full",
+          "granite_multipliers_bias", "hunyuan_dense_ntk_alpha_bias", "glm4_sandwich"]
+
+
+@pytest.mark.parametrize("name", PADDED)
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_logits_equal_transformers_at_every_real_position(saved, name, side):
+    case = saved(name)
+    tokens, mask = padded_batch(side)
+    ours = wb.load_model(case.directory)
+    with torch.no_grad():
+        expected = case.hf_model(tokens, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
+        real = mask.bool()
+        for kernel in KERNELS:
+            logits = ours.set_attn_impl(kernel)(tokens, attention_mask=mask)
+            assert max_diff(logits[real], expected[real]) < TOLERANCE, (name, side, kernel)
+
+
+# ---- values we cannot honour: an error naming the field (or the architecture) before any weight is read ----
+
+REFUSALS = {
+    "ministral3_without_query_scale_beta": (
+        "ministral3_query_scale_yarn", lambda c: c["rope_parameters"].pop("llama_4_scaling_beta"),
+        "rope_parameters[.]llama_4_scaling_beta"),
+    "granite_partial_rotary": ("granite_tied", lambda c: c["rope_parameters"].update(partial_rotary_factor=0.5),
+                               "rope_parameters[.]partial_rotary_factor"),
+    "granite_sliding_window": ("granite_tied", lambda c: c.update(sliding_window=5), "sliding_window"),
+    "apertus_activation": ("apertus_xielu_llama3_rope", lambda c: c.update(hidden_act="mish"), "hidden_act"),
+}
+
+
+@pytest.mark.parametrize("refusal", sorted(REFUSALS))
+def test_unhonourable_config_value_is_refused_by_field_before_reading_weights(saved, refusal, tmp_path, monkeypatch):
+    case, edit, field = REFUSALS[refusal]
+    directory = _copy(saved(case).directory, tmp_path, edit)
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights were opened before the config was checked")
+
+    monkeypatch.setattr(hf_loading, "SafetensorsCheckpoint", no_weights)
+    with pytest.raises(wb.ConfigError, match=rf"config\.json: .*'{field}'"):
+        wb.load_model(directory)
+
+
+def test_gemma4_is_refused_naming_the_components_it_needs(saved, tmp_path):
+    """transformers 5.24's Gemma4ForCausalLM (per-layer inputs, shared KV layers ...): refused by name, not as unknown."""
+    directory = _copy(saved("vaultgemma_caps_windows").directory, tmp_path,
+                      lambda c: c.update(architectures=["Gemma4ForCausalLM"], model_type="gemma4_text"))
+    with pytest.raises(wb.CheckpointError, match="'Gemma4ForCausalLM' is not supported: .*per-layer input embeddings"):
+        wb.load_model(directory)

@@ -34,6 +34,10 @@ FAMILY_MODULES = (hf_gpt2, hf_llama, hf_neox, hf_gemma, hf_phi, hf_opt_bloom, hf
 # (every family checked against the contract here, at import).
 ARCHITECTURES: dict[str, Family] = register(FAMILY_MODULES)
 
+# Architectures a family module refuses by name ({architecture: why}, a module's optional REFUSED).
+REFUSED_ARCHITECTURES: dict[str, str] = {arch: why for module in FAMILY_MODULES
+                                         for arch, why in getattr(module, "REFUSED", {}).items()}
+
 # model_type -> architecture, for configs that lack the "architectures" list.
 MODEL_TYPES = {family.architectures[arch][0]: arch for arch, family in ARCHITECTURES.items()}
 
@@ -89,6 +93,9 @@ def architecture_of(data: dict, source: str) -> str:
             return name
     if not names and data.get("model_type") in MODEL_TYPES:  # configs written without "architectures"
         return MODEL_TYPES[data["model_type"]]
+    refused = next((name for name in names if name in REFUSED_ARCHITECTURES), None)
+    if refused is not None:
+        raise CheckpointError(f"{source}: architecture {refused!r} is not supported: {REFUSED_ARCHITECTURES[refused]}")
     stated = names or data.get("model_type")
     kind = next((why for marker, why in _NOT_DECODERS.items() if marker.lower() in str(stated).lower()), "")
     raise CheckpointError(

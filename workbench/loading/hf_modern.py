@@ -70,7 +70,9 @@ def _exaone4_layers(data: dict[str, Any]) -> dict[str, Any]:
         n_layers = int(data.get("num_hidden_layers", 0))
         data["layer_types"] = ["sliding_attention" if (i + 1) % int(pattern) else "full_attention"
                                for i in range(n_layers)]
-    kinds = data.get("layer_types") or ["full_attention"] * int(data.get("num_hidden_layers", 0))
+    if window is None:  # transformers' attention then has no window and RoPE on every layer, whatever layer_types says
+        data["layer_types"] = ["full_attention"] * int(data.get("num_hidden_layers", 0))
+    kinds = data["layer_types"]
     data["no_rope_layers"] = [int(window is None or kind == "sliding_attention") for kind in kinds]
     return data
 
@@ -116,6 +118,8 @@ def _cohere2_layers(data: dict[str, Any]) -> dict[str, Any]:
         pattern, n_layers = int(data.get("sliding_window_pattern", 4)), int(data.get("num_hidden_layers", 0))
         data["layer_types"] = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)]
     window = data.get("sliding_window")
+    if window is None:  # transformers' attention then has no window, and no RoPE on any layer
+        data["layer_types"] = ["full_attention"] * len(data["layer_types"])
     data["no_rope_layers"] = [int(window is not None and kind == "sliding_attention") for kind in data["layer_types"]]
     return data
 
@@ -171,6 +175,15 @@ VARIANTS = {
                                   layer_norms=(("ln1", "attention_layernorm"), ("ln2", "feedforward_layernorm")),
                                   defaults={"hidden_act": "xielu", "rope_parameters": _APERTUS_ROPE}),
     "InternLM3ForCausalLM": Variant(qkv_bias_field="qkv_bias", o_bias_field="bias", mlp_bias_field="bias"),
+}
+
+# Architectures transformers builds that this workbench refuses, and why (hf.py names the reason).
+REFUSED = {
+    "Gemma4ForCausalLM": "Gemma 4 needs components the workbench does not have: per-layer input embeddings "
+                         "(hidden_size_per_layer_input), layers reusing another layer's keys and values "
+                         "(num_kv_shared_layers), gain-free RMS-normed values, full-attention layers with their own "
+                         "head size and keys as values (global_head_dim, attention_k_eq_v), a per-layer output "
+                         "scalar and an optional mixture-of-experts block beside the MLP",
 }
 
 # What hf.py loads through this module (the contract: workbench.loading.family.Family).
