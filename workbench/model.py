@@ -295,8 +295,9 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRo
         Example:
             >>> losses = model.loss_from_resid(resid_final[:, :-1], tokens[:, 1:])   # doctest: +SKIP
         """
-        return token_losses_from_normed(self.unembed.scaled_input(self.apply_final_norm(resid_BPD)), self.unembed.W_U.T, targets_BP,
-                                        self.unembed.b_U, self.unembed.soft_cap)
+        normed_BPD = self.unembed.scaled_input(self.apply_final_norm(resid_BPD))  # logits_scale, as Unembed applies it
+        return token_losses_from_normed(normed_BPD, self.unembed.W_U.T, targets_BP, self.unembed.b_U,
+                                        self.unembed.soft_cap)
 
     def tokens_to_residual_directions(self, tokens: Union[int, Int[Tensor, "..."]]) -> Float[Tensor, "... d_model"]:
         """The unembedding direction(s) of token id(s): ``W_U[:, token]`` in TransformerLens's [d_model, d_vocab] terms.

@@ -13,20 +13,18 @@ windows of 5 tokens and original contexts of 8 positions, shorter than the 24-to
 
 from __future__ import annotations
 
-import json
-import shutil
-from pathlib import Path
-
 import pytest
 import torch
-from transformers import (ApertusConfig, ArceeConfig, Cohere2Config, CohereConfig, Ernie4_5Config, NemotronConfig, PersimmonConfig, Exaone4Config, Glm4Config, GlmConfig, GraniteConfig, HeliumConfig,
-                          HunYuanDenseV1Config, LlamaConfig, Ministral3Config, MinistralConfig, Olmo3Config,
-                          Qwen2Config, SeedOssConfig, VaultGemmaConfig)
+from transformers import (ApertusConfig, ArceeConfig, Cohere2Config, CohereConfig, Ernie4_5Config, Exaone4Config,
+                          Glm4Config, GlmConfig, GraniteConfig, HeliumConfig, HunYuanDenseV1Config, LlamaConfig,
+                          Ministral3Config, MinistralConfig, NemotronConfig, Olmo3Config, PersimmonConfig, Qwen2Config,
+                          SeedOssConfig, VaultGemmaConfig)
 
 import workbench as wb
 import workbench.loading.hf as hf_loading
 from tests.integration.family_parity import (KERNELS, TOLERANCE, Case, family_parity_tests, max_diff,
                                              saved_on_demand)
+from tests.integration.test_family_llama import _copy  # a saved checkpoint copied, its config.json edited
 from tests.integration.test_padding_parity import padded_batch
 
 TINY = dict(vocab_size=101, hidden_size=48, num_attention_heads=6, num_key_value_heads=2, num_hidden_layers=2,
@@ -64,7 +62,7 @@ CASES = {
     "helium_adjacent_rope_bias": Case(lambda: HeliumConfig(**TINY, head_dim=8, attention_bias=True, mlp_bias=True)),
     "ministral_sliding_layers": Case(lambda: MinistralConfig(**THREE, head_dim=8, sliding_window=5,
                                                              layer_types=SLIDING_FULL_SLIDING)),
-    "ministral3_query_scale_yarn": Case(lambda: Ministral3Config(**TINY, head_dim=8,
+    "ministral3_query_scale_yarn": Case(lambda: Ministral3Config(**TINY, head_dim=8, sliding_window=5,
                                                                  rope_parameters=MINISTRAL3_ROPE)),
     "seed_oss_qkv_bias": Case(lambda: SeedOssConfig(**TINY, head_dim=8, attention_bias=True, mlp_bias=True)),
     "seed_oss_out_bias_only": Case(lambda: SeedOssConfig(**TINY, head_dim=8, attention_bias=False,
@@ -87,7 +85,8 @@ CASES = {
     "vaultgemma_caps_windows": Case(lambda: VaultGemmaConfig(
         **THREE, head_dim=8, sliding_window=5, query_pre_attn_scalar=32, attn_logit_softcapping=5.0,
         final_logit_softcapping=4.0, hidden_activation="gelu_pytorch_tanh")),
-    "persimmon_qk_layernorm": Case(lambda: PersimmonConfig(**{k: v for k, v in TINY.items() if k != "num_key_value_heads"})),
+    "persimmon_qk_layernorm": Case(lambda: PersimmonConfig(**{k: v for k, v in TINY.items()
+                                                              if k != "num_key_value_heads"})),
     "internlm3_all_biases": Case(lambda: LlamaConfig(**TINY, attention_bias=True, mlp_bias=True),
                                  edit_config=as_internlm3(qkv_bias=True, bias=True)),
     "internlm3_qkv_bias": Case(lambda: Qwen2Config(**TINY), edit_config=as_internlm3(qkv_bias=True, bias=False)),
@@ -97,15 +96,6 @@ globals().update(family_parity_tests(CASES))
 
 
 saved = saved_on_demand(CASES)
-
-
-def _copy(source: Path, target: Path, edit=None) -> Path:
-    shutil.copytree(source, target, dirs_exist_ok=True)
-    if edit is not None:
-        config = json.loads((target / "config.json").read_text())
-        edit(config)
-        (target / "config.json").write_text(json.dumps(config))
-    return target
 
 
 # ---- each new config value is really exercised: without it the logits move far past the tolerance ----

@@ -208,8 +208,6 @@ def _attention_layers(hf: HFConfig, variant: Variant, n_layers: int, head_dim: i
     """Sliding windows, RoPE and NoPE per layer (``HFConfig.attention_layers``), from the layer
     kinds this architecture's transformers code masks with."""
     kinds, window = SLIDING_RULES[variant.sliding](hf, n_layers)
-    if "sliding_attention" not in kinds:
-        window = None  # a window no layer uses (Ministral's default) is no window
     data = {**hf.data, "layer_types": kinds, "sliding_window": window}
     if variant.nope_layers:
         data["no_rope_layers"] = _no_rope_layers(hf, n_layers)
