@@ -197,3 +197,11 @@ def test_gemma4_is_refused_naming_the_components_it_needs(saved, tmp_path):
                       lambda c: c.update(architectures=["Gemma4ForCausalLM"], model_type="gemma4_text"))
     with pytest.raises(wb.CheckpointError, match="'Gemma4ForCausalLM' is not supported: .*per-layer input embeddings"):
         wb.load_model(directory)
+
+
+def test_cohere_one_norm_loads_as_two_editable_copies(saved):
+    """Cohere's input_layernorm feeds attention and MLP: ln1 and ln2 hold its values in storage of their own."""
+    model = wb.load_model(saved("cohere_qk_norm_bias").directory)
+    ln1, ln2 = model.blocks[0].ln1.w, model.blocks[0].ln2.w
+    assert torch.equal(ln1, ln2) and ln1.data_ptr() != ln2.data_ptr()
+    assert torch.equal(model.blocks[0].attn.q_norm.b, torch.zeros_like(model.blocks[0].attn.q_norm.b))

@@ -23,6 +23,10 @@ values, which ``Variant`` records (read off transformers 5.23's ``modeling_*.py`
     OLMo 2    RMSNorm after each sublayer only, before the residual add (``norm_placement=
               "sublayer_output"``); QK norm over the whole q / k projection (``qk_norm="projection"``)
 
+``hf_modern`` declares more Llama-like architectures (Granite, Cohere, GLM, Nemotron ...) as a table of
+``Variant``s of its own, read by this module's ``model_config`` and ``convert_tensors`` (their
+``variants`` argument); the switches after ``defaults`` in ``Variant`` exist for them.
+
 A field missing from config.json takes the architecture's transformers default (Qwen3's head_dim
 is 128, SmolLM3's rope_theta 2e6 and its NoPE layers every 4th, Mistral's window 4096, ...).
 HF tensor names (transformers 5.23 ``save_pretrained``) and ours (the nn.Linear-layout storage,
@@ -58,7 +62,8 @@ from workbench.config import MoEConfig, ModelConfig
 from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_experts import MOE_KINDS, dense_gated_mlp, moe_layer_fields, read_experts, with_moe_layers
+from workbench.loading.hf_experts import (MOE_KINDS, dense_gated_mlp, dense_mlp, fused_gated_mlp, moe_layer_fields,
+                                          read_experts, with_moe_layers)
 
 OLMO_LAYER_NORM_EPS = 1e-5  # OlmoLayerNorm's eps is fixed; its config has no field for it
 
@@ -305,39 +310,22 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
     out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))
     for layer in range(cfg.n_layers):
         hf, ours = f"model.layers.{layer}", f"blocks.{layer}"
+        read = set()
         for our_norm, hf_norm in variant.layer_norms or LAYER_NORMS[variant.norm_placement]:
-            out.update(_norm(ckpt, cfg, variant, f"{hf}.{hf_norm}", f"{ours}.{our_norm}", like))
+            norm = _norm(ckpt, cfg, variant, f"{hf}.{hf_norm}", f"{ours}.{our_norm}", like)
+            # Cohere's one norm feeds both sublayers: a clone for ln2, so each can be edited alone
+            out.update({name: t.clone() for name, t in norm.items()} if hf_norm in read else norm)
+            read.add(hf_norm)
         out.update(_attention(ckpt, cfg, variant, layer))
         layer_cfg = cfg.for_layer(layer)
         if layer_cfg.is_moe:
             out.update(read_experts(ckpt, MOE_KINDS[variant.moe], layer_cfg, layer))
         elif variant.fused_gate_up:
-            out.update(_fused_gated_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D))
+            out.update(fused_gated_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D))
         elif not variant.gated_mlp:
-            out.update(_dense_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D, cfg.mlp_bias, cfg.act_fn))
+            out.update(dense_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D, cfg.mlp_bias, cfg.act_fn))
         else:
             out.update(dense_gated_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D, bias=cfg.mlp_bias))
-    return out
-
-
-def _fused_gated_mlp(ckpt: SafetensorsCheckpoint, prefix: str, ours: str, M: int, D: int) -> dict[str, Tensor]:
-    """GLM: ``gate_up_proj`` [2M, D] (gate rows first) and ``down_proj`` [D, M], no biases."""
-    gate_up_2MD = ckpt.take(f"{prefix}.gate_up_proj.weight", (2 * M, D))
-    return {f"{ours}._W_gate_lin": gate_up_2MD[:M], f"{ours}._W_in_lin": gate_up_2MD[M:],
-            f"{ours}._W_out_lin": ckpt.take(f"{prefix}.down_proj.weight", (D, M))}
-
-
-def _dense_mlp(ckpt: SafetensorsCheckpoint, prefix: str, ours: str, M: int, D: int, bias: bool,
-               act_fn: str) -> dict[str, Tensor]:
-    """Nemotron, Arcee, Apertus: ``up_proj`` [M, D] and ``down_proj`` [D, M] around the activation (no gate)."""
-    out = {}
-    for proj, name, shape in (("up", "in", (M, D)), ("down", "out", (D, M))):
-        out[f"{ours}._W_{name}_lin"] = ckpt.take(f"{prefix}.{proj}_proj.weight", shape)
-        if bias:
-            out[f"{ours}.b_{name}"] = ckpt.take(f"{prefix}.{proj}_proj.bias", shape[:1])
-    if act_fn == "xielu":  # Apertus: the activation's own scalars
-        out.update({f"{ours}.act.{name}": ckpt.take(f"{prefix}.act_fn.{name}", shape)
-                    for name, shape in (("alpha_p", (1,)), ("alpha_n", (1,)), ("beta", ()), ("eps", ()))})
     return out
 
 
