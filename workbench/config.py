@@ -118,9 +118,6 @@ class ModelConfig:
     # ---- issue 38, modern Llama-like families (famb) ------------------------------------------
     # The unembedding's input multiplied by this (Granite: 1 / logits_scaling; Cohere: logit_scale).
     logits_scale: float = 1.0
-    # Each block's attention and MLP outputs multiplied by this before they join the residual stream
-    # (Granite's residual_multiplier); hook_attn_out / hook_mlp_out see the scaled output.
-    residual_multiplier: float = 1.0
     # QK norm after RoPE instead of before (HunYuan).
     qk_norm_after_rotary: bool = False
     # Queries scaled by 1 + beta * log(1 + floor(position / length)) after RoPE (Ministral 3's
@@ -189,9 +186,8 @@ class ModelConfig:
         self._check_layer_overrides()
 
     def _check_famb_fields(self) -> None:
-        """Issue 38's scales: positive; a query scaling needs both its beta and its length."""
-        for name in ("logits_scale", "residual_multiplier"):
-            require(getattr(self, name) > 0, name, f"must be positive, got {getattr(self, name)!r}")
+        """Issue 38's values: a positive logits scale; a query scaling needs both its beta and its length."""
+        require(self.logits_scale > 0, "logits_scale", f"must be positive, got {self.logits_scale!r}")
         require(self.act_fn != "xielu" or not (self.gated_mlp or self.num_experts), "act_fn",
                 "'xielu' is supported in dense MLPs without a gate only")
         beta, length = self.query_scale_beta, self.query_scale_length

@@ -129,9 +129,22 @@ def test_each_new_config_value_changes_the_logits(saved, feature, tmp_path):
 
 
 def test_config_values_map_as_written(saved):
-    granite = wb.load_model(saved("granite_multipliers_bias").directory).cfg
-    assert (granite.embed_scale, granite.residual_multiplier) == (3.0, 0.6)
-    assert granite.attn_scale == pytest.approx(1 / 0.3) and granite.logits_scale == pytest.approx(1 / 2.5)
+    case = saved("granite_multipliers_bias")
+    granite = wb.load_model(case.directory)
+    assert granite.cfg.embed_scale == 3.0
+    assert granite.cfg.attn_scale == pytest.approx(1 / 0.3) and granite.cfg.logits_scale == pytest.approx(1 / 2.5)
+    # residual_multiplier 0.6 folded into each sublayer's output weights and biases
+    hf_layer = case.hf_model.model.layers[1]
+    for ours, theirs in ((granite.blocks[1].attn._W_O_lin, hf_layer.self_attn.o_proj.weight),
+                         (granite.blocks[1].attn.b_O, hf_layer.self_attn.o_proj.bias),
+                         (granite.blocks[1].mlp._W_out_lin, hf_layer.mlp.down_proj.weight),
+                         (granite.blocks[1].mlp.b_out, hf_layer.mlp.down_proj.bias)):
+        assert torch.allclose(ours, 0.6 * theirs)
+    with torch.no_grad():  # so the heads' results add up to what joins the residual stream
+        _, cache = granite.run_with_cache(case.tokens[:1], names_filter=lambda n: n.startswith("blocks.0.") and
+                                          n.endswith(("attn.hook_result", "hook_attn_out")))
+    heads_sum = cache["blocks.0.attn.hook_result"].sum(2) + granite.blocks[0].attn.b_O
+    assert max_diff(heads_sum, cache["blocks.0.hook_attn_out"]) < TOLERANCE
     ministral3 = wb.load_model(saved("ministral3_query_scale_yarn").directory).cfg
     assert (ministral3.query_scale_beta, ministral3.query_scale_length) == (0.5, 8)
     exaone4 = wb.load_model(saved("exaone4_sliding_nope_full").directory).cfg

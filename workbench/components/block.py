@@ -7,7 +7,6 @@ Where the norms sit (``norm_placement``; f is attention, then the MLP; ln is ln1
     post:            ln(x + f(x))                          the original transformer, OPT-350m
     sandwich:        x + ln_post(f(ln(x)))                 Gemma 2 and 3 (ln1_post, ln2_post)
     sublayer_output: x + ln_post(f(x))                     OLMo 2
-With ``residual_multiplier`` m (Granite) each f's output is m * f(...), hooked as scaled.
 With ``parallel_attn_mlp`` (GPT-J, GPT-NeoX, Phi-1/2) both read the block input:
 x + attn(ln1(x)) + mlp(ln2(x)), and there is no ``hook_resid_mid``.
 With ``use_split_qkv_input`` (TransformerLens's switch, pre-norm only) each query head and each
@@ -55,7 +54,6 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.norm_placement = cfg.norm_placement
         self.parallel = cfg.parallel_attn_mlp
-        self.residual_multiplier = cfg.residual_multiplier
         self.options = options  # the model's own: its use_split_qkv_input switch here too
         sublayer_output = cfg.norm_placement == "sublayer_output"
         post_norms = cfg.norm_placement in ("sandwich", "sublayer_output")
@@ -89,8 +87,8 @@ class TransformerBlock(nn.Module):
             heads = (self.attn.n_heads, self.attn.n_key_value_heads, self.attn.n_key_value_heads)
             split = tuple(self.ln1(hook(resid[:, :, None].repeat(1, 1, n, 1)))  # a copy per head
                           for hook, n in zip((self.hook_q_input, self.hook_k_input, self.hook_v_input), heads))
-            attn_out = self.hook_attn_out(self._scaled(self.attn(resid, positions, kv_cache, split_inputs=split,
-                                                                 key_mask_BS=key_mask_BS)))
+            attn_out = self.hook_attn_out(self.attn(resid, positions, kv_cache, split_inputs=split,
+                                                    key_mask_BS=key_mask_BS))
             resid_mid = resid + attn_out
         else:
             attend = lambda x: self.attn(x, positions, kv_cache, key_mask_BS=key_mask_BS)  # noqa: E731
@@ -98,7 +96,7 @@ class TransformerBlock(nn.Module):
         if not self.has_mlp:
             return self.hook_resid_post(resid_mid)
         if self.parallel:  # the MLP reads the block input too
-            return self.hook_resid_post(resid_mid + self.hook_mlp_out(self._scaled(self.mlp(self.ln2(resid)))))
+            return self.hook_resid_post(resid_mid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
         resid_mid = self.hook_resid_mid(resid_mid)
         resid_post, _ = self._sublayer(resid_mid, self.mlp, self.ln2, self.ln2_post, self.hook_mlp_out)
         return self.hook_resid_post(resid_post)
@@ -107,10 +105,7 @@ class TransformerBlock(nn.Module):
                   ln_post: Optional[nn.Module], hook_out: HookPoint) -> tuple[Tensor, Tensor]:
         """(new residual, the sublayer's output as hooked) for this block's norm placement."""
         if self.norm_placement == "post":
-            out = hook_out(self._scaled(f(resid)))
+            out = hook_out(f(resid))
             return ln(resid + out), out
-        out = hook_out(self._scaled((ln_post or _identity)(f((ln or _identity)(resid)))))
+        out = hook_out((ln_post or _identity)(f((ln or _identity)(resid))))
         return resid + out, out
-
-    def _scaled(self, out: Tensor) -> Tensor:
-        return out if self.residual_multiplier == 1.0 else out * self.residual_multiplier

@@ -6,7 +6,8 @@ names) with different config values, so each is one ``hf_llama.Variant`` in the 
 ``hf_llama``'s own ``model_config`` and ``convert_tensors`` (read off transformers 5.24's ``modeling_*.py``):
 
     Granite     embedding_multiplier (embed_scale), attention_multiplier (the score scale, 1 / attn_scale),
-                residual_multiplier (each sublayer's output), logits_scaling (logits divided by it)
+                logits_scaling (logits divided by it: logits_scale); residual_multiplier (each sublayer's
+                output times it) folded into W_O, b_O, W_out and b_out
     Helium      RoPE on adjacent pairs; o_proj never biased
     Ministral   sliding windows on the layers ``layer_types`` names (default: all, when a window is set)
     Ministral 3 queries scaled per position after RoPE (``rope_parameters.llama_4_scaling_beta``)
@@ -31,22 +32,52 @@ names) with different config values, so each is one ``hf_llama.Variant`` in the 
 
 from __future__ import annotations
 
+import json
 import re
 from functools import partial
 from typing import Any
 
+from torch import Tensor
+
+from workbench.config import ModelConfig
 from workbench.loading import hf_llama
 from workbench.loading.family import Family
+from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
 from workbench.loading.hf_llama import Variant
 
 
 def _granite_multipliers(hf: HFConfig) -> dict[str, Any]:
-    """Granite's four multipliers as ModelConfig values (scores are q.k * attention_multiplier)."""
+    """Three of Granite's multipliers as ModelConfig values (scores are q.k * attention_multiplier); the
+    fourth, residual_multiplier, is folded into the weights (``convert_tensors``)."""
     return {"embed_scale": float(hf.get("embedding_multiplier", 1.0)),
             "attn_scale": 1.0 / float(hf.get("attention_multiplier", 1.0)),
-            "residual_multiplier": float(hf.get("residual_multiplier", 1.0)),
             "logits_scale": 1.0 / float(hf.get("logits_scaling", 1.0))}
+
+
+# Architectures whose every attention and MLP output is multiplied by a config value before the residual
+# add (Granite's residual_multiplier), and that field: a pure reparametrisation of a pre-norm block, folded
+# into W_O, b_O, W_out and b_out on loading, so the per-head results and neuron contributions (and the
+# weight-based reads of them) sum to exactly what joins the residual stream.
+_FOLDED_OUTPUT_SCALES = {"GraniteForCausalLM": "residual_multiplier"}
+_OUTPUT_WEIGHTS = re.compile(r"blocks\.\d+\.(attn\._W_O_lin|attn\.b_O|mlp\._W_out_lin|mlp\.b_out)")
+
+
+def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture: str) -> dict[str, Tensor]:
+    """``hf_llama.convert_tensors`` over this module's table, with Granite's residual_multiplier folded
+    into the sublayers' output weights and biases.
+
+    Example:
+        >>> tensors = convert_tensors(SafetensorsCheckpoint(Path("tiny-granite")), cfg,
+        ...                           "GraniteForCausalLM")                           # doctest: +SKIP
+    """
+    tensors = hf_llama.convert_tensors(ckpt, cfg, architecture, variants=VARIANTS)
+    field = _FOLDED_OUTPUT_SCALES.get(architecture)
+    if field is None:
+        return tensors
+    source = ckpt.directory / "config.json"  # the file model_config read; the multiplier is not a ModelConfig field
+    scale = float(HFConfig(json.loads(source.read_text()), str(source)).get(field, 1.0))
+    return {name: t * scale if scale != 1.0 and _OUTPUT_WEIGHTS.fullmatch(name) else t for name, t in tensors.items()}
 
 
 def _default_layer_types(rule):
@@ -208,6 +239,6 @@ FAMILIES = (Family(
         "InternLM3ForCausalLM": ("internlm3", "InternLM3 (remote-code configs: qkv_bias, bias)"),
     },
     model_config=partial(hf_llama.model_config, variants=VARIANTS),
-    convert_tensors=partial(hf_llama.convert_tensors, variants=VARIANTS),
+    convert_tensors=convert_tensors,
     ignored_tensors=re.compile(r".*rotary_emb\.inv_freq$"),
 ),)
