@@ -300,14 +300,15 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRo
                                         self.unembed.soft_cap)
 
     def tokens_to_residual_directions(self, tokens: Union[int, Int[Tensor, "..."]]) -> Float[Tensor, "... d_model"]:
-        """The unembedding direction(s) of token id(s): ``W_U[:, token]`` in TransformerLens's [d_model, d_vocab] terms.
+        """The unembedding direction(s) of token id(s): ``W_U[:, token]`` in TransformerLens's [d_model, d_vocab] terms
+        (times ``logits_scale`` where that is not 1, so a normed residual's dot with it is the token's logit).
 
         Example:
             >>> model.tokens_to_residual_directions(5).shape   # doctest: +SKIP
             torch.Size([576])
         """
         W_U_VD = self.unembed.W_U.T
-        return W_U_VD[torch.as_tensor(tokens, device=W_U_VD.device)]
+        return self.unembed.scaled_input(W_U_VD[torch.as_tensor(tokens, device=W_U_VD.device)])
 
     # ---- runtime options ----------------------------------------------------------------------------
     def set_attn_impl(self, attn_impl: AttnImpl) -> "Decoder":

@@ -218,3 +218,17 @@ def test_cohere_one_norm_loads_as_two_editable_copies(saved):
     ln1, ln2 = model.blocks[0].ln1.w, model.blocks[0].ln2.w
     assert torch.equal(ln1, ln2) and ln1.data_ptr() != ln2.data_ptr()
     assert torch.equal(model.blocks[0].attn.q_norm.b, torch.zeros_like(model.blocks[0].attn.q_norm.b))
+
+
+def test_logit_scale_is_in_the_token_directions_and_the_loss(saved):
+    """Cohere's logit_scale: a final normed residual's dot with a token's direction is that token's logit, and
+    the tiled loss from the residual stream equals the loss of the logits."""
+    case = saved("cohere_untied")
+    model = wb.load_model(case.directory)
+    last = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(case.tokens, names_filter=lambda n: n in ("ln_final.hook_normalized", last))
+        directions = model.tokens_to_residual_directions(torch.arange(7))
+        assert max_diff(cache["ln_final.hook_normalized"] @ directions.T, logits[..., :7]) < TOLERANCE
+        losses = model.loss_from_resid(cache[last][:, :-1], case.tokens[:, 1:])
+        assert max_diff(losses, model.loss_fn(logits, case.tokens, per_token=True)) < TOLERANCE
