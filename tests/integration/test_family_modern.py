@@ -187,6 +187,8 @@ REFUSALS = {
     "granite_partial_rotary": ("granite_tied", lambda c: c["rope_parameters"].update(partial_rotary_factor=0.5),
                                "rope_parameters[.]partial_rotary_factor"),
     "granite_sliding_window": ("granite_tied", lambda c: c.update(sliding_window=5), "sliding_window"),
+    "granite_residual_multiplier": ("granite_tied", lambda c: c.update(residual_multiplier="0.5"),
+                                    "residual_multiplier"),
     "apertus_activation": ("apertus_xielu_llama3_rope", lambda c: c.update(hidden_act="mish"), "hidden_act"),
 }
 

@@ -49,7 +49,10 @@ from workbench.loading.hf_llama import Variant
 
 def _granite_multipliers(hf: HFConfig) -> dict[str, Any]:
     """Three of Granite's multipliers as ModelConfig values (scores are q.k * attention_multiplier); the
-    fourth, residual_multiplier, is folded into the weights (``convert_tensors``)."""
+    fourth, residual_multiplier, is folded into the weights (``convert_tensors``), checked here before any is read."""
+    multiplier = hf.get("residual_multiplier", 1.0)
+    if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)):
+        raise hf.refuse("residual_multiplier", multiplier, "expected a number")
     return {"embed_scale": float(hf.get("embedding_multiplier", 1.0)),
             "attn_scale": 1.0 / float(hf.get("attention_multiplier", 1.0)),
             "logits_scale": 1.0 / float(hf.get("logits_scaling", 1.0))}
