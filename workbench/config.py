@@ -29,7 +29,8 @@ Normalization = Literal["LN", "RMS"]
 NormPlacement = Literal["pre", "post", "sandwich", "sublayer_output"]
 Positional = Literal["rotary", "learned", "sinusoidal", "alibi", "none"]
 QKNorm = Literal["head", "projection"]
-ActFn = Literal["gelu", "gelu_new", "silu", "relu"]
+# relu2: relu(x)^2 (Nemotron, Arcee); xielu: Apertus's, with learned scalars per layer (dense MLPs only)
+ActFn = Literal["gelu", "gelu_new", "silu", "relu", "relu2", "xielu"]
 # issue 38 (older dense families): the sinusoidal position table's layout (see ModelConfig.sinusoidal_style).
 SinusoidalStyle = Literal["interleaved", "fairseq"]
 # The allowed values of each choice field: read off its Literal, so they are written down once.
@@ -117,6 +118,16 @@ class ModelConfig:
     attn_bias: bool = False
     mlp_bias: bool = False
     model_name: str = "custom"
+    # ---- issue 38, modern Llama-like families (famb) ------------------------------------------
+    # The unembedding's input multiplied by this (Granite: 1 / logits_scaling; Cohere: logit_scale).
+    logits_scale: float = 1.0
+    # QK norm after RoPE instead of before (HunYuan).
+    qk_norm_after_rotary: bool = False
+    # Queries scaled by 1 + beta * log(1 + floor(position / length)) after RoPE (Ministral 3's
+    # llama_4_scaling_beta over original_max_position_embeddings); None: no scaling.
+    query_scale_beta: Optional[float] = None
+    query_scale_length: Optional[int] = None
+    # ---- end of issue 38 (famb) ---------------------------------------------------------------
     # One mapping per layer of the PER_LAYER_FIELDS that layer sets differently; () = all alike.
     layer_overrides: tuple[dict[str, Any], ...] = ()
     # ---- issue 38, older dense families (Falcon, StarCoder, MPT, CodeGen, XGLM, OpenAI GPT) --------------
@@ -157,6 +168,7 @@ class ModelConfig:
         require(self.qk_norm in (None, "head", "projection"), "qk_norm",
                 f"must be None, 'head' or 'projection', got {self.qk_norm!r}")
         require(self.embed_scale > 0, "embed_scale", f"must be positive, got {self.embed_scale}")
+        self._check_famb_fields()
         _check_rotary_scaling(self.rotary_scaling)
         require(not (self.parallel_attn_mlp and self.norm_placement != "pre"), "parallel_attn_mlp",
                 f"needs norm_placement='pre', got {self.norm_placement!r}")
@@ -180,6 +192,17 @@ class ModelConfig:
             require(isinstance(self.sliding_window, int) and self.sliding_window > 0, "sliding_window",
                     f"must be a positive integer or None, got {self.sliding_window!r}")
         self._check_layer_overrides()
+
+    def _check_famb_fields(self) -> None:
+        """Issue 38's values: a positive logits scale; a query scaling needs both its beta and its length."""
+        require(self.logits_scale > 0, "logits_scale", f"must be positive, got {self.logits_scale!r}")
+        require(self.act_fn != "xielu" or not (self.gated_mlp or self.num_experts), "act_fn",
+                "'xielu' is supported in dense MLPs without a gate only")
+        beta, length = self.query_scale_beta, self.query_scale_length
+        require((beta is None) == (length is None), "query_scale_beta",
+                f"and query_scale_length must be set together, got {beta!r} and {length!r}")
+        require(length is None or (isinstance(length, int) and length > 0), "query_scale_length",
+                f"must be a positive integer or None, got {length!r}")
 
     def _check_router(self) -> None:
         """What the mixture's settings (each checked by ``MoEConfig``) must agree on with the expert count."""

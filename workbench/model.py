@@ -296,18 +296,20 @@ class Decoder(TokenMethods, HookMethods, SAESpliceMethods, WeightMethods, Readou
         Example:
             >>> losses = model.loss_from_resid(resid_final[:, :-1], tokens[:, 1:])   # doctest: +SKIP
         """
-        return token_losses_from_normed(self.apply_final_norm(resid_BPD), self.unembed.W_U.T, targets_BP,
-                                        self.unembed.b_U, self.unembed.soft_cap)
+        normed_BPD = self.unembed.scaled_input(self.apply_final_norm(resid_BPD))  # logits_scale, as Unembed applies it
+        return token_losses_from_normed(normed_BPD, self.unembed.W_U.T, targets_BP, self.unembed.b_U,
+                                        self.unembed.soft_cap)
 
     def tokens_to_residual_directions(self, tokens: Union[int, Int[Tensor, "..."]]) -> Float[Tensor, "... d_model"]:
-        """The unembedding direction(s) of token id(s): ``W_U[:, token]`` in TransformerLens's [d_model, d_vocab] terms.
+        """The unembedding direction(s) of token id(s): ``W_U[:, token]`` in TransformerLens's [d_model, d_vocab] terms
+        (times ``logits_scale`` where that is not 1, so a normed residual's dot with it is the token's logit).
 
         Example:
             >>> model.tokens_to_residual_directions(5).shape   # doctest: +SKIP
             torch.Size([576])
         """
         W_U_VD = self.unembed.W_U.T
-        return W_U_VD[torch.as_tensor(tokens, device=W_U_VD.device)]
+        return self.unembed.scaled_input(W_U_VD[torch.as_tensor(tokens, device=W_U_VD.device)])
 
     # ---- runtime options ----------------------------------------------------------------------------
     def set_attn_impl(self, attn_impl: AttnImpl) -> "Decoder":

@@ -52,7 +52,7 @@ globals().update(family_parity_tests(CASES))
 # ---- values we cannot honour: a ConfigError naming the field, raised before any weight is read ----
 
 REFUSALS = {
-    "neox_activation": (CASES["pythia_parallel_quarter_rotary"], lambda c: c.update(hidden_act="relu2"), "hidden_act"),
+    "neox_activation": (CASES["pythia_parallel_quarter_rotary"], lambda c: c.update(hidden_act="mish"), "hidden_act"),
     "neox_odd_rotary": (CASES["pythia_parallel_quarter_rotary"],
                         lambda c: c["rope_parameters"].update(partial_rotary_factor=0.375), "partial_rotary_factor"),
     "neox_rope_type": (CASES["pythia_parallel_quarter_rotary"],

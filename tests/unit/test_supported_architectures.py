@@ -29,9 +29,11 @@ def test_each_hf_architecture_is_transformers_causal_lm_of_its_model_type():
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     hf = wb.supported_architectures().query("format == 'HF directory'")
-    assert len(hf) == 32
+    assert len(hf) == 25 + 7 + 19  # issue 38: 7 older families (fama), 19 modern Llama-like ones (famb)
+    remote_code = {"InternLM3ForCausalLM"}  # hub configs for remote code transformers does not ship
     for architecture, model_type in zip(hf.architecture, hf.model_type):
-        assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) == architecture, (architecture, model_type)
+        if architecture not in remote_code:
+            assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) == architecture, (architecture, model_type)
 
 
 def test_the_table_is_the_readme_table_row_for_row():
@@ -51,7 +53,7 @@ def test_cli_prints_the_architectures(capsys):
 
 def test_readme_table_lists_every_architecture():
     rows = [line for line in README.read_text().splitlines() if line.startswith("| HF directory | `")]
-    listed = {match for line in rows for match in re.findall(r"`([A-Za-z0-9]+(?:ForCausalLM|LMHeadModel))`", line)}
+    listed = {match for line in rows for match in re.findall(r"`([A-Za-z0-9_]+(?:ForCausalLM|LMHeadModel))`", line)}
     hf = set(wb.supported_architectures().query("format == 'HF directory'").architecture)
     assert hf <= listed, f"README lacks {sorted(hf - listed)}"
 

@@ -22,7 +22,8 @@ when observed or ``options.use_attn_result`` is set (``Decoder.set_use_attn_resu
 
 Order of operations, each on its hook: projections (clamped to ``clip_qkv`` when set) ->
 ``hook_q``/``hook_k``/``hook_v`` -> QK norm (``q_norm``/``k_norm``, per head or over the whole
-projection, when ``qk_norm`` is set) -> RoPE (``hook_rot_q``/``hook_rot_k``) -> scores q.k /
+projection, when ``qk_norm`` is set) -> RoPE (``hook_rot_q``/``hook_rot_k``; queries then scaled per
+position with ``query_scale_beta``; the QK norm comes here instead with ``qk_norm_after_rotary``) -> scores q.k /
 attn_scale, soft-capped when ``attn_scores_soft_cap`` is set, plus mask and ALiBi bias
 (``hook_attn_scores``) -> ``hook_pattern`` -> ``hook_z`` -> output projection.
 """
@@ -130,6 +131,8 @@ class Attention(AttentionBase):
             self._b_Q_lin = self._b_K_lin = self._b_V_lin = self.b_O = None
         # QK norm gains: [heads, d_head] per head, or [heads * d_head] over the whole projection.
         self.qk_norm_over_projection = cfg.qk_norm == "projection"
+        self.qk_norm_after_rotary = cfg.qk_norm_after_rotary
+        self.query_scale_beta, self.query_scale_length = cfg.query_scale_beta, cfg.query_scale_length
         if cfg.qk_norm is not None:
             q_shape, k_shape = ((H * K,), (G * K,)) if self.qk_norm_over_projection else ((H, K), (G, K))
             self.q_norm, self.k_norm = make_norm(cfg, options, q_shape), make_norm(cfg, options, k_shape)
@@ -161,17 +164,27 @@ class Attention(AttentionBase):
         q_BPHK = self.hook_q(self._clip(_project(q_in, self._W_Q_lin, self._b_Q_lin, H, K)))
         k_BPGK = self.hook_k(self._clip(_project(k_in, self._W_K_lin, self._b_K_lin, G, K)))
         v_BPGK = self.hook_v(self._clip(_project(v_in, self._W_V_lin, self._b_V_lin, G, K)))
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_after_rotary:
             q_BPHK, k_BPGK = self._qk_normed(self.q_norm, q_BPHK), self._qk_normed(self.k_norm, k_BPGK)
         if self.rotary is not None:
-            q_BPHK = self.hook_rot_q(self.rotary(q_BPHK, positions))
+            q_BPHK = self.hook_rot_q(self._position_scaled(self.rotary(q_BPHK, positions), positions))
             k_BPGK = self.hook_rot_k(self.rotary(k_BPGK, positions))
+        if self.q_norm is not None and self.qk_norm_after_rotary:  # HunYuan: the rotated q and k normed
+            q_BPHK, k_BPGK = self._qk_normed(self.q_norm, q_BPHK), self._qk_normed(self.k_norm, k_BPGK)
 
         q_BHPK, k_BGSK, v_BGSK = q_BPHK.transpose(1, 2), k_BPGK.transpose(1, 2), v_BPGK.transpose(1, 2)
         if kv_cache is not None:
             k_BGSK, v_BGSK = kv_cache.append(k_BGSK, v_BGSK)
         z_BPHK = self.hook_z(self.attend(q_BHPK, k_BGSK, v_BGSK, key_mask_BS))
         return self.project_out(z_BPHK)
+
+    def _position_scaled(self, q_BPHK: Tensor, positions: Tensor) -> Tensor:
+        """Queries times 1 + beta * log(1 + floor(position / length)) (``query_scale_beta``; Ministral 3),
+        or as they are."""
+        if self.query_scale_beta is None:
+            return q_BPHK
+        scale = 1 + self.query_scale_beta * torch.log(1 + torch.floor(positions.float() / self.query_scale_length))
+        return q_BPHK * scale[..., None, None].to(q_BPHK.dtype)
 
     def _clip(self, x: Tensor) -> Tensor:
         return x if self.clip_qkv is None else x.clamp(-self.clip_qkv, self.clip_qkv)

@@ -148,7 +148,8 @@ def make_pos_embed(cfg: ModelConfig, options: RuntimeOptions) -> Optional[nn.Mod
 
 class Unembed(nn.Module):
     """Residual -> logits: x @ ``W_U`` [D, V] (+ ``b_U`` [V] when ``cfg.unembed_bias``), soft-capped
-    to cap * tanh(logits / cap) when ``output_logits_soft_cap`` is set (Gemma 2).
+    to cap * tanh(logits / cap) when ``output_logits_soft_cap`` is set (Gemma 2); x is first multiplied
+    by ``logits_scale`` when that is not 1 (Granite's 1 / logits_scaling, Cohere's logit_scale).
 
     With tied embeddings the decoder points the storage ``_W_U_lin`` at the embedding's own
     ``W_E`` Parameter (one tensor, two names); ``Decoder.save`` writes it once.
@@ -163,9 +164,20 @@ class Unembed(nn.Module):
         self._W_U_lin = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=options.dtype))
         self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab, dtype=options.dtype)) if cfg.unembed_bias else None
         self.soft_cap = cfg.output_logits_soft_cap
+        self.logits_scale = cfg.logits_scale
 
     def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-        return soft_capped(F.linear(x_BPD, self._W_U_lin, self.b_U), self.soft_cap)
+        return soft_capped(F.linear(self.scaled_input(x_BPD), self._W_U_lin, self.b_U), self.soft_cap)
+
+    def scaled_input(self, x_BPD: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        """The unembedding's input times ``logits_scale`` (itself when that is 1).
+
+        Example:
+            >>> normed = cache["ln_final.hook_normalized"]
+            >>> torch.equal(model.unembed.scaled_input(normed), normed)   # logits_scale 1
+            True
+        """
+        return x_BPD if self.logits_scale == 1.0 else x_BPD * self.logits_scale
 
     @property
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:

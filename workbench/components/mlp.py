@@ -28,7 +28,44 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's tanh approximation
     "silu": F.silu,
     "relu": F.relu,
+    "relu2": lambda x: F.relu(x).square(),  # squared ReLU (Nemotron, Arcee)
 }
+
+
+class XIELU(nn.Module):
+    """xIELU (Apertus; arXiv 2411.13010), with this layer's learned scalars as transformers stores them:
+    ``alpha_p``, ``alpha_n`` [1] (through softplus) and ``beta``, ``eps`` [] (fixed there, read here).
+
+        x > 0:  softplus(alpha_p) x^2 + beta x
+        else:   (expm1(min(x, eps)) - x) (beta + softplus(alpha_n)) + beta x
+
+    Example:
+        >>> act = XIELU(RuntimeOptions())
+        >>> act(torch.tensor([2.0, 0.0])).tolist()   # every scalar 0: softplus(0) x^2 = log(2) * 4
+        [2.7725887298583984, 0.0]
+    """
+
+    def __init__(self, options: RuntimeOptions):
+        super().__init__()
+        self.alpha_p = nn.Parameter(torch.zeros(1, dtype=options.dtype))
+        self.alpha_n = nn.Parameter(torch.zeros(1, dtype=options.dtype))
+        self.beta = nn.Parameter(torch.zeros((), dtype=options.dtype))
+        self.eps = nn.Parameter(torch.zeros((), dtype=options.dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        alpha_p, alpha_n = F.softplus(self.alpha_p), self.beta + F.softplus(self.alpha_n)
+        return torch.where(x > 0, alpha_p * x * x + self.beta * x,
+                           (torch.expm1(torch.min(x, self.eps)) - x) * alpha_n + self.beta * x)
+
+
+def make_activation(cfg: ModelConfig, options: RuntimeOptions) -> Callable[[Tensor], Tensor]:
+    """``cfg.act_fn`` as a function, or as a module holding its own parameters (xIELU).
+
+    Example:
+        >>> make_activation(model.config.replace(act_fn="relu2"), model.options)(torch.tensor([-1.0, 3.0])).tolist()
+        [0.0, 9.0]
+    """
+    return XIELU(options) if cfg.act_fn == "xielu" else ACTIVATIONS[cfg.act_fn]
 
 
 class DenseWeights:
@@ -48,7 +85,7 @@ class MLP(DenseWeights, nn.Module):
 
     def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
-        self.act = ACTIVATIONS[cfg.act_fn]
+        self.act = make_activation(cfg, options)
         self._W_in_lin = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=options.dtype))
         self._W_out_lin = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=options.dtype))
         self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp, dtype=options.dtype)) if cfg.mlp_bias else None

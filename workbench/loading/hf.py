@@ -16,7 +16,7 @@ import torch
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError
-from workbench.loading import hf_deepseek, hf_gemma, hf_gpt2, hf_llama, hf_neox, hf_opt_bloom, hf_phi
+from workbench.loading import hf_deepseek, hf_gemma, hf_gpt2, hf_llama, hf_modern, hf_neox, hf_opt_bloom, hf_phi
 from workbench.loading import hf_codegen, hf_falcon, hf_mpt, hf_openai_gpt, hf_starcoder, hf_xglm  # issue 38, older dense families
 from workbench.loading.build import build_model, runtime_options
 from workbench.loading.family import Family, register
@@ -32,12 +32,16 @@ LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
 # The family modules, each exporting FAMILIES (workbench.loading.family.Family), in the order
 # wb.supported_architectures() lists them.
-FAMILY_MODULES = (hf_gpt2, hf_llama, hf_neox, hf_gemma, hf_phi, hf_opt_bloom, hf_deepseek,
+FAMILY_MODULES = (hf_gpt2, hf_llama, hf_neox, hf_gemma, hf_phi, hf_opt_bloom, hf_deepseek, hf_modern,
                   hf_falcon, hf_starcoder, hf_mpt, hf_codegen, hf_xglm, hf_openai_gpt)
 
 # architectures[0] in config.json -> the family that knows its config fields and tensor names
 # (every family checked against the contract here, at import).
 ARCHITECTURES: dict[str, Family] = register(FAMILY_MODULES)
+
+# Architectures a family module refuses by name ({architecture: why}, a module's optional REFUSED).
+REFUSED_ARCHITECTURES: dict[str, str] = {arch: why for module in FAMILY_MODULES
+                                         for arch, why in getattr(module, "REFUSED", {}).items()}
 
 # model_type -> architecture, for configs that lack the "architectures" list.
 MODEL_TYPES = {family.architectures[arch][0]: arch for arch, family in ARCHITECTURES.items()}
@@ -94,6 +98,9 @@ def architecture_of(data: dict, source: str) -> str:
             return name
     if not names and data.get("model_type") in MODEL_TYPES:  # configs written without "architectures"
         return MODEL_TYPES[data["model_type"]]
+    refused = next((name for name in names if name in REFUSED_ARCHITECTURES), None)
+    if refused is not None:
+        raise CheckpointError(f"{source}: architecture {refused!r} is not supported: {REFUSED_ARCHITECTURES[refused]}")
     stated = names or data.get("model_type")
     kind = next((why for marker, why in _NOT_DECODERS.items() if marker.lower() in str(stated).lower()), "")
     raise CheckpointError(

@@ -27,6 +27,8 @@ HF_ACTIVATIONS = {
     "silu": "silu",
     "swish": "silu",
     "relu": "relu",
+    "relu2": "relu2",  # squared ReLU (Nemotron, Arcee)
+    "xielu": "xielu",  # Apertus (learned scalars per layer)
 }
 
 

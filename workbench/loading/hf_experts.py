@@ -184,6 +184,36 @@ def dense_gated_mlp(ckpt: SafetensorsCheckpoint, prefix: str, ours: str, M: int,
     return out
 
 
+def fused_gated_mlp(ckpt: SafetensorsCheckpoint, prefix: str, ours: str, M: int, D: int) -> dict[str, Tensor]:
+    """GLM: ``gate_up_proj`` [2M, D] (gate rows first) and ``down_proj`` [D, M], no biases, as ``{ours}._W_{gate,in,out}_lin``.
+
+    Example:
+        >>> fused_gated_mlp(ckpt, "model.layers.0.mlp", "blocks.0.mlp", 80, 48)   # doctest: +SKIP
+    """
+    gate_up_2MD = ckpt.take(f"{prefix}.gate_up_proj.weight", (2 * M, D))
+    return {f"{ours}._W_gate_lin": gate_up_2MD[:M], f"{ours}._W_in_lin": gate_up_2MD[M:],
+            f"{ours}._W_out_lin": ckpt.take(f"{prefix}.down_proj.weight", (D, M))}
+
+
+def dense_mlp(ckpt: SafetensorsCheckpoint, prefix: str, ours: str, M: int, D: int, bias: bool,
+               act_fn: str) -> dict[str, Tensor]:
+    """Nemotron, Arcee, Apertus: ``up_proj`` [M, D] and ``down_proj`` [D, M] around the activation (no gate),
+    with biases when ``bias``, and xIELU's scalars (``act_fn.*``) when that is the activation.
+
+    Example:
+        >>> dense_mlp(ckpt, "model.layers.0.mlp", "blocks.0.mlp", 80, 48, False, "relu2")   # doctest: +SKIP
+    """
+    out = {}
+    for proj, name, shape in (("up", "in", (M, D)), ("down", "out", (D, M))):
+        out[f"{ours}._W_{name}_lin"] = ckpt.take(f"{prefix}.{proj}_proj.weight", shape)
+        if bias:
+            out[f"{ours}.b_{name}"] = ckpt.take(f"{prefix}.{proj}_proj.bias", shape[:1])
+    if act_fn == "xielu":  # Apertus: the activation's own scalars
+        out.update({f"{ours}.act.{name}": ckpt.take(f"{prefix}.act_fn.{name}", shape)
+                    for name, shape in (("alpha_p", (1,)), ("alpha_n", (1,)), ("beta", ()), ("eps", ()))})
+    return out
+
+
 def _interleaved_experts(ckpt: SafetensorsCheckpoint, prefix: str, ours: str, E: int, M: int, D: int) -> dict[str, Tensor]:
     """gpt-oss: ``gate_up_proj`` [E, D, 2M] (gate at even columns, up at odd) and ``down_proj`` [E, M, D],
     both used as x @ W (transposed against nn.Linear), each with a bias."""

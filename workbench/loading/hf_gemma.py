@@ -38,6 +38,9 @@ that we store as 1 + w:
     model.layers.{l}.mlp.{gate,up,down}_proj         -> blocks.{l}.mlp._W_{gate,in,out}_lin
     model.norm.weight -> ln_final.w (+1);  lm_head.weight -> unembed._W_U_lin (absent when tied)
 
+VaultGemma is Gemma 2 with pre-norm blocks only: ``input_layernorm`` -> ln1, ``pre_feedforward_layernorm``
+-> ln2 (+1 each).
+
 The multimodal ``Gemma3ForConditionalGeneration`` is not a decoder-only checkpoint and is not
 registered: it is refused as an unknown architecture.
 """
@@ -82,6 +85,8 @@ class Variant:
     logit_soft_cap: bool = False  # final_logit_softcapping applied
     qk_norm: bool = False
     rope_per_layer_type: bool = False  # rope_parameters keyed by layer type, older fields mapped to them
+    # The norms of a pre-norm block when they are not Gemma's (VaultGemma: pre_feedforward_layernorm before the MLP).
+    pre_norms: Optional[dict[str, str]] = None
 
 
 VARIANTS = {
@@ -92,6 +97,12 @@ VARIANTS = {
     "Gemma2ForCausalLM": Variant(
         activation_field="hidden_activation", sandwich=True, window_pattern=2, query_pre_attn_scalar=True,
         attn_soft_cap=True, logit_soft_cap=True,
+        defaults={**_LATER_DEFAULTS, "max_position_embeddings": 8192, "final_logit_softcapping": 30.0,
+                  "attn_logit_softcapping": 50.0}),
+    # VaultGemma: Gemma 2's attention and caps, two norms per block (input_layernorm, pre_feedforward_layernorm).
+    "VaultGemmaForCausalLM": Variant(
+        activation_field="hidden_activation", window_pattern=2, query_pre_attn_scalar=True, attn_soft_cap=True,
+        logit_soft_cap=True, pre_norms={"input_layernorm": "ln1", "pre_feedforward_layernorm": "ln2"},
         defaults={**_LATER_DEFAULTS, "max_position_embeddings": 8192, "final_logit_softcapping": 30.0,
                   "attn_logit_softcapping": 50.0}),
     "Gemma3ForCausalLM": Variant(
@@ -256,7 +267,7 @@ def _block(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, variant: Variant, laye
     """One layer's norms, attention (with Gemma 3's QK norms) and GeGLU MLP, in our names."""
     D, M, H, G, K = cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
     hf, ours = f"model.layers.{layer}", f"blocks.{layer}"
-    norms = _SANDWICH_NORMS if variant.sandwich else _PRE_NORMS
+    norms = _SANDWICH_NORMS if variant.sandwich else (variant.pre_norms or _PRE_NORMS)
     out = {f"{ours}.{name}.w": _gain(ckpt.take(f"{hf}.{hf_name}.weight", (D,))) for hf_name, name in norms.items()}
     for proj, rows, cols in (("q", H * K, D), ("k", G * K, D), ("v", G * K, D), ("o", D, H * K)):
         name = proj.upper()
@@ -285,6 +296,7 @@ FAMILIES = (Family(
         "GemmaForCausalLM": ("gemma", "Gemma (2B, 7B), CodeGemma"),
         "Gemma2ForCausalLM": ("gemma2", "Gemma 2"),
         "Gemma3ForCausalLM": ("gemma3_text", "Gemma 3, text-only checkpoints (e.g. gemma-3-1b)"),
+        "VaultGemmaForCausalLM": ("vaultgemma", "VaultGemma (Gemma 2's attention, two norms per block)"),
     },
     model_config=model_config,
     convert_tensors=convert_tensors,

@@ -23,6 +23,10 @@ values, which ``Variant`` records (read off transformers 5.23's ``modeling_*.py`
     OLMo 2    RMSNorm after each sublayer only, before the residual add (``norm_placement=
               "sublayer_output"``); QK norm over the whole q / k projection (``qk_norm="projection"``)
 
+``hf_modern`` declares more Llama-like architectures (Granite, Cohere, GLM, Nemotron ...) as a table of
+``Variant``s of its own, read by this module's ``model_config`` and ``convert_tensors`` (their
+``variants`` argument); the switches after ``defaults`` in ``Variant`` exist for them.
+
 A field missing from config.json takes the architecture's transformers default (Qwen3's head_dim
 is 128, SmolLM3's rope_theta 2e6 and its NoPE layers every 4th, Mistral's window 4096, ...).
 HF tensor names (transformers 5.23 ``save_pretrained``) and ours (the nn.Linear-layout storage,
@@ -58,7 +62,8 @@ from workbench.config import MoEConfig, ModelConfig
 from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_experts import MOE_KINDS, dense_gated_mlp, moe_layer_fields, read_experts, with_moe_layers
+from workbench.loading.hf_experts import (MOE_KINDS, dense_gated_mlp, dense_mlp, fused_gated_mlp, moe_layer_fields,
+                                          read_experts, with_moe_layers)
 
 OLMO_LAYER_NORM_EPS = 1e-5  # OlmoLayerNorm's eps is fixed; its config has no field for it
 
@@ -85,6 +90,22 @@ class Variant:
     clip_qkv_field: Optional[str] = None  # OLMo: clip_qkv
     # transformers' defaults for fields missing from config.json, where they differ from Llama's.
     defaults: dict[str, Any] = field(default_factory=dict)
+    # ---- the modern families' switches (hf_modern) ----
+    o_bias_field: Optional[str] = None  # o_proj's own bias switch (Seed-OSS); None: as q/k/v (o_proj_bias)
+    rotary_adjacent_pairs: bool = False  # RoPE on adjacent pairs (Helium, ERNIE 4.5, GLM)
+    qk_norm_names: tuple[str, str] = ("q_norm", "k_norm")  # the QK norms' tensor names (HunYuan's differ)
+    fused_gate_up: bool = False  # GLM: one mlp.gate_up_proj [2M, D], gate rows first
+    gated_mlp: bool = True  # False: up_proj, act, down_proj (Nemotron, Arcee)
+    partial_rotary: bool = False  # honours partial_rotary_factor (GLM, Nemotron); else refused
+    norm_bias: bool = False  # a LayerNorm's bias is read (Nemotron); else zero (Cohere's have none)
+    norm_gain_offset: float = 0.0  # added to every norm gain (Nemotron's LayerNorm1P: 1 + w)
+    layer_norms: Optional[tuple[tuple[str, str], ...]] = None  # (ours, HF) norms of a layer; None: LAYER_NORMS
+    qk_norm_gains_per_head: bool = False  # Cohere: [H, K] / [G, K] QK-norm gains, not one shared [K]
+    # config.json data -> the data this table reads: transformers' computed defaults (layer_types ...)
+    # and spellings of the same model this table knows (HunYuan's fixed NTK alpha as a RoPE base).
+    prepare: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None
+    # ModelConfig fields beyond the common ones, from the prepared config (Granite's multipliers).
+    extra_fields: Optional[Callable[[HFConfig], dict[str, Any]]] = None
 
 
 _QWEN_DEFAULTS = {"num_key_value_heads": 32, "max_window_layers": 28, "sliding_window": 4096,
@@ -126,10 +147,12 @@ VARIANTS = {
 LAYER_NORMS = {
     "pre": (("ln1", "input_layernorm"), ("ln2", "post_attention_layernorm")),
     "sublayer_output": (("ln1_post", "post_attention_layernorm"), ("ln2_post", "post_feedforward_layernorm")),
+    "sandwich": (("ln1", "input_layernorm"), ("ln1_post", "post_self_attn_layernorm"),  # GLM-4
+                 ("ln2", "post_attention_layernorm"), ("ln2_post", "post_mlp_layernorm")),
 }
 
 
-def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
+def model_config(hf: HFConfig, architecture: str, variants: Optional[dict[str, Variant]] = None) -> ModelConfig:
     """Maps a Llama-family ``config.json`` onto ``ModelConfig``; unsupported values name their field.
 
     Example:
@@ -139,13 +162,17 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
         >>> model_config(hf, "LlamaForCausalLM").n_query_groups
         3
     """
-    variant = VARIANTS[architecture]
+    variant = (variants or VARIANTS)[architecture]
     hf = HFConfig({**variant.defaults, **hf.data}, hf.source)  # a missing field: transformers' default
+    if variant.prepare is not None:
+        hf = HFConfig(variant.prepare(dict(hf.data)), hf.source)
     d_model, n_heads = int(hf.require("hidden_size")), int(hf.require("num_attention_heads"))
     n_layers = int(hf.require("num_hidden_layers"))
     head_dim = int(hf.get("head_dim", d_model // n_heads))
-    _refuse_partial_rotary(hf)
+    if not variant.partial_rotary:
+        _refuse_partial_rotary(hf)
     attn_bias = variant.qkv_bias_always or bool(variant.qkv_bias_field and hf.get(variant.qkv_bias_field, False))
+    attn_bias = attn_bias or bool(variant.o_bias_field and hf.get(variant.o_bias_field, False))
     norm_eps = float(hf.get(variant.norm_eps_field, variant.norm_eps)) if variant.norm_eps_field else variant.norm_eps
     clip_qkv = hf.get(variant.clip_qkv_field) if variant.clip_qkv_field else None
     layers = _attention_layers(hf, variant, n_layers, head_dim)
@@ -156,17 +183,18 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
         moe = {"moe": MoEConfig(**kind.router(hf))}
     else:
         layers["d_mlp"] = int(hf.require("intermediate_size"))
-    return hf.model_config(
+    fields = dict(
         n_layers=n_layers, d_model=d_model, n_heads=n_heads,
         n_key_value_heads=int(hf.get("num_key_value_heads", n_heads)), d_head=head_dim,
         d_vocab=int(hf.require("vocab_size")), n_ctx=int(hf.require("max_position_embeddings")),
         normalization=variant.normalization, norm_eps=norm_eps, norm_placement=variant.norm_placement,
         qk_norm=variant.qk_norm, clip_qkv=None if clip_qkv is None else float(clip_qkv),
-        act_fn=hf.activation("hidden_act"), gated_mlp=True, attn_bias=attn_bias,
+        act_fn=hf.activation("hidden_act"), gated_mlp=variant.gated_mlp, attn_bias=attn_bias,
         mlp_bias=bool(variant.mlp_bias_field and hf.get(variant.mlp_bias_field, False)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)), attn_sinks=variant.sinks,
-        **layers, **moe,
+        rotary_adjacent_pairs=variant.rotary_adjacent_pairs, **layers, **moe,
     )
+    return hf.model_config(**{**fields, **(variant.extra_fields(hf) if variant.extra_fields else {})})
 
 
 def _refuse_partial_rotary(hf: HFConfig) -> None:
@@ -264,8 +292,8 @@ SLIDING_RULES: dict[str, Callable[[HFConfig, int], tuple[list[str], Optional[int
 }
 
 
-def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig,
-                    architecture: str = "LlamaForCausalLM") -> dict[str, Tensor]:
+def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture: str = "LlamaForCausalLM",
+                    variants: Optional[dict[str, Variant]] = None) -> dict[str, Tensor]:
     """Reads every tensor the model needs, renamed to ours; a missing or mis-shaped one is a
     ``CheckpointError`` naming the HF tensor and its file.
 
@@ -274,7 +302,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig,
         >>> tensors["blocks.0.attn._W_K_lin"].shape                                    # doctest: +SKIP
         torch.Size([16, 48])
     """
-    variant = VARIANTS[architecture]
+    variant = (variants or VARIANTS)[architecture]
     V, D = cfg.d_vocab, cfg.d_model
     out = {"embed.W_E": ckpt.take("model.embed_tokens.weight", (V, D))}
     like = out["embed.W_E"]
@@ -282,12 +310,20 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig,
     out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))
     for layer in range(cfg.n_layers):
         hf, ours = f"model.layers.{layer}", f"blocks.{layer}"
-        for our_norm, hf_norm in LAYER_NORMS[variant.norm_placement]:
-            out.update(_norm(ckpt, cfg, variant, f"{hf}.{hf_norm}", f"{ours}.{our_norm}", like))
+        read = set()
+        for our_norm, hf_norm in variant.layer_norms or LAYER_NORMS[variant.norm_placement]:
+            norm = _norm(ckpt, cfg, variant, f"{hf}.{hf_norm}", f"{ours}.{our_norm}", like)
+            # Cohere's one norm feeds both sublayers: a clone for ln2, so each can be edited alone
+            out.update({name: t.clone() for name, t in norm.items()} if hf_norm in read else norm)
+            read.add(hf_norm)
         out.update(_attention(ckpt, cfg, variant, layer))
         layer_cfg = cfg.for_layer(layer)
         if layer_cfg.is_moe:
             out.update(read_experts(ckpt, MOE_KINDS[variant.moe], layer_cfg, layer))
+        elif variant.fused_gate_up:
+            out.update(fused_gated_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D))
+        elif not variant.gated_mlp:
+            out.update(dense_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D, cfg.mlp_bias, cfg.act_fn))
         else:
             out.update(dense_gated_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D, bias=cfg.mlp_bias))
     return out
@@ -295,12 +331,17 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig,
 
 def _norm(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, variant: Variant, hf: str, ours: str,
           like: Tensor) -> dict[str, Tensor]:
-    """One [D] norm: its HF gain, or (OLMo's parameter-free LayerNorm) a gain of one and bias of zero."""
-    if variant.norm_params:
-        return {f"{ours}.w": ckpt.take(f"{hf}.weight", (cfg.d_model,))}
-    out = {f"{ours}.w": torch.ones(cfg.d_model, dtype=like.dtype)}
+    """One [D] norm: its HF gain (plus ``norm_gain_offset``) and, for a LayerNorm, its bias or zero; or
+    (OLMo's parameter-free LayerNorm) a gain of one and bias of zero."""
+    D = cfg.d_model
+    if not variant.norm_params:
+        out = {f"{ours}.w": torch.ones(D, dtype=like.dtype)}
+    else:
+        gain = ckpt.take(f"{hf}.weight", (D,))
+        out = {f"{ours}.w": gain + variant.norm_gain_offset if variant.norm_gain_offset else gain}
     if cfg.normalization == "LN":
-        out[f"{ours}.b"] = torch.zeros(cfg.d_model, dtype=like.dtype)
+        out[f"{ours}.b"] = (ckpt.take(f"{hf}.bias", (D,)) if variant.norm_params and variant.norm_bias
+                            else torch.zeros(D, dtype=like.dtype))
     return out
 
 
@@ -316,18 +357,25 @@ def _attention(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, variant: Variant, 
         out[f"{ours}._W_{name}_lin"] = ckpt.take(f"{hf}.{proj}_proj.weight", weight_shape)
         if not cfg.attn_bias:
             continue
-        if proj != "o":
-            out[f"{ours}._b_{name}_lin"] = ckpt.take(f"{hf}.{proj}_proj.bias", bias_shape)
-        elif not variant.o_proj_bias:  # Qwen2: q/k/v biased, o_proj never; ours is then zero
-            out[f"{ours}.b_O"] = torch.zeros(D, dtype=out[f"{ours}._W_O_lin"].dtype)
-        else:
-            out[f"{ours}.b_O"] = ckpt.take(f"{hf}.o_proj.bias", bias_shape)
-    if cfg.qk_norm == "head":  # one [K] gain shared by every head, as ours per head
-        out[f"{ours}.q_norm.w"] = ckpt.take(f"{hf}.q_norm.weight", (K,)).expand(H, K).clone()
-        out[f"{ours}.k_norm.w"] = ckpt.take(f"{hf}.k_norm.weight", (K,)).expand(G, K).clone()
+        ours_bias = f"{ours}.b_O" if proj == "o" else f"{ours}._b_{name}_lin"
+        has_bias = variant.o_proj_bias or proj != "o"  # Qwen2: q/k/v biased, o_proj never
+        if variant.o_bias_field is not None:  # Seed-OSS: q/k/v and o switched apart; what the config left off is absent
+            has_bias = ckpt.has(f"{hf}.{proj}_proj.bias")
+        out[ours_bias] = (ckpt.take(f"{hf}.{proj}_proj.bias", bias_shape) if has_bias
+                          else torch.zeros(bias_shape, dtype=out[f"{ours}._W_{name}_lin"].dtype))
+    q_norm, k_norm = variant.qk_norm_names
+    if cfg.qk_norm == "head" and variant.qk_norm_gains_per_head:  # Cohere: a gain per head already
+        out[f"{ours}.q_norm.w"] = ckpt.take(f"{hf}.{q_norm}.weight", (H, K))
+        out[f"{ours}.k_norm.w"] = ckpt.take(f"{hf}.{k_norm}.weight", (G, K))
+    elif cfg.qk_norm == "head":  # one [K] gain shared by every head, as ours per head
+        out[f"{ours}.q_norm.w"] = ckpt.take(f"{hf}.{q_norm}.weight", (K,)).expand(H, K).clone()
+        out[f"{ours}.k_norm.w"] = ckpt.take(f"{hf}.{k_norm}.weight", (K,)).expand(G, K).clone()
     elif cfg.qk_norm == "projection":
-        out[f"{ours}.q_norm.w"] = ckpt.take(f"{hf}.q_norm.weight", (H * K,))
-        out[f"{ours}.k_norm.w"] = ckpt.take(f"{hf}.k_norm.weight", (G * K,))
+        out[f"{ours}.q_norm.w"] = ckpt.take(f"{hf}.{q_norm}.weight", (H * K,))
+        out[f"{ours}.k_norm.w"] = ckpt.take(f"{hf}.{k_norm}.weight", (G * K,))
+    if cfg.qk_norm is not None and cfg.normalization == "LN":  # Cohere's LayerNorms have no bias
+        for name in ("q_norm", "k_norm"):
+            out[f"{ours}.{name}.b"] = torch.zeros_like(out[f"{ours}.{name}.w"])
     if cfg.attn_sinks:
         out[f"{ours}.sinks"] = ckpt.take(f"{hf}.sinks", (H,))
     return out

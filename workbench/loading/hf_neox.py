@@ -14,6 +14,9 @@ tensor names, which ``Layout`` records as data:
 - GPT-J: partial RoPE over adjacent pairs (2i, 2i+1) of the first ``rotary_dim`` dimensions, base
   10000; a parallel block with ONE norm ``ln_1`` read by both attention and MLP (loaded as two
   clones, ln1 and ln2); an unembedding with a bias.
+- Persimmon: GPT-NeoX's fused [H, 3, K] QKV and MLP names under ``model.layers.{l}`` (Llama's
+  norm names), a sequential block, relu^2, partial RoPE over halves (default 0.5) and a LayerNorm
+  ([K] gain and bias, shared by the heads; ours per head) on q and k before RoPE (``qk_layernorm``).
 - GPT-Neo: learned positions, unscaled attention scores (q.k, no 1/sqrt(K)), and layers alternating
   "global" and "local" attention (``attention_types``); a local layer lets query i see key j iff
   0 <= i - j < ``window_size`` (transformers' mask is tril(1) xor tril(1, -window_size)), which is
@@ -78,6 +81,7 @@ class Layout:
     qkv_bias: bool  # q/k/v carry biases whenever the model has attention biases (else zeros)
     pos_embed: Optional[str] = None
     unembed_bias: Optional[str] = None
+    qk_norms: Optional[tuple[str, str]] = None  # Persimmon: LayerNorms [K] (gain and bias) on q and k, per head
 
 
 LAYOUTS = {
@@ -96,6 +100,12 @@ LAYOUTS = {
         layer="transformer.h.{l}", ln1="ln_1", ln2="ln_2", fused_qkv=None, qkv="attn.attention.{}_proj",
         out="attn.attention.out_proj", mlp_in="mlp.c_fc", mlp_out="mlp.c_proj", qkv_bias=False,
         pos_embed="transformer.wpe"),
+    # Persimmon: GPT-NeoX's fused per-head QKV in a Llama-named, sequential block; relu^2 MLP; QK LayerNorms.
+    "PersimmonForCausalLM": Layout(
+        embed="model.embed_tokens", final_norm="model.final_layernorm", unembed=("lm_head.weight",),
+        layer="model.layers.{l}", ln1="input_layernorm", ln2="post_attention_layernorm",
+        fused_qkv="self_attn.query_key_value", qkv="", out="self_attn.dense", mlp_in="mlp.dense_h_to_4h",
+        mlp_out="mlp.dense_4h_to_h", qkv_bias=True, qk_norms=("self_attn.q_layernorm", "self_attn.k_layernorm")),
 }
 
 
@@ -140,6 +150,22 @@ def _neox_rotary(hf: HFConfig, head_dim: int) -> dict[str, Any]:
     others = {k: v for k, v in hf.data.items()
               if k not in ("rope_scaling", "rope_parameters", "rope_theta", "partial_rotary_factor")}
     return HFConfig({**others, field: params}, hf.source).rotary(head_dim)
+
+
+def _persimmon_fields(hf: HFConfig) -> dict[str, Any]:
+    """Persimmon: a sequential LayerNorm block, RoPE over halves of the first half of each head (default
+    partial_rotary_factor 0.5), a per-head LayerNorm on q and k when ``qk_layernorm`` (default on)."""
+    d_model, n_heads = int(hf.require("hidden_size")), int(hf.require("num_attention_heads"))
+    data = {"partial_rotary_factor": 0.5, **hf.data}
+    return dict(
+        n_layers=int(hf.require("num_hidden_layers")), d_model=d_model, n_heads=n_heads,
+        d_mlp=int(hf.require("intermediate_size")), d_vocab=int(hf.require("vocab_size")),
+        n_ctx=int(hf.require("max_position_embeddings")), normalization="LN",
+        norm_eps=float(hf.get("layer_norm_eps", 1e-5)), act_fn=hf.activation("hidden_act"),
+        attn_bias=True, mlp_bias=True, tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qk_norm="head" if hf.get("qk_layernorm", True) else None,
+        **HFConfig(data, hf.source).rotary(d_model // n_heads),
+    )
 
 
 def _gptj_fields(hf: HFConfig) -> dict[str, Any]:
@@ -204,6 +230,7 @@ _CONFIGS: dict[str, Callable[[HFConfig], dict[str, Any]]] = {
     "GPTNeoXForCausalLM": _neox_fields,
     "GPTJForCausalLM": _gptj_fields,
     "GPTNeoForCausalLM": _neo_fields,
+    "PersimmonForCausalLM": _persimmon_fields,
 }
 
 
@@ -280,6 +307,10 @@ def _attention(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, layout: Layout, hf
     if cfg.attn_bias:
         out.update({f"{ours}._b_{name}_lin": bias for name, bias in biases.items()})
         out[f"{ours}.b_O"] = ckpt.take(f"{hf}.{layout.out}.bias", (D,))
+    if layout.qk_norms is not None and cfg.qk_norm is not None:  # one [K] LayerNorm for every head: ours per head
+        for name, hf_norm in zip(("q_norm", "k_norm"), layout.qk_norms):
+            for ours_param, hf_param in (("w", "weight"), ("b", "bias")):
+                out[f"{ours}.{name}.{ours_param}"] = ckpt.take(f"{hf}.{hf_norm}.{hf_param}", (K,)).expand(H, K).clone()
     return out
 
 
@@ -293,6 +324,7 @@ FAMILIES = (Family(
         "GPTNeoXForCausalLM": ("gpt_neox", "GPT-NeoX, Pythia (partial RoPE; parallel or sequential blocks)"),
         "GPTJForCausalLM": ("gptj", "GPT-J"),
         "GPTNeoForCausalLM": ("gpt_neo", "GPT-Neo, TinyStories (global and local attention layers)"),
+        "PersimmonForCausalLM": ("persimmon", "Adept Persimmon, Fuyu's decoder (relu^2, QK LayerNorm, partial rotary)"),
     },
     model_config=model_config,
     convert_tensors=convert_tensors,
@@ -300,5 +332,6 @@ FAMILIES = (Family(
     # and RoPE's inverse frequencies, all recomputed.
     ignored_tensors=re.compile(
         r"gpt_neox\.(layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)|rotary_emb\.inv_freq)"
-        r"|transformer\.h\.\d+\.attn\.(attention\.)?(bias|masked_bias)"),
+        r"|transformer\.h\.\d+\.attn\.(attention\.)?(bias|masked_bias)"
+        r"|model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq"),
 ),)
