@@ -119,7 +119,7 @@ REFUSALS = {
     "falcon_partial_rotary": ("falcon_new_gqa_two_norms",
                               {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
                                                    "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
-    "falcon_activation": ("falcon_old_mqa_parallel", {"activation": "relu2"}, "activation"),
+    "falcon_activation": ("falcon_old_mqa_parallel", {"activation": "mish"}, "activation"),
     "falcon_old_grouped": ("falcon_old_mha_sequential_bias", {"num_kv_heads": 2}, "num_kv_heads"),
     "bigcode_cross_attention": ("bigcode_mqa", {"add_cross_attention": True}, "add_cross_attention"),
     "mpt_no_alibi": ("mpt_8_heads", {"attn_config": {"alibi": False}}, "alibi"),

@@ -32,8 +32,8 @@ LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
 # The family modules, each exporting FAMILIES (workbench.loading.family.Family), in the order
 # wb.supported_architectures() lists them.
-FAMILY_MODULES = (hf_gpt2, hf_llama, hf_neox, hf_gemma, hf_phi, hf_opt_bloom, hf_deepseek, hf_modern,
-                  hf_falcon, hf_starcoder, hf_mpt, hf_codegen, hf_xglm, hf_openai_gpt)
+FAMILY_MODULES = (hf_gpt2, hf_llama, hf_neox, hf_gemma, hf_phi, hf_opt_bloom, hf_deepseek,
+                  hf_falcon, hf_starcoder, hf_mpt, hf_codegen, hf_xglm, hf_openai_gpt, hf_modern)
 
 # architectures[0] in config.json -> the family that knows its config fields and tensor names
 # (every family checked against the contract here, at import).
