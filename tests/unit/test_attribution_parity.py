@@ -1,0 +1,65 @@
+"""experiments.attribution against circuit-tracer 0.5 itself: the graphs, pruning masks and scores in
+tests/fixtures/attribution/expected_*.safetensors were written by make_attribution_fixtures.py (circuit-tracer's
+nnsight backend on the same tiny Llama and transcoder files)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import workbench as wb
+from experiments.attribution import AttributionGraph, attribute, compute_graph_scores, prune_graph
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "attribution"
+CASES = {"plt": "plt", "plt_skip": "plt_skip", "clt": "clt", "plt_limited": "plt"}
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    return wb.load_model(FIXTURES / "tiny_llama")
+
+
+def _run(model, case: str) -> tuple[AttributionGraph, dict, dict]:
+    expected = load_file(str(FIXTURES / f"expected_{case}.safetensors"))
+    meta = json.loads((FIXTURES / f"expected_{case}.json").read_text())
+    graph = attribute(model, wb.load_transcoders(FIXTURES / CASES[case]), meta["prompt_ids"],
+                      max_n_logits=meta["max_n_logits"], desired_logit_prob=meta["desired_logit_prob"],
+                      batch_size=meta["batch_size"], max_feature_nodes=meta["max_feature_nodes"], progress=False)
+    return graph, expected, meta
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_graph_matches_circuit_tracer(tiny_llama, case):
+    graph, expected, meta = _run(tiny_llama, case)
+    assert torch.equal(graph.input_tokens, expected["input_tokens"])
+    assert torch.equal(graph.active_features, expected["active_features"])
+    torch.testing.assert_close(graph.activation_values, expected["activation_values"], rtol=1e-4, atol=1e-5)
+    assert torch.equal(graph.selected_features, expected["selected_features"])   # influence order when limited
+    assert torch.equal(graph.logit_token_ids, expected["logit_token_ids"])
+    torch.testing.assert_close(graph.logit_probabilities, expected["logit_probabilities"], rtol=1e-5, atol=1e-7)
+    reference = expected["adjacency_matrix"]
+    assert graph.adjacency_matrix.shape == reference.shape
+    relative = (graph.adjacency_matrix - reference).abs().max() / reference.abs().max()
+    assert relative < 1e-4, f"adjacency differs by {relative:.2e} of its largest entry"
+    pruned = prune_graph(graph, node_threshold=0.8, edge_threshold=0.98)
+    assert torch.equal(pruned.node_mask, expected["node_mask"])
+    assert torch.equal(pruned.edge_mask, expected["edge_mask"])
+    torch.testing.assert_close(pruned.cumulative_scores, expected["cumulative_scores"], rtol=1e-4, atol=1e-5)
+    replacement, completeness = compute_graph_scores(graph)
+    assert replacement == pytest.approx(meta["replacement_score"], rel=1e-4)
+    assert completeness == pytest.approx(meta["completeness_score"], rel=1e-4)
+
+
+def test_text_prompt_gets_the_bos_first_and_the_graph_round_trips(tiny_llama, tmp_path):
+    graph = attribute(tiny_llama, wb.load_transcoders(FIXTURES / "plt"), "the cat sat on the mat and",
+                      max_n_logits=5, desired_logit_prob=0.8, batch_size=64, progress=False)
+    expected = load_file(str(FIXTURES / "expected_plt.safetensors"))
+    assert graph.input_tokens.tolist() == expected["input_tokens"].tolist()   # <bos> prepended, as circuit-tracer
+    assert torch.equal(graph.active_features, expected["active_features"])
+    back = AttributionGraph.load(graph.save(tmp_path / "graph"))
+    assert torch.equal(back.adjacency_matrix, graph.adjacency_matrix) and back.input_string == graph.input_string
+    assert back.logit_token_strings == graph.logit_token_strings and torch.equal(back.logit_tokens, graph.logit_token_ids)
