@@ -32,7 +32,14 @@ def attribute(model: Any, transcoders: TranscoderSet, prompt: Prompt, max_n_logi
     """The attribution graph of ``prompt`` (text, or token ids; a special token is put first when the prompt does
     not start with one, as circuit-tracer does) through ``transcoders`` replacing ``model``'s MLPs.
 
-    Example:
+    Example (a one-layer model whose own MLP is its transcoder):
+        >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="relu"))
+        >>> tc = wb.TranscoderSet(W_enc=[tiny.W_in[0].T.detach()], b_enc=[tiny.b_in[0].detach()], threshold=[None],
+        ...     W_dec=[tiny.W_out[0][:, None].detach()], b_dec=tiny.b_out.detach(), feature_input_hook="mlp.hook_in",
+        ...     feature_output_hook="mlp.hook_out")
+        >>> graph = attribute(tiny, tc, [1, 2, 3], max_n_logits=2, progress=False)
+        >>> graph.n_pos, len(graph.logit_token_ids), graph.n_nodes == len(graph.selected_features) + 2 * 3 + 2
+        (3, 2, True)
         >>> attribute(model, None, "The cat")
         Traceback (most recent call last):
         workbench.errors.InputError: attribute needs a wb.TranscoderSet (wb.load_transcoders), got NoneType

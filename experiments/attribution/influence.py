@@ -97,7 +97,7 @@ def prune_graph(graph: "AttributionGraph", node_threshold: float = 0.8, edge_thr
     """Nodes and edges carrying ``node_threshold`` / ``edge_threshold`` of the influence on the logits (tokens and
     logits always kept), circuit-tracer's ``prune_graph``.
 
-    Example:
+    Example (``compute_graph_scores`` has one on a graph):
         >>> prune_graph(None, node_threshold=1.5)
         Traceback (most recent call last):
         workbench.errors.InputError: node_threshold must be between 0.0 and 1.0, got 1.5
@@ -139,8 +139,14 @@ def compute_graph_scores(graph: "AttributionGraph") -> tuple[float, float]:
     (circuit-tracer's ``compute_graph_scores``; 1.0 for transcoders that reconstruct the MLPs exactly).
 
     Example:
-        >>> compute_graph_scores   # doctest: +ELLIPSIS
-        <function compute_graph_scores at ...>
+        >>> from experiments.attribution.graph import AttributionGraph
+        >>> g = AttributionGraph("a", torch.tensor([1]), torch.zeros(0, 3, dtype=torch.long), torch.zeros(0),
+        ...     torch.zeros(0, dtype=torch.long), torch.tensor([[0., 0., 0.], [0., 0., 0.], [1., 3., 0.]]),
+        ...     torch.tensor([2]), torch.ones(1), n_layers=1, vocab_size=4)   # nodes: error, token, logit
+        >>> compute_graph_scores(g)
+        (0.75, 0.875)
+        >>> prune_graph(g).node_mask
+        tensor([True, True, True])
     """
     n_logits, n_tokens = len(graph.logit_token_ids), len(graph.input_tokens)
     error_start = len(graph.selected_features)

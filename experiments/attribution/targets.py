@@ -30,7 +30,7 @@ def salient_logits(logits: Float[Tensor, "d_vocab"], W_U: Float[Tensor, "d_model
     Example:
         >>> t = salient_logits(torch.tensor([2.0, 1.0, 0.0, -5.0]), torch.eye(4), max_n_logits=3, desired_logit_prob=0.7)
         >>> t.token_ids.tolist(), [round(p, 3) for p in t.probabilities.tolist()]
-        ([0, 1], [0.663, 0.244])
+        ([0, 1], [0.665, 0.245])
     """
     probs = torch.softmax(logits.float(), dim=-1)
     top_p, top_idx = torch.topk(probs, min(max_n_logits, probs.shape[0]))

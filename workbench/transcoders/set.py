@@ -237,7 +237,7 @@ class TranscoderSet:
             ...     feature_output_hook="mlp.hook_out")
             >>> tc.check_model(model)
             Traceback (most recent call last):
-            workbench.errors.ConfigError: these transcoders cover 1 layers of width 2, the model has 2 layers of width 64
+            workbench.errors.ConfigError: these transcoders cover 1 layers of width 2, the model has 2 layers of width 128
         """
         n_layers, d_model = model.cfg.n_layers, model.cfg.d_model
         if (n_layers, d_model) != (self.n_layers, self.d_model):
