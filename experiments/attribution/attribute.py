@@ -90,7 +90,8 @@ def attribute(model: Any, transcoders: TranscoderSet, prompt: Prompt, max_n_logi
         activation_values=sources.activation_values.float().cpu(), selected_features=selected,
         adjacency_matrix=adjacency, logit_token_ids=targets.token_ids.cpu(),
         logit_probabilities=targets.probabilities.cpu(), n_layers=n_layers, vocab_size=sources.logits.shape[0],
-        logit_token_strings=[decode([i]) for i in targets.token_ids.tolist()], scan=transcoders.scan)
+        logit_token_strings=[decode([i]) for i in targets.token_ids.tolist()],
+        input_token_strings=[decode([i]) for i in tokens.tolist()], scan=transcoders.scan)
 
 
 def _visit_features(forward: LinearisedForward, sources: Any, edges: Tensor, row_node: Tensor, logit_p: Tensor,

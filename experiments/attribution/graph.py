@@ -48,6 +48,7 @@ class AttributionGraph:
     n_layers: int
     vocab_size: int
     logit_token_strings: list[str] = field(default_factory=list)
+    input_token_strings: list[str] = field(default_factory=list)
     scan: Any = None
 
     @property
@@ -83,7 +84,7 @@ class AttributionGraph:
         save_file({name: getattr(self, name).detach().cpu().contiguous() for name in TENSORS},
                   str(folder / GRAPH_WEIGHTS))
         meta = {"input_string": self.input_string, "n_layers": self.n_layers, "vocab_size": self.vocab_size,
-                "logit_token_strings": self.logit_token_strings,
+                "logit_token_strings": self.logit_token_strings, "input_token_strings": self.input_token_strings,
                 "scan": self.scan if isinstance(self.scan, (str, list, type(None))) else str(self.scan)}
         (folder / GRAPH_CONFIG).write_text(json.dumps(meta, indent=1) + "\n")
         return folder
@@ -106,4 +107,5 @@ class AttributionGraph:
             raise CheckpointError(f"{path}: adjacency_matrix must be square, got {tuple(n)}")
         return cls(**{name: tensors[name] for name in TENSORS}, input_string=str(meta["input_string"]),
                    n_layers=int(meta["n_layers"]), vocab_size=int(meta["vocab_size"]),
-                   logit_token_strings=list(meta.get("logit_token_strings") or []), scan=meta.get("scan"))
+                   logit_token_strings=list(meta.get("logit_token_strings") or []),
+                   input_token_strings=list(meta.get("input_token_strings") or []), scan=meta.get("scan"))

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import workbench as wb
-from experiments.attribution import AttributionGraph, attribute, compute_graph_scores, prune_graph
+from experiments.attribution import AttributionGraph, attribute, compute_graph_scores, prune_graph, write_graph_files
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "attribution"
 CASES = {"plt": "plt", "plt_skip": "plt_skip", "clt": "clt", "plt_limited": "plt"}
@@ -63,3 +63,23 @@ def test_text_prompt_gets_the_bos_first_and_the_graph_round_trips(tiny_llama, tm
     back = AttributionGraph.load(graph.save(tmp_path / "graph"))
     assert torch.equal(back.adjacency_matrix, graph.adjacency_matrix) and back.input_string == graph.input_string
     assert back.logit_token_strings == graph.logit_token_strings and torch.equal(back.logit_tokens, graph.logit_token_ids)
+
+
+def test_viewer_json_matches_circuit_tracers_create_graph_files(tiny_llama, tmp_path):
+    graph, _, _ = _run(tiny_llama, "plt")
+    path = write_graph_files(graph, "plt", tmp_path, node_threshold=0.8, edge_threshold=0.98)
+    ours, theirs = (json.loads(p.read_text()) for p in (path, FIXTURES / "graph_files" / "plt.json"))
+    assert ours["metadata"] == theirs["metadata"] and ours["qParams"] == theirs["qParams"]
+    assert [n["node_id"] for n in ours["nodes"]] == [n["node_id"] for n in theirs["nodes"]]
+    for mine, ref in zip(ours["nodes"], theirs["nodes"]):
+        assert mine.keys() == ref.keys()
+        for key, value in ref.items():
+            if isinstance(value, float):
+                assert mine[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (ref["node_id"], key)
+            else:
+                assert mine[key] == value, (ref["node_id"], key)
+    assert [(l["source"], l["target"]) for l in ours["links"]] == [(l["source"], l["target"]) for l in theirs["links"]]
+    scale = max(abs(l["weight"]) for l in theirs["links"])
+    assert all(abs(a["weight"] - b["weight"]) < 1e-4 * scale for a, b in zip(ours["links"], theirs["links"]))
+    index = json.loads((tmp_path / "graph-metadata.json").read_text())
+    assert index == json.loads((FIXTURES / "graph_files" / "graph-metadata.json").read_text())
