@@ -2,7 +2,7 @@
 norm divisors frozen at their values on the prompt (and MLP outputs frozen but for the transcoders' skip terms),
 (1) each target's total input from the adjacency is its pre-activation (or logit) minus what the non-node parts
 (decoder biases, the first position's MLP outputs) give it, and (2) perturbing one source changes each target by
-its edge weight. Also: perfect transcoders give zero error nodes and a replacement score of 1; bad input errors."""
+its edge weight, and so does a small intervention through ``intervene`` constrained to every layer. Also: perfect transcoders give zero error nodes and a replacement score of 1; bad input errors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import workbench as wb
-from experiments.attribution import attribute, compute_graph_scores
+from experiments.attribution import attribute, compute_graph_scores, intervene
 from workbench.errors import ConfigError, InputError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "attribution"
@@ -178,3 +178,28 @@ def test_bad_input_is_a_clear_error(tiny_llama):
     with pytest.raises(ConfigError, match="has no hook 'blocks.0.ln2.hook_normalized'"):
         attribute(attn_only, tc, [1, 2, 3], progress=False)
     assert not any(point._forward_hooks for point in tiny_llama.hook_dict.values())   # nothing left attached
+
+
+@pytest.mark.parametrize("name", ["plt_skip", "clt"])
+def test_a_small_direct_intervention_moves_targets_by_the_edge_weights(tiny_llama, name):
+    tc = wb.load_transcoders(FIXTURES / name)
+    graph = attribute(tiny_llama, tc, PROMPT, max_n_logits=3, batch_size=64, progress=False)
+    rows = _target_rows(graph)
+    source = int((graph.active_features[graph.selected_features, 0] == 0).nonzero()[0])
+    layer, pos, feature = graph.active_features[graph.selected_features[source]].tolist()
+    activation = float(graph.activation_values[graph.selected_features[source]])
+    eps = 0.01
+    everything = range(tc.n_layers)
+    before = intervene(tiny_llama, tc, PROMPT, [(layer, pos, feature, activation)], constrained_layers=everything,
+                       apply_activation_function=False)
+    after = intervene(tiny_llama, tc, PROMPT, [(layer, pos, feature, (1 + eps) * activation)],
+                      constrained_layers=everything, apply_activation_function=False)
+    n_features = len(graph.selected_features)
+    moved = [after.activations[l, p, f] - before.activations[l, p, f]
+             for l, p, f in graph.active_features[graph.selected_features].tolist()]
+    for token in graph.logit_token_ids.tolist():   # a logit node reads the logit minus the mean logit
+        moved.append((after.logits[-1, token] - after.logits[-1].mean()) - (before.logits[-1, token] - before.logits[-1].mean()))
+    moved = torch.stack(moved)
+    assert rows[:, source].abs().max() > 0.01
+    torch.testing.assert_close(moved, eps * rows[:, source], rtol=1e-3, atol=2e-5 * rows.abs().max().item())
+    assert len(moved) == n_features + len(graph.logit_token_ids)

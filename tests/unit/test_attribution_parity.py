@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import load_file
 
 import workbench as wb
-from experiments.attribution import AttributionGraph, attribute, compute_graph_scores, prune_graph, write_graph_files
+from experiments.attribution import (AttributionGraph, attribute, compute_graph_scores, intervene, prune_graph,
+                                     write_graph_files)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "attribution"
 CASES = {"plt": "plt", "plt_skip": "plt_skip", "clt": "clt", "plt_limited": "plt"}
@@ -83,3 +84,18 @@ def test_viewer_json_matches_circuit_tracers_create_graph_files(tiny_llama, tmp_
     assert all(abs(a["weight"] - b["weight"]) < 1e-4 * scale for a, b in zip(ours["links"], theirs["links"]))
     index = json.loads((tmp_path / "graph-metadata.json").read_text())
     assert index == json.loads((FIXTURES / "graph_files" / "graph-metadata.json").read_text())
+
+
+@pytest.mark.parametrize("case", ["plt", "plt_skip", "clt"])
+def test_interventions_match_circuit_tracers_feature_intervention(tiny_llama, case):
+    expected = load_file(str(FIXTURES / f"expected_{case}_interventions.safetensors"))
+    meta = json.loads((FIXTURES / f"expected_{case}_interventions.json").read_text())
+    tc = wb.load_transcoders(FIXTURES / case)
+    prompt = json.loads((FIXTURES / f"expected_{case}.json").read_text())["prompt_ids"]
+    clean = tiny_llama(torch.tensor([prompt]))[0]
+    for mode, options in meta["modes"].items():
+        result = intervene(tiny_llama, tc, prompt, [tuple(i) for i in meta["interventions"]], **options)
+        logits, acts = expected[f"{mode}.logits"], expected[f"{mode}.activations"]
+        assert (logits - clean).abs().max() > 0.1   # the intervention matters
+        torch.testing.assert_close(result.logits, logits, rtol=1e-4, atol=1e-4 * logits.abs().max().item())
+        torch.testing.assert_close(result.activations, acts, rtol=1e-4, atol=1e-4 * acts.abs().max().item())
