@@ -25,8 +25,6 @@ from torch import Tensor
 
 from workbench.transcoders import TranscoderSet
 
-FINAL_NORM_OUT = "ln_final.hook_normalized"
-
 
 @dataclass
 class Sources:
@@ -93,7 +91,10 @@ class LinearisedForward:
         self.written: dict[int, Tensor] = {}      # write points: layer -> the MLP output's replacement
         self.embed: Tensor
         with torch.enable_grad(), model.hooks(fwd_hooks=self._hooks(model)):
-            model(tokens[None].expand(batch, -1))
+            # stop before the unembedding (its [batch, pos, d_vocab] logits are never needed); the final norm's
+            # output, its divisor frozen by the hooks, is where logit targets read
+            resid = model(tokens[None].expand(batch, -1), stop_at_layer=self.n_layers)
+            self.resid[self.n_layers] = model.apply_final_norm(resid)
 
     def _hooks(self, model: Any) -> list:
         tc = self.transcoders
@@ -125,7 +126,7 @@ class LinearisedForward:
 
         frozen = [(name, detach) for name in model.hook_dict
                   if name.endswith("attn.hook_pattern") or name.endswith("hook_scale")]
-        return frozen + [("hook_embed", embed), (FINAL_NORM_OUT, read(self.n_layers))] + \
+        return frozen + [("hook_embed", embed)] + \
             [(tc.input_hook(l), read(l)) for l in range(self.n_layers)] + \
             [(tc.output_hook(l), write(l)) for l in range(self.n_layers)]
 
