@@ -62,20 +62,19 @@ def read_sources(model: Any, transcoders: TranscoderSet, tokens: Int[Tensor, "po
     values = acts_LPF[active[:, 0], active[:, 1], active[:, 2]]
     encoder = torch.cat([transcoders.W_enc[l][active[active[:, 0] == l, 2]] for l in range(n_layers)])
     dec_vecs, dec_source, dec_layer, dec_pos = [], [], [], []
-    for index, (layer, pos, feature) in enumerate(active.tolist()):
-        rows = transcoders.W_dec[layer][feature] * values[index]          # [n_out, d_model]
-        dec_vecs.append(rows)
-        dec_source += [index] * rows.shape[0]
-        dec_layer += list(transcoders.output_layers(layer))
-        dec_pos += [pos] * rows.shape[0]
+    for layer in range(n_layers):  # each feature's rows, one per layer it writes to, scaled by its activation
+        in_layer = (active[:, 0] == layer).nonzero().flatten()
+        n_out = len(transcoders.output_layers(layer))
+        rows = transcoders.W_dec[layer][active[in_layer, 2]] * values[in_layer, None, None]   # [k, n_out, d_model]
+        dec_vecs.append(rows.reshape(-1, rows.shape[-1]))
+        dec_source.append(in_layer.repeat_interleave(n_out))
+        dec_layer.append(torch.arange(layer, layer + n_out, device=active.device).repeat(len(in_layer)))
+        dec_pos.append(active[in_layer, 1].repeat_interleave(n_out))
     errors = outputs_LPD - transcoders.reconstruct(acts, inputs_LPD)
     errors[:, 0] = 0
-    d_model = transcoders.d_model
     return Sources(active_features=active, activation_values=values, encoder_vecs=encoder,
-                   decoder_vecs=torch.cat(dec_vecs) if dec_vecs else torch.zeros(0, d_model),
-                   decoder_source=torch.tensor(dec_source, dtype=torch.long),
-                   decoder_layer=torch.tensor(dec_layer, dtype=torch.long),
-                   decoder_pos=torch.tensor(dec_pos, dtype=torch.long), error_vecs=errors,
+                   decoder_vecs=torch.cat(dec_vecs), decoder_source=torch.cat(dec_source),
+                   decoder_layer=torch.cat(dec_layer), decoder_pos=torch.cat(dec_pos), error_vecs=errors,
                    token_vecs=cache["hook_embed"][0].to(errors.dtype), logits=logits[0, -1].float())
 
 
