@@ -139,6 +139,7 @@ class LinearisedForward:
         """The direct effects on ``k`` targets (read at ``layers`` — ``n_layers`` for a logit — and ``positions``
         along ``inject``) of every source: one backward pass, one batch row per target."""
         k = layers.shape[0]
+        layers, positions = layers.cpu(), positions.cpu()   # CPU indices serve tensors on any device
         outputs, grads = [], []
         for layer in layers.unique().tolist():
             mask = layers == layer
