@@ -203,3 +203,35 @@ def test_a_small_direct_intervention_moves_targets_by_the_edge_weights(tiny_llam
     assert rows[:, source].abs().max() > 0.01
     torch.testing.assert_close(moved, eps * rows[:, source], rtol=1e-3, atol=2e-5 * rows.abs().max().item())
     assert len(moved) == n_features + len(graph.logit_token_ids)
+
+
+def test_unfrozen_intervention_is_the_real_model_with_the_decoded_change(tiny_llama):
+    tc = wb.load_transcoders(FIXTURES / "plt")
+    tokens = torch.tensor([PROMPT])
+    _, cache = tiny_llama.run_with_cache(tokens)
+    acts = tc.encode(1, cache[tc.input_hook(1)][0])
+    pos, feature = 4, int(acts[4].argmax())
+    change = (3.0 - acts[pos, feature]) * tc.W_dec[1][feature, 0]
+
+    def add(out, hook):
+        out = out.clone()
+        out[0, pos] += change
+        return out
+
+    expected = tiny_llama.run_with_hooks(tokens, fwd_hooks=[(tc.output_hook(1), add)])[0]
+    result = intervene(tiny_llama, tc, PROMPT, [(1, pos, feature, 3.0)], freeze_attention=False)
+    torch.testing.assert_close(result.logits, expected, rtol=1e-5, atol=1e-5)
+    assert result.activations[1, pos, feature] == pytest.approx(float(acts[pos, feature]), rel=1e-5)
+
+
+def test_bad_interventions_and_saved_graphs_are_clear_errors(tiny_llama, tmp_path):
+    tc = wb.load_transcoders(FIXTURES / "plt")
+    for bad, match in (((3, 1, 0, 1.0), "layer must be in"), ((0, 1, 99, 1.0), "feature must be in"),
+                       ((0, 40, 0, 1.0), "position must be a position"), ((0, 1, 0), r"is \(layer, position")):
+        with pytest.raises(InputError, match=match):
+            intervene(tiny_llama, tc, PROMPT, [bad])
+    from experiments.attribution import AttributionGraph
+    from workbench.errors import CheckpointError
+    with pytest.raises(CheckpointError, match="not a saved attribution graph"):
+        AttributionGraph.load(tmp_path / "nothing")
+    assert not any(point._forward_hooks for point in tiny_llama.hook_dict.values())
