@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-import torch
 from jaxtyping import Float, Int
 from safetensors.torch import load_file, save_file
 from torch import Tensor

@@ -148,7 +148,7 @@ def compute_graph_scores(graph: "AttributionGraph") -> tuple[float, float]:
         >>> prune_graph(g).node_mask
         tensor([True, True, True])
     """
-    n_logits, n_tokens = len(graph.logit_token_ids), len(graph.input_tokens)
+    n_tokens = len(graph.input_tokens)
     error_start = len(graph.selected_features)
     error_end = error_start + n_tokens * graph.n_layers
     logit_weights = _logit_weights(graph)
