@@ -99,3 +99,23 @@ def test_interventions_match_circuit_tracers_feature_intervention(tiny_llama, ca
         assert (logits - clean).abs().max() > 0.1   # the intervention matters
         torch.testing.assert_close(result.logits, logits, rtol=1e-4, atol=1e-4 * logits.abs().max().item())
         torch.testing.assert_close(result.activations, acts, rtol=1e-4, atol=1e-4 * acts.abs().max().item())
+
+
+def test_saelens_copies_of_the_transcoders_give_circuit_tracers_graph(tiny_llama, tmp_path):
+    """The plt fixture rewritten as SAELens transcoders (W_enc transposed, threshold renamed) loads through
+    wb.load_sae and gives the same graph."""
+    expected = load_file(str(FIXTURES / "expected_plt.safetensors"))
+    for layer in range(3):
+        file = load_file(str(FIXTURES / "plt" / f"layer_{layer}.safetensors"))
+        threshold = file.get("activation_function.threshold")
+        tensors = {"W_enc": file["W_enc"].T.contiguous(), "W_dec": file["W_dec"], "b_enc": file["b_enc"],
+                   "b_dec": file["b_dec"], **({} if threshold is None else {"threshold": threshold})}
+        cfg = wb.SAEConfig("transcoder" if threshold is None else "jumprelu_transcoder", d_in=16, d_sae=12, d_out=16,
+                           apply_b_dec_to_input=False, metadata=wb.SAEMetadata(
+                               hook_name=f"blocks.{layer}.ln2.hook_normalized", hook_name_out=f"blocks.{layer}.hook_mlp_out"))
+        wb.SAE.from_tensors(cfg, tensors).save(tmp_path / f"layer_{layer}")
+    graph = attribute(tiny_llama, wb.load_transcoders(tmp_path), expected["input_tokens"], max_n_logits=5,
+                      desired_logit_prob=0.8, batch_size=16, progress=False)
+    assert torch.equal(graph.active_features, expected["active_features"])
+    reference = expected["adjacency_matrix"]
+    assert (graph.adjacency_matrix - reference).abs().max() < 1e-4 * reference.abs().max()
