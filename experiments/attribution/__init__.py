@@ -1,0 +1,21 @@
+"""Attribution graphs (circuit tracing) of one prompt through transcoders, circuit-tracer 0.5's semantics.
+
+- ``attribute``: ``attribute(model, transcoders, prompt, ...)`` -> ``AttributionGraph``;
+- ``linearised``: the source nodes and the frozen, linearised forward pass whose gradients are the edges;
+- ``targets``: the logit nodes; ``influence``: influence, ``prune_graph``, ``compute_graph_scores``;
+- ``graph``: ``AttributionGraph`` (circuit-tracer's field names; saved as safetensors + JSON);
+- ``intervention``: ``intervene``, circuit-tracer's feature interventions (set features, read the logits);
+- ``export``: the pruned graph as circuit-tracer's and Neuronpedia's viewer JSON (``graph_json``, ``write_graph_files``).
+
+Transcoders are ``wb.load_transcoders`` / ``wb.TranscoderSet`` (``workbench.transcoders``).
+"""
+
+from experiments.attribution.attribute import attribute, prompt_tokens
+from experiments.attribution.export import graph_json, write_graph_files
+from experiments.attribution.graph import AttributionGraph
+from experiments.attribution.intervention import InterventionResult, intervene
+from experiments.attribution.influence import (PruneResult, compute_graph_scores, compute_influence, graph_scores,
+                                               normalize_matrix, prune_graph)
+
+__all__ = ["attribute", "prompt_tokens", "AttributionGraph", "PruneResult", "prune_graph", "compute_graph_scores",
+           "graph_scores", "compute_influence", "normalize_matrix", "graph_json", "write_graph_files", "intervene", "InterventionResult"]

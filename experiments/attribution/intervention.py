@@ -1,0 +1,127 @@
+"""Feature interventions: set transcoder features to new values and read the logits, circuit-tracer 0.5's
+``feature_intervention`` on our public hooks.
+
+An intervention ``(layer, position, feature, value)`` adds ``(value - current activation) * W_dec[feature]`` to what
+that layer writes (to every later layer too for a cross-layer transcoder). ``freeze_attention`` keeps the prompt's
+attention patterns. Without ``constrained_layers`` the change propagates through the real MLPs (the activations
+read then are the transcoders' on the changed inputs). With ``constrained_layers`` the MLP outputs of those layers
+stay at their clean values (plus the change of a skip term) and only the interventions' decoded changes are added;
+constrained to every layer, the norm divisors freeze too, so the result is the direct effect the graph's edges
+give (``apply_activation_function=False`` returns pre-activations, which the edges predict).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, NamedTuple, Optional, Sequence, Union
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from experiments.attribution.attribute import Prompt, prompt_tokens
+from workbench.errors import InputError
+from workbench.transcoders import TranscoderSet
+
+Intervention = tuple[int, Union[int, slice], int, Union[float, Tensor]]
+
+
+class InterventionResult(NamedTuple):
+    """The logits of the intervened run and the transcoders' activations (or pre-activations) in it."""
+
+    logits: Float[Tensor, "pos d_vocab"]
+    activations: Float[Tensor, "layer pos d_transcoder"]
+
+
+def _check(interventions: Sequence[Intervention], tc: TranscoderSet, n_pos: int) -> None:
+    for item in interventions:
+        if not (isinstance(item, (tuple, list)) and len(item) == 4):
+            raise InputError(f"an intervention is (layer, position, feature, value), got {item!r}")
+        layer, pos, feature, _ = item
+        if not isinstance(layer, int) or not 0 <= layer < tc.n_layers:
+            raise InputError(f"intervention layer must be in [0, {tc.n_layers}), got {layer!r}")
+        if not isinstance(feature, int) or not 0 <= feature < tc.d_transcoder:
+            raise InputError(f"intervention feature must be in [0, {tc.d_transcoder}), got {feature!r}")
+        if not isinstance(pos, slice) and (not isinstance(pos, int) or not -n_pos <= pos < n_pos):
+            raise InputError(f"intervention position must be a position of the {n_pos}-token prompt or a slice, "
+                             f"got {pos!r}")
+
+
+@torch.no_grad()
+def intervene(model: Any, transcoders: TranscoderSet, prompt: Prompt, interventions: Sequence[Intervention],
+              constrained_layers: Optional[Sequence[int]] = None, freeze_attention: bool = True,
+              apply_activation_function: bool = True) -> InterventionResult:
+    """The logits and transcoder activations of ``prompt`` with ``interventions`` applied (see the module
+    docstring; the prompt is read as ``attribute`` reads it, BOS first).
+
+    Example:
+        >>> intervene(model, None, "The cat", [])
+        Traceback (most recent call last):
+        workbench.errors.InputError: intervene needs a wb.TranscoderSet (wb.load_transcoders), got NoneType
+    """
+    if not isinstance(transcoders, TranscoderSet):
+        raise InputError(f"intervene needs a wb.TranscoderSet (wb.load_transcoders), got {type(transcoders).__name__}")
+    transcoders.check_model(model)
+    tokens = prompt_tokens(model, prompt)
+    tc = transcoders.to(device=model.W_E.device, dtype=model.W_E.dtype)
+    n_layers, n_pos = tc.n_layers, tokens.shape[0]
+    _check(interventions, tc, n_pos)
+    constrained = sorted(set(constrained_layers)) if constrained_layers else []
+    by_layer: dict[int, list] = defaultdict(list)
+    for layer, pos, feature, value in interventions:
+        by_layer[layer].append((pos, feature, value))
+
+    def encode(layer: int, x: Tensor, activate: bool) -> Tensor:
+        acts = tc.encode(layer, x) if activate else tc.pre_activations(layer, x)
+        acts[0] = 0   # circuit-tracer zeroes the first position, here too
+        return acts
+
+    frozen: dict[str, Tensor] = {}
+    original: dict[int, Tensor] = {}
+    if (freeze_attention or constrained) and interventions:
+        freeze_scales = set(range(n_layers)) <= set(constrained)
+        wanted = {tc.input_hook(l) for l in range(n_layers)} | {tc.output_hook(l) for l in constrained}
+        names = [n for n in model.hook_dict if n.endswith("attn.hook_pattern") or n in wanted
+                 or (freeze_scales and n.endswith("hook_scale"))]
+        _, cache = model.run_with_cache(tokens[None], names_filter=names)
+        frozen = {name: cache[name] for name in names}
+        original = {l: encode(l, frozen[tc.input_hook(l)][0], True) for l in range(n_layers)}
+
+    deltas = torch.zeros(n_layers, n_pos, tc.d_model, dtype=tc.b_dec.dtype, device=tc.b_dec.device)
+    inputs: dict[int, Tensor] = {}
+    acts: dict[int, Tensor] = {}
+
+    def read(layer: int):
+        def hook(x: Tensor, hook: Any) -> None:
+            inputs[layer] = x[0]
+            acts[layer] = encode(layer, x[0], apply_activation_function)
+        return hook
+
+    def write(layer: int):
+        def hook(out: Tensor, hook: Any) -> Tensor:
+            if layer in constrained:   # the clean output, with the skip term's change
+                out = frozen[hook.name].clone()
+                skip = tc.skip(layer, inputs[layer])
+                if skip is not None:
+                    out[0] += skip - tc.skip(layer, frozen[tc.input_hook(layer)][0])
+            if by_layer.get(layer):
+                base = original[layer] if constrained else acts[layer]
+                if not constrained and not apply_activation_function:
+                    base = tc.activate(layer, base)
+                change = torch.zeros_like(base)
+                for pos, feature, value in by_layer[layer]:
+                    change[pos, feature] = value - base[pos, feature]
+                written = torch.einsum("pf,fod->opd", change, tc.W_dec[layer])
+                deltas[layer:layer + written.shape[0]] += written
+            if not constrained or layer in constrained:
+                out = out + deltas[layer].to(out.dtype)
+                deltas[layer] = 0
+            return out
+        return hook
+
+    hooks = [(name, lambda x, hook: frozen[hook.name]) for name in frozen
+             if name.endswith("hook_pattern") or name.endswith("hook_scale")]
+    hooks += [(tc.input_hook(l), read(l)) for l in range(n_layers)]
+    hooks += [(tc.output_hook(l), write(l)) for l in range(n_layers)]
+    logits = model.run_with_hooks(tokens[None], fwd_hooks=hooks)
+    return InterventionResult(logits[0], torch.stack([acts[l] for l in range(n_layers)]))

@@ -1,0 +1,41 @@
+"""The logit nodes: the most probable next tokens, circuit-tracer's "salient logits" rule.
+
+The smallest set of top tokens whose probabilities add up to ``desired_logit_prob``, at most ``max_n_logits``;
+each is read along its unembedding column minus the mean column (so a logit node is the token's logit relative to
+the average logit, which the softmax cannot tell apart from the logit itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+
+@dataclass
+class LogitTargets:
+    """The chosen tokens, their probabilities and their read directions ``[k, d_model]``."""
+
+    token_ids: Int[Tensor, "k"]
+    probabilities: Float[Tensor, "k"]
+    vectors: Float[Tensor, "k d_model"]
+
+
+def salient_logits(logits: Float[Tensor, "d_vocab"], W_U: Float[Tensor, "d_model d_vocab"], max_n_logits: int,
+                   desired_logit_prob: float) -> LogitTargets:
+    """The top tokens up to ``desired_logit_prob`` of probability, at most ``max_n_logits``.
+
+    Example:
+        >>> t = salient_logits(torch.tensor([2.0, 1.0, 0.0, -5.0]), torch.eye(4), max_n_logits=3, desired_logit_prob=0.7)
+        >>> t.token_ids.tolist(), [round(p, 3) for p in t.probabilities.tolist()]
+        ([0, 1], [0.665, 0.245])
+    """
+    probs = torch.softmax(logits.float(), dim=-1)
+    top_p, top_idx = torch.topk(probs, min(max_n_logits, probs.shape[0]))
+    cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), desired_logit_prob)) + 1
+    ids = top_idx[:cutoff]
+    W_U = W_U.detach().float()
+    vectors = W_U[:, ids].T - W_U.mean(dim=1)
+    return LogitTargets(token_ids=ids, probabilities=probs[ids], vectors=vectors)

@@ -1,0 +1,13 @@
+"""Transcoders for attribution graphs: ``TranscoderSet`` and ``load_transcoders``.
+
+- ``hooks``: circuit-tracer's hook spellings (``mlp.hook_in``, ``mlp.hook_out``, ...) onto ours;
+- ``set``: ``TranscoderSet``, per-layer or cross-layer transcoders in one representation, and its own format;
+- ``files``: ``load_transcoders`` (circuit-tracer's per-layer and cross-layer formats, SAELens transcoders, ours).
+
+The attribution itself is ``experiments.attribution``.
+"""
+
+from workbench.transcoders.files import load_transcoders
+from workbench.transcoders.set import TranscoderSet
+
+__all__ = ["TranscoderSet", "load_transcoders"]

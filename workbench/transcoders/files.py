@@ -1,0 +1,275 @@
+"""``load_transcoders``: a ``TranscoderSet`` from circuit-tracer's formats, SAELens transcoders or our own directory.
+
+- circuit-tracer per-layer sets: ``config.yaml`` with ``model_kind: transcoder_set``, ``feature_input_hook``,
+  ``feature_output_hook``, ``scan`` and ``transcoders`` (one ``layer_{i}.safetensors`` path per layer, absolute or
+  relative to the YAML; without the list, the YAML's folder's ``layer_{i}.safetensors``). Each file holds
+  ``W_enc [F, D]``, ``W_dec [F, D]``, ``b_enc``, ``b_dec``, optional ``activation_function.threshold`` (JumpReLU)
+  and ``W_skip [D, D]`` (applied as ``x @ W_skip.T``).
+- circuit-tracer cross-layer transcoders: ``config.yaml`` with ``model_kind: cross_layer_transcoder`` beside
+  ``W_enc_{i}.safetensors`` (``W_enc_i``, ``b_enc_i``, ``b_dec_i``, optional ``threshold_i``) and
+  ``W_dec_{i}.safetensors`` (``W_dec_i [F, n_layers - i, D]``).
+- SAELens transcoders (``wb.load_sae``): a list of their directories, or a folder of them, one per layer.
+- Ours: ``transcoders.json`` + ``transcoders.safetensors`` (``TranscoderSet.save``).
+
+Nothing is fetched (an ``hf://`` path is a ``ConfigError``); a relative path that resolves outside the YAML's
+folder is refused; every tensor is checked before anything is built.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import torch
+import yaml
+from safetensors import SafetensorError, safe_open
+
+from workbench.errors import CheckpointError, ConfigError, InputError
+from workbench.transcoders.hooks import split_block_hook
+from workbench.transcoders.set import FORMAT_NAME, OUR_CONFIG, OUR_WEIGHTS, TranscoderSet
+
+PathLike = Union[str, Path]
+KINDS = ("transcoder_set", "cross_layer_transcoder")
+
+
+def load_transcoders(path: Union[PathLike, Sequence[PathLike]], device: Any = "cpu",
+                     dtype: Any = torch.float32) -> TranscoderSet:
+    """The transcoders at ``path`` (a circuit-tracer ``config.yaml`` or its folder, a folder written by
+    ``TranscoderSet.save``, a folder of SAELens transcoder directories, or a list of those directories), on
+    ``device`` in ``dtype``. Bad files are a ``CheckpointError`` naming the file and tensor, bad config values a
+    ``ConfigError`` naming the field.
+
+    Example:
+        >>> wb.load_transcoders("no/such/transcoders")
+        Traceback (most recent call last):
+        workbench.errors.CheckpointError: no/such/transcoders: no such file or directory (transcoders are a circuit-tracer config.yaml or its folder, a folder written by TranscoderSet.save, or SAELens transcoder directories)
+    """
+    if isinstance(path, (list, tuple)):
+        tcs = _from_saelens([Path(p) for p in path])
+    else:
+        tcs = _from_path(Path(path), str(path))
+    return tcs.to(device=device, dtype=dtype)
+
+
+def _from_path(path: Path, shown: str) -> TranscoderSet:
+    if path.is_file() and path.suffix in (".yaml", ".yml"):
+        return _from_circuit_tracer(path)
+    if path.is_dir():
+        if (path / "config.yaml").is_file():
+            return _from_circuit_tracer(path / "config.yaml")
+        if (path / OUR_CONFIG).is_file():
+            return _from_ours(path)
+        subfolders = sorted((p for p in path.iterdir() if (p / "cfg.json").is_file()), key=lambda p: p.name)
+        if subfolders:
+            return _from_saelens(subfolders)
+        if (path / "cfg.json").is_file():
+            return _from_saelens([path])
+    raise CheckpointError(f"{shown}: no such file or directory (transcoders are a circuit-tracer config.yaml or its "
+                          "folder, a folder written by TranscoderSet.save, or SAELens transcoder directories)"
+                          if not path.exists() else
+                          f"{shown}: not a transcoder set (no config.yaml, {OUR_CONFIG} or SAELens cfg.json found)")
+
+
+# ---- circuit-tracer --------------------------------------------------------------------------------------------
+def _from_circuit_tracer(config_path: Path) -> TranscoderSet:
+    try:
+        config = yaml.safe_load(config_path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise CheckpointError(f"{config_path}: not a readable YAML file ({error})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{config_path}: must be a mapping of fields, got {type(config).__name__}")
+    kind = config.get("model_kind")
+    if kind not in KINDS:
+        raise ConfigError(f"{config_path}: field 'model_kind' must be one of {KINDS}, got {kind!r}")
+    hooks = {field: _string_field(config, field, config_path) for field in ("feature_input_hook", "feature_output_hook")}
+    scan = config.get("scan")
+    try:
+        if kind == "transcoder_set":
+            return _per_layer_set(config_path, config, hooks, scan)
+        return _cross_layer(config_path.parent, hooks, scan)
+    except ConfigError as error:
+        raise ConfigError(f"{config_path}: {error}") from None
+
+
+def _string_field(config: dict, field: str, config_path: Path) -> str:
+    value = config.get(field)
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{config_path}: field {field!r} must be a hook name such as 'mlp.hook_in', got {value!r}")
+    return value
+
+
+def _per_layer_set(config_path: Path, config: dict, hooks: dict, scan: Any) -> TranscoderSet:
+    folder = config_path.parent
+    paths = config.get("transcoders")
+    if paths is None:
+        files = [folder / f"layer_{i}.safetensors" for i in range(len(list(folder.glob("layer_*.safetensors"))))]
+    elif isinstance(paths, list) and paths and all(isinstance(p, str) for p in paths):
+        files = [_layer_file(folder, p, i) for i, p in enumerate(paths)]
+    else:
+        raise ConfigError(f"field 'transcoders' must be a non-empty list of file paths, got {paths!r}")
+    if not files:
+        raise CheckpointError(f"{folder}: no layer_{{i}}.safetensors files and no 'transcoders' list in config.yaml")
+    layers = [_read_per_layer(file) for file in files]
+    skips = {layer["W_skip"] is not None for layer in layers}
+    if len(skips) > 1:
+        raise CheckpointError(f"{folder}: some layers have W_skip and some do not; a set is all one or the other")
+    return _build(str(folder), W_enc=[t["W_enc"] for t in layers], b_enc=[t["b_enc"] for t in layers],
+                  threshold=[t["threshold"] for t in layers], W_dec=[t["W_dec"][:, None] for t in layers],
+                  b_dec=_stack([t["b_dec"] for t in layers], folder, "b_dec"),
+                  W_skip=[t["W_skip"].T for t in layers] if skips == {True} else None,
+                  feature_input_hook=hooks["feature_input_hook"], feature_output_hook=hooks["feature_output_hook"],
+                  scan=scan)
+
+
+def _layer_file(folder: Path, given: str, layer: int) -> Path:
+    if "://" in given:
+        raise ConfigError(f"field 'transcoders'[{layer}] is {given!r}: nothing is fetched from a hub; download the "
+                          "file and give its local path")
+    candidate = Path(given)
+    if not candidate.is_absolute():
+        candidate = folder / candidate
+        if not candidate.resolve().is_relative_to(folder.resolve()):
+            raise ConfigError(f"field 'transcoders'[{layer}] is {given!r}, which resolves outside the config's folder "
+                              f"({candidate.resolve()}); refusing to read it")
+    if not candidate.is_file():
+        raise CheckpointError(f"{candidate}: missing (field 'transcoders'[{layer}] of the config)")
+    return candidate
+
+
+def _read_file(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        with safe_open(str(path), framework="pt") as file:
+            return {name: file.get_tensor(name) for name in file.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
+
+
+def _read_per_layer(path: Path) -> dict[str, Optional[torch.Tensor]]:
+    tensors = _read_file(path)
+    required = ("W_enc", "W_dec", "b_enc", "b_dec")
+    optional = {"activation_function.threshold": "threshold", "W_skip": "W_skip"}
+    missing = [name for name in required if name not in tensors]
+    extra = sorted(set(tensors) - set(required) - set(optional))
+    if missing or extra:
+        raise CheckpointError(f"{path}: " + "; ".join(
+            ([f"missing tensor {', '.join(map(repr, missing))}"] if missing else []) +
+            ([f"unexpected tensor {', '.join(map(repr, extra))}"] if extra else [])) +
+            " (a circuit-tracer layer file holds W_enc, W_dec, b_enc, b_dec, optional "
+            "activation_function.threshold and W_skip)")
+    out: dict[str, Optional[torch.Tensor]] = {name: _float(tensors[name], path, name) for name in required}
+    for stored, ours in optional.items():
+        out[ours] = _float(tensors[stored], path, stored) if stored in tensors else None
+    return out
+
+
+def _cross_layer(folder: Path, hooks: dict, scan: Any) -> TranscoderSet:
+    n_layers = len(list(folder.glob("W_enc_*.safetensors")))
+    if n_layers == 0:
+        raise CheckpointError(f"{folder}: a cross-layer transcoder needs W_enc_{{i}}.safetensors files beside config.yaml")
+    enc, dec = [], []
+    for layer in range(n_layers):
+        enc_path, dec_path = folder / f"W_enc_{layer}.safetensors", folder / f"W_dec_{layer}.safetensors"
+        for file in (enc_path, dec_path):
+            if not file.is_file():
+                raise CheckpointError(f"{file}: missing (a cross-layer transcoder of {n_layers} layers needs "
+                                      f"W_enc_0..{n_layers - 1} and W_dec_0..{n_layers - 1})")
+        tensors = _read_file(enc_path)
+        for name in (f"W_enc_{layer}", f"b_enc_{layer}", f"b_dec_{layer}"):
+            if name not in tensors:
+                raise CheckpointError(f"{enc_path}: missing tensor {name!r}")
+        enc.append({key: _float(tensors[f"{key}_{layer}"], enc_path, f"{key}_{layer}") if f"{key}_{layer}" in tensors
+                    else None for key in ("W_enc", "b_enc", "b_dec", "threshold")})
+        dec_tensors = _read_file(dec_path)
+        if f"W_dec_{layer}" not in dec_tensors:
+            raise CheckpointError(f"{dec_path}: missing tensor 'W_dec_{layer}'")
+        dec.append(_float(dec_tensors[f"W_dec_{layer}"], dec_path, f"W_dec_{layer}"))
+    if len({t["threshold"] is None for t in enc}) > 1:
+        raise CheckpointError(f"{folder}: some layers have threshold_i and some do not")
+    return _build(str(folder), W_enc=[t["W_enc"] for t in enc], b_enc=[t["b_enc"] for t in enc],
+                  threshold=[t["threshold"] for t in enc], W_dec=dec, b_dec=_stack([t["b_dec"] for t in enc], folder, "b_dec_i"),
+                  feature_input_hook=hooks["feature_input_hook"], feature_output_hook=hooks["feature_output_hook"],
+                  scan=scan)
+
+
+# ---- SAELens and ours ------------------------------------------------------------------------------------------
+def _from_saelens(folders: list[Path]) -> TranscoderSet:
+    from workbench.sae.files import load_sae
+
+    by_layer: dict[int, Any] = {}
+    names = set()
+    for folder in folders:
+        sae = load_sae(folder)
+        if not sae.spec.transcoder:
+            raise ConfigError(f"{folder}: a {sae.cfg.architecture_name!r} SAE is not a transcoder (its architecture "
+                              "must be one of the *transcoder rows)")
+        if sae.spec.activation not in ("relu", "jumprelu") or sae.cfg.normalize_activations != "none":
+            raise ConfigError(f"{folder}: attribution needs a ReLU or JumpReLU transcoder without input normalisation "
+                              f"(architecture {sae.cfg.architecture_name!r}, normalize_activations="
+                              f"{sae.cfg.normalize_activations!r})")
+        layer, name_in = split_block_hook(sae.cfg.hook_name, f"{folder}: metadata.hook_name")
+        layer_out, name_out = split_block_hook(sae.cfg.hook_name_out, f"{folder}: metadata.hook_name_out")
+        if layer_out != layer or layer in by_layer:
+            raise ConfigError(f"{folder}: reads layer {layer} and writes layer {layer_out}; each layer needs exactly one "
+                              "transcoder reading and writing its own block")
+        by_layer[layer] = sae
+        names.add((name_in, name_out))
+    if sorted(by_layer) != list(range(len(by_layer))):
+        raise ConfigError(f"SAELens transcoders cover layers {sorted(by_layer)}; a set needs every layer from 0")
+    if len(names) > 1:
+        raise ConfigError(f"SAELens transcoders read or write different hooks per layer: {sorted(names)}")
+    (name_in, name_out), saes = names.pop(), [by_layer[i] for i in range(len(by_layer))]
+    detach = [{n: p.detach() for n, p in sae.named_parameters()} for sae in saes]
+    return _build("SAELens transcoders", W_enc=[t["W_enc"].T for t in detach], b_enc=[t["b_enc"] for t in detach],
+                  threshold=[t["threshold"].clamp(min=0) if "threshold" in t else None for t in detach],
+                  W_dec=[t["W_dec"][:, None] for t in detach], b_dec=torch.stack([t["b_dec"] for t in detach]),
+                  W_skip=[t["W_skip"].T for t in detach] if "W_skip" in detach[0] else None,
+                  feature_input_hook=name_in, feature_output_hook=name_out, scan=None)
+
+
+def _from_ours(folder: Path) -> TranscoderSet:
+    try:
+        config = json.loads((folder / OUR_CONFIG).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{folder / OUR_CONFIG}: not a readable JSON file ({error})") from None
+    if not isinstance(config, dict) or config.get("format") != FORMAT_NAME:
+        raise ConfigError(f"{folder / OUR_CONFIG}: field 'format' must be {FORMAT_NAME!r}")
+    n = config.get("n_layers")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ConfigError(f"{folder / OUR_CONFIG}: field 'n_layers' must be a positive integer, got {n!r}")
+    weights = folder / OUR_WEIGHTS
+    tensors = {name: _float(t, weights, name) for name, t in _read_file(weights).items()}
+    wanted = ["b_dec"] + [f"{k}.{i}" for i in range(n) for k in ("W_enc", "b_enc", "W_dec")]
+    missing = [name for name in wanted if name not in tensors]
+    if missing:
+        raise CheckpointError(f"{weights}: missing tensor {', '.join(map(repr, missing))}")
+    skip = "W_skip.0" in tensors
+    return _build(str(folder), W_enc=[tensors[f"W_enc.{i}"] for i in range(n)],
+                  b_enc=[tensors[f"b_enc.{i}"] for i in range(n)],
+                  threshold=[tensors.get(f"threshold.{i}") for i in range(n)],
+                  W_dec=[tensors[f"W_dec.{i}"] for i in range(n)], b_dec=tensors["b_dec"],
+                  W_skip=[tensors[f"W_skip.{i}"] for i in range(n)] if skip else None,
+                  feature_input_hook=config.get("feature_input_hook"),
+                  feature_output_hook=config.get("feature_output_hook"), scan=config.get("scan"))
+
+
+# ---- shared ----------------------------------------------------------------------------------------------------
+def _float(tensor: torch.Tensor, path: Path, name: str) -> torch.Tensor:
+    if not tensor.is_floating_point():
+        raise CheckpointError(f"{path}: tensor {name!r} must be floating point, got {tensor.dtype}")
+    return tensor.float()
+
+
+def _stack(tensors: list[torch.Tensor], where: Path, name: str) -> torch.Tensor:
+    if len({tuple(t.shape) for t in tensors}) > 1:
+        raise CheckpointError(f"{where}: tensor {name!r} differs in shape between layers "
+                              f"({sorted({tuple(t.shape) for t in tensors})})")
+    return torch.stack(tensors)
+
+
+def _build(source: str, **fields: Any) -> TranscoderSet:
+    """The set, with a shape or value problem reported as a ``CheckpointError`` naming ``source``."""
+    try:
+        return TranscoderSet(**fields)
+    except InputError as error:
+        raise CheckpointError(f"{source}: {error}") from None
