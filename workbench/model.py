@@ -296,7 +296,7 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRo
             >>> losses = model.loss_from_resid(resid_final[:, :-1], tokens[:, 1:])   # doctest: +SKIP
         """
         return token_losses_from_normed(self.apply_final_norm(resid_BPD), self.unembed.W_U.T, targets_BP,
-                                        self.unembed.b_U, self.unembed.soft_cap)
+                                        self.unembed.stored_bias("b_U"), self.unembed.soft_cap)
 
     def tokens_to_residual_directions(self, tokens: Union[int, Int[Tensor, "..."]]) -> Float[Tensor, "... d_model"]:
         """The unembedding direction(s) of token id(s): ``W_U[:, token]`` in TransformerLens's [d_model, d_vocab] terms.

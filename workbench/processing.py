@@ -193,6 +193,12 @@ def _write(dst: Tensor, value: Tensor) -> None:
     dst.copy_(value.to(dst.dtype))
 
 
+def _stored_bias(module: nn.Module, name: str) -> Optional[Tensor]:
+    """The bias ``name`` the module holds, or None (a dense part's absent bias reads as zeros: not that)."""
+    stored = getattr(module, "stored_bias", None)
+    return stored(name) if stored is not None else getattr(module, name, None)
+
+
 def _new_zeros(numel: int, like: Tensor) -> nn.Parameter:
     return nn.Parameter(torch.zeros(numel, dtype=like.dtype, device=like.device), requires_grad=like.requires_grad)
 
@@ -290,14 +296,14 @@ def _fold_ln(model: DecoderHost) -> None:
             if mlp._W_shared_gate_lin is not None:
                 readers.append((mlp._W_shared_gate_lin, None))
         else:
-            readers = [(mlp._W_in_lin, mlp.b_in)]
+            readers = [(mlp._W_in_lin, mlp.stored_bias("b_in"))]
             if model.cfg.gated_mlp:
                 readers.append((mlp._W_gate_lin, mlp.b_gate))
         for W_lin, b_lin in readers:
             _fold_norm_into(W_lin, b_lin, block.ln2, center)
         _reset_norm(block.ln2)
     if model.ln_final is not None:
-        _fold_norm_into(model.unembed._W_U_lin, model.unembed.b_U, model.ln_final, center)
+        _fold_norm_into(model.unembed._W_U_lin, model.unembed.stored_bias("b_U"), model.ln_final, center)
         _reset_norm(model.ln_final)
 
 
@@ -309,13 +315,13 @@ def _center_writing_weights(model: DecoderHost) -> None:
         _center(W_pos, -1)  # [n_ctx, D]
     for block in model.blocks:
         _center(block.attn._W_O_lin, 0)  # [D, H*K]
-        if block.attn.b_O is not None:
+        if block.attn.stored_bias("b_O") is not None:
             _center(block.attn.b_O, 0)
         if not block.has_mlp:
             continue
         mlp = block.mlp
         _center(mlp._W_out_lin, -2)  # dense [D, M]; experts [E, D, M]
-        if getattr(mlp, "b_out", None) is not None:
+        if _stored_bias(mlp, "b_out") is not None:
             _center(mlp.b_out, -1)  # dense [D]; experts [E, D]
         shared = getattr(mlp, "shared", None)  # a mixture's shared expert writes to the stream too
         if shared is not None:
@@ -327,7 +333,7 @@ def _center_writing_weights(model: DecoderHost) -> None:
 def _center_unembed(model: DecoderHost) -> None:
     _untie(model)  # centring W_U must not change W_E
     _center(model.unembed._W_U_lin, 0)  # [V, D]: over the vocabulary
-    if model.unembed.b_U is not None:
+    if model.unembed.stored_bias("b_U") is not None:
         _center(model.unembed.b_U, 0)
 
 

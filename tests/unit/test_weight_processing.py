@@ -95,6 +95,11 @@ def norms(model: wb.Decoder) -> list:
     return found + ([model.ln_final] if model.ln_final is not None else [])
 
 
+def stored(module, name: str):
+    """The bias a part holds, or None (an absent dense bias reads as zeros, as in TransformerLens)."""
+    return module.stored_bias(name) if hasattr(module, "stored_bias") else getattr(module, name, None)
+
+
 def writing_weights(model: wb.Decoder) -> dict[str, torch.Tensor]:
     """Everything that writes to the residual stream, each with d_model last."""
     out = {"W_E": model.W_E}
@@ -102,11 +107,11 @@ def writing_weights(model: wb.Decoder) -> dict[str, torch.Tensor]:
         out["W_pos"] = model.W_pos
     for layer, block in enumerate(model.blocks):
         out[f"{layer}.W_O"] = block.attn.W_O
-        if block.attn.b_O is not None:
+        if stored(block.attn, "b_O") is not None:
             out[f"{layer}.b_O"] = block.attn.b_O
         if block.has_mlp:
             out[f"{layer}.W_out"] = block.mlp.W_out  # dense [M, D]; experts [E, M, D]
-            if getattr(block.mlp, "b_out", None) is not None:
+            if stored(block.mlp, "b_out") is not None:
                 out[f"{layer}.b_out"] = block.mlp.b_out
     return out
 
@@ -127,9 +132,9 @@ def test_each_step_alone_keeps_the_model(name, step):
         return
 
     old_writers = {k: v.detach().clone() for k, v in writing_weights(model).items()}
-    old_b_V = [None if b.attn.b_V is None else b.attn.b_V.detach().clone() for b in model.blocks]
+    old_b_V = [None if b.attn._b_V_lin is None else b.attn.b_V.detach().clone() for b in model.blocks]
     old_W_O = [b.attn.W_O.detach().clone() for b in model.blocks]
-    old_b_O = [None if b.attn.b_O is None else b.attn.b_O.detach().clone() for b in model.blocks]
+    old_b_O = [None if stored(b.attn, "b_O") is None else b.attn.b_O.detach().clone() for b in model.blocks]
     assert model.process_weights_(**{**OFF, step: True}) is model
     assert model.cfg.weight_processing == (step,)
     logits = run(model)
@@ -140,7 +145,7 @@ def test_each_step_alone_keeps_the_model(name, step):
         assert (shift - shift[..., :1]).abs().max().item() < TOL
         W_U = model.W_U
         assert W_U.mean(-1).abs().max().item() < 1e-6
-        if model.unembed.b_U is not None:
+        if stored(model.unembed, "b_U") is not None:
             assert abs(model.unembed.b_U.mean().item()) < 1e-6
     else:
         assert (logits - reference).abs().max().item() < TOL
@@ -160,7 +165,7 @@ def test_each_step_alone_keeps_the_model(name, step):
     elif step == "fold_value_biases":
         for layer, block in enumerate(model.blocks):
             if old_b_V[layer] is None:
-                assert block.attn.b_V is None and block.attn.b_O is None
+                assert block.attn._b_V_lin is None and stored(block.attn, "b_O") is None
                 continue
             assert old_b_V[layer].abs().max() > 0.1, "no value bias to fold: vacuous"
             assert torch.equal(block.attn.b_V, torch.zeros_like(block.attn.b_V))

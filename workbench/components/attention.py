@@ -39,17 +39,20 @@ from torch import Tensor, nn
 from workbench.components.attention_kernels import FAST_KERNELS, MaskSpec, eager_attention, identity_hook
 from workbench.components.norm import make_norm
 from workbench.components.rotary import Rotary, alibi_slopes
+from workbench.components.zero_biases import ZeroBiases
 from workbench.config import ModelConfig
 from workbench.options import RuntimeOptions
 from workbench.hook_point import HookPoint, is_observed
 
 
-class AttentionBase(nn.Module):
+class AttentionBase(ZeroBiases, nn.Module):
     """What every attention variant shares: the kernel (``attend``), sinks, the output projection
-    (``project_out``, ``W_O`` [H, J, D], ``b_O``) and the hooks on scores, pattern, z and results."""
+    (``project_out``, ``W_O`` [H, J, D], ``b_O``: zeros when the model has none, as in TransformerLens)
+    and the hooks on scores, pattern, z and results."""
 
     def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
+        self.bias_shapes = {"b_O": (cfg.d_model,)}
         self.n_heads, self.d_head, self.d_head_v, self.d_model = cfg.n_heads, cfg.d_head, cfg.d_head_v, cfg.d_model
         self.scale, self.sliding_window = 1.0 / cfg.attn_scale, cfg.sliding_window
         self.soft_cap = cfg.attn_scores_soft_cap
@@ -90,8 +93,9 @@ class AttentionBase(nn.Module):
         if self.options.use_attn_result or is_observed(self.hook_result):
             result_BPHD = self.hook_result(torch.einsum("bphk,hkd->bphd", z_BPHJ, self.W_O))
             out = result_BPHD.sum(dim=2)
-            return out if self.b_O is None else out + self.b_O
-        return F.linear(z_BPHJ.flatten(-2), self._W_O_lin, self.b_O)
+            b_O = self.stored_bias("b_O")
+            return out if b_O is None else out + b_O
+        return F.linear(z_BPHJ.flatten(-2), self._W_O_lin, self.stored_bias("b_O"))
 
     def pattern_is_hooked(self) -> bool:
         """True when anything observes scores, pattern or sink weight (``workbench.hook_point.is_observed``),
@@ -205,24 +209,31 @@ class Attention(AttentionBase):
         return self._per_query_head(self._W_V)
 
     @property
-    def b_Q(self) -> Optional[Float[Tensor, "n_heads d_head"]]:
-        return None if self._b_Q_lin is None else self._b_Q_lin.view(self.n_heads, self.d_head)
+    def b_Q(self) -> Float[Tensor, "n_heads d_head"]:
+        """[H, K]; zeros when the model has no attention biases (as in TransformerLens)."""
+        return self._bias_view(self._b_Q_lin, self.n_heads)
 
     @property
-    def _b_K(self) -> Optional[Float[Tensor, "n_key_value_heads d_head"]]:
-        return None if self._b_K_lin is None else self._b_K_lin.view(self.n_key_value_heads, self.d_head)
+    def _b_K(self) -> Float[Tensor, "n_key_value_heads d_head"]:
+        return self._bias_view(self._b_K_lin, self.n_key_value_heads)
 
     @property
-    def _b_V(self) -> Optional[Float[Tensor, "n_key_value_heads d_head"]]:
-        return None if self._b_V_lin is None else self._b_V_lin.view(self.n_key_value_heads, self.d_head)
+    def _b_V(self) -> Float[Tensor, "n_key_value_heads d_head"]:
+        return self._bias_view(self._b_V_lin, self.n_key_value_heads)
 
     @property
-    def b_K(self) -> Optional[Float[Tensor, "n_heads d_head"]]:
-        return None if self._b_K_lin is None else self._per_query_head(self._b_K)
+    def b_K(self) -> Float[Tensor, "n_heads d_head"]:
+        return self._per_query_head(self._b_K)
 
     @property
-    def b_V(self) -> Optional[Float[Tensor, "n_heads d_head"]]:
-        return None if self._b_V_lin is None else self._per_query_head(self._b_V)
+    def b_V(self) -> Float[Tensor, "n_heads d_head"]:
+        return self._per_query_head(self._b_V)
+
+    def _bias_view(self, b_lin: Optional[Tensor], n: int) -> Tensor:
+        """A stored bias [n * K] as [n, K] (a view: writing it writes the bias), or zeros when absent."""
+        if b_lin is None:
+            return torch.zeros(n, self.d_head, dtype=self._W_Q_lin.dtype, device=self._W_Q_lin.device)
+        return b_lin.view(n, self.d_head)
 
     def _per_query_head(self, kv_G: Tensor) -> Tensor:
         groups = self.n_heads // self.n_key_value_heads
