@@ -106,6 +106,33 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRo
             else:
                 param.normal_(0.0, std)
 
+    # Other names of a hook point, as TransformerBridge has them: alias pattern -> the point's own name.
+    HOOK_ALIASES = {"blocks.{l}.hook_in": "blocks.{l}.hook_resid_pre", "blocks.{l}.hook_out": "blocks.{l}.hook_resid_post"}
+
+    def setup(self) -> None:
+        """TransformerLens's ``setup`` (names every hook point, fills ``hook_dict`` and ``mod_dict``), then the
+        aliases: ``blocks.{l}.hook_in`` / ``hook_out`` are the points ``hook_resid_pre`` / ``hook_resid_post``
+        (TransformerBridge's block hooks, what ``utils.get_act_name("in", l)`` names). An alias is one point
+        under two names: hooks on either edit the same tensor; ``run_with_cache`` keys it by the name asked
+        for. ``hook_dict`` lists each point once; ``hook_aliases`` maps each alias to its point's name.
+
+        Example:
+            >>> model.hook_aliases["blocks.0.hook_in"]
+            'blocks.0.hook_resid_pre'
+            >>> _, in_cache = model.run_with_cache(tokens, names_filter="blocks.0.hook_in")
+            >>> list(in_cache), torch.equal(in_cache["blocks.0.hook_in"], cache["blocks.0.hook_resid_pre"])
+            (['blocks.0.hook_in'], True)
+        """
+        super().setup()
+        self.hook_aliases = {}
+        for layer in range(len(self.blocks)):
+            for alias, own in self.HOOK_ALIASES.items():
+                alias, own = alias.format(l=layer), own.format(l=layer)
+                point = self.hook_dict[own]
+                point.aliases = (*point.aliases, alias) if alias not in point.aliases else point.aliases
+                self.mod_dict[alias] = point
+                self.hook_aliases[alias] = own
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # One call at a time per model: another thread's hooks or cache never see this call (workbench.call_lock).
         with model_lock(self):
