@@ -25,7 +25,8 @@ from workbench.errors import ConfigError
 AttnImpl = Literal["eager", "sdpa", "flash"]
 ATTN_IMPLS: tuple[str, ...] = get_args(AttnImpl)
 # TransformerLens's weight processing, in the order it is applied (``Decoder.process_weights_``).
-WEIGHT_PROCESSING_STEPS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
+WEIGHT_PROCESSING_STEPS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases",
+                           "refactor_factored_attn_matrices")
 
 
 def _dtype(value: Any) -> torch.dtype:

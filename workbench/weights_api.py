@@ -17,6 +17,7 @@ expert layers) raise ``InputError`` naming the layers, rather than torch's stack
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Iterator, Optional
 
 import torch
@@ -258,14 +259,43 @@ class WeightMethods(_Host):
         return total
 
     def process_weights_(self, fold_ln: bool = True, center_writing_weights: bool = True,
-                         center_unembed: bool = True, fold_value_biases: bool = True):
+                         center_unembed: bool = True, fold_value_biases: bool = True,
+                         refactor_factored_attn_matrices: bool = False):
         """TransformerLens's weight processing, in place (see ``workbench.processing``); returns the model.
+        On an RMSNorm model ``center_writing_weights`` warns and is skipped, as in TransformerLens.
 
         Example:
             >>> model.process_weights_(fold_ln=True, center_writing_weights=True, center_unembed=True)   # doctest: +SKIP
         """
         return process_weights(self, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                               center_unembed=center_unembed, fold_value_biases=fold_value_biases)
+                               center_unembed=center_unembed, fold_value_biases=fold_value_biases,
+                               refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+
+    def enable_compatibility_mode(self, disable_warnings: bool = False, no_processing: bool = False,
+                                  fold_ln: bool = True, center_writing_weights: bool = True,
+                                  center_unembed: bool = True, fold_value_biases: bool = True,
+                                  refactor_factored_attn_matrices: bool = False) -> None:
+        """TransformerBridge's ``enable_compatibility_mode``, so a TransformerLens 4 notebook's boot lines run
+        unchanged: the weight processing ``HookedTransformer.from_pretrained`` applied, with the bridge's
+        defaults (every step but ``refactor_factored_attn_matrices``; ``no_processing=True``: none). Our hook
+        names and shapes already are TransformerLens's, so there is no other mode to switch to.
+        ``disable_warnings`` silences the warning of a skipped step (centring under RMSNorm). A step this
+        model cannot take is a ``ConfigError`` and leaves the weights as they were.
+
+        Example:
+            >>> twin = wb.Decoder(model.cfg, init_weights=False); _ = twin.load_state_dict(model.state_dict())
+            >>> twin.enable_compatibility_mode()
+            >>> twin.cfg.weight_processing
+            ('fold_ln', 'center_writing_weights', 'center_unembed', 'fold_value_biases')
+        """
+        if no_processing:
+            return
+        with warnings.catch_warnings():
+            if disable_warnings:
+                warnings.simplefilter("ignore", UserWarning)
+            self.process_weights_(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                                  center_unembed=center_unembed, fold_value_biases=fold_value_biases,
+                                  refactor_factored_attn_matrices=refactor_factored_attn_matrices)
 
 
 def _norm_parameters(prefix: str, norm) -> dict[str, Tensor]:

@@ -171,3 +171,79 @@ def test_did_you_mean_ranks_the_same_meaning_first(wrong, meant):
     with pytest.raises(wb.InputError, match=rf"did you mean '{meant}'"):
         model.run_with_hooks(TOKENS, fwd_hooks=[(wrong, lambda x, hook: x)])
     assert model.attached_hooks() == {}
+
+
+# ---- refactor_factored_attn_matrices, centring under RMSNorm, enable_compatibility_mode ----------------------
+@pytest.mark.parametrize("name", ["mha_learned_ln", "alibi_gelu_new", "sinusoidal_prenorm"])
+def test_refactor_matches_transformer_lens_weights_and_keeps_log_probs(name):
+    from transformer_lens.weight_processing import ProcessWeights
+
+    from tests.unit.test_weight_processing import build, transformer_lens_state
+
+    model = build(name)
+    before = model(TOKENS).log_softmax(-1)
+    state, tl_cfg = transformer_lens_state(model)
+    expected = ProcessWeights.process_weights(state, tl_cfg, fold_ln=True, center_writing_weights=True,
+                                              center_unembed=True, fold_value_biases=True,
+                                              refactor_factored_attn_matrices=True)
+    model.process_weights_(refactor_factored_attn_matrices=True)
+    assert model.cfg.weight_processing[-1] == "refactor_factored_attn_matrices"
+    ours, _ = transformer_lens_state(model)
+    # An SVD's singular vectors are unique up to sign: a query column and its key column may both be flipped
+    # (their product is the same). Align each pair's sign with TransformerLens's, then compare everything.
+    for layer in range(model.cfg.n_layers):
+        p = f"blocks.{layer}.attn."
+        Q_eff = torch.cat([ours[p + "W_Q"], ours[p + "b_Q"][:, None]], dim=1)  # [H, D+1, K]
+        sign = torch.sign((Q_eff * torch.cat([expected[p + "W_Q"], expected[p + "b_Q"][:, None]], dim=1)).sum(1))
+        for key in ("W_Q", "W_K"):
+            ours[p + key] = ours[p + key] * sign[:, None, :]
+        for key in ("b_Q", "b_K"):
+            ours[p + key] = ours[p + key] * sign
+    worst = {k: (ours[k] - expected[k]).abs().max().item() for k in expected}
+    assert max(worst.values()) < 1e-4, sorted(worst.items(), key=lambda kv: -kv[1])[:3]
+    assert not torch.allclose(ours["blocks.0.attn.W_O"], state["blocks.0.attn.W_O"], atol=1e-2)  # it did refactor
+    torch.testing.assert_close(model(TOKENS).log_softmax(-1), before, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("variant, reason", [("gqa_rotary_rms_swiglu", "rotary positions"),
+                                             ("mqa_partial_rotary", "rotary positions")])
+def test_refactor_is_refused_where_transformer_lens_refuses(variant, reason):
+    model = make_model(variant)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(wb.ConfigError, match=rf"refactor_factored_attn_matrices: .*{reason}"):
+        model.process_weights_(refactor_factored_attn_matrices=True)
+    assert model.cfg.weight_processing == ()
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_center_writing_weights_on_rmsnorm_warns_and_skips():
+    model = make_model("gqa_rotary_rms_swiglu")
+    before = model(TOKENS).log_softmax(-1)
+    with pytest.warns(UserWarning, match="center_writing_weights skipped"):
+        model.process_weights_(fold_ln=True, center_writing_weights=True, center_unembed=True)
+    assert model.cfg.weight_processing == ("fold_ln", "center_unembed", "fold_value_biases")
+    torch.testing.assert_close(model(TOKENS).log_softmax(-1), before, atol=1e-5, rtol=0)
+
+
+def test_enable_compatibility_mode_applies_transformer_lens_defaults():
+    import inspect
+
+    from transformer_lens.model_bridge import TransformerBridge
+
+    bridge_defaults = {k: p.default for k, p in inspect.signature(TransformerBridge.enable_compatibility_mode).parameters.items()
+                       if k != "self"}
+    ours = {k: p.default for k, p in inspect.signature(wb.Decoder.enable_compatibility_mode).parameters.items()
+            if k != "self"}
+    assert ours == bridge_defaults
+    model = make_model("mha_learned_ln")
+    assert model.enable_compatibility_mode() is None
+    assert model.cfg.weight_processing == ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
+    rms = make_model("gqa_rotary_rms_swiglu")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # disable_warnings: the skipped centring says nothing
+        rms.enable_compatibility_mode(disable_warnings=True)
+    assert rms.cfg.weight_processing == ("fold_ln", "center_unembed", "fold_value_biases")
+    untouched = make_model("mha_learned_ln")
+    untouched.enable_compatibility_mode(no_processing=True)
+    assert untouched.cfg.weight_processing == ()
