@@ -374,6 +374,26 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRo
         checked.check_for(self.config)  # pre-norm only: an error leaves the model as it was
         self.options.use_split_qkv_input = checked.use_split_qkv_input
 
+    def set_ungroup_grouped_query_attention(self, ungroup: bool) -> None:
+        """TransformerLens 3's switch for grouped-query models: ``hook_k``/``hook_v`` (and ``hook_rot_k``,
+        ``hook_k_input``/``hook_v_input``, the KV cache) carry one key/value head per query head [batch, pos,
+        n_heads, d_head], each a copy of its group's, so per-head loops written for n_heads run unchanged and
+        an edit to head h's key or value reaches query head h only. Unedited, the logits are exactly the
+        grouped ones; slower (keys and values copied per query head), so off by default. Every kernel.
+        ``model.W_K``/``W_V``/``b_K``/``b_V`` are per query head either way.
+
+        Example:
+            >>> gqa = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=16, n_heads=4, n_key_value_heads=2, d_vocab=10,
+            ...                                 n_ctx=8, positional="rotary"))
+            >>> ids = torch.tensor([[1, 2, 3]])
+            >>> grouped = gqa(ids); gqa.set_ungroup_grouped_query_attention(True)
+            >>> gqa.run_with_cache(ids)[1]["blocks.0.attn.hook_v"].shape[2], torch.equal(gqa(ids), grouped)
+            (4, True)
+        """
+        checked = self.options.replace(ungroup_grouped_query_attention=bool(ungroup))
+        checked.check_for(self.config)  # not for latent attention: an error leaves the model as it was
+        self.options.ungroup_grouped_query_attention = checked.ungroup_grouped_query_attention
+
     # ---- generation and persistence ---------------------------------------------------------------
     def generate(self, input: TextOrTokens, max_new_tokens: int = 20, **kwargs: Any) -> Union[str, list[str], Tensor]:
         """Continues a prompt (greedy by default; ``temperature``/``top_k``/``top_p`` sample).
