@@ -197,13 +197,14 @@ def _patch_positions(model, corrupted_tokens, clean_cache, act_name, name, metri
         corrupted_component[:, pos, :] = clean_cache[hook.name][:, pos, :]
         return corrupted_component
 
-    result = torch.zeros(model.cfg.n_layers, corrupted_tokens.shape[1])
+    positions = (1, 5, corrupted_tokens.shape[1] - 1)  # the first name, its swapped repeat, the last token (for time)
+    result = torch.zeros(model.cfg.n_layers, len(positions))
     for layer in range(model.cfg.n_layers):
-        for position in range(corrupted_tokens.shape[1]):
+        for i, position in enumerate(positions):
             hook_fn = partial(patch_residual_component, pos=position, clean_cache=clean_cache)
             patched = model.run_with_hooks(corrupted_tokens, fwd_hooks=[(act_name(name, layer), hook_fn)],
                                            return_type="logits")
-            result[layer, position] = metric(patched)
+            result[layer, i] = metric(patched)
     return result
 
 
