@@ -199,6 +199,22 @@ def _selected_names(hook_dict: Mapping[str, HookPoint], is_cached: Callable[[str
     return selected
 
 
+def add_aliases(hook_dict: Mapping[str, HookPoint], mod_dict: dict, aliases: Mapping[str, str]) -> None:
+    """Makes each ``alias`` a second name of the point ``hook_dict[own]``: hooks by that name reach the point
+    (``mod_dict``, which TransformerLens's hook methods look names up in) and caches key it by that name.
+
+    Example:
+        >>> point = HookPoint(); point.name = "hook_x"; mods = {"hook_x": point}
+        >>> add_aliases({"hook_x": point}, mods, {"hook_y": "hook_x"}); mods["hook_y"] is point, point.aliases
+        (True, ('hook_y',))
+    """
+    for alias, own in aliases.items():
+        point = hook_dict[own]
+        if alias not in point.aliases:
+            point.aliases = (*point.aliases, alias)
+        mod_dict[alias] = point
+
+
 @dataclass(frozen=True)
 class _Renamed:
     """A sink that stores what a point passes under the names the caller asked for (an alias, or both)."""

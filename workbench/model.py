@@ -37,7 +37,7 @@ from workbench.components.norm import make_norm
 from workbench.config import ModelConfig
 from workbench.errors import InputError
 from workbench.generation import KVCache, generate
-from workbench.hook_point import HookPoint
+from workbench.hook_point import HookPoint, add_aliases
 from workbench.loss import next_token_loss, token_losses_from_normed
 from workbench.options import AttnImpl, ConfigView, RuntimeOptions
 from workbench.readouts import ReadoutMethods
@@ -124,14 +124,9 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRo
             (['blocks.0.hook_in'], True)
         """
         super().setup()
-        self.hook_aliases = {}
-        for layer in range(len(self.blocks)):
-            for alias, own in self.HOOK_ALIASES.items():
-                alias, own = alias.format(l=layer), own.format(l=layer)
-                point = self.hook_dict[own]
-                point.aliases = (*point.aliases, alias) if alias not in point.aliases else point.aliases
-                self.mod_dict[alias] = point
-                self.hook_aliases[alias] = own
+        self.hook_aliases = {alias.format(l=layer): own.format(l=layer) for layer in range(len(self.blocks))
+                             for alias, own in self.HOOK_ALIASES.items()}
+        add_aliases(self.hook_dict, self.mod_dict, self.hook_aliases)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # One call at a time per model: another thread's hooks or cache never see this call (workbench.call_lock).
@@ -375,12 +370,10 @@ class Decoder(TokenMethods, HookMethods, WeightMethods, ReadoutMethods, HookedRo
         self.options.use_split_qkv_input = checked.use_split_qkv_input
 
     def set_ungroup_grouped_query_attention(self, ungroup: bool) -> None:
-        """TransformerLens 3's switch for grouped-query models: ``hook_k``/``hook_v`` (and ``hook_rot_k``,
-        ``hook_k_input``/``hook_v_input``, the KV cache) carry one key/value head per query head [batch, pos,
-        n_heads, d_head], each a copy of its group's, so per-head loops written for n_heads run unchanged and
-        an edit to head h's key or value reaches query head h only. Unedited, the logits are exactly the
-        grouped ones; slower (keys and values copied per query head), so off by default. Every kernel.
-        ``model.W_K``/``W_V``/``b_K``/``b_V`` are per query head either way.
+        """TransformerLens 3's switch: a grouped-query model's ``hook_k``/``hook_v`` (``hook_rot_k``, the split
+        inputs, the KV cache) carry [batch, pos, n_heads, d_head], each query head its group's copy, so per-head
+        loops written for n_heads run and an edit to head h's key or value reaches head h only. Unedited, the
+        logits are exactly the grouped ones; slower, so off by default.
 
         Example:
             >>> gqa = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=16, n_heads=4, n_key_value_heads=2, d_vocab=10,
