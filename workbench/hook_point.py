@@ -23,10 +23,12 @@ whose result would be its input (~1 us -> ~0.4 us a point; a decoding step of Sm
 
 from __future__ import annotations
 
+import difflib
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterator, Mapping, Optional, Protocol
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Protocol
 
 import torch
 from torch import Tensor
@@ -52,6 +54,9 @@ class HookPoint(TransformerLensHookPoint):
     """
 
     cache_into: Optional[CacheSink] = None  # set on an instance only while a ``caching`` block caches it
+    # Other names of this one point (``blocks.0.hook_in`` for ``blocks.0.hook_resid_pre``): a cache keys what
+    # passes here by each name the caller asked for. Set by the model (``Decoder.hook_aliases``).
+    aliases: tuple[str, ...] = ()
 
     def __call__(self, tensor: Tensor) -> Tensor:
         if not is_observed(self):  # the common case: the point is the identity
@@ -142,11 +147,12 @@ def caching(hook_dict: Mapping[str, HookPoint], is_cached: Callable[[str], bool]
         >>> cache["hook_x"]
         tensor([[[4., 5.]]])
     """
-    points = [point for name, point in hook_dict.items() if is_cached(name)]
     target = _sink_with_options(sink, device, remove_batch_dim, pos_slice)
+    selected = _selected_names(hook_dict, is_cached)
+    points = list(selected)
     outer = [point.cache_into for point in points]
-    for point in points:
-        point.cache_into = target
+    for point, names in selected.items():
+        point.cache_into = target if names == (point.name,) else _Renamed(target, names)
     try:
         yield sink
     finally:
@@ -172,11 +178,91 @@ def caching_hooks(hook_dict: Mapping[str, HookPoint], is_cached: Callable[[str],
         {'hook_x': tensor([1.])}
     """
     target = _sink_with_options(sink, device, remove_batch_dim, pos_slice)
-    names = [name for name in hook_dict if is_cached(name)]
-    fwd = [(name, partial(_store, target, "")) for name in names]
-    bwd = [(name, partial(_store, target, "_grad")) for name in names] if incl_bwd else []
+    selected = _selected_names(hook_dict, is_cached)
+    fwd = [(point.name, partial(_store, target, names, "")) for point, names in selected.items()]
+    bwd = [(point.name, partial(_store, target, names, "_grad")) for point, names in selected.items()] if incl_bwd else []
     return fwd, bwd
 
 
-def _store(sink: CacheSink, suffix: str, tensor: Tensor, hook: HookPoint) -> None:
-    sink[hook.name + suffix] = tensor.detach()
+def _store(sink: CacheSink, names: tuple[str, ...], suffix: str, tensor: Tensor, hook: HookPoint) -> None:
+    for name in names:
+        sink[name + suffix] = tensor.detach()
+
+
+def _selected_names(hook_dict: Mapping[str, HookPoint], is_cached: Callable[[str], bool]) -> dict[HookPoint, tuple[str, ...]]:
+    """Each point with a name (its own or an alias) that ``is_cached`` selects, and those names."""
+    selected = {}
+    for name, point in hook_dict.items():
+        names = tuple(n for n in (name, *point.aliases) if is_cached(n))
+        if names:
+            selected[point] = names
+    return selected
+
+
+def add_aliases(hook_dict: Mapping[str, HookPoint], mod_dict: dict, aliases: Mapping[str, str]) -> None:
+    """Makes each ``alias`` a second name of the point ``hook_dict[own]``: hooks by that name reach the point
+    (``mod_dict``, which TransformerLens's hook methods look names up in) and caches key it by that name.
+
+    Example:
+        >>> point = HookPoint(); point.name = "hook_x"; mods = {"hook_x": point}
+        >>> add_aliases({"hook_x": point}, mods, {"hook_y": "hook_x"}); mods["hook_y"] is point, point.aliases
+        (True, ('hook_y',))
+    """
+    for alias, own in aliases.items():
+        point = hook_dict[own]
+        if alias not in point.aliases:
+            point.aliases = (*point.aliases, alias)
+        mod_dict[alias] = point
+
+
+@dataclass(frozen=True)
+class _Renamed:
+    """A sink that stores what a point passes under the names the caller asked for (an alias, or both)."""
+
+    sink: CacheSink
+    names: tuple[str, ...]
+
+    def __setitem__(self, name: str, tensor: Tensor) -> None:
+        for asked in self.names:
+            self.sink[asked] = tensor
+
+
+# ---- "did you mean": by meaning first, then by spelling ---------------------------------------------------
+# Names other libraries give a point we have under another name (TransformerBridge's component hooks), as
+# (pattern, our name): the pattern's groups fill the ``{}``s. They come before spelling's guesses.
+_SAME_MEANING = (
+    (r"blocks\.(\d+)\.attn\.hook_in", "blocks.{}.ln1.hook_normalized"),
+    (r"blocks\.(\d+)\.attn\.hook_out", "blocks.{}.hook_attn_out"),
+    (r"blocks\.(\d+)\.mlp\.hook_in", "blocks.{}.ln2.hook_normalized"),
+    (r"blocks\.(\d+)\.mlp\.hook_out", "blocks.{}.hook_mlp_out"),
+    (r"blocks\.(\d+)\.hook_mlp_in", "blocks.{}.hook_resid_mid"),
+    (r"blocks\.(\d+)\.hook_attn_in", "blocks.{}.hook_resid_pre"),
+    (r"blocks\.(\d+)\.(?:hook_)?(?:in|input|resid_in)", "blocks.{}.hook_resid_pre"),
+    (r"blocks\.(\d+)\.(?:hook_)?(?:out|output|resid_out)", "blocks.{}.hook_resid_post"),
+    (r"blocks\.(\d+)\.(ln[12])\.hook_(?:in)", "blocks.{}.{}.hook_normalized"),
+    (r"blocks\.(\d+)\.(ln[12])\.hook_(?:out)", "blocks.{}.{}.hook_normalized"),
+    (r"ln_final\.hook_(?:in|out)", "ln_final.hook_normalized"),
+    (r"embed\.hook_(?:in|out)", "hook_embed"),
+    (r"pos_embed\.hook_(?:in|out)", "hook_pos_embed"),
+    (r"(?:unembed\.hook_in|hook_unembed_in)", "ln_final.hook_normalized"),
+)
+
+
+def nearest_hook_names(name: str, known: Iterable[str], n: int = 3) -> list[str]:
+    """Up to ``n`` of ``known`` that ``name`` most likely meant: the point of the same meaning first (TransformerLens's
+    and TransformerBridge's names for it, ``hook_in`` -> ``hook_resid_pre``), then the closest spellings.
+
+    Example:
+        >>> nearest_hook_names("blocks.0.attn.hook_out", ["blocks.0.hook_attn_out", "blocks.0.attn.hook_z"])
+        ['blocks.0.hook_attn_out', 'blocks.0.attn.hook_z']
+        >>> nearest_hook_names("blocks.2.hook_input", ["blocks.2.hook_resid_pre", "blocks.2.hook_v_input"])[0]
+        'blocks.2.hook_resid_pre'
+    """
+    known = list(known)
+    by_meaning = []
+    for pattern, ours in _SAME_MEANING:
+        match = re.fullmatch(pattern, name)
+        if match and ours.format(*match.groups()) in known:
+            by_meaning.append(ours.format(*match.groups()))
+    by_spelling = difflib.get_close_matches(name, known, n=n, cutoff=0.6)
+    return list(dict.fromkeys(by_meaning + by_spelling))[:n]

@@ -20,7 +20,6 @@ once, when hooks are added. Caching of every kind goes through ``workbench.hook_
 
 from __future__ import annotations
 
-import difflib
 from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -32,7 +31,7 @@ from transformer_lens.hook_points import HookPoint
 from workbench.cache_batches import run_with_cache_in_batches
 from workbench.call_lock import model_lock
 from workbench.errors import InputError
-from workbench.hook_point import caching, caching_hooks
+from workbench.hook_point import caching, caching_hooks, nearest_hook_names
 from workbench.host import DecoderHost
 
 
@@ -168,14 +167,17 @@ class HookMethods(_Host):
             (True, False)
         """
         names_filter = self._checked_names_filter(names_filter)
-        if names_filter is None:
-            return (lambda name: True) if self.cfg.use_attn_result else _fires_without_opt_in
         if isinstance(names_filter, str):
             return names_filter.__eq__
         if isinstance(names_filter, list):
             return set(names_filter).__contains__
+        # None and functions see each point once, under its own name (an alias is cached when named).
+        aliases = self.hook_aliases
+        if names_filter is None:
+            fires = (lambda name: True) if self.cfg.use_attn_result else _fires_without_opt_in
+            return lambda name: name not in aliases and fires(name)
         if callable(names_filter):
-            return names_filter
+            return lambda name: name not in aliases and names_filter(name)
         raise InputError(f"names_filter must be None, a hook name, a list of hook names or a function of the name, "
                          f"got {names_filter!r}")
 
@@ -221,7 +223,8 @@ class HookMethods(_Host):
             >>> model.check_hook_names(["blocks.0.attn.hook_zz"])   # doctest: +SKIP
             InputError: no hook point named 'blocks.0.attn.hook_zz' in this model (did you mean 'blocks.0.attn.hook_z', ...?)
         """
-        unknown = [name for name in names if not (isinstance(name, str) and name in self.hook_dict)]
+        unknown = [name for name in names if not (isinstance(name, str) and (name in self.hook_dict
+                                                                           or name in self.hook_aliases))]
         if not unknown:
             return
         problems = []
@@ -229,7 +232,7 @@ class HookMethods(_Host):
             if not isinstance(name, str):
                 problems.append(f"{name!r} is not a hook name (a string)")
                 continue
-            close = difflib.get_close_matches(name, list(self.hook_dict), n=3, cutoff=0.6)
+            close = nearest_hook_names(name, [*self.hook_dict, *self.hook_aliases])
             problems.append(f"no hook point named {name!r} in this model"
                             + (f" (did you mean {', '.join(map(repr, close))}?)" if close else ""))
         raise InputError("; ".join(problems) + f". model.hook_dict lists its {len(self.hook_dict)} hook points.")
@@ -242,7 +245,7 @@ class HookMethods(_Host):
             (3, None)
         """
         self.check_hook_names([hook_name])
-        return self.hook_dict[hook_name].layer() if hook_name.startswith("blocks.") else None
+        return self.mod_dict[hook_name].layer() if hook_name.startswith("blocks.") else None
 
     # ---- helpers --------------------------------------------------------------------------------
     def _checked_hook_list(self, hooks: Any, argument: str) -> list[tuple[Any, Callable]]:

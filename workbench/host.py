@@ -33,6 +33,8 @@ class DecoderHost(Protocol):
     options: "RuntimeOptions"
     tokenizer: Optional["Tokenizer"]
     hook_dict: dict[str, "HookPoint"]
+    hook_aliases: dict[str, str]
+    mod_dict: dict[str, Any]
     blocks: nn.ModuleList
     embed: nn.Module
     pos_embed: Optional[nn.Module]

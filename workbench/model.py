@@ -37,7 +37,7 @@ from workbench.components.norm import make_norm
 from workbench.config import ModelConfig
 from workbench.errors import InputError
 from workbench.generation import KVCache, generate
-from workbench.hook_point import HookPoint
+from workbench.hook_point import HookPoint, add_aliases
 from workbench.loss import next_token_loss, token_losses_from_normed
 from workbench.options import AttnImpl, ConfigView, RuntimeOptions
 from workbench.readouts import ReadoutMethods
@@ -106,6 +106,28 @@ class Decoder(TokenMethods, HookMethods, SAESpliceMethods, WeightMethods, Readou
                 param.normal_(0.0, std / (2 * self.cfg.n_layers) ** 0.5)
             else:
                 param.normal_(0.0, std)
+
+    # Other names of a hook point, as TransformerBridge has them: alias pattern -> the point's own name.
+    HOOK_ALIASES = {"blocks.{l}.hook_in": "blocks.{l}.hook_resid_pre", "blocks.{l}.hook_out": "blocks.{l}.hook_resid_post"}
+
+    def setup(self) -> None:
+        """TransformerLens's ``setup`` (names every hook point, fills ``hook_dict`` and ``mod_dict``), then the
+        aliases: ``blocks.{l}.hook_in`` / ``hook_out`` are the points ``hook_resid_pre`` / ``hook_resid_post``
+        (TransformerBridge's block hooks, what ``utils.get_act_name("in", l)`` names). An alias is one point
+        under two names: hooks on either edit the same tensor; ``run_with_cache`` keys it by the name asked
+        for. ``hook_dict`` lists each point once; ``hook_aliases`` maps each alias to its point's name.
+
+        Example:
+            >>> model.hook_aliases["blocks.0.hook_in"]
+            'blocks.0.hook_resid_pre'
+            >>> _, in_cache = model.run_with_cache(tokens, names_filter="blocks.0.hook_in")
+            >>> list(in_cache), torch.equal(in_cache["blocks.0.hook_in"], cache["blocks.0.hook_resid_pre"])
+            (['blocks.0.hook_in'], True)
+        """
+        super().setup()
+        self.hook_aliases = {alias.format(l=layer): own.format(l=layer) for layer in range(len(self.blocks))
+                             for alias, own in self.HOOK_ALIASES.items()}
+        add_aliases(self.hook_dict, self.mod_dict, self.hook_aliases)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # One call at a time per model: another thread's hooks or cache never see this call (workbench.call_lock).
@@ -297,7 +319,7 @@ class Decoder(TokenMethods, HookMethods, SAESpliceMethods, WeightMethods, Readou
             >>> losses = model.loss_from_resid(resid_final[:, :-1], tokens[:, 1:])   # doctest: +SKIP
         """
         normed_BPD = self.unembed.scaled_input(self.apply_final_norm(resid_BPD))  # logits_scale, as Unembed applies it
-        return token_losses_from_normed(normed_BPD, self.unembed.W_U.T, targets_BP, self.unembed.b_U,
+        return token_losses_from_normed(normed_BPD, self.unembed.W_U.T, targets_BP, self.unembed.stored_bias("b_U"),
                                         self.unembed.soft_cap)
 
     def tokens_to_residual_directions(self, tokens: Union[int, Int[Tensor, "..."]]) -> Float[Tensor, "... d_model"]:
@@ -349,6 +371,24 @@ class Decoder(TokenMethods, HookMethods, SAESpliceMethods, WeightMethods, Readou
         checked = self.options.replace(use_split_qkv_input=bool(use_split_qkv_input))
         checked.check_for(self.config)  # pre-norm only: an error leaves the model as it was
         self.options.use_split_qkv_input = checked.use_split_qkv_input
+
+    def set_ungroup_grouped_query_attention(self, ungroup: bool) -> None:
+        """TransformerLens 3's switch: a grouped-query model's ``hook_k``/``hook_v`` (``hook_rot_k``, the split
+        inputs, the KV cache) carry [batch, pos, n_heads, d_head], each query head its group's copy, so per-head
+        loops written for n_heads run and an edit to head h's key or value reaches head h only. Unedited, the
+        logits are exactly the grouped ones; slower, so off by default.
+
+        Example:
+            >>> gqa = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=16, n_heads=4, n_key_value_heads=2, d_vocab=10,
+            ...                                 n_ctx=8, positional="rotary"))
+            >>> ids = torch.tensor([[1, 2, 3]])
+            >>> grouped = gqa(ids); gqa.set_ungroup_grouped_query_attention(True)
+            >>> gqa.run_with_cache(ids)[1]["blocks.0.attn.hook_v"].shape[2], torch.equal(gqa(ids), grouped)
+            (4, True)
+        """
+        checked = self.options.replace(ungroup_grouped_query_attention=bool(ungroup))
+        checked.check_for(self.config)  # not for latent attention: an error leaves the model as it was
+        self.options.ungroup_grouped_query_attention = checked.ungroup_grouped_query_attention
 
     # ---- generation and persistence ---------------------------------------------------------------
     def generate(self, input: TextOrTokens, max_new_tokens: int = 20, **kwargs: Any) -> Union[str, list[str], Tensor]:

@@ -2,7 +2,8 @@
 
 ``ModelConfig`` describes an architecture and never changes after a model is built. These options do: the
 storage dtype and device (kept current by ``Decoder.to``), the attention kernel (``set_attn_impl``),
-TransformerLens's two switches (``set_use_attn_result``, ``set_use_split_qkv_input``) and the record of
+TransformerLens's switches (``set_use_attn_result``, ``set_use_split_qkv_input``,
+``set_ungroup_grouped_query_attention``) and the record of
 what weight processing has done. A ``Decoder`` owns one ``RuntimeOptions`` and every component that reads
 an option holds that same object, so a switch is one validated assignment and no copy goes stale.
 
@@ -25,7 +26,8 @@ from workbench.errors import ConfigError
 AttnImpl = Literal["eager", "sdpa", "flash"]
 ATTN_IMPLS: tuple[str, ...] = get_args(AttnImpl)
 # TransformerLens's weight processing, in the order it is applied (``Decoder.process_weights_``).
-WEIGHT_PROCESSING_STEPS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
+WEIGHT_PROCESSING_STEPS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases",
+                           "refactor_factored_attn_matrices")
 
 
 def _dtype(value: Any) -> torch.dtype:
@@ -61,10 +63,11 @@ def _steps(value: Any) -> tuple[str, ...]:
 # Each option's check, which also normalises (a dtype's name to the dtype, a list of steps to a tuple).
 _CHECKS = {"dtype": _dtype, "device": str, "attn_impl": _attn_impl, "use_attn_result": _switch("use_attn_result"),
            "use_split_qkv_input": _switch("use_split_qkv_input"), "weight_processing": _steps,
-           "default_prepend_bos": _switch("default_prepend_bos")}
+           "default_prepend_bos": _switch("default_prepend_bos"),
+           "ungroup_grouped_query_attention": _switch("ungroup_grouped_query_attention")}
 # Written into a saved model's config.json beside the architecture (the device is where it is loaded).
 SAVED_OPTIONS = ("dtype", "attn_impl", "use_attn_result", "use_split_qkv_input", "weight_processing",
-                 "default_prepend_bos")
+                 "default_prepend_bos", "ungroup_grouped_query_attention")
 
 
 @dataclass(eq=True)
@@ -92,6 +95,10 @@ class RuntimeOptions:
     weight_processing: tuple[str, ...] = ()
     # TransformerLens's: tokenizing text puts BOS first (when the tokenizer has one) unless told otherwise.
     default_prepend_bos: bool = True
+    # TransformerLens 3's switch: a grouped-query model's hook_k / hook_v (hook_rot_k, hook_k_input / hook_v_input,
+    # the KV cache) carry one key/value head per query head, each its group's copy, so per-head loops written for
+    # n_heads run and an edit to one head's key or value reaches that query head only. Off: grouped and fast.
+    ungroup_grouped_query_attention: bool = False
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in _CHECKS:
@@ -109,6 +116,13 @@ class RuntimeOptions:
             ...
             workbench.errors.ConfigError: use_split_qkv_input needs norm_placement='pre' (a norm in front of attention to give each head its own copy of), got 'post'
         """
+        if self.ungroup_grouped_query_attention:
+            if cfg.is_latent_attention:
+                raise ConfigError("ungroup_grouped_query_attention: latent attention (kv_lora_rank) already expands "
+                                  "every head's keys and values (hook_k / hook_v [batch, pos, n_heads, d_head])")
+            if cfg.qk_norm == "projection" and cfg.n_key_value_heads != cfg.n_heads:
+                raise ConfigError("ungroup_grouped_query_attention: this model's key norm (qk_norm='projection') "
+                                  "normalises all key/value heads together, which per-query-head copies would change")
         if not self.use_split_qkv_input:
             return
         if cfg.norm_placement != "pre":

@@ -1,5 +1,6 @@
 """TransformerLens's weight processing for a ``Decoder``: fold_ln, center_writing_weights, center_unembed,
-fold_value_biases (what ``HookedTransformer.from_pretrained`` applies by default).
+fold_value_biases (what ``HookedTransformer.from_pretrained`` applies by default) and, when asked,
+refactor_factored_attn_matrices (``workbench.factored_attn``).
 
 Legend: D d_model, V d_vocab, H n_heads, K d_head, M d_mlp, E num_experts.
 
@@ -16,7 +17,7 @@ that is easier to read:
   reading weights are also centred over d_model (their input is then mean-zero, so that is exact).
   The norms stay with ``w = 1`` (``b = 0``): their output is TransformerLens's LNPre / RMSPre, so
   ``cache.apply_ln_to_stack`` and direct logit attribution read the model exactly.
-- ``center_writing_weights`` (LayerNorm only): everything that writes to the residual stream
+- ``center_writing_weights`` (LayerNorm only; an RMSNorm model warns and skips it, as TransformerLens): everything that writes to the residual stream
   (``W_E``, ``W_pos``, ``W_O``, ``b_O``, ``W_out``, ``b_out``, experts' and the shared expert's ``W_out`` and
   ``b_out``) loses its mean over d_model; every reader is a LayerNorm, which subtracts that mean anyway.
 - ``center_unembed``: ``W_U`` (and ``b_U``) lose their mean over the vocabulary: each position's logits
@@ -37,12 +38,15 @@ float32 and rounded back once at the end, as TransformerLens does.
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
 from workbench.components.moe import MixtureOfExperts
+from workbench.factored_attn import check_refactor
+from workbench.factored_attn import refactor_factored_attn_matrices as refactor_factored_attn_matrices_
 from workbench.options import WEIGHT_PROCESSING_STEPS
 from workbench.errors import ConfigError
 from workbench.host import DecoderHost
@@ -51,7 +55,8 @@ __all__ = ["process_weights"]
 
 
 def process_weights(model: DecoderHost, fold_ln: bool = True, center_writing_weights: bool = True,
-                    center_unembed: bool = True, fold_value_biases: bool = True) -> DecoderHost:
+                    center_unembed: bool = True, fold_value_biases: bool = True,
+                    refactor_factored_attn_matrices: bool = False) -> DecoderHost:
     """Applies TransformerLens's weight processing to ``model`` in place and returns it.
 
     Args:
@@ -61,11 +66,15 @@ def process_weights(model: DecoderHost, fold_ln: bool = True, center_writing_wei
             needs and the model lacks are created (``attn_bias``/``mlp_bias``/``unembed_bias`` set);
             a mixture of experts cannot take a nonzero ``ln2`` bias and is refused, as is multi-head
             latent attention (``kv_lora_rank``); tied embeddings are untied (``W_U`` changes, ``W_E`` must not).
-        center_writing_weights: centre what writes to the residual stream over d_model
-            (pre-norm LayerNorm models only, as TransformerLens; otherwise refused).
+        center_writing_weights: centre what writes to the residual stream over d_model (pre-norm
+            LayerNorm models; on an RMSNorm model a warning and the step is skipped, as in TransformerLens:
+            RMSNorm does not subtract the mean; other norm placements are refused).
         center_unembed: centre ``W_U`` and ``b_U`` over the vocabulary (logits shift per position).
         fold_value_biases: fold ``b_V`` into ``b_O``; ``b_V`` becomes zero. Refused under ``attn_sinks``
             when a value bias is (or, after ``fold_ln``, would be) nonzero.
+        refactor_factored_attn_matrices: TransformerLens's refactor of each head's W_Q/W_K and W_V/W_O
+            (``workbench.factored_attn``; off by default, as in TransformerLens); refused with rotary
+            positions, grouped-query attention and the other cases listed there.
 
     Raises:
         ConfigError: a requested step cannot be applied to this model (the message says why);
@@ -83,9 +92,15 @@ def process_weights(model: DecoderHost, fold_ln: bool = True, center_writing_wei
         True
     """
     requested = dict(zip(WEIGHT_PROCESSING_STEPS, (fold_ln, center_writing_weights, center_unembed,
-                                                   fold_value_biases)))
+                                                   fold_value_biases, refactor_factored_attn_matrices)))
+    skip_centring = requested["center_writing_weights"] and model.cfg.normalization != "LN"
+    requested["center_writing_weights"] &= not skip_centring
     todo = [step for step, wanted in requested.items() if wanted and step not in model.cfg.weight_processing]
     _check(model, todo)
+    if skip_centring:  # after the checks: a refused call says only why it was refused
+        warnings.warn(f"center_writing_weights skipped: this model's norms are {model.cfg.normalization!r}, which "
+                      f"do not subtract the mean, so centring the weights that write to the residual stream would "
+                      f"change the model (TransformerLens skips it too)", UserWarning, stacklevel=3)
     if not todo:
         return model
     with torch.no_grad():
@@ -152,13 +167,9 @@ def _check(model: DecoderHost, todo: list[str]) -> None:
                     f"fold_ln after fold_value_biases would put ln1's bias (nonzero in layer(s) {layers}) back "
                     f"into b_V; apply the steps in TransformerLens's order {WEIGHT_PROCESSING_STEPS} "
                     f"(e.g. all in one process_weights_ call on a freshly loaded model)")
-    if "center_writing_weights" in todo:
-        if cfg.normalization != "LN":
-            raise ConfigError(
-                f"center_writing_weights needs LayerNorm (normalization='LN'), this model has "
-                f"normalization={cfg.normalization!r}: RMSNorm does not subtract the mean, so centring the "
-                f"weights that write to the residual stream would change the model (TransformerLens skips "
-                f"this step for such models; pass center_writing_weights=False)")
+    if "refactor_factored_attn_matrices" in todo:
+        check_refactor(model)
+    if "center_writing_weights" in todo:  # LayerNorm only: RMSNorm models skip it (process_weights)
         if cfg.norm_placement == "post":
             raise ConfigError(
                 "center_writing_weights: this is a post-norm model (norm_placement='post'): the first "
@@ -191,6 +202,12 @@ def _check(model: DecoderHost, todo: list[str]) -> None:
 def _write(dst: Tensor, value: Tensor) -> None:
     """``dst`` (a parameter or a writable view of one) takes ``value`` cast to its dtype."""
     dst.copy_(value.to(dst.dtype))
+
+
+def _stored_bias(module: nn.Module, name: str) -> Optional[Tensor]:
+    """The bias ``name`` the module holds, or None (a dense part's absent bias reads as zeros: not that)."""
+    stored = getattr(module, "stored_bias", None)
+    return stored(name) if stored is not None else getattr(module, name, None)
 
 
 def _new_zeros(numel: int, like: Tensor) -> nn.Parameter:
@@ -290,14 +307,14 @@ def _fold_ln(model: DecoderHost) -> None:
             if mlp._W_shared_gate_lin is not None:
                 readers.append((mlp._W_shared_gate_lin, None))
         else:
-            readers = [(mlp._W_in_lin, mlp.b_in)]
+            readers = [(mlp._W_in_lin, mlp.stored_bias("b_in"))]
             if model.cfg.gated_mlp:
                 readers.append((mlp._W_gate_lin, mlp.b_gate))
         for W_lin, b_lin in readers:
             _fold_norm_into(W_lin, b_lin, block.ln2, center)
         _reset_norm(block.ln2)
     if model.ln_final is not None:
-        _fold_norm_into(model.unembed._W_U_lin, model.unembed.b_U, model.ln_final, center)
+        _fold_norm_into(model.unembed._W_U_lin, model.unembed.stored_bias("b_U"), model.ln_final, center)
         _reset_norm(model.ln_final)
 
 
@@ -309,13 +326,13 @@ def _center_writing_weights(model: DecoderHost) -> None:
         _center(W_pos, -1)  # [n_ctx, D]
     for block in model.blocks:
         _center(block.attn._W_O_lin, 0)  # [D, H*K]
-        if block.attn.b_O is not None:
+        if block.attn.stored_bias("b_O") is not None:
             _center(block.attn.b_O, 0)
         if not block.has_mlp:
             continue
         mlp = block.mlp
         _center(mlp._W_out_lin, -2)  # dense [D, M]; experts [E, D, M]
-        if getattr(mlp, "b_out", None) is not None:
+        if _stored_bias(mlp, "b_out") is not None:
             _center(mlp.b_out, -1)  # dense [D]; experts [E, D]
         shared = getattr(mlp, "shared", None)  # a mixture's shared expert writes to the stream too
         if shared is not None:
@@ -327,7 +344,7 @@ def _center_writing_weights(model: DecoderHost) -> None:
 def _center_unembed(model: DecoderHost) -> None:
     _untie(model)  # centring W_U must not change W_E
     _center(model.unembed._W_U_lin, 0)  # [V, D]: over the vocabulary
-    if model.unembed.b_U is not None:
+    if model.unembed.stored_bias("b_U") is not None:
         _center(model.unembed.b_U, 0)
 
 
@@ -347,5 +364,6 @@ _STEPS = {
     "center_writing_weights": _center_writing_weights,
     "center_unembed": _center_unembed,
     "fold_value_biases": _fold_value_biases,
+    "refactor_factored_attn_matrices": refactor_factored_attn_matrices_,
 }
 assert tuple(_STEPS) == WEIGHT_PROCESSING_STEPS

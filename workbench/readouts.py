@@ -105,7 +105,7 @@ class ReadoutMethods(_Host):
             (True, True)
         """
         check_layer(self.cfg, layer)
-        return self.blocks[layer].attn.b_O
+        return self.blocks[layer].attn.stored_bias("b_O")  # attn.b_O reads zeros where absent
 
     # ---- MLPs and experts --------------------------------------------------------------------------
     def layer_W_out(self, layer: int, expert: Optional[int] = None, shared: bool = False

@@ -17,7 +17,8 @@ expert layers) raise ``InputError`` naming the layers, rather than torch's stack
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+import warnings
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import torch
 from jaxtyping import Float
@@ -61,8 +62,8 @@ class WeightMethods(_Host):
 
     @property
     def b_U(self) -> Float[Tensor, "d_vocab"]:
-        b_U = self.unembed.b_U
-        return b_U if b_U is not None else torch.zeros(self.cfg.d_vocab, dtype=self.cfg.dtype, device=self.cfg.device)
+        """The unembedding bias [V]; zeros where the model has none (``unembed.b_U`` too), as in TransformerLens."""
+        return self.unembed.b_U
 
     # ---- stacked attention weights -----------------------------------------------------------------
     def _stack(self, module: str, name: str, zeros_shape: Optional[tuple[int, ...]] = None) -> Tensor:
@@ -164,6 +165,56 @@ class WeightMethods(_Host):
     def b_out(self) -> Float[Tensor, "n_layers d_model"]:
         return self._stack("mlp", "b_out", (self.cfg.d_model,))
 
+    # ---- TransformerLens-named parameters ------------------------------------------------------------
+    def tl_parameters(self) -> dict[str, Tensor]:
+        """Every weight under its TransformerLens name and shape (``blocks.0.attn.W_Q`` [n_heads, d_model,
+        d_head], ``unembed.W_U`` [d_model, d_vocab] ...), in TransformerBridge's order: what ``named_parameters()``
+        holds in `torch.nn.Linear`'s layout under private names. Biases the model lacks are zeros
+        (``b_Q``/``b_K``/``b_V``/``b_O``, ``b_in``/``b_out``, ``b_U``), and a GQA model's ``W_K``/``W_V``/``b_K``/
+        ``b_V`` are per query head, as TransformerLens gives them. Matrices are views of the weights (writing
+        one writes the model) except those per-query-head copies and the zeros.
+
+        Example:
+            >>> params = model.tl_parameters()
+            >>> params["blocks.0.attn.W_Q"].shape, params["unembed.b_U"].shape
+            (torch.Size([4, 128, 32]), torch.Size([2048]))
+        """
+        params: dict[str, Tensor] = {"embed.W_E": self.embed.W_E}
+        if isinstance(getattr(self.pos_embed, "W_pos", None), Tensor):  # learned positions (a table is no weight)
+            params["pos_embed.W_pos"] = self.pos_embed.W_pos
+        attn_names = ("W_O", "b_O") if self.cfg.is_latent_attention else (*_ATTN_WEIGHTS, *_ATTN_BIASES)
+        for layer, block in enumerate(self.blocks):
+            prefix = f"blocks.{layer}"
+            params.update({f"{prefix}.attn.{name}": getattr(block.attn, name) for name in attn_names})
+            if block.has_mlp:
+                for name in ("W_in", "W_out", "b_in", "b_out", "W_gate"):
+                    value = getattr(block.mlp, name, None)
+                    if value is not None:  # a gated MLP's W_gate; a mixture's expert biases when it has them
+                        params[f"{prefix}.mlp.{name}"] = value
+            for norm_name in ("ln1", "ln2", "ln1_post", "ln2_post"):
+                params.update(_norm_parameters(f"{prefix}.{norm_name}", getattr(block, norm_name, None)))
+        params.update(_norm_parameters("ln_final", self.ln_final))
+        params["unembed.W_U"], params["unembed.b_U"] = self.unembed.W_U, self.unembed.b_U
+        return params
+
+    def tl_named_parameters(self) -> Iterator[tuple[str, Tensor]]:
+        """``tl_parameters()`` as (name, tensor) pairs, TransformerBridge's ``tl_named_parameters``.
+
+        Example:
+            >>> [(name, tuple(p.shape)) for name, p in model.tl_named_parameters() if name.startswith("blocks.0.attn.W")]
+            [('blocks.0.attn.W_Q', (4, 128, 32)), ('blocks.0.attn.W_K', (4, 128, 32)), ('blocks.0.attn.W_V', (4, 128, 32)), ('blocks.0.attn.W_O', (4, 32, 128))]
+        """
+        return iter(self.tl_parameters().items())
+
+    def tl_state_dict(self) -> dict[str, Tensor]:
+        """``tl_parameters()`` detached: a HookedTransformer-style state dict (TransformerLens names and shapes).
+
+        Example:
+            >>> model.tl_state_dict()["blocks.1.ln1.w"].requires_grad
+            False
+        """
+        return {name: tensor.detach() for name, tensor in self.tl_parameters().items()}
+
     # ---- factored circuits -------------------------------------------------------------------------
     @property
     def QK(self) -> FactoredMatrix:
@@ -211,14 +262,53 @@ class WeightMethods(_Host):
         return total
 
     def process_weights_(self, fold_ln: bool = True, center_writing_weights: bool = True,
-                         center_unembed: bool = True, fold_value_biases: bool = True):
+                         center_unembed: bool = True, fold_value_biases: bool = True,
+                         refactor_factored_attn_matrices: bool = False):
         """TransformerLens's weight processing, in place (see ``workbench.processing``); returns the model.
+        On an RMSNorm model ``center_writing_weights`` warns and is skipped, as in TransformerLens.
 
         Example:
             >>> model.process_weights_(fold_ln=True, center_writing_weights=True, center_unembed=True)   # doctest: +SKIP
         """
         return process_weights(self, fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                               center_unembed=center_unembed, fold_value_biases=fold_value_biases)
+                               center_unembed=center_unembed, fold_value_biases=fold_value_biases,
+                               refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+
+    def enable_compatibility_mode(self, disable_warnings: bool = False, no_processing: bool = False,
+                                  fold_ln: bool = True, center_writing_weights: bool = True,
+                                  center_unembed: bool = True, fold_value_biases: bool = True,
+                                  refactor_factored_attn_matrices: bool = False) -> None:
+        """TransformerBridge's ``enable_compatibility_mode``, so a TransformerLens 4 notebook's boot lines run
+        unchanged: the weight processing ``HookedTransformer.from_pretrained`` applied, with the bridge's
+        defaults (every step but ``refactor_factored_attn_matrices``; ``no_processing=True``: none). Our hook
+        names and shapes already are TransformerLens's, so there is no other mode to switch to.
+        ``disable_warnings`` silences the warning of a skipped step (centring under RMSNorm). A step this
+        model cannot take is a ``ConfigError`` and leaves the weights as they were.
+
+        Example:
+            >>> twin = wb.Decoder(model.cfg, init_weights=False); _ = twin.load_state_dict(model.state_dict())
+            >>> twin.enable_compatibility_mode()
+            >>> twin.cfg.weight_processing
+            ('fold_ln', 'center_writing_weights', 'center_unembed', 'fold_value_biases')
+        """
+        if no_processing:
+            return
+        with warnings.catch_warnings():
+            if disable_warnings:
+                warnings.simplefilter("ignore", UserWarning)
+            self.process_weights_(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
+                                  center_unembed=center_unembed, fold_value_biases=fold_value_biases,
+                                  refactor_factored_attn_matrices=refactor_factored_attn_matrices)
+
+
+def _norm_parameters(prefix: str, norm) -> dict[str, Tensor]:
+    """A norm's gain ``w`` (and a LayerNorm's bias ``b``) under ``prefix``; nothing for an absent norm."""
+    if norm is None:
+        return {}
+    found = {f"{prefix}.w": norm.w}
+    if getattr(norm, "b", None) is not None:
+        found[f"{prefix}.b"] = norm.b
+    return found
 
 
 def _constant_mlp_output_bias(mlp, layer: int) -> Optional[Tensor]:

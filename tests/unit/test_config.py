@@ -62,7 +62,7 @@ def test_unknown_field_in_dict_is_named():
 
 
 RUNTIME_OPTIONS = ("dtype", "device", "attn_impl", "use_attn_result", "use_split_qkv_input", "weight_processing",
-                   "default_prepend_bos")
+                   "default_prepend_bos", "ungroup_grouped_query_attention")
 
 
 def test_the_architecture_holds_no_runtime_option():

@@ -63,15 +63,26 @@ def expected_refusal(cfg: wb.ModelConfig, steps: list[str]):
     """The message a step must be refused with on this config (hand knowledge), or None."""
     if "fold_ln" in steps and cfg.norm_placement == "post":
         return r"fold_ln: this is a post-norm model .*sits after the residual sum"
-    if "center_writing_weights" in steps and cfg.normalization != "LN":
-        return r"center_writing_weights needs LayerNorm .*normalization='RMS'.*RMSNorm does not subtract the mean"
-    if "center_writing_weights" in steps and cfg.norm_placement == "post":
+    if "center_writing_weights" in steps and cfg.normalization == "LN" and cfg.norm_placement == "post":
         return r"center_writing_weights: this is a post-norm model .*reads the embeddings before any norm"
+    if "refactor_factored_attn_matrices" in steps and cfg.positional == "rotary":
+        return r"refactor_factored_attn_matrices: this model uses rotary positions"
+    if "refactor_factored_attn_matrices" in steps and cfg.n_key_value_heads != cfg.n_heads:
+        return r"refactor_factored_attn_matrices: grouped-query attention"
     return None
 
 
+def skipped(cfg: wb.ModelConfig, step: str) -> bool:
+    """A step TransformerLens skips with a warning on this config: centring under RMSNorm."""
+    return step == "center_writing_weights" and cfg.normalization != "LN"
+
+
 def allowed_steps(cfg: wb.ModelConfig) -> list[str]:
-    return [s for s in WEIGHT_PROCESSING_STEPS if expected_refusal(cfg, [s]) is None]
+    return [s for s in WEIGHT_PROCESSING_STEPS if expected_refusal(cfg, [s]) is None and not skipped(cfg, s)]
+
+
+# The steps process_weights_() applies when called without arguments (TransformerLens's defaults).
+DEFAULT_STEPS = [s for s in WEIGHT_PROCESSING_STEPS if s != "refactor_factored_attn_matrices"]
 
 
 def snapshot(model: wb.Decoder) -> dict[str, torch.Tensor]:
@@ -95,6 +106,11 @@ def norms(model: wb.Decoder) -> list:
     return found + ([model.ln_final] if model.ln_final is not None else [])
 
 
+def stored(module, name: str):
+    """The bias a part holds, or None (an absent dense bias reads as zeros, as in TransformerLens)."""
+    return module.stored_bias(name) if hasattr(module, "stored_bias") else getattr(module, name, None)
+
+
 def writing_weights(model: wb.Decoder) -> dict[str, torch.Tensor]:
     """Everything that writes to the residual stream, each with d_model last."""
     out = {"W_E": model.W_E}
@@ -102,11 +118,11 @@ def writing_weights(model: wb.Decoder) -> dict[str, torch.Tensor]:
         out["W_pos"] = model.W_pos
     for layer, block in enumerate(model.blocks):
         out[f"{layer}.W_O"] = block.attn.W_O
-        if block.attn.b_O is not None:
+        if stored(block.attn, "b_O") is not None:
             out[f"{layer}.b_O"] = block.attn.b_O
         if block.has_mlp:
             out[f"{layer}.W_out"] = block.mlp.W_out  # dense [M, D]; experts [E, M, D]
-            if getattr(block.mlp, "b_out", None) is not None:
+            if stored(block.mlp, "b_out") is not None:
                 out[f"{layer}.b_out"] = block.mlp.b_out
     return out
 
@@ -125,11 +141,16 @@ def test_each_step_alone_keeps_the_model(name, step):
             model.process_weights_(**{**OFF, step: True})
         assert_untouched(model, before, cfg)
         return
+    if skipped(cfg, step):
+        with pytest.warns(UserWarning, match=r"center_writing_weights skipped: .*'RMS'.*TransformerLens skips it"):
+            model.process_weights_(**{**OFF, step: True})
+        assert_untouched(model, before, cfg)
+        return
 
     old_writers = {k: v.detach().clone() for k, v in writing_weights(model).items()}
-    old_b_V = [None if b.attn.b_V is None else b.attn.b_V.detach().clone() for b in model.blocks]
+    old_b_V = [None if b.attn._b_V_lin is None else b.attn.b_V.detach().clone() for b in model.blocks]
     old_W_O = [b.attn.W_O.detach().clone() for b in model.blocks]
-    old_b_O = [None if b.attn.b_O is None else b.attn.b_O.detach().clone() for b in model.blocks]
+    old_b_O = [None if stored(b.attn, "b_O") is None else b.attn.b_O.detach().clone() for b in model.blocks]
     assert model.process_weights_(**{**OFF, step: True}) is model
     assert model.cfg.weight_processing == (step,)
     logits = run(model)
@@ -140,7 +161,7 @@ def test_each_step_alone_keeps_the_model(name, step):
         assert (shift - shift[..., :1]).abs().max().item() < TOL
         W_U = model.W_U
         assert W_U.mean(-1).abs().max().item() < 1e-6
-        if model.unembed.b_U is not None:
+        if stored(model.unembed, "b_U") is not None:
             assert abs(model.unembed.b_U.mean().item()) < 1e-6
     else:
         assert (logits - reference).abs().max().item() < TOL
@@ -157,10 +178,19 @@ def test_each_step_alone_keeps_the_model(name, step):
         for key, tensor in writing_weights(model).items():
             assert tensor.mean(-1).abs().max().item() < 1e-5, key
             assert old_writers[key].mean(-1).abs().max().item() > 1e-3, f"{key} was centred already: vacuous"
+    elif step == "refactor_factored_attn_matrices":  # W_O a rotation per head; Q and K columns of equal norms
+        K = model.cfg.d_head
+        for block in model.blocks:
+            W_O = block.attn.W_O
+            torch.testing.assert_close(W_O @ W_O.transpose(-1, -2), torch.eye(K).expand(model.cfg.n_heads, K, K),
+                                       atol=1e-5, rtol=0)
+            Q_eff, K_eff = (torch.cat([W, b[:, None]], dim=1) for W, b in ((block.attn.W_Q, block.attn.b_Q),
+                                                                            (block.attn.W_K, block.attn.b_K)))
+            torch.testing.assert_close(Q_eff.norm(dim=-2), K_eff.norm(dim=-2), atol=1e-4, rtol=1e-4)
     elif step == "fold_value_biases":
         for layer, block in enumerate(model.blocks):
             if old_b_V[layer] is None:
-                assert block.attn.b_V is None and block.attn.b_O is None
+                assert block.attn._b_V_lin is None and stored(block.attn, "b_O") is None
                 continue
             assert old_b_V[layer].abs().max() > 0.1, "no value bias to fold: vacuous"
             assert torch.equal(block.attn.b_V, torch.zeros_like(block.attn.b_V))
@@ -175,7 +205,7 @@ def test_all_steps_together(name):
     model = build(name)
     before, cfg = snapshot(model), model.cfg
     reference = run(model).log_softmax(-1)
-    refusal = expected_refusal(cfg, list(WEIGHT_PROCESSING_STEPS))
+    refusal = expected_refusal(cfg, DEFAULT_STEPS)
     if refusal is not None:
         # One refused step refuses the call before any step runs: nothing half-processed.
         with pytest.raises(ConfigError, match=refusal):
@@ -346,7 +376,7 @@ def test_applying_steps_twice_is_harmless():
     once = snapshot(model)
     model.process_weights_()
     model.process_weights_(**{**OFF, "fold_value_biases": True})
-    assert model.cfg.weight_processing == WEIGHT_PROCESSING_STEPS
+    assert model.cfg.weight_processing == tuple(DEFAULT_STEPS)
     assert all(torch.equal(model.state_dict()[k], once[k]) for k in once)
 
 
@@ -359,7 +389,7 @@ def test_fold_ln_after_fold_value_biases_is_refused():
 
 
 def test_steps_in_separate_calls_match_one_call():
-    together = build("mha_learned_ln").process_weights_()
+    together = build("mha_learned_ln").process_weights_(refactor_factored_attn_matrices=True)
     apart = build("mha_learned_ln")
     for step in WEIGHT_PROCESSING_STEPS:
         apart.process_weights_(**{**OFF, step: True})
@@ -374,7 +404,7 @@ def test_load_model_applies_what_was_asked(tmp_path):
     assert plain.blocks[0].ln1.w.sub(1).abs().max() > 0.01  # default: the checkpoint as it is
     processed = wb.load_model(tmp_path, fold_ln=True, center_writing_weights=True, center_unembed=True,
                               fold_value_biases=True)
-    assert processed.cfg.weight_processing == WEIGHT_PROCESSING_STEPS
+    assert processed.cfg.weight_processing == tuple(DEFAULT_STEPS)
     assert (run(processed).log_softmax(-1) - run(plain).log_softmax(-1)).abs().max().item() < TOL
     partial = wb.load_model(tmp_path, center_unembed=True)
     assert partial.cfg.weight_processing == ("center_unembed",)
@@ -382,8 +412,12 @@ def test_load_model_applies_what_was_asked(tmp_path):
 
 def test_load_model_refuses_what_the_model_cannot_take(tmp_path):
     build("gqa_rotary_rms_swiglu").save(tmp_path)
-    with pytest.raises(ConfigError, match=r"center_writing_weights needs LayerNorm"):
-        wb.load_model(tmp_path, fold_ln=True, center_writing_weights=True)
+    with pytest.raises(ConfigError, match=r"refactor_factored_attn_matrices: this model uses rotary positions"):
+        wb.load_model(tmp_path, fold_ln=True, refactor_factored_attn_matrices=True)
+    # Centring under RMSNorm is skipped with a warning (TransformerLens's behaviour), the rest applied.
+    with pytest.warns(UserWarning, match=r"center_writing_weights skipped"):
+        model = wb.load_model(tmp_path, fold_ln=True, center_writing_weights=True)
+    assert model.cfg.weight_processing == ("fold_ln",)
 
 
 def test_low_precision_is_processed_in_float32():

@@ -40,17 +40,20 @@ from torch import Tensor, nn
 from workbench.components.attention_kernels import FAST_KERNELS, MaskSpec, eager_attention, identity_hook
 from workbench.components.norm import make_norm
 from workbench.components.rotary import Rotary, alibi_slopes
+from workbench.components.zero_biases import ZeroBiases
 from workbench.config import ModelConfig
 from workbench.options import RuntimeOptions
 from workbench.hook_point import HookPoint, is_observed
 
 
-class AttentionBase(nn.Module):
+class AttentionBase(ZeroBiases, nn.Module):
     """What every attention variant shares: the kernel (``attend``), sinks, the output projection
-    (``project_out``, ``W_O`` [H, J, D], ``b_O``) and the hooks on scores, pattern, z and results."""
+    (``project_out``, ``W_O`` [H, J, D], ``b_O``: zeros when the model has none, as in TransformerLens)
+    and the hooks on scores, pattern, z and results."""
 
     def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
+        self.bias_shapes = {"b_O": (cfg.d_model,)}
         self.n_heads, self.d_head, self.d_head_v, self.d_model = cfg.n_heads, cfg.d_head, cfg.d_head_v, cfg.d_model
         self.scale, self.sliding_window = 1.0 / cfg.attn_scale, cfg.sliding_window
         self.soft_cap = cfg.attn_scores_soft_cap
@@ -91,8 +94,9 @@ class AttentionBase(nn.Module):
         if self.options.use_attn_result or is_observed(self.hook_result):
             result_BPHD = self.hook_result(torch.einsum("bphk,hkd->bphd", z_BPHJ, self.W_O))
             out = result_BPHD.sum(dim=2)
-            return out if self.b_O is None else out + self.b_O
-        return F.linear(z_BPHJ.flatten(-2), self._W_O_lin, self.b_O)
+            b_O = self.stored_bias("b_O")
+            return out if b_O is None else out + b_O
+        return F.linear(z_BPHJ.flatten(-2), self._W_O_lin, self.stored_bias("b_O"))
 
     def pattern_is_hooked(self) -> bool:
         """True when anything observes scores, pattern or sink weight (``workbench.hook_point.is_observed``),
@@ -141,10 +145,10 @@ class Attention(AttentionBase):
         self.rotary = Rotary(cfg) if cfg.positional == "rotary" else None
 
         self.hook_q = HookPoint()  # [B, P, H, K]
-        self.hook_k = HookPoint()  # [B, P, G, K]
-        self.hook_v = HookPoint()  # [B, P, G, K]
+        self.hook_k = HookPoint()  # [B, P, G, K]; [B, P, H, K] with ungroup_grouped_query_attention
+        self.hook_v = HookPoint()  # [B, P, G, K]; likewise
         self.hook_rot_q = HookPoint()  # [B, P, H, K]
-        self.hook_rot_k = HookPoint()  # [B, P, G, K]
+        self.hook_rot_k = HookPoint()  # [B, P, G, K]; likewise
         self._add_kernel_hooks(cfg, options)
 
     def forward(
@@ -159,11 +163,12 @@ class Attention(AttentionBase):
         token). ``split_inputs``: per-head inputs (q [B, P, H, D], k and v [B, P, G, D]) that replace
         ``x_BPD`` (``use_split_qkv_input``); each head then reads its own copy. ``key_mask_BS``:
         True for real tokens over every key position (cached ones included), None when none is padding."""
-        H, G, K = self.n_heads, self.n_key_value_heads, self.d_head
+        H, K = self.n_heads, self.d_head
         q_in, k_in, v_in = split_inputs if split_inputs is not None else (x_BPD, x_BPD, x_BPD)
         q_BPHK = self.hook_q(self._clip(_project(q_in, self._W_Q_lin, self._b_Q_lin, H, K)))
-        k_BPGK = self.hook_k(self._clip(_project(k_in, self._W_K_lin, self._b_K_lin, G, K)))
-        v_BPGK = self.hook_v(self._clip(_project(v_in, self._W_V_lin, self._b_V_lin, G, K)))
+        # G below is n_kv_hooked: the model's key/value heads, or n_heads when ungrouped.
+        k_BPGK = self.hook_k(self._clip(self._project_kv(k_in, self._W_K_lin, self._b_K_lin)))
+        v_BPGK = self.hook_v(self._clip(self._project_kv(v_in, self._W_V_lin, self._b_V_lin)))
         if self.q_norm is not None and not self.qk_norm_after_rotary:
             q_BPHK, k_BPGK = self._qk_normed(self.q_norm, q_BPHK), self._qk_normed(self.k_norm, k_BPGK)
         if self.rotary is not None:
@@ -175,6 +180,8 @@ class Attention(AttentionBase):
         q_BHPK, k_BGSK, v_BGSK = q_BPHK.transpose(1, 2), k_BPGK.transpose(1, 2), v_BPGK.transpose(1, 2)
         if kv_cache is not None:
             k_BGSK, v_BGSK = kv_cache.append(k_BGSK, v_BGSK)
+        if self.n_kv_hooked != self.n_key_value_heads:
+            k_BGSK, v_BGSK = _regrouped_if_copies(k_BGSK, v_BGSK, self.n_heads // self.n_key_value_heads)
         z_BPHK = self.hook_z(self.attend(q_BHPK, k_BGSK, v_BGSK, key_mask_BS))
         return self.project_out(z_BPHK)
 
@@ -186,14 +193,45 @@ class Attention(AttentionBase):
         scale = 1 + self.query_scale_beta * torch.log(1 + torch.floor(positions.float() / self.query_scale_length))
         return q_BPHK * scale[..., None, None].to(q_BPHK.dtype)
 
+    @property
+    def n_kv_hooked(self) -> int:
+        """How many key/value heads ``hook_k``/``hook_v`` (``hook_rot_k``, the split inputs, the KV cache) carry:
+        ``n_heads`` under ``options.ungroup_grouped_query_attention`` (each query head its group's copy),
+        else the model's ``n_key_value_heads``.
+
+        Example:
+            >>> model.blocks[0].attn.n_kv_hooked == model.cfg.n_key_value_heads
+            True
+        """
+        return self.n_heads if self.options.ungroup_grouped_query_attention else self.n_key_value_heads
+
+    def _project_kv(self, x: Tensor, W_lin: Tensor, b_lin: Optional[Tensor]) -> Tensor:
+        """Keys or values [B, P, n_kv_hooked, K]: the grouped projection, repeated per query head when ungrouped
+        (per-head inputs [B, P, H, D] then go through their query head's copy of the group's weights)."""
+        H, G, K = self.n_heads, self.n_key_value_heads, self.d_head
+        if self.n_kv_hooked == G:
+            return _project(x, W_lin, b_lin, G, K)
+        g = H // G
+        if x.ndim == 3:  # one GEMM over the key/value heads, then each group's result copied to its query heads
+            return _project(x, W_lin, b_lin, G, K).repeat_interleave(g, dim=2)
+        W_per_head = W_lin.view(G, K, -1).repeat_interleave(g, dim=0).flatten(0, 1)
+        b_per_head = None if b_lin is None else b_lin.view(G, K).repeat_interleave(g, dim=0).flatten()
+        return _project(x, W_per_head, b_per_head, H, K)
+
     def _clip(self, x: Tensor) -> Tensor:
         return x if self.clip_qkv is None else x.clamp(-self.clip_qkv, self.clip_qkv)
 
     def _qk_normed(self, norm: nn.Module, x_BPnK: Tensor) -> Tensor:
-        """Per head (over d_head), or over the whole projection (heads * d_head) and back."""
+        """Per head (over d_head), or over the whole projection (heads * d_head) and back. Ungrouped keys
+        [B, P, H, K] meet the key heads' gains [G, K] with each group's copies side by side."""
         if self.qk_norm_over_projection:
             return norm(x_BPnK.flatten(-2)).view(x_BPnK.shape)
-        return norm(x_BPnK)
+        gains_heads = norm.w.shape[0]
+        if x_BPnK.shape[-2] == gains_heads:
+            return norm(x_BPnK)
+        B, P, n, K = x_BPnK.shape  # ungrouped: head h is group h // g
+        x_BPgGK = x_BPnK.view(B, P, gains_heads, n // gains_heads, K).transpose(2, 3)
+        return norm(x_BPgGK).transpose(2, 3).reshape(B, P, n, K)
 
     # ---- TransformerLens's names: views of the nn.Linear-layout storage ------------------------
     @property
@@ -218,24 +256,31 @@ class Attention(AttentionBase):
         return self._per_query_head(self._W_V)
 
     @property
-    def b_Q(self) -> Optional[Float[Tensor, "n_heads d_head"]]:
-        return None if self._b_Q_lin is None else self._b_Q_lin.view(self.n_heads, self.d_head)
+    def b_Q(self) -> Float[Tensor, "n_heads d_head"]:
+        """[H, K]; zeros when the model has no attention biases (as in TransformerLens)."""
+        return self._bias_view(self._b_Q_lin, self.n_heads)
 
     @property
-    def _b_K(self) -> Optional[Float[Tensor, "n_key_value_heads d_head"]]:
-        return None if self._b_K_lin is None else self._b_K_lin.view(self.n_key_value_heads, self.d_head)
+    def _b_K(self) -> Float[Tensor, "n_key_value_heads d_head"]:
+        return self._bias_view(self._b_K_lin, self.n_key_value_heads)
 
     @property
-    def _b_V(self) -> Optional[Float[Tensor, "n_key_value_heads d_head"]]:
-        return None if self._b_V_lin is None else self._b_V_lin.view(self.n_key_value_heads, self.d_head)
+    def _b_V(self) -> Float[Tensor, "n_key_value_heads d_head"]:
+        return self._bias_view(self._b_V_lin, self.n_key_value_heads)
 
     @property
-    def b_K(self) -> Optional[Float[Tensor, "n_heads d_head"]]:
-        return None if self._b_K_lin is None else self._per_query_head(self._b_K)
+    def b_K(self) -> Float[Tensor, "n_heads d_head"]:
+        return self._per_query_head(self._b_K)
 
     @property
-    def b_V(self) -> Optional[Float[Tensor, "n_heads d_head"]]:
-        return None if self._b_V_lin is None else self._per_query_head(self._b_V)
+    def b_V(self) -> Float[Tensor, "n_heads d_head"]:
+        return self._per_query_head(self._b_V)
+
+    def _bias_view(self, b_lin: Optional[Tensor], n: int) -> Tensor:
+        """A stored bias [n * K] as [n, K] (a view: writing it writes the bias), or zeros when absent."""
+        if b_lin is None:
+            return torch.zeros(n, self.d_head, dtype=self._W_Q_lin.dtype, device=self._W_Q_lin.device)
+        return b_lin.view(n, self.d_head)
 
     def _per_query_head(self, kv_G: Tensor) -> Tensor:
         groups = self.n_heads // self.n_key_value_heads
@@ -249,6 +294,17 @@ def _project(x: Tensor, W_lin: Tensor, b_lin: Optional[Tensor], n: int, K: int) 
         return F.linear(x, W_lin, b_lin).view(*x.shape[:2], n, K)
     out = torch.einsum("bpnd,ndk->bpnk", x, W_lin.view(n, K, -1).transpose(1, 2))
     return out if b_lin is None else out + b_lin.view(n, K)
+
+
+def _regrouped_if_copies(k_BnSK: Tensor, v_BnSK: Tensor, g: int) -> tuple[Tensor, Tensor]:
+    """Ungrouped keys and values [B, H, S, K] back to their groups [B, G, S, K] when every query head still
+    holds its group's copy (nothing edited one head apart), so the kernel runs the grouped computation and the
+    logits are exactly the grouped model's; otherwise as they are (each query head its own key/value head)."""
+    k_grouped, v_grouped = k_BnSK[:, ::g], v_BnSK[:, ::g]
+    if all(torch.equal(grouped.repeat_interleave(g, dim=1), full)
+           for grouped, full in ((k_grouped, k_BnSK), (v_grouped, v_BnSK))):
+        return k_grouped, v_grouped
+    return k_BnSK, v_BnSK
 
 
 PATTERN_HOOKS = ("hook_attn_scores", "hook_pattern", "hook_sink_weight")

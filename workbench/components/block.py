@@ -84,7 +84,7 @@ class TransformerBlock(nn.Module):
     ) -> Float[Tensor, "batch pos d_model"]:
         resid = self.hook_resid_pre(resid_BPD)
         if self.options.use_split_qkv_input:
-            heads = (self.attn.n_heads, self.attn.n_key_value_heads, self.attn.n_key_value_heads)
+            heads = (self.attn.n_heads, self.attn.n_kv_hooked, self.attn.n_kv_hooked)  # per query head if ungrouped
             split = tuple(self.ln1(hook(resid[:, :, None].repeat(1, 1, n, 1)))  # a copy per head
                           for hook, n in zip((self.hook_q_input, self.hook_k_input, self.hook_v_input), heads))
             attn_out = self.hook_attn_out(self.attn(resid, positions, kv_cache, split_inputs=split,

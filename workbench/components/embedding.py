@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from workbench.components.rotary import INITIAL_POSITIONS
 from workbench.config import ModelConfig
+from workbench.components.zero_biases import ZeroBiases
 from workbench.options import RuntimeOptions
 
 
@@ -146,7 +147,7 @@ def make_pos_embed(cfg: ModelConfig, options: RuntimeOptions) -> Optional[nn.Mod
     return cls(cfg, options) if cls else None
 
 
-class Unembed(nn.Module):
+class Unembed(ZeroBiases, nn.Module):
     """Residual -> logits: x @ ``W_U`` [D, V] (+ ``b_U`` [V] when ``cfg.unembed_bias``), soft-capped
     to cap * tanh(logits / cap) when ``output_logits_soft_cap`` is set (Gemma 2); x is first multiplied
     by ``logits_scale`` when that is not 1 (Granite's 1 / logits_scaling, Cohere's logit_scale).
@@ -161,13 +162,14 @@ class Unembed(nn.Module):
 
     def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
+        self.bias_shapes = {"b_U": (cfg.d_vocab,)}  # absent: reads as zeros, as in TransformerLens
         self._W_U_lin = nn.Parameter(torch.empty(cfg.d_vocab, cfg.d_model, dtype=options.dtype))
         self.b_U = nn.Parameter(torch.zeros(cfg.d_vocab, dtype=options.dtype)) if cfg.unembed_bias else None
         self.soft_cap = cfg.output_logits_soft_cap
         self.logits_scale = cfg.logits_scale
 
     def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
-        return soft_capped(F.linear(self.scaled_input(x_BPD), self._W_U_lin, self.b_U), self.soft_cap)
+        return soft_capped(F.linear(self.scaled_input(x_BPD), self._W_U_lin, self.stored_bias("b_U")), self.soft_cap)
 
     def scaled_input(self, x_BPD: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         """The unembedding's input times ``logits_scale`` (itself when that is 1).

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from workbench.config import ModelConfig
 from workbench.options import RuntimeOptions
+from workbench.components.zero_biases import ZeroBiases
 from workbench.hook_point import HookPoint
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -80,11 +81,12 @@ class DenseWeights:
         return self._W_out_lin.T
 
 
-class MLP(DenseWeights, nn.Module):
+class MLP(DenseWeights, ZeroBiases, nn.Module):
     """out = W_out act(W_in x + b_in) + b_out."""
 
     def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
+        self.bias_shapes = {"b_in": (cfg.d_mlp,), "b_out": (cfg.d_model,)}  # TransformerLens's; absent: zeros
         self.act = make_activation(cfg, options)
         self._W_in_lin = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=options.dtype))
         self._W_out_lin = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp, dtype=options.dtype))
@@ -94,16 +96,17 @@ class MLP(DenseWeights, nn.Module):
         self.hook_post = HookPoint()  # [B, P, M]
 
     def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        pre_BPM = self.hook_pre(F.linear(x_BPD, self._W_in_lin, self.b_in))
+        pre_BPM = self.hook_pre(F.linear(x_BPD, self._W_in_lin, self.stored_bias("b_in")))
         post_BPM = self.hook_post(self.act(pre_BPM))
-        return F.linear(post_BPM, self._W_out_lin, self.b_out)
+        return F.linear(post_BPM, self._W_out_lin, self.stored_bias("b_out"))
 
 
-class GatedMLP(DenseWeights, nn.Module):
+class GatedMLP(DenseWeights, ZeroBiases, nn.Module):
     """out = W_out (act(W_gate x) * (W_in x)): SwiGLU with silu, GeGLU with gelu."""
 
     def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
+        self.bias_shapes = {"b_in": (cfg.d_mlp,), "b_out": (cfg.d_model,)}  # TransformerLens's; absent: zeros
         self.act = ACTIVATIONS[cfg.act_fn]
         self._W_gate_lin = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=options.dtype))
         self._W_in_lin = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model, dtype=options.dtype))
@@ -117,9 +120,9 @@ class GatedMLP(DenseWeights, nn.Module):
 
     def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         pre_BPM = self.hook_pre(F.linear(x_BPD, self._W_gate_lin, self.b_gate))
-        pre_linear_BPM = self.hook_pre_linear(F.linear(x_BPD, self._W_in_lin, self.b_in))
+        pre_linear_BPM = self.hook_pre_linear(F.linear(x_BPD, self._W_in_lin, self.stored_bias("b_in")))
         post_BPM = self.hook_post(self.act(pre_BPM) * pre_linear_BPM)
-        return F.linear(post_BPM, self._W_out_lin, self.b_out)
+        return F.linear(post_BPM, self._W_out_lin, self.stored_bias("b_out"))
 
     @property
     def W_gate(self) -> Float[Tensor, "d_model d_mlp"]:

@@ -33,6 +33,7 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optional[torch.dtype] = None,
                device: str = "cpu", progress: Optional[bool] = None, *, fold_ln: bool = False,
                center_writing_weights: bool = False, center_unembed: bool = False, fold_value_biases: bool = False,
+               refactor_factored_attn_matrices: bool = False, ungroup_grouped_query_attention: bool = False,
                device_map: Optional[DeviceMapSpec] = None, max_memory: MaxMemory = None,
                offload_folder: Optional[Union[str, Path]] = None):
     """Loads a model from a registered name, an HF directory, a .gguf file or a saved directory.
@@ -41,7 +42,8 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
     processing options apply TransformerLens's weight processing after loading
     (``workbench.processing.process_weights``; recorded in ``cfg.weight_processing``): all four on
     is what ``HookedTransformer.from_pretrained`` gave. ``center_writing_weights`` needs a pre-norm
-    LayerNorm model (GPT-2) and ``fold_ln`` a pre-norm one: otherwise ``ConfigError``.
+    LayerNorm model (GPT-2; an RMSNorm model warns and skips it, as TransformerLens) and ``fold_ln`` a
+    pre-norm one: otherwise ``ConfigError``.
 
     Args:
         source: a name from ``wb.list_models()``, an HF-format directory (config.json +
@@ -57,6 +59,10 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
         center_writing_weights: centre W_E, W_pos, W_O, b_O, W_out, b_out over d_model (LayerNorm only).
         center_unembed: centre W_U (and b_U) over the vocabulary (log-probabilities unchanged).
         fold_value_biases: fold b_V into b_O.
+        refactor_factored_attn_matrices: TransformerLens's refactor of each head's W_Q/W_K and W_V/W_O
+            (``workbench.factored_attn``; not with rotary positions or grouped-query attention).
+        ungroup_grouped_query_attention: hook_k / hook_v per query head (``model.set_ungroup_grouped_query_attention``),
+            so notebooks written for multi-head attention run on grouped-query models.
         device_map: spread the model over several devices through ``accelerate`` (the ``scale``
             extra) instead of ``device``: "auto" (GPUs, then the CPU, then disk, within
             ``max_memory``; blocks balanced over several GPUs), "sequential" (fill each device in
@@ -99,9 +105,12 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
     elif max_memory is not None or offload_folder is not None:
         raise ConfigError("max_memory and offload_folder need a device_map (e.g. device_map='auto')")
     model = _load(source, attn_impl, dtype, device, progress, placement)
-    if fold_ln or center_writing_weights or center_unembed or fold_value_biases:
+    if ungroup_grouped_query_attention:
+        model.set_ungroup_grouped_query_attention(True)
+    if fold_ln or center_writing_weights or center_unembed or fold_value_biases or refactor_factored_attn_matrices:
         model.process_weights_(fold_ln=fold_ln, center_writing_weights=center_writing_weights,
-                               center_unembed=center_unembed, fold_value_biases=fold_value_biases)
+                               center_unembed=center_unembed, fold_value_biases=fold_value_biases,
+                               refactor_factored_attn_matrices=refactor_factored_attn_matrices)
     return model
 
 
