@@ -37,6 +37,8 @@ from transformer_lens.hook_points import HookPoint as TransformerLensHookPoint
 from transformer_lens.utilities import Slice
 from transformer_lens.utilities import remove_batch_dim as drop_batch_dim
 
+from workbench.memory import keep_freed_memory_for_caching
+
 
 class CacheSink(Protocol):
     """Where cached activations go: ``sink[name] = tensor`` (a dict is one)."""
@@ -147,6 +149,7 @@ def caching(hook_dict: Mapping[str, HookPoint], is_cached: Callable[[str], bool]
         >>> cache["hook_x"]
         tensor([[[4., 5.]]])
     """
+    keep_freed_memory_for_caching()
     target = _sink_with_options(sink, device, remove_batch_dim, pos_slice)
     selected = _selected_names(hook_dict, is_cached)
     points = list(selected)
@@ -177,6 +180,7 @@ def caching_hooks(hook_dict: Mapping[str, HookPoint], is_cached: Callable[[str],
         >>> _ = point.add_hook(fwd[0][1]); _ = point(torch.ones(1)); point.remove_hooks(); cache
         {'hook_x': tensor([1.])}
     """
+    keep_freed_memory_for_caching()
     target = _sink_with_options(sink, device, remove_batch_dim, pos_slice)
     selected = _selected_names(hook_dict, is_cached)
     fwd = [(point.name, partial(_store, target, names, "")) for point, names in selected.items()]

@@ -8,18 +8,25 @@ was a third of ``run_with_cache``'s cost. ``keep_freed_memory`` tells glibc to s
 from the heap and keep freed memory for reuse (``mallopt`` M_MMAP_THRESHOLD and M_TRIM_THRESHOLD,
 the knobs the ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` variables set). The price:
 the process's resident memory stays at its peak instead of shrinking after a large cache is freed.
-It is process-wide and opt-in; elsewhere than glibc it does nothing and says so.
+It is process-wide. The cacher (``workbench.hook_point.caching``, behind every ``run_with_cache``) applies it
+the first time a process caches activations, so a user who caches gets it without knowing of it and a process
+that never caches keeps glibc's defaults; ``WORKBENCH_KEEP_FREED_MEMORY=0`` in the environment turns the
+automatic call off. Elsewhere than glibc it does nothing and says so.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
+import threading
 
 # glibc's mallopt parameter numbers (malloc.h)
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 _LARGEST = 2**31 - 1  # mallopt takes an int; with M_MMAP_THRESHOLD glibc caps it at 32 MiB on 64-bit builds
+OPT_OUT_VARIABLE = "WORKBENCH_KEEP_FREED_MEMORY"  # "0": caching leaves glibc's thresholds as they are
+_caching_decided = threading.Event()  # set once the first cache of the process has made the choice
 
 
 def keep_freed_memory() -> bool:
@@ -42,6 +49,24 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, _LARGEST)) and bool(mallopt(M_TRIM_THRESHOLD, _LARGEST))
+
+
+def keep_freed_memory_for_caching() -> None:
+    """What the cacher calls before it stores anything: ``keep_freed_memory()`` the first time in a process,
+    unless ``WORKBENCH_KEEP_FREED_MEMORY=0``. Cheap after the first call (one flag read).
+
+    The cost, stated: once a process has cached, its resident memory stays at the largest cache it held
+    (freed blocks wait in the heap for the next cache instead of going back to the kernel).
+
+    Example:
+        >>> keep_freed_memory_for_caching(); _caching_decided.is_set()
+        True
+    """
+    if _caching_decided.is_set():
+        return
+    if os.environ.get(OPT_OUT_VARIABLE, "1") != "0":
+        keep_freed_memory()
+    _caching_decided.set()
 
 
 def readable_bytes(n_bytes: float) -> str:

@@ -1,7 +1,7 @@
 """Forward pass and activation caching: workbench vs transformers vs TransformerLens's bridge.
 
-Every contender runs the same weights, in one process where ``wb.keep_freed_memory()`` is on (what the docs tell users who
-cache in a loop to do): a random Llama-shaped model is saved once with
+Every contender runs the same weights, in one fresh process with the documented defaults and no opt-in call (the
+cacher keeps freed memory in the process the first time it caches, as it does for any user): a random Llama-shaped model is saved once with
 `transformers`' ``save_pretrained`` and loaded by each library from that directory; SmolLM2-135M
 comes from its GGUF (transformers dequantises the same file). Repeats are interleaved.
 
@@ -179,8 +179,6 @@ def bench_model(label: str, hf_dir: str, ours_source: str, tokens: torch.Tensor,
 
 def run(quick: bool = False, smollm2: bool = True) -> list[dict]:
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    wb.keep_freed_memory()
 
     repeats = 3 if quick else 9
     rows = []
