@@ -3,12 +3,13 @@
 Legend: B batch, P position, O circuit writers, I circuit readers, H n_heads, D d_model.
 
 Modules: ``graph`` (``CircuitGraph``, ``circuit_graph``), ``runs`` (paired prompts, the patched pass),
-``eap`` (``edge_attribution_patching``, ``EdgeScores``).
+``eap`` (``edge_attribution_patching``, ``EdgeScores``), ``exact`` (``edge_patching``).
 """
 
 from experiments.circuits.eap import EdgeScores, edge_attribution_patching
+from experiments.circuits.exact import edge_patching
 from experiments.circuits.graph import CircuitGraph, circuit_graph
 from experiments.circuits.runs import PairedPrompts, paired_prompts
 
-__all__ = ["CircuitGraph", "circuit_graph", "EdgeScores", "edge_attribution_patching", "PairedPrompts",
+__all__ = ["CircuitGraph", "circuit_graph", "EdgeScores", "edge_attribution_patching", "edge_patching", "PairedPrompts",
            "paired_prompts"]
