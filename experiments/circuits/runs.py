@@ -87,6 +87,8 @@ def paired_prompts(model, clean, corrupt=None, metric: Optional[MetricLike] = No
         >>> data.size, type(data.metric).__name__
         (3, 'LogitDiff')
     """
+    if isinstance(clean, PairedPrompts):
+        return clean if metric is None else PairedPrompts(clean.clean, clean.corrupt, as_metric(metric))
     if isinstance(clean, IOIDataset):
         if corrupt is not None:
             raise InputError("an IOIDataset holds its own corrupted prompts: pass corrupt=None")

@@ -78,3 +78,27 @@ def test_eap_scores_equal_transformer_lens_attribution_patch_edge_by_edge(models
     assert len(expected) == P * graph.n_edges
     torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64),
                                rtol=1e-4, atol=1e-6)
+
+
+def test_faithfulness_under_corrupt_ablation_equals_transformer_lens_on_one_pair(models, pairs):
+    """The same per-position edges kept (TransformerLens's 60 strongest of the pair plus some of its weakest), every
+    other edge ablated to the corrupted run: its ``faithfulness`` and ours recover the same share of the gap."""
+    from transformer_lens.tools.analysis.attribution_patching import faithfulness as tl_faithfulness
+
+    from experiments.circuits import Circuit, faithfulness
+
+    ours, bridge = models
+    clean, corrupt, answer, wrong = pairs
+    fn = tl_metric(answer, wrong, 0)
+    result = attribution_patch(bridge, clean[:1], corrupt[:1], fn, EdgeAttributionConfig(granularity="edge"))
+    ranked = result.top_edges(k=len(result.edge_scores))
+    kept = [(w, r) for w, r, _ in ranked[:60] + ranked[-20:]]
+    theirs = tl_faithfulness(bridge, clean[:1], corrupt[:1], fn, kept)
+    graph = edge_attribution_patching(ours, clean[:1], corrupt[:1], LogitDiff(answer[:1], wrong[:1])).graph
+    mask = torch.zeros(P, *graph.edge_mask.shape, dtype=torch.bool)
+    for writer, reader in kept:
+        mask[writer.position, graph.writer_index(writer_name(writer)), graph.reader_index(reader_name(reader))] = True
+    got = faithfulness(ours, (clean[:1], corrupt[:1]), LogitDiff(answer[:1], wrong[:1]), Circuit(graph, mask))
+    assert got.n_edges == theirs.circuit_size and got.total_edges == theirs.total_edges
+    assert abs(got.clean_metric - theirs.full_metric) < 1e-4 and abs(got.corrupt_metric - theirs.corrupt_metric) < 1e-4
+    assert abs(got.recovered - theirs.recovered) < 1e-4
