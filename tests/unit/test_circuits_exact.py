@@ -7,6 +7,7 @@ single-edge runs one at a time, and (EAP-IG) the exact effect of an edge whose e
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from experiments.circuits import circuit_graph, edge_attribution_patching, edge_patching
@@ -46,6 +47,17 @@ def test_all_edges_into_one_reader_patch_its_input_wholesale():
         edges = graph.edge_names(graph.edge_mask & (torch.arange(len(graph.readers)) == r)[None])
         table = edge_patching(model, TOKENS, CORRUPT, METRIC, edges, together=True)
         assert abs(table["metric"][0] - wholesale(model, hook_name, head)) < 1e-5, reader
+
+
+@pytest.mark.parametrize("variant, overrides", [("moe_gqa", {}), ("alibi_gelu_new", {"parallel_attn_mlp": True})])
+def test_mixture_of_experts_and_parallel_blocks_rebuild_the_mlp_input(variant, overrides):
+    model = make_model(variant, **overrides)  # the parallel block's MLP reads the block input: no same-layer heads
+    graph = circuit_graph(model)
+    r = graph.reader_index("m1")
+    edges = graph.edge_names(graph.edge_mask & (torch.arange(len(graph.readers)) == r)[None])
+    assert len(edges) == 1 + 4 + 1 + (0 if overrides else 4)
+    table = edge_patching(model, TOKENS, CORRUPT, METRIC, edges, together=True)
+    assert abs(table["metric"][0] - wholesale(model, "blocks.1.hook_mlp_in")) < 1e-5
 
 
 def test_batched_edges_equal_one_at_a_time_and_grouped_query_heads_patch_apart():
