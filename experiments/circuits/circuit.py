@@ -25,7 +25,7 @@ from experiments._progress import Progress, ProgressArg
 from experiments.circuits.eap import EdgeScores, Method, edge_attribution_patching
 from experiments.circuits.exact import patched_values
 from experiments.circuits.graph import CircuitGraph, circuit_graph
-from experiments.circuits.runs import (PairedPrompts, edge_switches, paired_prompts, patched_metric, source_values,
+from experiments.circuits.runs import (PairedPrompts, base_run, edge_switches, paired_prompts, patched_metric, source_values,
                                        writer_values)
 from experiments.metrics import MetricLike
 from workbench.errors import InputError
@@ -286,12 +286,13 @@ def acdc(model, dataset, metric: Optional[MetricLike], threshold: float, *, abla
         shared = None if ablation == "corrupt" else source_values(model, graph, data.corrupt, ablation)
         chunks = [data.rows(start, min(start + batch_size, data.size)) for start in range(0, data.size, batch_size)]
         sources = [shared or writer_values(model, graph, part.corrupt) for part in chunks]
+        starts = [base_run(model, graph, part.clean) for part in chunks]
 
     def score(mask: Tensor) -> float:
         masks = (~mask & graph.edge_mask)[None, None]
         with edge_switches(model):
-            values = [patched_metric(model, graph, part.clean, part.metric, masks, source)
-                      for part, source in zip(chunks, sources)]
+            values = [patched_metric(model, graph, part.clean, part.metric, masks, source, start)
+                      for part, source, start in zip(chunks, sources, starts)]
         return float(torch.cat(values, 1).mean())
 
     current = score(kept)

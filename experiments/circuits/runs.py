@@ -149,38 +149,88 @@ def stack_writers(graph: CircuitGraph, values: dict[str, Tensor]) -> Float[Tenso
     return torch.cat(parts, dim=2)
 
 
+@dataclass(frozen=True, eq=False)
+class BaseRun:
+    """The unedited run a patched pass edits: every layer's ``hook_resid_pre``, the last ``hook_resid_post`` and every
+    writer's output, so a variant whose first edited reader sits in layer l starts at layer l (the staircase of
+    ``experiments._batched``) and one editing only the logits reader runs no block at all."""
+
+    resid_pre: list[Tensor]
+    final: Tensor
+    writers: dict[str, Tensor]
+
+
+@torch.no_grad()
+def base_run(model, graph: CircuitGraph, batch: PromptBatch) -> BaseRun:
+    """The unedited run of ``batch`` a patched pass starts from (the edge switches on)."""
+    L = graph.n_layers
+    wanted = {f"blocks.{l}.hook_resid_pre" for l in range(L)} | {f"blocks.{L - 1}.hook_resid_post"}
+    wanted |= set(writer_hooks(graph))
+    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.mask, return_type=None,
+                                    names_filter=lambda name: name in wanted)
+    return BaseRun([cache[f"blocks.{l}.hook_resid_pre"] for l in range(L)], cache[f"blocks.{L - 1}.hook_resid_post"],
+                   {name: cache[name] for name in writer_hooks(graph)})
+
+
+def _reader_layer(graph: CircuitGraph, r: int) -> int:
+    return graph.n_layers if r == len(graph.readers) - 1 else r // (3 * graph.n_heads + int(graph.has_mlp))
+
+
+def _writer_layer(graph: CircuitGraph, w: int) -> int:
+    return -1 if w == 0 else (w - 1) // graph.per_layer_writers
+
+
 def patched_metric(model, graph: CircuitGraph, base: PromptBatch, metric: Metric,
-                   masks: Bool[Tensor, "n pos_or_1 writers readers"], sources: dict[str, Tensor]) -> Float[Tensor, "n rows"]:
-    """The metric of each row of ``base`` under each variant's edges carrying ``sources`` (one pass per chunk of
-    variants). ``masks[v]`` is [P, O, I] (edges per position) or [1, O, I] (at every position); ``sources`` maps each
-    writer hook to [B or 1, P, (H,) D] values. The model's edge switches must be on (``edge_switches``).
+                   masks: Bool[Tensor, "n pos_or_1 writers readers"], sources: dict[str, Tensor],
+                   start: Optional[BaseRun] = None) -> Float[Tensor, "n rows"]:
+    """The metric of each row of ``base`` under each variant's edges carrying ``sources``. ``masks[v]`` is [P, O, I]
+    (edges per position) or [1, O, I] (at every position); ``sources`` maps each writer hook to [B or 1, P, (H,) D]
+    values. Variants run stacked, each from the layer of its first edited reader (``start``: the unedited run, made
+    here when not given). The model's edge switches must be on (``edge_switches``).
     """
     B, P = base.tokens.shape
-    n_used = max(1, int(masks.any(dim=(0, 1, 3)).sum()))
-    per_pass = max(1, min(TOKENS_PER_PASS // (B * P), DELTA_BYTES_PER_PASS // (4 * B * P * n_used * model.cfg.d_model)))
-    return torch.cat([_patched_pass(model, graph, base, metric, masks[i:i + per_pass], sources)
-                      for i in range(0, len(masks), per_pass)])
+    start = start if start is not None else base_run(model, graph, base)
+    reader_layers = torch.tensor([_reader_layer(graph, r) for r in range(len(graph.readers))])
+    edited = masks.any(dim=(1, 2))  # [n, I]
+    first = [int(reader_layers[row].min()) if bool(row.any()) else graph.n_layers for row in edited]
+    out: list[Optional[Tensor]] = [None] * len(masks)
+    for layer in sorted(set(first)):
+        group = [i for i, f in enumerate(first) if f == layer]
+        n_used = max(1, int(masks[group].any(dim=(0, 1, 3)).sum()))
+        per_pass = max(1, min(TOKENS_PER_PASS // (B * P), DELTA_BYTES_PER_PASS // (4 * B * P * n_used * model.cfg.d_model)))
+        for i in range(0, len(group), per_pass):
+            chunk = group[i:i + per_pass]
+            values = _patched_pass(model, graph, base, metric, masks[chunk], sources, start, layer)
+            for j, row in zip(chunk, values):
+                out[j] = row
+    return torch.stack(out)
 
 
 @torch.no_grad()
 def _patched_pass(model, graph: CircuitGraph, base: PromptBatch, metric: Metric, masks: Tensor,
-                  sources: dict[str, Tensor]) -> Tensor:
+                  sources: dict[str, Tensor], start: BaseRun, first_layer: int) -> Tensor:
     n = masks.shape[0]
     B, P = base.tokens.shape
     used = masks.any(dim=(0, 1, 3)).nonzero().flatten().tolist()  # writers some variant patches
     slot = {w: i for i, w in enumerate(used)}
-    deltas: list[Optional[Tensor]] = [None]  # [n, B, P, used writers, D], allocated by the first writer hook
+    D = start.final.shape[-1]
+    deltas = start.final.new_zeros(n, B, P, len(used), D)
+    for w in used:  # writers before the first block run: the unedited run's values
+        if _writer_layer(graph, w) < first_layer:
+            name, head = graph.writer_site(w)
+            live, src = start.writers[name], sources[name]
+            if head is not None:
+                live, src = live[:, :, head], src[:, :, head]
+            deltas[:, :, :, slot[w]] = src.to(live.dtype) - live
 
     def write_hook(w_heads: list[tuple[int, Optional[int]]]):
         def hook(activation: Tensor, hook) -> None:
             view = activation.view(n, B, *activation.shape[1:])
-            if deltas[0] is None:
-                deltas[0] = view.new_zeros(n, B, P, len(used), view.shape[-1])
             source = sources[hook.name]
             for w, head in w_heads:
                 live = view[:, :, :, head] if head is not None else view
                 src = source[:, :, head] if head is not None else source
-                deltas[0][:, :, :, slot[w]] = src.to(live.dtype) - live
+                deltas[:, :, :, slot[w]] = src.to(live.dtype) - live
         return hook
 
     def read_hook(readers: list[int], heads: Optional[list[int]], feeding: list[int]):
@@ -189,7 +239,7 @@ def _patched_pass(model, graph: CircuitGraph, base: PromptBatch, metric: Metric,
         slots = torch.tensor([slot[w] for w in feeding])
 
         def hook(activation: Tensor, hook) -> Tensor:
-            add = torch.einsum("nbpud,npur->nbprd", deltas[0][:, :, :, slots], sub.to(activation.dtype))
+            add = torch.einsum("nbpud,npur->nbprd", deltas[:, :, :, slots], sub.to(activation.dtype))
             view = activation.view(n, B, *activation.shape[1:])
             if heads is None:
                 return (view + add[:, :, :, 0]).view(activation.shape)
@@ -201,8 +251,9 @@ def _patched_pass(model, graph: CircuitGraph, base: PromptBatch, metric: Metric,
     hooks = []
     by_writer_hook: dict[str, list[tuple[int, Optional[int]]]] = {}
     for w in used:
-        name, head = graph.writer_site(w)
-        by_writer_hook.setdefault(name, []).append((w, head))
+        if _writer_layer(graph, w) >= first_layer:
+            name, head = graph.writer_site(w)
+            by_writer_hook.setdefault(name, []).append((w, head))
     hooks += [(name, write_hook(items)) for name, items in by_writer_hook.items()]
     by_reader_hook: dict[str, list[int]] = {}
     for r in range(len(graph.readers)):
@@ -213,10 +264,17 @@ def _patched_pass(model, graph: CircuitGraph, base: PromptBatch, metric: Metric,
             continue
         heads = [graph.reader_site(r)[1] for r in readers]
         hooks.append((name, read_hook(readers, None if heads[0] is None else heads, feeding)))
-    tokens = base.tokens.repeat(n, 1)
     mask = None if base.mask is None else base.mask.repeat(n, 1)
     with model.hooks(fwd_hooks=hooks):
-        logits = model(tokens, attention_mask=mask)
+        if first_layer == 0:
+            logits = model(base.tokens.repeat(n, 1), attention_mask=mask)
+        elif first_layer < graph.n_layers:
+            logits = model(start.resid_pre[first_layer].repeat(n, 1, 1), start_at_layer=first_layer, attention_mask=mask)
+        else:  # only the logits reader is edited (or nothing): no block runs
+            final = start.final.repeat(n, 1, 1)
+            final_hook = dict(hooks).get(f"blocks.{graph.n_layers - 1}.hook_resid_post")
+            final = final if final_hook is None else final_hook(final, None)
+            logits = model.logits_from_resid(final)
     return metric.values(logits, base).float().view(n, -1).cpu()
 
 
