@@ -43,6 +43,9 @@ COMPARISONS = [
      "2 workers faster than 1 on this 2-core machine; per-GPU-worker throughput estimated in README"),
     ("bench_offload", "10. CPU + disk offload (accelerate device map)",
      "reported: the offloaded forward's time against the in-memory model, equal logits"),
+    ("bench_circuits", "11. Circuits: EAP over IOI pairs, exact edge patching",
+     "EAP at most 0.5x TransformerLens's attribution_patch (edge) time on the same pairs (an MHA model: TL refuses "
+     "GQA); batched exact edge patching at least 5x one forward per edge"),
 ]
 TRITON_TITLE = "7. Triton FlashAttention-2 vs SDPA's flash backend (GPU)"
 TRITON_GOAL = "forward at least 0.9x and forward+backward at least 0.8x of SDPA's throughput on an H100"

@@ -180,7 +180,9 @@ class Attention(AttentionBase):
         q_BHPK, k_BGSK, v_BGSK = q_BPHK.transpose(1, 2), k_BPGK.transpose(1, 2), v_BPGK.transpose(1, 2)
         if kv_cache is not None:
             k_BGSK, v_BGSK = kv_cache.append(k_BGSK, v_BGSK)
-        if self.n_kv_hooked != self.n_key_value_heads:
+        # Under autograd with split inputs each query head's copy needs its own gradient (circuit edges per query
+        # head), which the grouped kernel would sum over the group: the ungrouped heads run as they are.
+        if self.n_kv_hooked != self.n_key_value_heads and not (split_inputs is not None and torch.is_grad_enabled()):
             k_BGSK, v_BGSK = _regrouped_if_copies(k_BGSK, v_BGSK, self.n_heads // self.n_key_value_heads)
         z_BPHK = self.hook_z(self.attend(q_BHPK, k_BGSK, v_BGSK, key_mask_BS))
         return self.project_out(z_BPHK)

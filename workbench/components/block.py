@@ -12,6 +12,8 @@ x + attn(ln1(x)) + mlp(ln2(x)), and there is no ``hook_resid_mid``.
 With ``use_split_qkv_input`` (TransformerLens's switch, pre-norm only) each query head and each
 key/value head reads its own copy of the residual stream (``hook_q_input`` [B, P, H, D],
 ``hook_k_input``/``hook_v_input`` [B, P, G, D]), normed by ln1, so one head's input can be patched.
+``hook_mlp_in`` (TransformerLens's name) is the MLP's own copy of its input before its norm, computed only
+when observed: an edit there reaches the MLP and not the residual stream (circuit edges into the MLP).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from workbench.components.moe import MixtureOfExperts
 from workbench.components.norm import make_norm
 from workbench.config import ModelConfig
 from workbench.options import RuntimeOptions
-from workbench.hook_point import HookPoint
+from workbench.hook_point import HookPoint, is_observed
 
 
 def make_mlp(cfg: ModelConfig, options: RuntimeOptions) -> nn.Module:
@@ -71,6 +73,7 @@ class TransformerBlock(nn.Module):
             self.ln2 = None if sublayer_output else make_norm(cfg, options)
             self.ln2_post = make_norm(cfg, options) if post_norms else None
             self.mlp = make_mlp(cfg, options)
+            self.hook_mlp_in = HookPoint()  # [B, P, D], the MLP's own copy of its input; only when observed
             if not self.parallel:
                 self.hook_resid_mid = HookPoint()  # [B, P, D]
             self.hook_mlp_out = HookPoint()  # [B, P, D]
@@ -95,11 +98,23 @@ class TransformerBlock(nn.Module):
             resid_mid, attn_out = self._sublayer(resid, attend, self.ln1, self.ln1_post, self.hook_attn_out)
         if not self.has_mlp:
             return self.hook_resid_post(resid_mid)
+        ln2, mlp = self._mlp_side()
         if self.parallel:  # the MLP reads the block input too
-            return self.hook_resid_post(resid_mid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
+            return self.hook_resid_post(resid_mid + self.hook_mlp_out(mlp(ln2(resid))))
         resid_mid = self.hook_resid_mid(resid_mid)
-        resid_post, _ = self._sublayer(resid_mid, self.mlp, self.ln2, self.ln2_post, self.hook_mlp_out)
+        resid_post, _ = self._sublayer(resid_mid, mlp, ln2, self.ln2_post, self.hook_mlp_out)
         return self.hook_resid_post(resid_post)
+
+    def _mlp_side(self) -> tuple[Optional[Callable[[Tensor], Tensor]], Callable[[Tensor], Tensor]]:
+        """(the norm in front of the MLP, the MLP), with ``hook_mlp_in`` on a copy of the MLP's input before its
+        norm when observed (the fast path is unchanged): post-norm blocks have no norm there, so it goes in front
+        of the MLP itself."""
+        if not is_observed(self.hook_mlp_in):
+            return self.ln2, self.mlp
+        hooked = lambda x: self.hook_mlp_in(x.clone())  # noqa: E731  (a copy: an edit stays out of the residual)
+        if self.norm_placement == "post":
+            return self.ln2, lambda x: self.mlp(hooked(x))
+        return (lambda x: (self.ln2 or _identity)(hooked(x))), self.mlp
 
     def _sublayer(self, resid: Tensor, f: Callable[[Tensor], Tensor], ln: Optional[nn.Module],
                   ln_post: Optional[nn.Module], hook_out: HookPoint) -> tuple[Tensor, Tensor]:
