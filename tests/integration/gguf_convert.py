@@ -55,6 +55,8 @@ class Recipe:
     falcon_qkv: bool = False
     drop: tuple[str, ...] = ()  # tensors the converter skips
     output_copy_of_embedding: bool = False
+    split_kv_b: bool = False  # DeepSeek since llama.cpp's MLA rewrite: kv_b_proj as per-head attn_k_b, attn_v_b
+    own_head_metadata: bool = False  # the recipe writes head_count_kv and key/value lengths itself
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -95,6 +97,41 @@ def _phi3_meta(writer: gguf.GGUFWriter, c: Any) -> None:
         writer.add_sliding_window(c.sliding_window)
 
 
+def _deepseek_meta(mla: bool) -> Callable[[gguf.GGUFWriter, Any], None]:
+    """``DeepseekV2Model.set_gguf_parameters`` (``mla``: as written since llama.cpp's MLA rewrite)."""
+    def write(writer: gguf.GGUFWriter, c: Any) -> None:
+        writer.add_leading_dense_block_count(c.first_k_dense_replace)
+        if c.q_lora_rank is not None:
+            writer.add_q_lora_rank(c.q_lora_rank)
+        writer.add_kv_lora_rank(c.kv_lora_rank)
+        key, value = c.qk_nope_head_dim + c.qk_rope_head_dim, c.v_head_dim
+        if mla:  # one latent "KV head" of width kv_lora_rank + rope; the heads' own widths in *_mla
+            writer.add_head_count_kv(1)
+            writer.add_key_length(c.kv_lora_rank + c.qk_rope_head_dim)
+            writer.add_value_length(c.kv_lora_rank)
+            writer.add_key_length_mla(key)
+            writer.add_value_length_mla(value)
+        else:
+            writer.add_head_count_kv(c.num_key_value_heads)
+            writer.add_key_length(key)
+            writer.add_value_length(value)
+        writer.add_expert_feed_forward_length(c.moe_intermediate_size)
+        writer.add_expert_count(c.n_routed_experts)
+        writer.add_expert_used_count(c.num_experts_per_tok)
+        writer.add_expert_shared_count(c.n_shared_experts)
+        writer.add_expert_weights_scale(c.routed_scaling_factor)
+        if c.model_type == "deepseek_v3":
+            writer.add_expert_weights_norm(c.norm_topk_prob)
+            writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+            writer.add_expert_group_count(c.n_group)
+            writer.add_expert_group_used_count(c.topk_group)
+        writer.add_rope_dimension_count(c.qk_rope_head_dim)
+    return write
+
+
+_MLA = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=3,
+            intermediate_size=96, max_position_embeddings=64, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
+            v_head_dim=12, moe_intermediate_size=32, num_experts_per_tok=2, first_k_dense_replace=1)
 _GEMMA = dict(_LLAMA_SIZES, head_dim=16)
 RECIPES = {
     "llama": Recipe("llama", _config("llama", **_LLAMA_SIZES, rms_norm_eps=1e-5), Q.Q4_1, permute_qk=True,
@@ -132,6 +169,12 @@ RECIPES = {
     "falcon_7b_style": Recipe("falcon", _config("falcon", vocab_size=VOCAB, hidden_size=64, num_attention_heads=4,
                                                 num_hidden_layers=2, multi_query=True, parallel_attn=True,
                                                 new_decoder_architecture=False), Q.Q4_1, falcon_qkv=True),
+    "deepseek2": Recipe("deepseek2", _config("deepseek_v2", **_MLA, q_lora_rank=None, n_routed_experts=4,
+                                             n_shared_experts=1, routed_scaling_factor=1.5),
+                        Q.Q8_0, metadata=_deepseek_meta(mla=False), own_head_metadata=True),
+    "deepseek2_v3_mla": Recipe("deepseek2", _config("deepseek_v3", **_MLA, q_lora_rank=32, n_routed_experts=8,
+                                                    n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5),
+                               Q.Q4_1, metadata=_deepseek_meta(mla=True), own_head_metadata=True, split_kv_b=True),
     "olmo": Recipe("olmo", _config("olmo", **_LLAMA_SIZES, clip_qkv=0.5), Q.Q8_0, permute_qk=True,
                    metadata=lambda w, c: w.add_clamp_kqv(c.clip_qkv)),
     "olmo2": Recipe("olmo2", _config("olmo2", **_LLAMA_SIZES), Q.Q4_0),
@@ -142,12 +185,12 @@ def build(name: str, seed: int = 1):
     """The randomised eager transformers model of recipe ``name`` (logits reach a few units)."""
     torch.manual_seed(seed)
     config = RECIPES[name].config()
-    extra = {"experts_implementation": "eager"} if "moe" in name else {}
+    extra = {"experts_implementation": "eager"} if "moe" in name or "deepseek" in name else {}
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", **extra)
     return randomize(model, seed=seed, std=0.2).eval()
 
 
-def _base_metadata(writer: gguf.GGUFWriter, c: Any) -> None:
+def _base_metadata(writer: gguf.GGUFWriter, c: Any, heads: bool = True) -> None:
     """``TextModel.set_gguf_parameters``: the sizes every converter writes (under the config's names)."""
     get = lambda *names: next((getattr(c, n) for n in names if getattr(c, n, None) is not None), None)  # noqa: E731
     writer.add_block_count(get("num_hidden_layers", "n_layer"))
@@ -160,7 +203,7 @@ def _base_metadata(writer: gguf.GGUFWriter, c: Any) -> None:
     n_kv = get("num_key_value_heads", "num_kv_heads")
     if _multi_query(c):
         n_kv = 1
-    if n_kv is not None:
+    if n_kv is not None and heads:
         writer.add_head_count_kv(n_kv)
     rope = getattr(c, "rope_parameters", None) or {}
     if "rope_theta" in rope:
@@ -170,7 +213,7 @@ def _base_metadata(writer: gguf.GGUFWriter, c: Any) -> None:
     eps = get("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
     if eps is not None:
         writer.add_layer_norm_eps(eps)
-    if getattr(c, "head_dim", None) is not None:
+    if getattr(c, "head_dim", None) is not None and heads:
         writer.add_key_length(c.head_dim)
         writer.add_value_length(c.head_dim)
 
@@ -212,6 +255,16 @@ def gguf_tensors(name: str, model) -> dict[str, tuple[torch.Tensor, bool]]:
         if hf_name.endswith("mlp.experts.down_proj"):
             out[f"blk.{hf_name.split('.')[2]}.ffn_down_exps.weight"] = (tensor, False)
             continue
+        if hf_name.endswith("e_score_correction_bias"):  # the converter's rename, then the map's name
+            out[f"blk.{hf_name.split('.')[2]}.exp_probs_b.bias"] = (tensor, False)
+            continue
+        if recipe.split_kv_b and hf_name.endswith("kv_b_proj.weight"):
+            kv_b = tensor.view(n_heads, c.qk_nope_head_dim + c.v_head_dim, tensor.shape[-1])
+            k_b, v_b = kv_b.split([c.qk_nope_head_dim, c.v_head_dim], dim=1)
+            layer = hf_name.split(".")[2]
+            out[f"blk.{layer}.attn_k_b.weight"] = (k_b.transpose(1, 2).contiguous(), False)
+            out[f"blk.{layer}.attn_v_b.weight"] = (v_b.contiguous(), False)
+            continue
         if recipe.permute_qk and "q_proj" in hf_name:
             tensor = _llama_cpp_permute(tensor, n_heads)
         if recipe.permute_qk and "k_proj" in hf_name:
@@ -242,7 +295,7 @@ def write(name: str, model, path: Path, quant: Optional[Q] = None) -> Path:
     recipe = RECIPES[name]
     writer = gguf.GGUFWriter(str(path), recipe.arch)
     writer.add_name(f"tiny-{name}")
-    _base_metadata(writer, model.config)
+    _base_metadata(writer, model.config, heads=not recipe.own_head_metadata)
     recipe.metadata(writer, model.config)
     _write_tokenizer(writer, "gpt2")
     for gguf_name, (tensor, _) in gguf_tensors(name, model).items():

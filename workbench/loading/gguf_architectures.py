@@ -17,6 +17,7 @@ the few fields a converter stores another way (Gemma 2/3's query scale, Falcon's
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -58,8 +59,11 @@ class GGUFArchitecture:
     keys: dict[str, Optional[str]] = field(default_factory=dict)  # added to / overriding COMMON_KEYS
     fixed: dict[str, Any] = field(default_factory=dict)
     derived: Optional[Callable[["Metadata"], dict[str, Any]]] = None
-    moe_architecture: Optional[str] = None  # with expert_count > 0 (llama's Mixtral-style files)
+    # The transformers architecture when the metadata picks one (llama's Mixtral-style experts, DeepSeek V2/V3).
+    choose: Optional[Callable[["Metadata"], str]] = None
+    ignored: re.Pattern = re.compile(r"$^")  # GGUF tensors that are copies of ones read (passed over)
     head_dim_field: Optional[str] = "head_dim"  # where the head width goes (None: the config has none)
+    partial_rotary: bool = True  # rope.dimension_count < head width means partial_rotary_factor (not DeepSeek's)
     layer_norm_field: Optional[str] = None  # where attention.layer_norm_epsilon goes (LayerNorm families)
 
 
@@ -138,6 +142,22 @@ def _biases(switch: str, probe: str = "blk.0.attn_q.bias") -> Callable[[Metadata
     return lambda meta: {switch: meta.has_tensor(probe)}
 
 
+def _deepseek2(meta: Metadata) -> dict[str, Any]:
+    """DeepSeek-V2/V3: the latent sizes. Files written since llama.cpp's MLA rewrite state the heads' own
+    widths in ``key_length_mla`` / ``value_length_mla`` (``key_length`` is then the latent's) and one KV head;
+    transformers' config has a KV head per query head. Routing as the converter records it."""
+    rope = int(meta.get("rope.dimension_count"))
+    key = int(meta.get("attention.key_length_mla", meta.get("attention.key_length")))
+    groups = int(meta.get("expert_group_count", 1) or 1)
+    sigmoid = meta.get("expert_gating_func", 1) == 2
+    return {"qk_rope_head_dim": rope, "qk_nope_head_dim": key - rope,
+            "v_head_dim": int(meta.get("attention.value_length_mla", meta.get("attention.value_length"))),
+            "q_lora_rank": meta.get("attention.q_lora_rank"), "num_key_value_heads": meta.get("attention.head_count"),
+            "n_group": groups, "topk_group": int(meta.get("expert_group_used_count", groups) or groups),
+            "scoring_func": "sigmoid" if sigmoid else "softmax",
+            "topk_method": "noaux_tc" if sigmoid else "group_limited_greedy" if groups > 1 else "greedy"}
+
+
 def _moe(meta: Metadata) -> dict[str, Any]:
     return {"num_local_experts": meta.get("expert_count", 0), "attention_bias": meta.has_tensor("blk.0.attn_q.bias")}
 
@@ -155,7 +175,7 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "llama": GGUFArchitecture(
         "LlamaForCausalLM", "Llama 1-3, SmolLM2, Mistral 7B, Mixtral (experts); Q/K rows un-permuted",
         _LLAMA_RULES, keys={"expert_used_count": "num_experts_per_tok"}, fixed={"hidden_act": "silu"},
-        derived=_moe, moe_architecture="MixtralForCausalLM"),
+        derived=_moe, choose=lambda meta: "MixtralForCausalLM" if meta.get("expert_count", 0) else "LlamaForCausalLM"),
     "qwen2": GGUFArchitecture(
         "Qwen2ForCausalLM", "Qwen2, Qwen2.5", _LLAMA_LIKE, fixed={"hidden_act": "silu", "use_sliding_window": False}),
     "qwen3": GGUFArchitecture(
@@ -233,6 +253,25 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         keys={"attention.head_count_kv": "num_kv_heads", "feed_forward_length": "ffn_hidden_size"},
         fixed={"new_decoder_architecture": True, "parallel_attn": True, "alibi": False, "activation": "gelu"},
         derived=_falcon, head_dim_field=None, layer_norm_field="layer_norm_epsilon"),
+    "deepseek2": GGUFArchitecture(
+        "DeepseekV2ForCausalLM", "DeepSeek-V2, V2-Lite, V3, R1 (latent attention; kv_b whole or split per head; "
+        "YaRN files are refused)",
+        _EMBED + _PRE_NORMS + _GATED_MLP + _EXPERTS + tuple(_layer(g, f"mlp.shared_experts.{h}") for g, h in (
+            ("ffn_gate_shexp", "gate_proj"), ("ffn_up_shexp", "up_proj"), ("ffn_down_shexp", "down_proj")))
+        + tuple(_layer(g, f"self_attn.{h}") for g, h in (
+            ("attn_q", "q_proj"), ("attn_q_a", "q_a_proj"), ("attn_q_a_norm", "q_a_layernorm"), ("attn_q_b", "q_b_proj"),
+            ("attn_kv_a_mqa", "kv_a_proj_with_mqa"), ("attn_kv_a_norm", "kv_a_layernorm"), ("attn_output", "o_proj")))
+        + (_layer("attn_kv_b", "self_attn.kv_b_proj", when="blk.{l}.attn_kv_b.weight"),
+           Rule(("blk.{l}.attn_k_b.weight", "blk.{l}.attn_v_b.weight"), "model.layers.{l}.self_attn.kv_b_proj.weight",
+                "kv_b_joined", suffixes=("",)),
+           Rule("blk.{l}.exp_probs_b.bias", "model.layers.{l}.mlp.gate.e_score_correction_bias", suffixes=("",))),
+        keys={"leading_dense_block_count": "first_k_dense_replace", "attention.kv_lora_rank": "kv_lora_rank",
+              "expert_feed_forward_length": "moe_intermediate_size", "expert_count": "n_routed_experts",
+              "expert_used_count": "num_experts_per_tok", "expert_shared_count": "n_shared_experts",
+              "expert_weights_scale": "routed_scaling_factor", "expert_weights_norm": "norm_topk_prob"},
+        fixed={"hidden_act": "silu", "attention_bias": False, "mlp_bias": False}, derived=_deepseek2,
+        choose=lambda meta: "DeepseekV3ForCausalLM" if meta.get("expert_gating_func", 1) == 2 else "DeepseekV2ForCausalLM",
+        ignored=re.compile(r"blk\.\d+\.attn_[kv]_b\.weight"), head_dim_field=None, partial_rotary=False),
     "olmo": GGUFArchitecture(
         "OlmoForCausalLM", "OLMo (parameter-free LayerNorm; Q/K rows un-permuted)",
         (Rule("token_embd", "model.embed_tokens"), Rule("output", "lm_head")) + _PERMUTED_ATTENTION[:3]

@@ -2,7 +2,8 @@
 GGUF file, and the inverse we apply on the way out, so the HF family modules read the tensor exactly as
 ``save_pretrained`` wrote it.
 
-Legend: H n_heads, G n_key_value_heads, K d_head, E num_experts, M d_mlp, D d_model.
+Legend: H n_heads, G n_key_value_heads, K d_head, E num_experts, M d_mlp, D d_model, A kv_lora_rank,
+J d_head_v, U d_head - rotary_dim.
 
 Each layout is a pair of functions of ``Heads`` (the head counts, from the file's metadata): ``to_hf``
 turns the GGUF tensor(s), [rows, cols] as stored (GGUF lists dims reversed), into the transformers one;
@@ -20,12 +21,14 @@ Every ``to_hf`` is a few torch view operations, so it also runs on meta tensors 
                  (Falcon-7B, StarCoder's multi-query) both orders are the same.
     stacked_rows several GGUF tensors joined along the rows (dim -2): experts' gate and up [E, M, D]
                  into transformers' fused ``gate_up_proj`` [E, 2M, D], gate rows first
+    kv_b_joined  DeepSeek's ``kv_b_proj`` [H*(U + J), A], which newer converters store split per head as
+                 ``attn_k_b`` [H, A, U] (transposed) and ``attn_v_b`` [H, J, A]; shapes checked once joined
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -47,7 +50,8 @@ class Layout:
     """One way a transformers tensor is stored in a GGUF file: its inverse and the stored shapes."""
 
     to_hf: Callable[[list[Tensor], Heads, str], Tensor]  # (GGUF tensors, heads, ".weight"/".bias") -> HF
-    stored_shapes: Callable[[Shape, int], list[Shape]]  # (HF shape, number of GGUF tensors) -> their shapes
+    # (HF shape, number of GGUF tensors) -> their shapes; None: checked on the joined tensor instead
+    stored_shapes: Callable[[Shape, int], Optional[list[Shape]]]
 
 
 def unpermute_rows(w: Tensor, n_heads: int) -> Tensor:
@@ -75,6 +79,18 @@ def grouped_from_concatenated(w: Tensor, heads: Heads) -> Tensor:
     return groups.reshape(w.shape)
 
 
+def kv_b_joined(k_b_HAU: Tensor, v_b_HJA: Tensor) -> Tensor:
+    """DeepSeek's ``kv_b_proj`` rows [H*(U + J), A] (each head's key rows, then its value rows) from
+    llama.cpp's split ``attn_k_b`` [H, A, U] and ``attn_v_b`` [H, J, A].
+
+    Example:
+        >>> kv_b_joined(torch.zeros(2, 3, 4), torch.ones(2, 5, 3)).shape
+        torch.Size([18, 3])
+    """
+    joined_HRA = torch.cat([k_b_HAU.transpose(1, 2), v_b_HJA], dim=1)
+    return joined_HRA.reshape(-1, joined_HRA.shape[-1])
+
+
 def _same(shape: Shape, count: int) -> list[Shape]:
     return [tuple(shape)]
 
@@ -92,4 +108,5 @@ LAYOUTS: dict[str, Layout] = {
                          lambda shape, count: [tuple(reversed(shape))]),
     "qkv_grouped": Layout(lambda ts, heads, suffix: grouped_from_concatenated(ts[0], heads), _same),
     "stacked_rows": Layout(lambda ts, heads, suffix: torch.cat(ts, dim=-2), _split_rows),
+    "kv_b_joined": Layout(lambda ts, heads, suffix: kv_b_joined(*ts), lambda shape, count: None),
 }

@@ -134,15 +134,15 @@ def describe(file: GGUFFile) -> Described:
     data.update(vocab_size=int(embed.shape[1]), tie_word_embeddings="output.weight" not in file.tensors)
     if spec.head_dim_field is not None:
         data[spec.head_dim_field] = heads.d_head
-    fraction = rotary_fraction(meta, heads.d_head)
+    fraction = rotary_fraction(meta, heads.d_head) if spec.partial_rotary else None
     if fraction is not None:
         data["partial_rotary_factor"] = fraction
     data.update(_rope_scaling(file, meta))
     data.update(spec.fixed)
     if spec.derived is not None:
         data.update(spec.derived(meta))
-    moe = spec.moe_architecture is not None and int(meta.get("expert_count", 0) or 0) > 0
-    return Described(arch, spec, spec.moe_architecture if moe else spec.hf_architecture, data, heads)
+    hf_architecture = spec.choose(meta) if spec.choose is not None else spec.hf_architecture
+    return Described(arch, spec, hf_architecture, data, heads)
 
 
 def _rope_scaling(file: GGUFFile, meta: Metadata) -> dict[str, Any]:
@@ -189,6 +189,7 @@ class GGUFCheckpoint:
     def __init__(self, file: GGUFFile, described: Described, n_layers: int, meta: bool = False,
                  progress: Optional[bool] = None):
         self.file, self.heads, self.meta = file, described.heads, meta
+        self.ignored = described.spec.ignored
         self.sources: dict[str, tuple[tuple[str, ...], Layout, str, bool]] = {}
         for rule in described.spec.rules:
             layers = range(n_layers) if "{l}" in rule.hf else (0,)
@@ -225,16 +226,24 @@ class GGUFCheckpoint:
         if missing:
             raise CheckpointError(f"{self.source}: missing tensor '{missing[0]}'")
         stored = [tuple(int(n) for n in reversed(self.file.tensors[g].shape)) for g in gguf_names]
-        if shape is not None:
-            for gguf_name, have, expected in zip(gguf_names, stored, layout.stored_shapes(tuple(shape), len(gguf_names))):
-                _check_shape(self.file, gguf_name, have, expected)
+        expected_stored = layout.stored_shapes(tuple(shape), len(gguf_names)) if shape is not None else None
+        for gguf_name, have, expected in zip(gguf_names, stored, expected_stored or ()):
+            _check_shape(self.file, gguf_name, have, expected)
         if self.meta:
             parts = [torch.empty(s, device="meta") for s in stored]
         else:
             parts = [_as_tensor(self.file, g, s) for g, s in zip(gguf_names, stored)]
             self._bar.update(len(parts))
+        try:
+            tensor = layout.to_hf(parts, self.heads, suffix)
+        except RuntimeError as error:  # joined tensors that do not fit together
+            raise CheckpointError(f"{self.source}: tensors {list(gguf_names)} of shapes {stored} do not join "
+                                  f"into transformers' '{name}' ({error})") from error
+        if shape is not None and tuple(tensor.shape) != tuple(shape):
+            raise CheckpointError(f"{self.source}: tensors {list(gguf_names)} of shapes {stored} give "
+                                  f"transformers' '{name}' the shape {tuple(tensor.shape)}, expected {tuple(shape)}")
         self._taken.update(gguf_names)
-        return layout.to_hf(parts, self.heads, suffix)
+        return tensor
 
     def take_unembedding(self, name: str, shape: tuple[int, int], tied: bool) -> dict[str, Tensor]:
         """As ``SafetensorsCheckpoint.take_unembedding``: the output matrix, or nothing when tied (then a
@@ -250,8 +259,8 @@ class GGUFCheckpoint:
             self._taken.update(self.sources[name][0])
 
     def untaken(self) -> list[str]:
-        """GGUF tensors no conversion step has read."""
-        return sorted(set(self.file.tensors) - self._taken)
+        """GGUF tensors no conversion step has read (copies the architecture says to pass over aside)."""
+        return sorted(name for name in set(self.file.tensors) - self._taken if not self.ignored.fullmatch(name))
 
     def stored_dtype(self) -> torch.dtype:
         return torch.float32  # blocks are dequantised to float32
