@@ -290,15 +290,21 @@ def _stored(array: np.ndarray, quant: Optional[Q]) -> tuple[np.ndarray, Optional
     return gguf.quants.quantize(array, quant), quant
 
 
-def write(name: str, model, path: Path, quant: Optional[Q] = None) -> Path:
-    """Writes ``model`` as llama.cpp would convert it (``quant``: matrices in that type, else float32)."""
+def write(name: str, model, path: Path, quant: Optional[Q] = None, skip: Optional[str] = None,
+          extra_tensors: Optional[dict[str, torch.Tensor]] = None, arch: Optional[str] = None) -> Path:
+    """Writes ``model`` as llama.cpp would convert it (``quant``: matrices in that type, else float32);
+    for error tests, ``skip`` leaves a tensor out, ``extra_tensors`` adds some, ``arch`` names another
+    architecture."""
     recipe = RECIPES[name]
-    writer = gguf.GGUFWriter(str(path), recipe.arch)
+    writer = gguf.GGUFWriter(str(path), arch or recipe.arch)
     writer.add_name(f"tiny-{name}")
     _base_metadata(writer, model.config, heads=not recipe.own_head_metadata)
     recipe.metadata(writer, model.config)
     _write_tokenizer(writer, "gpt2")
-    for gguf_name, (tensor, _) in gguf_tensors(name, model).items():
+    tensors = {**gguf_tensors(name, model), **{k: (v, False) for k, v in (extra_tensors or {}).items()}}
+    for gguf_name, (tensor, _) in tensors.items():
+        if gguf_name == skip:
+            continue
         array, kind = _stored(tensor.numpy().astype(np.float32), quant)
         if kind is None:
             writer.add_tensor(gguf_name, array)

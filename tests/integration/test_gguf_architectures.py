@@ -65,3 +65,62 @@ def test_half_precision_files_load(tmp_path, quant):
     model = wb.load_model(write("qwen2", source, tmp_path / "half.gguf", quant=quant))
     with torch.no_grad():
         assert max_diff(model(TOKENS), quantised_reference("qwen2", source, quant)(TOKENS).logits) < TOLERANCE
+
+
+# ---- what a file we cannot read is told, named in GGUF's own terms ----
+
+@pytest.fixture(scope="module")
+def sources():
+    return {name: build(name) for name in ("gemma2", "gpt2", "phi3", "qwen2", "falcon")}
+
+
+def test_a_missing_tensor_is_named_by_its_gguf_name(sources, tmp_path):
+    path = write("gemma2", sources["gemma2"], tmp_path / "holed.gguf", skip="blk.1.post_ffw_norm.weight")
+    with pytest.raises(wb.CheckpointError, match=r"holed\.gguf: missing tensor 'blk\.1\.post_ffw_norm\.weight'"):
+        wb.load_model(path)
+
+
+def test_a_tensor_nothing_reads_is_named(sources, tmp_path):
+    path = write("qwen2", sources["qwen2"], tmp_path / "extra.gguf", extra_tensors={"blk.0.attn_gate.weight": torch.ones(4, 64)})
+    with pytest.raises(wb.CheckpointError, match=r"extra\.gguf: unexpected tensor\(s\) \['blk\.0\.attn_gate\.weight'\]"):
+        wb.load_model(path)
+
+
+def test_a_misshapen_tensor_is_named_in_its_stored_layout_before_anything_is_dequantised(sources, tmp_path, monkeypatch):
+    """GPT-2's MLP width read as 97: transformers' c_fc [64, 97] is stored transposed, so the file's
+    ffn_up must be (97, 64); the message gives both in the stored layout."""
+    from workbench.loading import gguf_loader
+
+    file = gguf_loader.GGUFFile(write("gpt2", sources["gpt2"], tmp_path / "gpt2.gguf", quant=Q.Q8_0))
+    real_field = file.field
+    monkeypatch.setattr(file, "field", lambda key, *default: 97 if key == "gpt2.feed_forward_length"
+                        else real_field(key, *default))
+    monkeypatch.setattr(gguf_loader, "_dequantised", lambda *args: pytest.fail("dequantised before the shape check"))
+    with pytest.raises(wb.CheckpointError, match=r"gpt2\.gguf: tensor 'blk\.0\.ffn_up\.weight' has shape \(256, 64\) "
+                                                 r"\(rows, cols as stored\), expected \(97, 64\)"):
+        gguf_loader.read_tensors(file, gguf_loader.model_config_from_gguf(file))
+
+
+@pytest.mark.parametrize("key, value, error, message", [
+    ("falcon.attention.head_count", 0, wb.ConfigError, r"field 'falcon\.attention\.head_count' = 0 .*positive integer"),
+    ("falcon.block_count", 10**12, wb.CheckpointError,
+     r"field 'falcon\.block_count' declares 1000000000000 layers, but the weights hold tensors for 2"),
+])
+def test_hostile_metadata_is_refused_naming_the_field(sources, tmp_path, monkeypatch, key, value, error, message):
+    from workbench.loading import gguf_loader
+
+    file = gguf_loader.GGUFFile(write("falcon", sources["falcon"], tmp_path / "falcon.gguf"))
+    real_field = file.field
+    monkeypatch.setattr(file, "field", lambda name, *default: value if name == key else real_field(name, *default))
+    with pytest.raises(error, match=message):
+        gguf_loader.model_config_from_gguf(file)
+
+
+def test_longrope_and_unknown_architectures_are_refused_by_name(sources, tmp_path):
+    longrope = write("phi3", sources["phi3"], tmp_path / "long.gguf", extra_tensors={"rope_factors_long.weight": torch.ones(8)})
+    with pytest.raises(wb.ConfigError, match=r"long\.gguf: field 'rope_factors_long\.weight' = 'present' .*longrope"):
+        wb.load_model(longrope)
+    unknown = write("qwen2", sources["qwen2"], tmp_path / "mamba.gguf", arch="mamba")
+    with pytest.raises(wb.CheckpointError, match=r"mamba\.gguf: unknown architecture 'mamba' \(field 'general\.architecture'\); "
+                                                 r"supported: \['llama', 'qwen2'"):
+        wb.load_model(unknown)
