@@ -57,6 +57,8 @@ class Recipe:
     output_copy_of_embedding: bool = False
     split_kv_b: bool = False  # DeepSeek since llama.cpp's MLA rewrite: kv_b_proj as per-head attn_k_b, attn_v_b
     own_head_metadata: bool = False  # the recipe writes head_count_kv and key/value lengths itself
+    strip_prefix: str = ""  # a prefix the converter removes from every name first (BLOOM's "transformer.")
+    std: float = 0.2  # the weights' spread (smaller where logits would reach hundreds)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -132,6 +134,29 @@ def _deepseek_meta(mla: bool) -> Callable[[gguf.GGUFWriter, Any], None]:
 _MLA = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=3,
             intermediate_size=96, max_position_embeddings=64, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
             v_head_dim=12, moe_intermediate_size=32, num_experts_per_tok=2, first_k_dense_replace=1)
+def _granite_meta(writer: gguf.GGUFWriter, c: Any) -> None:
+    writer.add_attention_scale(c.attention_multiplier)
+    writer.add_embedding_scale(c.embedding_multiplier)
+    writer.add_residual_scale(c.residual_multiplier)
+    writer.add_logit_scale(c.logits_scaling)
+
+
+def _rotary_fraction(c: Any) -> float:
+    rope = getattr(c, "rope_parameters", None) or {}
+    return rope.get("partial_rotary_factor") or getattr(c, "partial_rotary_factor", None) or getattr(c, "rotary_pct", 1.0)
+
+
+def _rotary_meta(writer: gguf.GGUFWriter, c: Any) -> None:
+    """Phi-2, Nemotron: ``int(factor * n_embd) // n_head`` rotary dimensions."""
+    writer.add_rope_dimension_count(int(_rotary_fraction(c) * c.hidden_size) // c.num_attention_heads)
+
+
+def _neox_meta(writer: gguf.GGUFWriter, c: Any) -> None:
+    """GPT-NeoX, StableLM: ``int(factor * head_dim)`` rotary dimensions, the parallel-residual switch."""
+    writer.add_rope_dimension_count(int(_rotary_fraction(c) * (c.hidden_size // c.num_attention_heads)))
+    writer.add_parallel_residual(bool(c.use_parallel_residual))
+
+
 _GEMMA = dict(_LLAMA_SIZES, head_dim=16)
 RECIPES = {
     "llama": Recipe("llama", _config("llama", **_LLAMA_SIZES, rms_norm_eps=1e-5), Q.Q4_1, permute_qk=True,
@@ -175,6 +200,21 @@ RECIPES = {
     "deepseek2_v3_mla": Recipe("deepseek2", _config("deepseek_v3", **_MLA, q_lora_rank=32, n_routed_experts=8,
                                                     n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5),
                                Q.Q4_1, metadata=_deepseek_meta(mla=True), own_head_metadata=True, split_kv_b=True),
+    "granite": Recipe("granite", _config("granite", **_LLAMA_SIZES, embedding_multiplier=2.0, attention_multiplier=0.1,
+                                         residual_multiplier=0.5, logits_scaling=4.0), Q.Q8_0, permute_qk=True,
+                      metadata=_granite_meta),
+    "nemotron": Recipe("nemotron", _config("nemotron", **_LLAMA_SIZES, partial_rotary_factor=0.5, norm_eps=1e-5),
+                       Q.Q8_0, norm_plus_one=True, metadata=_rotary_meta, std=0.1),
+    "stablelm": Recipe("stablelm", _config("stablelm", **_LLAMA_SIZES, partial_rotary_factor=0.25, use_qkv_bias=True,
+                                           use_parallel_residual=False), Q.Q5_1, metadata=_neox_meta),
+    "phi2": Recipe("phi2", _config("phi", **{**_LLAMA_SIZES, "num_key_value_heads": 4}, partial_rotary_factor=0.5),
+                   Q.Q8_0, metadata=_rotary_meta),
+    "gptneox": Recipe("gptneox", _config("gpt_neox", vocab_size=VOCAB, hidden_size=64, num_attention_heads=4,
+                                         num_hidden_layers=2, intermediate_size=96, max_position_embeddings=64,
+                                         rotary_pct=0.25, use_parallel_residual=True), Q.Q4_0,
+                      falcon_qkv=True, metadata=_neox_meta),
+    "bloom": Recipe("bloom", _config("bloom", vocab_size=VOCAB, hidden_size=64, n_head=4, n_layer=2), Q.Q8_0,
+                    falcon_qkv=True, output_copy_of_embedding=True, strip_prefix="transformer."),
     "olmo": Recipe("olmo", _config("olmo", **_LLAMA_SIZES, clip_qkv=0.5), Q.Q8_0, permute_qk=True,
                    metadata=lambda w, c: w.add_clamp_kqv(c.clip_qkv)),
     "olmo2": Recipe("olmo2", _config("olmo2", **_LLAMA_SIZES), Q.Q4_0),
@@ -187,7 +227,7 @@ def build(name: str, seed: int = 1):
     config = RECIPES[name].config()
     extra = {"experts_implementation": "eager"} if "moe" in name or "deepseek" in name else {}
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", **extra)
-    return randomize(model, seed=seed, std=0.2).eval()
+    return randomize(model, seed=seed, std=RECIPES[name].std).eval()
 
 
 def _base_metadata(writer: gguf.GGUFWriter, c: Any, heads: bool = True) -> None:
@@ -210,7 +250,7 @@ def _base_metadata(writer: gguf.GGUFWriter, c: Any, heads: bool = True) -> None:
         writer.add_rope_freq_base(rope["rope_theta"])
     if get("rms_norm_eps") is not None:
         writer.add_layer_norm_rms_eps(get("rms_norm_eps"))
-    eps = get("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
+    eps = get("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", "norm_eps")
     if eps is not None:
         writer.add_layer_norm_eps(eps)
     if getattr(c, "head_dim", None) is not None and heads:
@@ -245,6 +285,8 @@ def gguf_tensors(name: str, model) -> dict[str, tuple[torch.Tensor, bool]]:
     for hf_name, tensor in model.state_dict().items():
         if hf_name in recipe.drop or hf_name.endswith((".attn.bias", ".masked_bias")):
             continue
+        if hf_name == "lm_head.weight" and getattr(c, "tie_word_embeddings", False):
+            continue  # save_pretrained leaves a tied output matrix out, so the converter never sees it
         tensor = tensor.detach().float().clone()
         if hf_name.endswith("mlp.experts.gate_up_proj"):  # stacked experts, gate rows first
             layer = hf_name.split(".")[2]
@@ -274,7 +316,7 @@ def gguf_tensors(name: str, model) -> dict[str, tuple[torch.Tensor, bool]]:
         if recipe.falcon_qkv and "query_key_value" in hf_name:
             tensor = _falcon_reorder(tensor, n_heads, n_kv, c.hidden_size // n_heads)
         transposed = any(hf_name.endswith(part) for part in recipe.transposed)
-        gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        gguf_name = names.get_name(hf_name.removeprefix(recipe.strip_prefix), try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, f"{name}: gguf-py maps no tensor name to {hf_name}"
         out[gguf_name] = (tensor.T.contiguous() if transposed else tensor, transposed)
         if recipe.output_copy_of_embedding and gguf_name == "token_embd.weight":

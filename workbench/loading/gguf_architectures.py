@@ -272,6 +272,52 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         fixed={"hidden_act": "silu", "attention_bias": False, "mlp_bias": False}, derived=_deepseek2,
         choose=lambda meta: "DeepseekV3ForCausalLM" if meta.get("expert_gating_func", 1) == 2 else "DeepseekV2ForCausalLM",
         ignored=re.compile(r"blk\.\d+\.attn_[kv]_b\.weight"), head_dim_field=None, partial_rotary=False),
+    "granite": GGUFArchitecture(
+        "GraniteForCausalLM", "IBM Granite 3.x dense (multipliers; Q/K rows un-permuted)",
+        _EMBED + _PERMUTED_ATTENTION + _PRE_NORMS + _GATED_MLP,
+        keys={"attention.scale": "attention_multiplier", "embedding_scale": "embedding_multiplier",
+              "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"},
+        fixed={"hidden_act": "silu"}, derived=_biases("attention_bias")),
+    "nemotron": GGUFArchitecture(
+        "NemotronForCausalLM", "Nemotron-3/4, Minitron (LayerNorm1P gains stored as 1 + w)",
+        (Rule("token_embd", "model.embed_tokens"), Rule("output", "lm_head"), Rule("output_norm", "model.norm", "minus_one"),
+         _layer("attn_norm", "input_layernorm", "minus_one"), _layer("ffn_norm", "post_attention_layernorm", "minus_one"),
+         _layer("ffn_up", "mlp.up_proj"), _layer("ffn_down", "mlp.down_proj")) + _ATTENTION,
+        fixed={"hidden_act": "relu2"}, derived=_biases("attention_bias"), layer_norm_field="norm_eps"),
+    "stablelm": GGUFArchitecture(
+        "StableLmForCausalLM", "StableLM-3B-4E1T, StableLM 2 (without per-head QK norm)",
+        _EMBED + _ATTENTION + _PRE_NORMS + _GATED_MLP, fixed={"hidden_act": "silu", "qk_layernorm": False},
+        derived=lambda meta: {"use_parallel_residual": not meta.has_tensor("blk.0.ffn_norm.weight"),
+                              "use_qkv_bias": meta.has_tensor("blk.0.attn_q.bias")},
+        layer_norm_field="layer_norm_eps"),
+    "phi2": GGUFArchitecture(
+        "PhiForCausalLM", "Phi-1, Phi-1.5, Phi-2 (partial rotary, parallel block)",
+        (Rule("token_embd", "model.embed_tokens"), Rule("output_norm", "model.final_layernorm"), Rule("output", "lm_head"),
+         _layer("attn_norm", "input_layernorm"), _layer("attn_output", "self_attn.dense"), _layer("ffn_up", "mlp.fc1"),
+         _layer("ffn_down", "mlp.fc2")) + _ATTENTION[:3],
+        fixed={"hidden_act": "gelu_new", "qk_layernorm": False}, layer_norm_field="layer_norm_eps"),
+    "gptneox": GGUFArchitecture(
+        "GPTNeoXForCausalLM", "GPT-NeoX, Pythia (fused QKV back in per-head order)",
+        (Rule("token_embd", "gpt_neox.embed_in"), Rule("output_norm", "gpt_neox.final_layer_norm"),
+         Rule("output", "embed_out"))
+        + tuple(Rule(f"blk.{{l}}.{g}", f"gpt_neox.layers.{{l}}.{h}", "qkv_grouped" if g == "attn_qkv" else "as_is")
+                for g, h in (("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm"),
+                             ("attn_qkv", "attention.query_key_value"), ("attn_output", "attention.dense"),
+                             ("ffn_up", "mlp.dense_h_to_4h"), ("ffn_down", "mlp.dense_4h_to_h"))),
+        keys={"use_parallel_residual": "use_parallel_residual", "rope.freq_base": "rotary_emb_base"},
+        fixed={"hidden_act": "gelu"}, layer_norm_field="layer_norm_eps", head_dim_field=None,
+        derived=lambda meta: {"rotary_pct": int(meta.get("rope.dimension_count")) / heads_of(meta)[2]}),
+    "bloom": GGUFArchitecture(
+        "BloomForCausalLM", "BLOOM, BLOOMZ (ALiBi; fused QKV back in per-head order)",
+        (Rule("token_embd", "transformer.word_embeddings"), Rule("token_embd_norm", "transformer.word_embeddings_layernorm"),
+         Rule("output_norm", "transformer.ln_f"), Rule("output", "lm_head"))
+        + tuple(Rule(f"blk.{{l}}.{g}", f"transformer.h.{{l}}.{h}", "qkv_grouped" if g == "attn_qkv" else "as_is")
+                for g, h in (("attn_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm"),
+                             ("attn_qkv", "self_attention.query_key_value"), ("attn_output", "self_attention.dense"),
+                             ("ffn_up", "mlp.dense_h_to_4h"), ("ffn_down", "mlp.dense_4h_to_h"))),
+        keys={"block_count": "n_layer", "attention.head_count": "n_head", "context_length": "seq_length",
+              "feed_forward_length": None, "rope.freq_base": None, "attention.head_count_kv": None},
+        layer_norm_field="layer_norm_epsilon", head_dim_field=None, partial_rotary=False),
     "olmo": GGUFArchitecture(
         "OlmoForCausalLM", "OLMo (parameter-free LayerNorm; Q/K rows un-permuted)",
         (Rule("token_embd", "model.embed_tokens"), Rule("output", "lm_head")) + _PERMUTED_ATTENTION[:3]
@@ -312,9 +358,9 @@ def heads_of(meta: Metadata) -> tuple[int, int, int]:
 
 
 def rotary_fraction(meta: Metadata, d_head: int) -> Optional[float]:
-    """``partial_rotary_factor`` when ``rope.dimension_count`` rotates less than the whole head, else None."""
+    """``partial_rotary_factor``: the share of the head ``rope.dimension_count`` rotates (None: not stated)."""
     dims = meta.get("rope.dimension_count")
-    return None if dims is None or int(dims) == d_head else int(dims) / d_head
+    return None if dims is None else int(dims) / d_head
 
 
 def is_finite_number(value: Any) -> bool:

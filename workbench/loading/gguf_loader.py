@@ -188,7 +188,7 @@ class GGUFCheckpoint:
 
     def __init__(self, file: GGUFFile, described: Described, n_layers: int, meta: bool = False,
                  progress: Optional[bool] = None):
-        self.file, self.heads, self.meta = file, described.heads, meta
+        self.file, self.heads, self.meta, self.hf_data = file, described.heads, meta, described.hf_data
         self.ignored = described.spec.ignored
         self.sources: dict[str, tuple[tuple[str, ...], Layout, str, bool]] = {}
         for rule in described.spec.rules:
@@ -253,6 +253,10 @@ class GGUFCheckpoint:
         if self.has(name):
             self._taken.update(self.sources[name][0])
         return {}
+
+    def config_data(self) -> dict[str, Any]:
+        """The metadata as the transformers config.json it stands for (``describe``)."""
+        return dict(self.hf_data)
 
     def skip(self, name: str) -> None:
         if name in self.sources:
