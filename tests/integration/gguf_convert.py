@@ -333,16 +333,17 @@ def _stored(array: np.ndarray, quant: Optional[Q]) -> tuple[np.ndarray, Optional
 
 
 def write(name: str, model, path: Path, quant: Optional[Q] = None, skip: Optional[str] = None,
-          extra_tensors: Optional[dict[str, torch.Tensor]] = None, arch: Optional[str] = None) -> Path:
+          extra_tensors: Optional[dict[str, torch.Tensor]] = None, arch: Optional[str] = None,
+          tokenizer: str = "gpt2") -> Path:
     """Writes ``model`` as llama.cpp would convert it (``quant``: matrices in that type, else float32);
     for error tests, ``skip`` leaves a tensor out, ``extra_tensors`` adds some, ``arch`` names another
-    architecture."""
+    architecture, ``tokenizer`` the vocabulary ("gpt2" byte-level or "llama" sentencepiece: gguf_tiny's)."""
     recipe = RECIPES[name]
     writer = gguf.GGUFWriter(str(path), arch or recipe.arch)
     writer.add_name(f"tiny-{name}")
     _base_metadata(writer, model.config, heads=not recipe.own_head_metadata)
     recipe.metadata(writer, model.config)
-    _write_tokenizer(writer, "gpt2")
+    _write_tokenizer(writer, tokenizer)
     tensors = {**gguf_tensors(name, model), **{k: (v, False) for k, v in (extra_tensors or {}).items()}}
     for gguf_name, (tensor, _) in tensors.items():
         if gguf_name == skip:

@@ -124,3 +124,21 @@ def test_longrope_and_unknown_architectures_are_refused_by_name(sources, tmp_pat
     with pytest.raises(wb.CheckpointError, match=r"mamba\.gguf: unknown architecture 'mamba' \(field 'general\.architecture'\); "
                                                  r"supported: \['llama', 'qwen2'"):
         wb.load_model(unknown)
+
+
+@pytest.mark.parametrize("name", ["gemma2", "phi3", "qwen2"])
+def test_sentencepiece_vocabularies_tokenize_as_transformers_builds_them_for_the_architecture(tmp_path, name):
+    """Gemma's and Phi-3's files get transformers' own per-architecture sentencepiece builders (Gemma: no
+    prefix space, merges by position; Phi-3: the prefix space from a normalizer); others Llama's."""
+    from transformers import AutoTokenizer
+
+    from workbench.loading.gguf_loader import GGUFFile
+    from workbench.loading.gguf_tokenizer import tokenizer_from_gguf
+
+    path = write(name, build(name), tmp_path / f"{name}.gguf", tokenizer="llama")
+    ours = tokenizer_from_gguf(GGUFFile(path).field, str(path))
+    theirs = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    for text in ["the and in", "  the  an", "héllo x\nthe", "ünïcödé 🤖", " a"]:
+        ids = theirs(text, add_special_tokens=False)["input_ids"]
+        assert ours.encode(text, prepend_bos=False) == ids, (name, text)
+        assert ours.decode(ids) == theirs.decode(ids), (name, text)
