@@ -16,9 +16,10 @@ Every ``to_hf`` is a few torch view operations, so it also runs on meta tensors 
     unpermute_k  (x0, x1) go back to halves (x_i, x_{i+K/2}); over H query heads / G key heads
     minus_one    Gemma's and Nemotron's norm gains, stored as 1 + w (their ``norm.weight`` only)
     transposed   GPT-2's Conv1D weights, stored as nn.Linear [out, in]; back to [in, out] (biases as is)
-    qkv_grouped  Falcon's fused QKV, stored as q rows, k rows, v rows; back to transformers' per-group
-                 [G, H/G + 2, K] (each group's query heads, its key head, its value head). With G = 1
-                 (Falcon-7B, StarCoder's multi-query) both orders are the same.
+    qkv_grouped  a fused QKV stored as q rows, k rows, v rows; back to transformers' per-group
+                 [G, H/G + 2, K] (each group's query heads, its key head, its value head): Falcon's;
+                 GPT-NeoX's and BLOOM's per-head [H, 3, K] are G = H. With G = 1 (Falcon-7B,
+                 StarCoder's multi-query) both orders are the same.
     stacked_rows several GGUF tensors joined along the rows (dim -2): experts' gate and up [E, M, D]
                  into transformers' fused ``gate_up_proj`` [E, 2M, D], gate rows first
     kv_b_joined  DeepSeek's ``kv_b_proj`` [H*(U + J), A], which newer converters store split per head as
