@@ -1,20 +1,17 @@
-"""GGUF files of the llama architecture (quantised or not) -> ``Decoder``.
+"""GGUF files (quantised or not) of every architecture in ``gguf_architectures`` -> ``Decoder``.
 
-Legend: H n_heads, G n_key_value_heads, K d_head, D d_model, M d_mlp, E num_experts.
+A GGUF file is read as the transformers checkpoint llama.cpp converted it from: its metadata becomes
+that checkpoint's config.json (``hf_config``), and ``GGUFCheckpoint`` serves its tensors under
+transformers' names, each turned back into transformers' layout (``gguf_layouts``: Q/K rows
+un-permuted, Gemma's 1 + w gains, GPT-2's transposes, Falcon's QKV order, stacked experts). The
+family module of that architecture (``hf_*.py``) then maps both onto ours exactly as it does for an
+HF directory, so every family's config mapping and tensor layout is written once.
 
-Metadata and tensors are read with the PyPI ``gguf`` package (``GGUFReader``), quantised
-blocks (Q4_0/Q4_1/Q8_0/K-quants ...) dequantised with its vectorised numpy code
-(``gguf.quants.dequantize``). llama.cpp's converter permutes the rows of Q and K within each
-head so its RoPE can rotate adjacent pairs (x0, x1); we rotate halves (x_i, x_{i+K/2}) as
-transformers does, so the permutation is undone here (transformers' ``reverse_permute``).
-Tensor names (GGUF dims are reversed; the arrays below are [rows, cols] as stored):
-
-    token_embd -> embed.W_E; output_norm -> ln_final.w; output -> unembed._W_U_lin (absent: tied)
-    blk.{l}.attn_norm / ffn_norm                -> blocks.{l}.ln1.w / ln2.w
-    blk.{l}.attn_q / attn_k (un-permuted)       -> blocks.{l}.attn._W_Q_lin / _W_K_lin; attn_v, attn_output -> _W_V_lin, _W_O_lin
-    blk.{l}.ffn_gate / ffn_up / ffn_down        -> blocks.{l}.mlp._W_gate_lin / _W_in_lin / _W_out_lin
-    blk.{l}.ffn_gate_inp, ffn_{gate,up,down}_exps -> MoE router and stacked experts
-    (our names are the nn.Linear-layout storage; W_Q, W_in ... are its TransformerLens views)
+Metadata and tensors are read with the PyPI ``gguf`` package (``GGUFReader``), quantised blocks
+(Q4_0/Q4_1/Q5_x/Q8_0/K-quants ...) dequantised with its vectorised numpy code
+(``gguf.quants.dequantize``) to float32. Every name and shape is checked first by running the family's
+conversion on meta tensors, so a missing or mis-shaped tensor is reported under its GGUF name before
+anything is dequantised; the model is then built once.
 """
 
 from __future__ import annotations
@@ -32,13 +29,22 @@ from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.build import build_model, runtime_options
 from workbench.loading.common import cannot_honour, check_layer_count, show_progress
+from workbench.loading.gguf_architectures import (ARCHITECTURES, POSITIVE_KEYS, REQUIRED_KEYS, GGUFArchitecture,
+                                                  Metadata, heads_of, key_map, rotary_fraction)
+from workbench.loading.gguf_layouts import LAYOUTS, Heads, Layout
 from workbench.loading.gguf_tokenizer import tokenizer_from_gguf
+from workbench.loading.hf import ARCHITECTURES as HF_ARCHITECTURES
+from workbench.loading.hf_common import HFConfig
 from workbench.loading.placement import Placement
 
 # general.architecture values we read, and the models they cover.
-GGUF_MODELS = {"llama": "Llama-architecture GGUF files (SmolLM2, Llama, Mistral; Mixtral-style experts); "
-                        "float and quantised blocks, dequantised"}
+GGUF_MODELS = {arch: f"{spec.models}; as transformers' {spec.hf_architecture}"
+               for arch, spec in ARCHITECTURES.items()}
 SUPPORTED_ARCHITECTURES = tuple(GGUF_MODELS)
+# Tensors whose presence means a computation we do not have, and why.
+REFUSED_TENSORS = {"rope_freqs.weight": "per-frequency RoPE scaling (Llama 3.1 style) is not supported",
+                   "rope_factors_long.weight": "Phi-3's longrope scaling (128k checkpoints) is not supported"}
+ROPE_SCALINGS = ("none", "", "linear")
 _MISSING = object()
 
 
@@ -83,144 +89,223 @@ class GGUFFile:
         return cannot_honour(str(self.path), key, value, why)
 
 
+class Described(NamedTuple):
+    """What a file's metadata says: its table entry, the transformers architecture and config it reads as,
+    and the head counts its layouts need."""
+
+    arch: str
+    spec: GGUFArchitecture
+    hf_architecture: str
+    hf_data: dict[str, Any]
+    heads: Heads
+
+
+def describe(file: GGUFFile) -> Described:
+    """The file's architecture and its metadata as transformers' config.json, every value checked first.
+
+    Example:
+        >>> described = describe(GGUFFile(Path("SmolLM2-135M-Instruct.Q4_1.gguf")))   # doctest: +SKIP
+        >>> described.hf_architecture, described.hf_data["num_hidden_layers"]       # doctest: +SKIP
+        ('LlamaForCausalLM', 30)
+    """
+    arch = file.field("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise CheckpointError(f"{file.path}: unknown architecture {arch!r} (field 'general.architecture'); "
+                              f"supported: {list(SUPPORTED_ARCHITECTURES)}")
+    spec, meta = ARCHITECTURES[arch], Metadata(file.field, arch, set(file.tensors))
+    for key in REQUIRED_KEYS:
+        file.field(f"{arch}.{key}")  # a CheckpointError naming the missing field
+    for key in POSITIVE_KEYS:
+        value = meta.get(key)
+        if value is not None and not np.isscalar(value):
+            raise file.refuse(f"{arch}.{key}", "per-layer list", "every layer must have the same value")
+        if value is not None and (not isinstance(value, (int, np.integer)) or value <= 0):
+            raise file.refuse(f"{arch}.{key}", value, "must be a positive integer")
+    for name, why in REFUSED_TENSORS.items():
+        if name in file.tensors:
+            raise file.refuse(name, "present", why)
+    embed = file.tensors.get("token_embd.weight")
+    if embed is None:
+        raise CheckpointError(f"{file.path}: missing tensor 'token_embd.weight'")
+    # Before any per-layer list is built from it: a hostile block_count names its field.
+    check_layer_count(int(meta.get("block_count")), file.tensors, str(file.path), f"{arch}.block_count")
+    heads = Heads(*heads_of(meta))
+    data = {hf: meta.get(key) for key, hf in key_map(spec).items() if meta.get(key) is not None}
+    data.update(vocab_size=int(embed.shape[1]), tie_word_embeddings="output.weight" not in file.tensors)
+    if spec.head_dim_field is not None:
+        data[spec.head_dim_field] = heads.d_head
+    fraction = rotary_fraction(meta, heads.d_head) if spec.partial_rotary else None
+    if fraction is not None:
+        data["partial_rotary_factor"] = fraction
+    data.update(_rope_scaling(file, meta))
+    data.update(spec.fixed)
+    if spec.derived is not None:
+        data.update(spec.derived(meta))
+    hf_architecture = spec.choose(meta) if spec.choose is not None else spec.hf_architecture
+    return Described(arch, spec, hf_architecture, data, heads)
+
+
+def _rope_scaling(file: GGUFFile, meta: Metadata) -> dict[str, Any]:
+    """``rope_scaling`` from ``rope.scaling.type``: none, or linear (its factor); any other is refused."""
+    kind = meta.get("rope.scaling.type", "none")
+    if kind not in ROPE_SCALINGS:
+        raise file.refuse(f"{meta.arch}.rope.scaling.type", kind, f"supported RoPE scalings are {list(ROPE_SCALINGS)}")
+    if kind != "linear":
+        return {}
+    return {"rope_scaling": {"rope_type": "linear", "factor": float(file.field(f"{meta.arch}.rope.scaling.factor"))}}
+
+
+def _hf_config(file: GGUFFile, described: Described) -> HFConfig:
+    return HFConfig(described.hf_data, f"{file.path} (metadata as {described.hf_architecture}'s config)")
+
+
 def model_config_from_gguf(file: GGUFFile) -> ModelConfig:
-    """Maps llama.cpp's ``llama.*`` metadata onto ``ModelConfig``.
+    """The ``ModelConfig`` a GGUF's metadata describes, through its transformers family's own mapping.
 
     Example:
         >>> model_config_from_gguf(GGUFFile(Path("SmolLM2-135M-Instruct.Q4_1.gguf"))).n_layers   # doctest: +SKIP
         30
     """
-    arch = file.field("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise CheckpointError(f"{file.path}: unknown architecture {arch!r} (field 'general.architecture'); "
-                              f"supported: {list(SUPPORTED_ARCHITECTURES)}")
-    key = lambda name: f"{arch}.{name}"  # noqa: E731
-    scaling = file.field(key("rope.scaling.type"), "none")
-    if scaling not in ("none", ""):
-        raise file.refuse(key("rope.scaling.type"), scaling, "only unscaled RoPE is supported")
-    if "rope_freqs.weight" in file.tensors:
-        raise file.refuse("rope_freqs.weight", "present", "per-frequency RoPE scaling (Llama 3.1 style) is not supported")
-    d_model, n_heads = int(file.field(key("embedding_length"))), int(file.field(key("attention.head_count")))
-    if n_heads <= 0:  # checked before it divides anything
-        raise file.refuse(key("attention.head_count"), n_heads, "must be a positive integer")
-    n_kv = file.field(key("attention.head_count_kv"), n_heads)
-    if not np.isscalar(n_kv):
-        raise file.refuse(key("attention.head_count_kv"), "per-layer list", "every layer must have the same KV heads")
-    d_head = int(file.field(key("attention.key_length"), d_model // n_heads))
-    if int(file.field(key("attention.value_length"), d_head)) != d_head:
-        raise file.refuse(key("attention.value_length"), file.field(key("attention.value_length")), "must equal key_length")
-    embed = file.tensors.get("token_embd.weight")
-    if embed is None:
-        raise CheckpointError(f"{file.path}: missing tensor 'token_embd.weight'")
-    n_experts = int(file.field(key("expert_count"), 0))
-    fields = dict(
-        n_layers=int(file.field(key("block_count"))), d_model=d_model, n_heads=n_heads, n_key_value_heads=int(n_kv),
-        d_head=d_head, d_mlp=int(file.field(key("feed_forward_length"))), d_vocab=int(embed.shape[1]),
-        n_ctx=int(file.field(key("context_length"))), normalization="RMS",
-        norm_eps=float(file.field(key("attention.layer_norm_rms_epsilon"), 1e-5)),
-        positional="rotary", rotary_base=float(file.field(key("rope.freq_base"), 10000.0)),
-        rotary_dim=int(file.field(key("rope.dimension_count"), d_head)), act_fn="silu", gated_mlp=True,
-        attn_bias="blk.0.attn_q.bias" in file.tensors, tie_embeddings="output.weight" not in file.tensors,
-        num_experts=n_experts, experts_per_token=int(file.field(key("expert_used_count"), 0)) if n_experts else 0,
-        model_name=str(file.field("general.name", file.path.stem)),
-    )
-    try:
-        return ModelConfig(**fields)
-    except ConfigError as error:
-        raise ConfigError(f"{file.path}: {error}") from error
+    described = describe(file)
+    family = HF_ARCHITECTURES[described.hf_architecture]
+    cfg = family.model_config(_hf_config(file, described), described.hf_architecture)
+    return cfg.replace(model_name=str(file.field("general.name", file.path.stem)))
 
 
-def _unpermute_rows(w_RC: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undoes llama.cpp's per-head interleave of rotary rows (rows [n_heads*K, ...])."""
-    half = w_RC.shape[0] // n_heads // 2
-    return w_RC.reshape(n_heads, half, 2, *w_RC.shape[1:]).swapaxes(1, 2).reshape(w_RC.shape)
+class GGUFCheckpoint:
+    """A GGUF file's tensors under transformers' names and in transformers' layouts: what the family modules'
+    ``convert_tensors`` read (``take``, ``has``, ``untaken`` ... as ``SafetensorsCheckpoint``).
 
-
-class Expected(NamedTuple):
-    """One tensor the model needs from a GGUF file: its GGUF name, its shape (rows, cols as stored:
-    our parameter's nn.Linear layout) and the heads its rows are interleaved over (None: not rotary)."""
-
-    gguf_name: str
-    shape: tuple[int, ...]
-    heads: Optional[int] = None
-
-
-def expected_tensors(cfg: ModelConfig) -> dict[str, Expected]:
-    """Our parameter name -> the GGUF tensor it comes from, with the shape ``cfg`` implies (no model is built).
+    With ``meta=True`` nothing is dequantised: each tensor is a meta tensor of its shape, so the family's
+    conversion checks every name and shape first.
 
     Example:
-        >>> cfg = wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, n_key_value_heads=1, d_mlp=16, d_vocab=10,
-        ...                      n_ctx=4, normalization="RMS", positional="rotary", act_fn="silu", gated_mlp=True)
-        >>> expected_tensors(cfg)["blocks.0.attn._W_K_lin"]
-        Expected(gguf_name='blk.0.attn_k.weight', shape=(4, 8), heads=1)
+        >>> file = GGUFFile(Path("SmolLM2-135M-Instruct.Q4_1.gguf"))                          # doctest: +SKIP
+        >>> ckpt = GGUFCheckpoint(file, describe(file), n_layers=30, meta=True)               # doctest: +SKIP
+        >>> ckpt.take("model.layers.0.self_attn.k_proj.weight", (192, 576)).device            # doctest: +SKIP
+        device(type='meta')
     """
-    V, D, M, E = cfg.d_vocab, cfg.d_model, cfg.d_mlp, cfg.num_experts
-    HK, GK = cfg.n_heads * cfg.d_head, cfg.n_key_value_heads * cfg.d_head
-    names = {"embed.W_E": Expected("token_embd.weight", (V, D)), "ln_final.w": Expected("output_norm.weight", (D,))}
-    if not cfg.tie_embeddings:
-        names["unembed._W_U_lin"] = Expected("output.weight", (V, D))
-    for layer in range(cfg.n_layers):
-        blk, ours = f"blk.{layer}", f"blocks.{layer}"
-        names[f"{ours}.ln1.w"] = Expected(f"{blk}.attn_norm.weight", (D,))
-        names[f"{ours}.ln2.w"] = Expected(f"{blk}.ffn_norm.weight", (D,))
-        for gguf_name, our_name, (rows, cols), heads in (("attn_q", "Q", (HK, D), cfg.n_heads),
-                                                         ("attn_k", "K", (GK, D), cfg.n_key_value_heads),
-                                                         ("attn_v", "V", (GK, D), None), ("attn_output", "O", (D, HK), None)):
-            names[f"{ours}.attn._W_{our_name}_lin"] = Expected(f"{blk}.{gguf_name}.weight", (rows, cols), heads)
-            if cfg.attn_bias and our_name != "O":
-                names[f"{ours}.attn._b_{our_name}_lin"] = Expected(f"{blk}.{gguf_name}.bias", (rows,), heads)
-        suffix, experts = ("_exps", (E,)) if cfg.is_moe else ("", ())  # MoE: every expert stacked in one tensor
-        for gguf_name, our_name, shape in (("ffn_gate", "_W_gate_lin", (M, D)), ("ffn_up", "_W_in_lin", (M, D)),
-                                           ("ffn_down", "_W_out_lin", (D, M))):
-            names[f"{ours}.mlp.{our_name}"] = Expected(f"{blk}.{gguf_name}{suffix}.weight", experts + shape)
-        if cfg.is_moe:
-            names[f"{ours}.mlp._W_router_lin"] = Expected(f"{blk}.ffn_gate_inp.weight", (E, D))
-    return names
+
+    def __init__(self, file: GGUFFile, described: Described, n_layers: int, meta: bool = False,
+                 progress: Optional[bool] = None):
+        self.file, self.heads, self.meta, self.hf_data = file, described.heads, meta, described.hf_data
+        self.ignored = described.spec.ignored
+        self.sources: dict[str, tuple[tuple[str, ...], Layout, str, bool]] = {}
+        for rule in described.spec.rules:
+            layers = range(n_layers) if "{l}" in rule.hf else (0,)
+            for layer in layers:
+                if rule.when is not None and rule.when.format(l=layer) not in file.tensors:
+                    continue
+                stems = rule.gguf if isinstance(rule.gguf, tuple) else (rule.gguf,)
+                for suffix in rule.suffixes:
+                    names = tuple(stem.format(l=layer) + suffix for stem in stems)
+                    self.sources.setdefault(rule.hf.format(l=layer) + suffix,
+                                            (names, LAYOUTS[rule.layout], suffix, rule.absent_zero))
+        self._taken: set[str] = set()
+        show = not meta and show_progress(file.path.stat().st_size, progress)
+        self._bar = tqdm(total=len(file.tensors), desc=f"dequantising {file.path.name}", unit="tensor",
+                         disable=not show, leave=False)
+
+    @property
+    def source(self) -> str:
+        return str(self.file.path)
+
+    def has(self, name: str) -> bool:
+        entry = self.sources.get(name)
+        return entry is not None and all(gguf_name in self.file.tensors for gguf_name in entry[0])
+
+    def take(self, name: str, shape: Optional[tuple[int, ...]] = None) -> Tensor:
+        """transformers' tensor ``name`` from its GGUF tensor(s); errors name the GGUF tensor."""
+        entry = self.sources.get(name)
+        if entry is None:
+            raise CheckpointError(f"{self.source}: no GGUF tensor holds transformers' '{name}' in this architecture")
+        gguf_names, layout, suffix, absent_zero = entry
+        missing = [gguf_name for gguf_name in gguf_names if gguf_name not in self.file.tensors]
+        if missing and absent_zero and shape is not None:
+            return torch.zeros(shape, device="meta" if self.meta else "cpu")
+        if missing:
+            raise CheckpointError(f"{self.source}: missing tensor '{missing[0]}'")
+        stored = [tuple(int(n) for n in reversed(self.file.tensors[g].shape)) for g in gguf_names]
+        expected_stored = layout.stored_shapes(tuple(shape), len(gguf_names)) if shape is not None else None
+        for gguf_name, have, expected in zip(gguf_names, stored, expected_stored or ()):
+            _check_shape(self.file, gguf_name, have, expected)
+        if self.meta:
+            parts = [torch.empty(s, device="meta") for s in stored]
+        else:
+            parts = [_as_tensor(self.file, g, s) for g, s in zip(gguf_names, stored)]
+            self._bar.update(len(parts))
+        try:
+            tensor = layout.to_hf(parts, self.heads, suffix)
+        except RuntimeError as error:  # joined tensors that do not fit together
+            raise CheckpointError(f"{self.source}: tensors {list(gguf_names)} of shapes {stored} do not join "
+                                  f"into transformers' '{name}' ({error})") from error
+        if shape is not None and tuple(tensor.shape) != tuple(shape):
+            raise CheckpointError(f"{self.source}: tensors {list(gguf_names)} of shapes {stored} give "
+                                  f"transformers' '{name}' the shape {tuple(tensor.shape)}, expected {tuple(shape)}")
+        self._taken.update(gguf_names)
+        return tensor
+
+    def take_unembedding(self, name: str, shape: tuple[int, int], tied: bool) -> dict[str, Tensor]:
+        """As ``SafetensorsCheckpoint.take_unembedding``: the output matrix, or nothing when tied (then a
+        copy in the file, as GPT-2's converter writes one, is marked used)."""
+        if not tied:
+            return {"unembed._W_U_lin": self.take(name, shape)}
+        if self.has(name):
+            self._taken.update(self.sources[name][0])
+        return {}
+
+    def config_data(self) -> dict[str, Any]:
+        """The metadata as the transformers config.json it stands for (``describe``)."""
+        return dict(self.hf_data)
+
+    def skip(self, name: str) -> None:
+        if name in self.sources:
+            self._taken.update(self.sources[name][0])
+
+    def untaken(self) -> list[str]:
+        """GGUF tensors no conversion step has read (copies the architecture says to pass over aside)."""
+        return sorted(name for name in set(self.file.tensors) - self._taken if not self.ignored.fullmatch(name))
+
+    def stored_dtype(self) -> torch.dtype:
+        return torch.float32  # blocks are dequantised to float32
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def _as_tensor(file: GGUFFile, gguf_name: str, stored: tuple[int, ...]) -> Tensor:
+    array = _dequantised(file, gguf_name)
+    _check_shape(file, gguf_name, array.shape, stored)
+    return torch.from_numpy(np.require(array, np.float32, ["C", "W"]))  # F32 data is a read-only map
 
 
 def read_tensors(file: GGUFFile, cfg: ModelConfig, progress: Optional[bool] = None) -> dict[str, Tensor]:
-    """Every tensor the model needs, dequantised to float32 and renamed to ours.
+    """Every tensor the model needs, dequantised to float32 and renamed to ours (through the family module).
 
-    Each GGUF tensor's shape is checked against the one ``cfg`` implies before it is dequantised, so a
-    mis-shaped tensor is reported under its GGUF name and nothing is allocated for it.
+    Every name and shape is checked on meta tensors first, so a mis-shaped tensor is reported under its
+    GGUF name and nothing is allocated for it; a tensor nothing reads is an error naming it.
 
     Example:
         >>> file = GGUFFile(Path("SmolLM2-135M-Instruct.Q4_1.gguf"))                   # doctest: +SKIP
         >>> read_tensors(file, model_config_from_gguf(file))["embed.W_E"].shape       # doctest: +SKIP
         torch.Size([49152, 576])
     """
+    described = describe(file)
     # Before listing per-layer names for a hostile block_count.
-    check_layer_count(cfg.n_layers, file.tensors, str(file.path), f"{file.field('general.architecture')}.block_count")
-    expected = expected_tensors(cfg)
-    wanted = {tensor.gguf_name for tensor in expected.values()}
-    missing = sorted(wanted - set(file.tensors))
-    if missing:
-        raise CheckpointError(f"{file.path}: missing tensor(s) {missing[:5]}")
-    output_biases = {f"blk.{layer}.attn_output.bias": layer for layer in range(cfg.n_layers)}
-    unexpected = sorted(set(file.tensors) - wanted - set(output_biases))
+    check_layer_count(cfg.n_layers, file.tensors, str(file.path), f"{described.arch}.block_count")
+    family = HF_ARCHITECTURES[described.hf_architecture]
+    dry = GGUFCheckpoint(file, described, cfg.n_layers, meta=True)
+    family.convert_tensors(dry, cfg, described.hf_architecture)
+    unexpected = dry.untaken()
     if unexpected:
-        raise CheckpointError(f"{file.path}: unexpected tensor(s) {unexpected[:5]} for a {cfg.n_layers}-layer llama model")
-    for tensor in expected.values():  # every shape, before any dequantising
-        _check_shape(file, tensor.gguf_name, tuple(int(n) for n in reversed(file.tensors[tensor.gguf_name].shape)),
-                     tensor.shape)
-    show = show_progress(file.path.stat().st_size, progress)
-    out = {}
-    for our_name, tensor in tqdm(expected.items(), desc=f"dequantising {file.path.name}", unit="tensor",
-                                 disable=not show, leave=False):
-        array = _dequantised(file, tensor.gguf_name)
-        _check_shape(file, tensor.gguf_name, array.shape, tensor.shape)
-        if tensor.heads is not None:
-            array = _unpermute_rows(array, tensor.heads)
-        out[our_name] = torch.from_numpy(np.require(array, np.float32, ["C", "W"]))  # F32 data is a read-only map
-    if cfg.attn_bias:  # llama's attention output has no bias unless the file says so
-        for gguf_name, layer in output_biases.items():
-            if gguf_name in file.tensors:
-                array = _dequantised(file, gguf_name)
-                _check_shape(file, gguf_name, array.shape, (cfg.d_model,))
-                out[f"blocks.{layer}.attn.b_O"] = torch.from_numpy(np.require(array, np.float32, ["C", "W"]))
-            else:
-                out[f"blocks.{layer}.attn.b_O"] = torch.zeros(cfg.d_model)
-    return out
+        raise CheckpointError(f"{file.path}: unexpected tensor(s) {unexpected[:5]}"
+                              f"{' ...' if len(unexpected) > 5 else ''} for a {cfg.n_layers}-layer {described.arch} model")
+    ckpt = GGUFCheckpoint(file, described, cfg.n_layers, progress=progress)
+    try:
+        tensors = family.convert_tensors(ckpt, cfg, described.hf_architecture)
+    finally:
+        ckpt.close()
+    return {name: tensor.contiguous() for name, tensor in tensors.items()}
 
 
 def _dequantised(file: GGUFFile, gguf_name: str) -> np.ndarray:
@@ -241,7 +326,7 @@ def _check_shape(file: GGUFFile, gguf_name: str, shape: tuple[int, ...], expecte
 
 def load_gguf(path: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtype = torch.float32,
               device: str = "cpu", progress: Optional[bool] = None, placement: Optional[Placement] = None):
-    """Builds a ``Decoder`` (with its tokenizer) from a llama-architecture GGUF file.
+    """Builds a ``Decoder`` (with its tokenizer) from a GGUF file of any architecture in ``GGUF_MODELS``.
 
     Example:
         >>> model = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")   # doctest: +SKIP

@@ -13,6 +13,12 @@ so ids agree exactly. Two tokenizer models:
   fall back to ``<0xNN>`` tokens, and merges missing from the file are rebuilt from the token
   scores; the file's BOS convention is "prepend" unless it says otherwise.
 
+Two architectures spell a sentencepiece vocabulary their own way (``SENTENCEPIECE_STYLES``, as
+transformers' ``GGUF_SENTENCEPIECE_BUILDERS``): Gemma's files store runs of spaces as real spaces
+(respelled "▁"), list no merges and order them by position in the file rather than by score, and
+split on spaces without a prefix space (``GemmaTokenizer``'s backend); Phi-3 adds its prefix space
+with a normalizer instead of ``Metaspace``.
+
 In both, CONTROL tokens (type 3) and the BOS/EOS/UNK/PAD tokens become special added tokens,
 USER_DEFINED ones (type 4) plain added tokens, so they are matched whole in text.
 """
@@ -22,7 +28,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Callable, Optional
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from workbench.errors import CheckpointError
 from workbench.tokenizer import SpecialTokens
@@ -37,6 +43,8 @@ _LLAMA3_SPLIT = (
 _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# general.architecture -> how its sentencepiece vocabulary is built (others: "llama").
+SENTENCEPIECE_STYLES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3"}
 # tokenizer.ggml.pre -> split regex; names not listed use GPT-2's byte-level regex.
 PRE_TOKENIZER_SPLITS = {
     **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe", "pixtral"), _LLAMA3_SPLIT),
@@ -97,7 +105,8 @@ def tokenizer_from_gguf(field: Callable[[str, Any], Any], source: str) -> Option
         if merges is None and scores is None:
             raise CheckpointError(f"{source}: fields 'tokenizer.ggml.merges' and 'tokenizer.ggml.scores' are both "
                                   "missing (one is needed to know the merges)")
-        backend, alphabet = _sentencepiece_bpe(tokens, merges, scores), None
+        style = SENTENCEPIECE_STYLES.get(field("general.architecture", None), "llama")
+        backend, alphabet = _sentencepiece_bpe(tokens, merges, scores, style), None
     specials = {role: token(f"{key}_token_id") for role, key in
                 (("bos_token", "bos"), ("eos_token", "eos"), ("unk", "unknown"), ("pad_token", "padding"))}
     _add_special_tokens(backend, tokens, token_types, alphabet, [t for t in specials.values() if t is not None])
@@ -127,13 +136,25 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], pre: Optional[str]) ->
     return backend
 
 
-def _sentencepiece_bpe(tokens: list[str], merges: Optional[list[str]], scores: Optional[list[float]]) -> Tokenizer:
+def _sentencepiece_bpe(tokens: list[str], merges: Optional[list[str]], scores: Optional[list[float]],
+                       style: str = "llama") -> Tokenizer:
+    if style == "gemma":  # runs of spaces respelled; merges ranked by position in the file, not by score
+        tokens = ["▁" * len(text) if " " in text and not text.strip() else text for text in tokens]
+        scores = [-float(index) for index in range(len(tokens))]
     vocab = {text: index for index, text in enumerate(tokens)}
     pairs = [tuple(m.split(" ")) for m in merges] if merges is not None else merges_from_scores(vocab, dict(zip(tokens, scores)))
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True, dropout=None))
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
-    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(content=" ", left=1)])
+    unk = {"unk_token": "<unk>"} if style == "gemma" and "<unk>" in vocab else {}  # GemmaTokenizer's default
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True, dropout=None, **unk))
+    strip = [decoders.Strip(content=" ", left=1)]
+    if style == "gemma":  # GemmaTokenizer: spaces as "▁", split after each, no prefix space
+        backend.normalizer = normalizers.Replace(" ", "▁")
+        backend.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+        strip = []
+    elif style == "phi3":  # the prefix space from a normalizer, no pre-tokenizer
+        backend.normalizer = normalizers.Sequence([normalizers.Prepend(prepend="▁"), normalizers.Replace(" ", "▁")])
+    else:
+        backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), *strip])
     return backend
 
 

@@ -64,6 +64,20 @@ class SafetensorsCheckpoint:
     def has(self, name: str) -> bool:
         return name in self.file_of
 
+    def config_data(self) -> dict:
+        """The directory's config.json as a dict (for the rare value a family reads beside ``ModelConfig``).
+
+        Example:
+            >>> from workbench.loading.registry import ZOO
+            >>> SafetensorsCheckpoint(ZOO / "toy-attn-2l", progress=False).config_data()["n_layers"]
+            2
+        """
+        path = self.directory / "config.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise CheckpointError(f"{path}: unreadable config ({error})") from error
+
     def take(self, name: str, shape: Optional[tuple[int, ...]] = None) -> Tensor:
         """The tensor called ``name`` (marked as used).
 

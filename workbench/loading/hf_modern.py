@@ -32,7 +32,6 @@ names) with different config values, so each is one ``hf_llama.Variant`` in the 
 
 from __future__ import annotations
 
-import json
 import re
 from functools import partial
 from typing import Any
@@ -78,8 +77,8 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
     field = _FOLDED_OUTPUT_SCALES.get(architecture)
     if field is None:
         return tensors
-    source = ckpt.directory / "config.json"  # the file model_config read; the multiplier is not a ModelConfig field
-    scale = float(HFConfig(json.loads(source.read_text()), str(source)).get(field, 1.0))
+    # The config model_config read (the multiplier is not a ModelConfig field).
+    scale = float(HFConfig(ckpt.config_data(), ckpt.source).get(field, 1.0))
     return {name: t * scale if scale != 1.0 and _OUTPUT_WEIGHTS.fullmatch(name) else t for name, t in tensors.items()}
 
 
