@@ -153,7 +153,7 @@ def graph_figure(graph: AttributionGraph, pruned: PruneResult, max_nodes: int = 
     tokens = [chart_text(f"{p}: {t[:12]!r}") for p, t in enumerate(graph.input_token_strings or
                                                                    [str(int(t)) for t in graph.input_tokens])]
     fig.update_layout(
-        title=title, height=200 + 60 * (graph.n_layers + 2), clickmode="event+select", dragmode="select",
+        title=title, height=200 + 60 * (graph.n_layers + 2),
         xaxis=dict(tickmode="array", tickvals=list(range(graph.n_pos)), ticktext=tokens, title="position"),
         yaxis=dict(tickmode="array", tickvals=list(range(graph.n_layers + 2)),
                    ticktext=["tokens"] + [f"layer {l}" for l in range(graph.n_layers)] + ["logits"]))
