@@ -70,7 +70,7 @@ class TokenMethods(_Host):
             raise InputError(f"token ids must be [batch, pos] or [pos], got shape {tuple(tokens.shape)}")
         if tokens.numel() == 0:
             raise InputError(f"empty input: token ids have shape {tuple(tokens.shape)}")
-        low, high = int(tokens.min()), int(tokens.max())
+        low, high = (0, 0) if tokens.is_meta else (int(tokens.min()), int(tokens.max()))   # meta: memory plans
         if low < 0 or high >= self.cfg.d_vocab:
             bad = low if low < 0 else high
             raise InputError(f"token id {bad} is out of range for a vocabulary of {self.cfg.d_vocab} (0..{self.cfg.d_vocab - 1})")

@@ -16,7 +16,7 @@ and its arguments. This layer draws nothing of its own and imports no widget or 
 One module per page or pair of pages, each caching what ``experiments.<same name>`` computes:
 ``attention`` (Attention, Heads), ``induction``, ``ablation`` (Ablation, Token view, Generate),
 ``lens``, ``router``, ``patching``, ``flow`` (Information flow), ``neurons`` (Neurons, Token view),
-``features`` (Features: SAEs).
+``features`` (Features: SAEs), ``attribution`` (Attribution graph: transcoders).
 A new page's computation goes in its page's module as a named function, cached like its neighbours.
 
 Legend: P position, S key position, H n_heads, L n_layers.
@@ -24,6 +24,9 @@ Legend: P position, S key position, H n_heads, L n_layers.
 
 from app.results.ablation import Reference, Targets, ablation_effects, continuation, has_head_sweep, head_sweep
 from app.results.attention import attention_patterns, head_scores, head_summary
+from app.results.attribution import (GraphNodes, LoadedTranscoders, attribution_graph, fit_transcoders_error,
+                                      graph_drawing, graph_nodes, heads_of_edge, intervention_logits, layer_sae,
+                                      load_transcoders, pruned_graph, transcoder_choices)
 from app.results.features import (LoadedSAE, active_features, feature_continuation, feature_corpus_stats,
                                    feature_density,
                                    feature_logit_effect, feature_on_prompt, feature_top_windows, fit_error, load_sae,
@@ -47,4 +50,7 @@ __all__ = ["load_model", "ProgressBar",
            "flow_contributions", "flow_vocab_projection",
            "neuron_activation", "neuron_logit_effect", "neuron_corpus_maxima", "neuron_top_windows",
            "LoadedSAE", "sae_choices", "load_sae", "fit_error", "active_features", "feature_on_prompt",
-           "feature_logit_effect", "feature_corpus_stats", "feature_top_windows", "feature_density", "feature_continuation"]
+           "feature_logit_effect", "feature_corpus_stats", "feature_top_windows", "feature_density", "feature_continuation",
+           "LoadedTranscoders", "GraphNodes", "transcoder_choices", "load_transcoders", "fit_transcoders_error",
+           "attribution_graph", "pruned_graph", "graph_nodes", "graph_drawing", "layer_sae", "heads_of_edge",
+           "intervention_logits"]

@@ -5,17 +5,23 @@
 - ``targets``: the logit nodes; ``influence``: influence, ``prune_graph``, ``compute_graph_scores``;
 - ``graph``: ``AttributionGraph`` (circuit-tracer's field names; saved as safetensors + JSON);
 - ``intervention``: ``intervene``, circuit-tracer's feature interventions (set features, read the logits);
+- ``plan``: ``plan_attribution``, the bytes ``attribute`` will hold, before running it;
+- ``attention``: ``edge_heads`` (an edge split per attention head) and ``attention_qk`` (a head's score split
+  over the query's and the key's residual parts), what circuit-tracer leaves out;
 - ``export``: the pruned graph as circuit-tracer's and Neuronpedia's viewer JSON (``graph_json``, ``write_graph_files``).
 
 Transcoders are ``wb.load_transcoders`` / ``wb.TranscoderSet`` (``workbench.transcoders``).
 """
 
+from experiments.attribution.attention import EdgeHeads, QKAttribution, attention_qk, edge_heads
 from experiments.attribution.attribute import attribute, prompt_tokens
 from experiments.attribution.export import graph_json, write_graph_files
 from experiments.attribution.graph import AttributionGraph
 from experiments.attribution.intervention import InterventionResult, intervene
+from experiments.attribution.plan import plan_attribution
 from experiments.attribution.influence import (PruneResult, compute_graph_scores, compute_influence, graph_scores,
                                                normalize_matrix, prune_graph)
 
 __all__ = ["attribute", "prompt_tokens", "AttributionGraph", "PruneResult", "prune_graph", "compute_graph_scores",
-           "graph_scores", "compute_influence", "normalize_matrix", "graph_json", "write_graph_files", "intervene", "InterventionResult"]
+           "graph_scores", "compute_influence", "normalize_matrix", "graph_json", "write_graph_files", "intervene", "InterventionResult",
+           "plan_attribution", "edge_heads", "EdgeHeads", "attention_qk", "QKAttribution"]

@@ -64,25 +64,37 @@ def attribute(model: Any, transcoders: TranscoderSet, prompt: Prompt, max_n_logi
     logit_offset = n_active + (n_layers + 1) * n_pos
     forward = LinearisedForward(model, tc, tokens, sources, batch_size)
 
-    edges = torch.zeros(n_features + n_logits, logit_offset + n_logits)
+    n_nodes = n_features + (n_layers + 1) * n_pos + n_logits
+    adjacency = torch.zeros(n_nodes, n_nodes)
+    # With every feature a node, rows go straight into the adjacency (feature i is node i). With fewer nodes
+    # than active features, rows go into an edge buffer [visited + logits, active + errors + tokens + logits]
+    # (its rows rank the features by influence), copied into the adjacency at the end.
+    limited = n_features < n_active
+    edges = torch.zeros(n_features + n_logits, logit_offset + n_logits) if limited else adjacency
     row_node = torch.zeros(n_features + n_logits, dtype=torch.long)
     with Progress(progress, total=n_logits + n_features, desc="attribution") as bar:
         for start in range(0, n_logits, batch_size):
             vectors = targets.vectors[start:start + batch_size]
             k = vectors.shape[0]
-            edges[start:start + k, :logit_offset] = forward.rows(
-                torch.full((k,), n_layers), torch.full((k,), n_pos - 1), vectors).float().cpu()
+            rows = forward.rows(torch.full((k,), n_layers), torch.full((k,), n_pos - 1), vectors).float().cpu()
+            if limited:
+                edges[start:start + k, :logit_offset] = rows
+            else:
+                adjacency[n_nodes - n_logits + start:n_nodes - n_logits + start + k, :logit_offset] = rows
             row_node[start:start + k] = torch.arange(start, start + k) + logit_offset
             bar.advance(k)
-        visited = _visit_features(forward, sources, edges, row_node, targets.probabilities.cpu(), n_logits,
-                                  n_features, batch_size, update_interval, bar)
+        visited = _visit_features(forward, sources, edges if limited else None, adjacency, row_node,
+                                  targets.probabilities.cpu(), n_logits, n_features, batch_size, update_interval, bar)
+    del forward
     selected = torch.where(visited)[0]
-    if n_features < n_active:
-        edges = edges[:, torch.cat([selected, torch.arange(n_active, edges.shape[1])])]
-    edges = edges[row_node.argsort()]
-    adjacency = torch.zeros(edges.shape[1], edges.shape[1])
-    adjacency[:n_features] = edges[:n_features]
-    adjacency[-n_logits:] = edges[n_features:]
+    if limited:
+        columns = torch.cat([selected, torch.arange(n_active, edges.shape[1])])
+        order = row_node.argsort()   # visited features by index, then the logits
+        for start in range(0, len(order), 1024):   # a block of rows at a time: no second full-size copy
+            rows, places = order[start:start + 1024], torch.arange(start, min(start + 1024, len(order)))
+            node = torch.where(places < n_features, places, places + (n_layers + 1) * n_pos)
+            adjacency[node] = edges[rows][:, columns]
+        del edges
     tokenizer = getattr(model, "tokenizer", None)
     decode = (lambda ids: tokenizer.decode(ids)) if tokenizer is not None else (lambda ids: " ".join(map(str, ids)))
     return AttributionGraph(
@@ -94,16 +106,18 @@ def attribute(model: Any, transcoders: TranscoderSet, prompt: Prompt, max_n_logi
         input_token_strings=[decode([i]) for i in tokens.tolist()], scan=transcoders.scan)
 
 
-def _visit_features(forward: LinearisedForward, sources: Any, edges: Tensor, row_node: Tensor, logit_p: Tensor,
-                    n_logits: int, n_features: int, batch_size: int, update_interval: int, bar: Progress) -> Tensor:
-    """Fills a row per visited feature (all of them, or the ``n_features`` most influential, re-ranked every
-    ``update_interval`` batches); returns the visited mask."""
+def _visit_features(forward: LinearisedForward, sources: Any, edges: Optional[Tensor], adjacency: Tensor,
+                    row_node: Tensor, logit_p: Tensor, n_logits: int, n_features: int, batch_size: int,
+                    update_interval: int, bar: Progress) -> Tensor:
+    """Computes a row per visited feature: every active feature straight into ``adjacency`` (``edges`` None), or
+    the ``n_features`` most influential into ``edges`` (re-ranked every ``update_interval`` batches by their
+    influence through the rows so far); returns the visited mask."""
     n_active = sources.active_features.shape[0]
     layers, positions = sources.active_features[:, 0], sources.active_features[:, 1]
     visited = torch.zeros(n_active, dtype=torch.bool)
     row, n_visited = n_logits, 0
     while n_visited < n_features:
-        if n_features == n_active:
+        if edges is None:
             pending = torch.arange(n_active)
         else:
             influences = compute_partial_influences(edges[:row], logit_p, row_node[:row])
@@ -113,8 +127,11 @@ def _visit_features(forward: LinearisedForward, sources: Any, edges: Tensor, row
             batch = pending[start:start + batch_size]
             n_visited += len(batch)
             rows = forward.rows(layers[batch], positions[batch], sources.encoder_vecs[batch],
-                                retain_graph=n_visited < n_features)
-            edges[row:row + len(batch), :rows.shape[1]] = rows.float().cpu()
+                                retain_graph=n_visited < n_features).float().cpu()
+            if edges is None:
+                adjacency[batch, :rows.shape[1]] = rows
+            else:
+                edges[row:row + len(batch), :rows.shape[1]] = rows
             row_node[row:row + len(batch)] = batch
             visited[batch] = True
             row += len(batch)

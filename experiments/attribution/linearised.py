@@ -17,7 +17,7 @@ direction at the final norm's output) as the gradient and contracts the gradient
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from jaxtyping import Float, Int
@@ -81,11 +81,11 @@ def read_sources(model: Any, transcoders: TranscoderSet, tokens: Int[Tensor, "po
 class LinearisedForward:
     """``batch`` copies of the prompt through the frozen model, kept for repeated backward passes (``rows``)."""
 
-    def __init__(self, model: Any, transcoders: TranscoderSet, tokens: Int[Tensor, "pos"], sources: Sources,
+    def __init__(self, model: Any, transcoders: TranscoderSet, tokens: Int[Tensor, "pos"], sources: Optional[Sources],
                  batch: int):
         self.transcoders, self.sources = transcoders, sources
         self.n_layers, self.n_pos = transcoders.n_layers, tokens.shape[0]
-        self.n_features = sources.active_features.shape[0]
+        self.n_features = 0 if sources is None else sources.active_features.shape[0]   # None: plan_attribution
         self.resid: dict[int, Tensor] = {}        # read points: layer -> input hook's tensor; n_layers -> final norm
         self.written: dict[int, Tensor] = {}      # write points: layer -> the MLP output's replacement
         self.embed: Tensor

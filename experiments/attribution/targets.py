@@ -36,6 +36,15 @@ def salient_logits(logits: Float[Tensor, "d_vocab"], W_U: Float[Tensor, "d_model
     top_p, top_idx = torch.topk(probs, min(max_n_logits, probs.shape[0]))
     cutoff = int(torch.searchsorted(torch.cumsum(top_p, 0), desired_logit_prob)) + 1
     ids = top_idx[:cutoff]
+    return LogitTargets(token_ids=ids, probabilities=probs[ids], vectors=logit_directions(W_U, ids))
+
+
+def logit_directions(W_U: Float[Tensor, "d_model d_vocab"], token_ids: Int[Tensor, "k"]) -> Float[Tensor, "k d_model"]:
+    """Where the logit nodes of ``token_ids`` read: each unembedding column minus the mean column.
+
+    Example:
+        >>> logit_directions(torch.tensor([[1.0, 3.0]]), torch.tensor([1]))
+        tensor([[1.]])
+    """
     W_U = W_U.detach().float()
-    vectors = W_U[:, ids].T - W_U.mean(dim=1)
-    return LogitTargets(token_ids=ids, probabilities=probs[ids], vectors=vectors)
+    return W_U[:, token_ids].T - W_U.mean(dim=1)

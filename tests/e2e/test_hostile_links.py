@@ -21,9 +21,10 @@ HOSTILE = ("nope [Session expired: click to sign in](https://evil.example/phish)
 PARAMS = {"model": HOSTILE, "impl": HOSTILE, "prompt": HOSTILE, "patching_answer": HOSTILE,
           "patching_wrong": HOSTILE, "ablation_kind": "neuron", "ablation_neurons": HOSTILE, "lens_target": HOSTILE,
           "attention_layer": HOSTILE, "induction_seq_len": HOSTILE, "flow_position": HOSTILE,
-          "features_sae_path": HOSTILE, "features_feature": HOSTILE}
+          "features_sae_path": HOSTILE, "features_feature": HOSTILE, "attribution_tc_path": HOSTILE,
+          "attribution_node": HOSTILE, "attribution_pinned": HOSTILE}
 PAGES = ["", "Attention", "Heads", "Induction", "Ablation", "Logit_lens", "Router", "Patching", "Information_flow",
-         "Token_view", "Neurons", "Generate", "Features"]
+         "Token_view", "Neurons", "Generate", "Features", "Attribution"]
 LINKS_JS = ("() => [...document.querySelectorAll('a[href], img[src], image, source, iframe')]"
             ".map(e => e.getAttribute('href') || e.getAttribute('src') || e.getAttribute('xlink:href') || '')")
 

@@ -8,6 +8,7 @@ Runs the real pages under Streamlit's AppTest on the toy models (see test_app_pa
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -156,6 +157,13 @@ FEATURE_KEYS = {"features_sae_source", "features_sae_path", "features_feature", 
                 "features_windows", "features_window_len", "features_steer_mode", "features_steer_value",
                 "features_steer_tokens"}
 
+ATTRIBUTION_KEYS = {"attribution_tc_source", "attribution_tc_path", "attribution_max_logits", "attribution_logit_prob",
+                    "attribution_max_features", "attribution_node_threshold", "attribution_edge_threshold",
+                    "attribution_node", "attribution_pinned", "attribution_edge", "attribution_edit",
+                    "attribution_amount", "attribution_freeze", "attribution_norm_gain", "attribution_corpus",
+                    "attribution_windows", "attribution_window_len"}
+TRACED = Path(__file__).resolve().parents[1] / "fixtures" / "attribution"   # a model with transcoders that fit
+
 
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_hostile_query_values_render_no_link_or_image(page, dense_mlp, dense_mlp_sae):
@@ -166,6 +174,8 @@ def test_hostile_query_values_render_no_link_or_image(page, dense_mlp, dense_mlp
         keys |= {"patching_answer", "patching_wrong"}
     if page == "features":
         keys |= FEATURE_KEYS
+    if page == "attribution":
+        keys |= ATTRIBUTION_KEYS
     hostile = {key: HOSTILE for key in keys}
     # A prompt that fits the toy model's context, so the page goes on to read its other linked values.
     cases = [hostile, {**hostile, "prompt": SHORT_PROMPT}, {**hostile, "prompt": HOSTILE_PROMPT}]
@@ -179,9 +189,13 @@ def test_hostile_query_values_render_no_link_or_image(page, dense_mlp, dense_mlp
     if page == "features":  # a good SAE lets the feature card's hostile values through
         cases.append({**hostile, "features_sae_source": A_PATH, "features_sae_path": dense_mlp_sae,
                       "prompt": SHORT_PROMPT})
+    if page == "attribution":  # transcoders that fit let the graph's and the card's hostile values through
+        cases.append({**hostile, "attribution_tc_source": A_PATH, "attribution_tc_path": str(TRACED / "plt"),
+                      "prompt": "the cat sat on the mat and", "_model": str(TRACED / "tiny_llama"),
+                      "attribution_corpus": "false"})
     for params in cases:
         at = AppTest.from_file(str(APP / PAGES[page]), default_timeout=90)
-        at.session_state["model_source"] = dense_mlp
+        at.session_state["model_source"] = params.pop("_model", dense_mlp)
         for key, value in params.items():
             at.query_params[key] = value
         at.run()
@@ -192,3 +206,8 @@ def test_hostile_query_values_render_no_link_or_image(page, dense_mlp, dense_mlp
             assert not at.exception, [e.value for e in at.exception]
             assert_no_injected_markup(at, f"{page} {sorted(params)} after opening the SAE")
             assert [h.value for h in at.header if h.value.startswith("Feature ")]
+        if params.get("attribution_tc_path") == str(TRACED / "plt"):  # opened by a click: graph and card drawn
+            at.button(key="attribution_open_tc").click().run()
+            assert not at.exception, [e.value for e in at.exception]
+            assert_no_injected_markup(at, f"{page} {sorted(params)} after opening the transcoders")
+            assert [h.value for h in at.header if h.value.startswith("Feature ")] and at.get("plotly_chart")

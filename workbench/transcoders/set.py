@@ -137,6 +137,36 @@ class TranscoderSet:
                 out[layer] += skip
         return out
 
+    def layer_sae(self, layer: int) -> Any:
+        """Layer ``layer``'s transcoder as a ``wb.SAE`` (SAELens's transcoder layout: reads ``input_hook(layer)``,
+        writes ``output_hook(layer)``), so SAE tools (the dashboard's feature card) read its features. A cross-layer
+        transcoder's features keep only their decoder to their own layer.
+
+        Example:
+            >>> tc = wb.TranscoderSet(W_enc=[torch.eye(2)], b_enc=[torch.zeros(2)], threshold=[torch.ones(2)],
+            ...     W_dec=[torch.eye(2)[:, None]], b_dec=torch.zeros(1, 2), feature_input_hook="mlp.hook_in",
+            ...     feature_output_hook="mlp.hook_out")
+            >>> sae = tc.layer_sae(0)
+            >>> sae.cfg.architecture(), sae.cfg.hook_name, sae.cfg.hook_name_out
+            ('jumprelu_transcoder', 'blocks.0.ln2.hook_normalized', 'blocks.0.hook_mlp_out')
+        """
+        from workbench.sae import SAE, SAEConfig
+
+        if not isinstance(layer, int) or not 0 <= layer < self.n_layers:
+            raise InputError(f"layer must be in [0, {self.n_layers}), got {layer!r}")
+        jump, skip = self.threshold[layer] is not None, self.W_skip is not None
+        name = ("jumprelu_" if jump else "") + ("skip_" if skip else "") + "transcoder"
+        cfg = SAEConfig(name, d_in=self.d_model, d_sae=self.d_transcoder, d_out=self.d_model,
+                        apply_b_dec_to_input=False,
+                        metadata={"hook_name": self.input_hook(layer), "hook_name_out": self.output_hook(layer)})
+        tensors = {"W_enc": self.W_enc[layer].T, "b_enc": self.b_enc[layer], "W_dec": self.W_dec[layer][:, 0],
+                   "b_dec": self.b_dec[layer]}
+        if jump:
+            tensors["threshold"] = self.threshold[layer]
+        if skip:
+            tensors["W_skip"] = self.W_skip[layer].T   # ours is x @ W_skip, SAELens's x @ W_skip.T
+        return SAE.from_tensors(cfg, {k: v.detach().float().cpu() for k, v in tensors.items()})
+
     # ---- moving and saving ----------------------------------------------------------------------------------
     def to(self, device: Any = None, dtype: Any = None) -> "TranscoderSet":
         """A copy on ``device`` in ``dtype`` (each default: unchanged).
@@ -223,7 +253,7 @@ class TranscoderSet:
                 problems.append(f"{name} must be a floating-point tensor")
             elif tuple(tensor.shape) != shape:
                 problems.append(f"{name} has shape {tuple(tensor.shape)}, expected {shape}")
-            elif not bool(torch.isfinite(tensor).all()):
+            elif tensor.device.type != "meta" and not bool(torch.isfinite(tensor).all()):  # meta: plans
                 problems.append(f"{name} holds NaN or infinity")
         if problems:
             raise InputError(f"TranscoderSet: {'; '.join(problems)}")

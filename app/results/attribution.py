@@ -1,0 +1,260 @@
+"""The Attribution graph page's results: the transcoder sets a model can be traced with, a set loaded once per
+process, the graph of a prompt (a long run), its pruning and drawing, a feature as an SAE for the feature card,
+an edge split over heads, and an intervention's logits.
+
+A set is kept by ``st.cache_resource`` under its path, the stamp of its files and the model; results are cached on
+the model's key and the set's key (``BY_KEYS``). The graph is a ``LongRun`` (its progress bar is the caller's);
+what is derived from it reads it back from that store.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+import streamlit as st
+import torch
+
+import workbench as wb
+from app.results.features import LoadedSAE
+from app.results.long_runs import LongRun, ProgressBar
+from app.results.models import BY_MODEL_KEY
+from app.state import LoadedModel
+from experiments.attribution import (AttributionGraph, PruneResult, attribute, compute_graph_scores, edge_heads,
+                                     intervene, prompt_tokens, prune_graph)
+from experiments.features.sources import SHIPPED_ROOTS
+from experiments.plots.attribution import GraphDrawing, graph_figure, node_kind, node_labels, node_place
+
+# (max_n_logits, desired_logit_prob, max_feature_nodes or 0 for all, batch_size): what a graph is built with
+Settings = tuple[int, float, int, int]
+
+
+@dataclass(frozen=True)
+class LoadedTranscoders:
+    """A transcoder set opened for one model, with the key its results are cached under (path, stamp, model).
+
+    Example:
+        >>> tc = wb.TranscoderSet(W_enc=[torch.eye(2)], b_enc=[torch.zeros(2)], threshold=[None],
+        ...     W_dec=[torch.eye(2)[:, None]], b_dec=torch.zeros(1, 2), feature_input_hook="mlp.hook_in",
+        ...     feature_output_hook="mlp.hook_out")
+        >>> LoadedTranscoders(tc, "demo").key
+        'demo'
+    """
+
+    transcoders: wb.TranscoderSet = field(compare=False, repr=False)
+    key: str
+
+
+BY_KEYS = {**BY_MODEL_KEY, LoadedTranscoders: lambda loaded_tc: loaded_tc.key}
+
+
+def transcoder_choices(loaded: LoadedModel) -> dict[str, Path]:
+    """The transcoder sets shipped for the open model (each directory under ``<zoo>/<model name>/transcoders/``),
+    by name: the one list the page offers before "a path on this machine".
+
+    Example:
+        >>> transcoder_choices(LoadedModel(model, "no-such-model|sdpa"))
+        {}
+    """
+    found: dict[str, Path] = {}
+    for name in dict.fromkeys([loaded.model.cfg.model_name, loaded.key.rsplit("|", 1)[0]]):
+        for root in SHIPPED_ROOTS:
+            folder = root / str(name) / "transcoders"
+            if folder.is_dir():
+                found.update({path.name: path for path in sorted(folder.iterdir()) if path.is_dir()})
+    return found
+
+
+def _stamp(path: str) -> tuple:
+    """Sizes and modification times of the files directly in ``path`` (or of the file itself)."""
+    target = Path(path)
+    try:
+        files = sorted(target.iterdir()) if target.is_dir() else [target]
+        return tuple((f.name, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files[:200] if f.is_file())
+    except OSError:
+        return ()
+
+
+@st.cache_resource(show_spinner="Loading the transcoders …", max_entries=4)
+def _load(path: str, stamp: tuple, model_key: str, device: str) -> LoadedTranscoders:
+    return LoadedTranscoders(wb.load_transcoders(path, device=device), f"{path}|{hash(stamp)}|{model_key}")
+
+
+def load_transcoders(loaded: LoadedModel, path: str) -> LoadedTranscoders:
+    """The transcoder set at ``path`` (``wb.load_transcoders``'s formats) on the model's device, loaded once per
+    process and again when its files change; load errors propagate.
+
+    Example:
+        >>> load_transcoders(LoadedModel(model, "toy-attn-2l|sdpa"), "/no/such/set")
+        Traceback (most recent call last):
+        workbench.errors.CheckpointError: /no/such/set: no such file or directory (transcoders are a circuit-tracer config.yaml or its folder, a folder written by TranscoderSet.save, or SAELens transcoder directories)
+    """
+    return _load(str(path), _stamp(str(path)), loaded.key, str(loaded.model.cfg.device))
+
+
+@st.cache_data(show_spinner=False, max_entries=32, hash_funcs=BY_KEYS)
+def fit_transcoders_error(loaded: LoadedModel, loaded_tc: LoadedTranscoders) -> Optional[str]:
+    """Why the set cannot replace the model's MLPs (layers, width, hooks), or None.
+
+    Example:
+        >>> tc = wb.TranscoderSet(W_enc=[torch.eye(2)], b_enc=[torch.zeros(2)], threshold=[None],
+        ...     W_dec=[torch.eye(2)[:, None]], b_dec=torch.zeros(1, 2), feature_input_hook="mlp.hook_in",
+        ...     feature_output_hook="mlp.hook_out")
+        >>> fit_transcoders_error(LoadedModel(model, "toy-attn-2l|sdpa"), LoadedTranscoders(tc, "doctest-2"))
+        'these transcoders cover 1 layers of width 2, the model has 2 layers of width 128'
+    """
+    try:
+        loaded_tc.transcoders.check_model(loaded.model)
+    except (wb.ConfigError, wb.InputError) as error:
+        return str(error)
+    return None
+
+
+def _attribute(model, loaded_tc: LoadedTranscoders, ids: tuple[int, ...], settings: Settings,
+               progress) -> AttributionGraph:
+    max_n_logits, desired_logit_prob, max_feature_nodes, batch_size = settings
+    return attribute(model, loaded_tc.transcoders, list(ids), max_n_logits=max_n_logits,
+                     desired_logit_prob=desired_logit_prob, max_feature_nodes=max_feature_nodes or None,
+                     batch_size=batch_size, progress=progress)
+
+
+_GRAPH = LongRun("Attributing the prompt: one backward pass per batch of logits and features", _attribute)
+
+
+def attribution_graph(loaded: LoadedModel, loaded_tc: LoadedTranscoders, ids: tuple[int, ...], settings: Settings,
+                      bar: ProgressBar) -> AttributionGraph:
+    """The prompt's attribution graph (``experiments.attribution.attribute``): from this process's store, or
+    computed with a progress bar.
+
+    Example (on a page: it draws a bar):
+        >>> graph = attribution_graph(loaded, loaded_tc, prompt.ids, (10, 0.95, 0, 256), bar=progress_callback)   # doctest: +SKIP
+    """
+    return _GRAPH(loaded, loaded_tc, ids, settings, bar=bar)
+
+
+def _no_bar(text: str):
+    return (lambda done, total: None), (lambda: None)
+
+
+def _stored_graph(loaded: LoadedModel, loaded_tc: LoadedTranscoders, ids: tuple[int, ...],
+                  settings: Settings) -> AttributionGraph:
+    """The graph the page drew a bar for (stored; recomputed without a bar if the store let it go)."""
+    return _GRAPH(loaded, loaded_tc, ids, settings, bar=_no_bar)
+
+
+@st.cache_data(show_spinner="Pruning the graph …", max_entries=32, hash_funcs=BY_KEYS)
+def pruned_graph(loaded: LoadedModel, loaded_tc: LoadedTranscoders, ids: tuple[int, ...], settings: Settings,
+                 node_threshold: float, edge_threshold: float) -> tuple[PruneResult, tuple[float, float]]:
+    """``prune_graph`` at the two thresholds and ``compute_graph_scores`` (replacement, completeness).
+
+    Example:
+        >>> pruned, scores = pruned_graph(loaded, loaded_tc, prompt.ids, (10, 0.95, 0, 256), 0.8, 0.98)   # doctest: +SKIP
+    """
+    graph = _stored_graph(loaded, loaded_tc, ids, settings)
+    return prune_graph(graph, node_threshold, edge_threshold), compute_graph_scores(graph)
+
+
+@dataclass
+class GraphNodes:
+    """The graph's nodes as the page lists them: a label per node, the feature nodes the pruning keeps, and each
+    feature node's ``(layer, position, feature)``."""
+
+    labels: list[str]
+    kept_features: list[int]
+    features: dict[int, tuple[int, int, int]]
+
+
+@st.cache_data(show_spinner=False, max_entries=32, hash_funcs=BY_KEYS)
+def graph_nodes(loaded: LoadedModel, loaded_tc: LoadedTranscoders, ids: tuple[int, ...], settings: Settings,
+                node_threshold: float, edge_threshold: float) -> GraphNodes:
+    """Labels of every node (``experiments.plots.attribution.node_labels``) and the kept feature nodes.
+
+    Example:
+        >>> nodes = graph_nodes(loaded, loaded_tc, prompt.ids, (10, 0.95, 0, 256), 0.8, 0.98)   # doctest: +SKIP
+    """
+    graph = _stored_graph(loaded, loaded_tc, ids, settings)
+    pruned, _ = pruned_graph(loaded, loaded_tc, ids, settings, node_threshold, edge_threshold)
+    kept = [i for i in pruned.node_mask.nonzero().flatten().tolist() if node_kind(graph, i) == "feature"]
+    features = {}
+    for i in range(len(graph.selected_features)):
+        row, position, feature = node_place(graph, i)
+        features[i] = (row - 1, position, int(feature))
+    return GraphNodes(node_labels(graph), kept, features)
+
+
+@st.cache_data(show_spinner="Drawing the graph …", max_entries=32, hash_funcs=BY_KEYS)
+def graph_drawing(loaded: LoadedModel, loaded_tc: LoadedTranscoders, ids: tuple[int, ...], settings: Settings,
+                  node_threshold: float, edge_threshold: float, max_nodes: int, max_edges: int,
+                  selected: Optional[int], pinned: tuple[int, ...], only_pinned: bool) -> GraphDrawing:
+    """The pruned graph (or only the pinned nodes) drawn with at most ``max_nodes`` nodes and ``max_edges`` edges
+    (``experiments.plots.attribution.graph_figure``).
+
+    Example:
+        >>> drawing = graph_drawing(loaded, loaded_tc, prompt.ids, (10, 0.95, 0, 256), 0.8, 0.98, 150, 400, None, (), False)   # doctest: +SKIP
+    """
+    graph = _stored_graph(loaded, loaded_tc, ids, settings)
+    pruned, _ = pruned_graph(loaded, loaded_tc, ids, settings, node_threshold, edge_threshold)
+    return graph_figure(graph, pruned, max_nodes, max_edges, selected=selected, pinned=pinned,
+                        only=pinned if only_pinned else None)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _layer_sae(loaded_tc_key: str, layer: int, _loaded_tc: LoadedTranscoders) -> LoadedSAE:
+    return LoadedSAE(_loaded_tc.transcoders.layer_sae(layer).to(_loaded_tc.transcoders.b_dec.device),
+                     f"{loaded_tc_key}|layer{layer}")
+
+
+def layer_sae(loaded_tc: LoadedTranscoders, layer: int) -> LoadedSAE:
+    """Layer ``layer``'s transcoder as an SAE (``TranscoderSet.layer_sae``) for the Features page's card.
+
+    Example:
+        >>> tc = wb.TranscoderSet(W_enc=[torch.eye(2)], b_enc=[torch.zeros(2)], threshold=[None],
+        ...     W_dec=[torch.eye(2)[:, None]], b_dec=torch.zeros(1, 2), feature_input_hook="mlp.hook_in",
+        ...     feature_output_hook="mlp.hook_out")
+        >>> layer_sae(LoadedTranscoders(tc, "doctest-2"), 0).key
+        'doctest-2|layer0'
+    """
+    return _layer_sae(loaded_tc.key, layer, loaded_tc)
+
+
+@st.cache_data(show_spinner="Splitting the edge over the heads …", max_entries=64, hash_funcs=BY_KEYS)
+def heads_of_edge(loaded: LoadedModel, loaded_tc: LoadedTranscoders, ids: tuple[int, ...], settings: Settings,
+                  target: int, source: int) -> tuple[pd.DataFrame, float, float]:
+    """``edge_heads`` of one edge: (the heads table, the edge, its residual part).
+
+    Example:
+        >>> table, edge, residual = heads_of_edge(loaded, loaded_tc, prompt.ids, (10, 0.95, 0, 256), 40, 3)   # doctest: +SKIP
+    """
+    graph = _stored_graph(loaded, loaded_tc, ids, settings)
+    with loaded.lock:
+        split = edge_heads(loaded.model, loaded_tc.transcoders, graph, target, source)
+    return split.table(), split.edge, split.residual
+
+
+@st.cache_data(show_spinner="Running the intervention …", max_entries=64, hash_funcs=BY_KEYS)
+def intervention_logits(loaded: LoadedModel, loaded_tc: LoadedTranscoders, ids: tuple[int, ...], layer: int,
+                        position: int, feature: int, value: float, freeze_attention: bool, k: int) -> pd.DataFrame:
+    """The last position's top ``k`` tokens (by either run) with the feature set to ``value`` (``intervene``)
+    against the clean run: ``token_id``, ``token``, ``clean_logit``, ``logit``, ``change``, ``clean_prob``, ``prob``.
+
+    Example:
+        >>> intervention_logits(loaded, loaded_tc, prompt.ids, 0, 3, 7, 0.0, True, 10)   # doctest: +SKIP
+    """
+    with loaded.lock:
+        tokens = prompt_tokens(loaded.model, list(ids))   # as the graph saw them (BOS first)
+        result = intervene(loaded.model, loaded_tc.transcoders, tokens, [(layer, position, feature, value)],
+                           freeze_attention=freeze_attention)
+        with torch.no_grad():
+            clean = loaded.model(tokens[None])[0, -1].float().cpu()
+    new = result.logits[-1].float().cpu()
+    top = torch.cat([clean.topk(k).indices, new.topk(k).indices]).unique()
+    top = top[new[top].argsort(descending=True)]
+    tokenizer = getattr(loaded.model, "tokenizer", None)
+    return pd.DataFrame({
+        "token_id": top.tolist(),
+        "token": [tokenizer.decode([i]) if tokenizer is not None else str(i) for i in top.tolist()],
+        "clean_logit": clean[top].tolist(), "logit": new[top].tolist(), "change": (new - clean)[top].tolist(),
+        "clean_prob": clean.softmax(-1)[top].tolist(), "prob": new.softmax(-1)[top].tolist()})

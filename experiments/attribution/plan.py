@@ -1,0 +1,128 @@
+"""``plan_attribution``: the bytes ``attribute`` will hold, before running it, allocating nothing.
+
+``attribute`` keeps, besides the model and the transcoders:
+
+- ``sources``: every source's vectors (``linearised.read_sources``): active features' encoder and decoder rows,
+  the error vectors ``[layer, pos, d_model]`` and the token embeddings; while reading them, a cache of the
+  transcoders' hooks, the logits ``[pos, d_vocab]`` and every layer's dense activations ``[layer, pos,
+  d_transcoder]`` (freed before the forward pass);
+- ``forward``: what autograd keeps of the frozen forward pass over ``batch_size`` copies of the prompt; it is
+  counted exactly by running that pass on the meta device under ``saved_tensors_hooks``. It grows as
+  ``batch_size x n_heads x pos^2`` per layer (the frozen attention patterns the values' gradients flow
+  through), so it is the part that grows fastest with the prompt: a smaller ``batch_size`` bounds it;
+- ``transient``: the largest short-lived tensors: one layer's scores, probabilities and mask while the forward pass runs,
+  or the gradients of one backward pass (``n_layers + 1`` write points and the injected gradients, each
+  ``[batch_size, pos, d_model]``), whichever is larger;
+- ``adjacency``: the graph ``[n_nodes, n_nodes]`` float32 it returns (rows are written into it batch by batch), and
+  with ``max_feature_nodes`` below the number of active features an edge buffer ``[visited + logits, active +
+  errors + tokens + logits]`` from which it is copied.
+
+The number of active features is not known before the run: it is ``features_per_token`` (the transcoders' mean
+L0 per layer and position; default ``d_transcoder``, the bound) times the layers and the positions after the
+first. The peak is ``max(sources while reading, sources + forward + transient + adjacency)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from workbench.config import ModelConfig
+from workbench.errors import InputError
+from workbench.loading.build import empty_model
+from workbench.memory import readable_bytes
+from workbench.transcoders import TranscoderSet
+
+from experiments.attribution.linearised import LinearisedForward
+
+
+def plan_attribution(model: Union[Any, ModelConfig], transcoders: TranscoderSet, n_tokens: int, *,
+                     features_per_token: Optional[float] = None, max_feature_nodes: Optional[int] = None,
+                     max_n_logits: int = 10, batch_size: int = 256, dtype: Optional[torch.dtype] = None,
+                     ) -> pd.DataFrame:
+    """The bytes ``attribute(model, transcoders, prompt of n_tokens tokens, max_n_logits=..., max_feature_nodes=...,
+    batch_size=...)`` holds besides the model and the transcoders: one row per part (``sources``, ``reading``,
+    ``forward``, ``transient``, ``adjacency``) with ``bytes`` and readable ``size``; ``.attrs`` holds
+    ``peak_bytes``, ``peak``, ``n_active`` and ``n_nodes``. ``model`` is a loaded model or its ``ModelConfig`` (then ``dtype`` defaults to float32);
+    nothing is allocated (the forward pass runs on the meta device).
+
+    Example:
+        >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=64, act_fn="relu"))
+        >>> tc = wb.TranscoderSet(W_enc=[torch.zeros(4, 8)], b_enc=[torch.zeros(4)], threshold=[None],
+        ...     W_dec=[torch.zeros(4, 1, 8)], b_dec=torch.zeros(1, 8), feature_input_hook="mlp.hook_in",
+        ...     feature_output_hook="mlp.hook_out")
+        >>> table = plan_attribution(tiny, tc, 32, features_per_token=2, batch_size=16)
+        >>> table.part.tolist(), table.attrs["n_active"], table.attrs["n_nodes"]
+        (['sources', 'reading', 'forward', 'transient', 'adjacency'], 62, 136)
+        >>> plan_attribution(tiny, tc, 128)
+        Traceback (most recent call last):
+        workbench.errors.InputError: n_tokens=128 is past the model's context (n_ctx=64)
+    """
+    cfg = model if isinstance(model, ModelConfig) else model.config
+    if not isinstance(transcoders, TranscoderSet):
+        raise InputError(f"plan_attribution needs a wb.TranscoderSet, got {type(transcoders).__name__}")
+    if not isinstance(n_tokens, int) or n_tokens < 2:
+        raise InputError(f"n_tokens must be an integer of at least 2, got {n_tokens!r}")
+    if n_tokens > cfg.n_ctx:
+        raise InputError(f"n_tokens={n_tokens} is past the model's context (n_ctx={cfg.n_ctx})")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    per_token = transcoders.d_transcoder if features_per_token is None else features_per_token
+    if not 0 <= per_token <= transcoders.d_transcoder:
+        raise InputError(f"features_per_token must be in [0, d_transcoder={transcoders.d_transcoder}], got {per_token!r}")
+    dtype = dtype or (torch.float32 if isinstance(model, ModelConfig) else model.W_E.dtype)
+    size = torch.empty(0, dtype=dtype).element_size()
+    L, P, D, F = transcoders.n_layers, n_tokens, cfg.d_model, transcoders.d_transcoder
+    n_active = int(round(per_token * L * (P - 1)))
+    n_out = sum(transcoders.W_dec[layer].shape[1] for layer in range(L)) // L   # decoder rows per feature
+    n_logits = min(max_n_logits, cfg.d_vocab)
+    n_selected = n_active if max_feature_nodes is None else min(max_feature_nodes, n_active)
+    n_nodes = n_selected + (L + 1) * P + n_logits
+    kept = size * (n_active * D * (1 + n_out) + (L + 1) * P * D) + 4 * P * D
+    reading = size * ((2 * L + 1) * P * D + 2 * L * P * D + L * P * F + P * F) + 4 * P * cfg.d_vocab
+    saved, scores = _forward_bytes(cfg, transcoders, P, batch_size, dtype)
+    gradients = size * (L + 3) * batch_size * P * D
+    transient = max(scores, gradients)
+    adjacency = 4 * n_nodes * n_nodes
+    if n_selected < n_active:
+        adjacency += 4 * (n_selected + n_logits) * (n_active + (L + 1) * P + n_logits)
+    parts = {"sources": kept, "reading": reading, "forward": saved, "transient": transient, "adjacency": adjacency}
+    table = pd.DataFrame({"part": list(parts), "bytes": list(parts.values())})
+    table["size"] = table["bytes"].map(readable_bytes)
+    peak = max(kept + reading, kept + saved + transient + adjacency)
+    table.attrs.update(peak_bytes=peak, peak=readable_bytes(peak), n_active=n_active, n_nodes=n_nodes,
+                       batch_size=batch_size, n_tokens=n_tokens)
+    return table
+
+
+def _forward_bytes(cfg: ModelConfig, transcoders: TranscoderSet, n_tokens: int, batch: int,
+                   dtype: torch.dtype) -> tuple[int, int]:
+    """(bytes autograd saves in ``LinearisedForward`` on ``batch`` copies, bytes of the largest layer's scores and
+    float32 probabilities), from a run on the meta device; parameters are not counted (they are the model's)."""
+    meta = empty_model(cfg)
+    meta.to(dtype=dtype)
+    tc = transcoders.to(device="meta", dtype=dtype)
+    params = {id(p) for p in meta.parameters()}
+    seen: set[int] = set()
+    saved = [0]
+    pattern = [0]
+
+    def pack(t: Tensor) -> Tensor:
+        base = t._base if t._base is not None else t
+        if id(base) not in params and id(t) not in seen:
+            seen.add(id(t))
+            saved[0] += t.numel() * t.element_size()
+        return t
+
+    def watch(acts: Tensor, hook: Any) -> None:   # the scores, their float32 softmax and the mask's bias
+        pattern[0] = max(pattern[0], acts.numel() * (2 * acts.element_size() + 4))
+
+    tokens = torch.zeros(n_tokens, dtype=torch.long, device="meta")
+    scores = [(name, watch) for name in meta.hook_dict if name.endswith("attn.hook_attn_scores")]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), meta.hooks(fwd_hooks=scores):
+        forward = LinearisedForward(meta, tc, tokens, sources=None, batch=batch)
+    del forward
+    return saved[0], pattern[0]

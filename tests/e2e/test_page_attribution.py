@@ -1,0 +1,53 @@
+"""The Attribution graph page in a real browser on the committed circuit-tracer fixture (a tiny random Llama and
+its per-layer transcoders): a link names the model and the transcoders, each opened by a click; the page then shows
+circuit-tracer's replacement score, the graph drawn by plotly with a clickable point per node, a feature's card, and
+a click on a feature in the graph opens that feature's card.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+
+from tests.e2e.dashboard import wait_chart, wait_idle
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "attribution"
+
+
+def test_a_linked_graph_draws_and_a_click_opens_a_feature(browser, server_url, screenshot):
+    query = urlencode({"model": str(FIXTURES / "tiny_llama"), "prompt": "the cat sat on the mat and",
+                       "attribution_tc_source": "A path on this machine", "attribution_tc_path": str(FIXTURES / "plt"),
+                       "attribution_max_logits": 5, "attribution_logit_prob": 0.8, "attribution_corpus": "false"})
+    page = browser.new_page(viewport={"width": 1400, "height": 2400})
+    page.set_default_timeout(90_000)
+    try:
+        page.goto(f"{server_url}/Attribution?{query}")
+        page.get_by_role("button", name="Open the linked model").click()
+        page.get_by_role("button", name="Open these transcoders").click()
+        wait_chart(page, "attribution_graph", timeout_ms=90_000)
+        wait_idle(page)
+        expected = json.loads((FIXTURES / "expected_plt.json").read_text())["replacement_score"]
+        score = page.locator('[data-testid="stMetric"]').filter(has_text="Replacement score")
+        assert f"{expected:.4f}" in score.inner_text()
+        header = page.get_by_role("heading", name="Feature").first.inner_text()
+        points = page.locator(".st-key-attribution_graph_chart .scatterlayer .trace .points path")
+        assert points.count() > 5
+        screenshot(page, "attribution_graph")
+        # click the feature points one by one until the card changes to another feature
+        for index in range(points.count()):
+            box = points.nth(index).bounding_box()
+            page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            page.wait_for_timeout(500)   # the rerun starts
+            wait_idle(page)
+            now = page.get_by_role("heading", name="Feature").first.inner_text()
+            if now != header:
+                break
+        assert now != header, "no click on the graph opened another feature"
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        page.close()
