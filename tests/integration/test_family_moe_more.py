@@ -22,6 +22,7 @@ from transformers import AutoConfig
 import workbench as wb
 from tests.integration.family_parity import TOLERANCE, Case, family_parity_tests, max_diff, saved_on_demand
 from tests.integration.test_family_llama import _copy
+from tests.integration.test_padding_parity import padded_batch
 from tests.integration.test_family_moe import (test_router_choices_match_transformers,  # noqa: F401 (run here too)
                                                test_the_prompt_exercises_the_routers)
 from workbench.components.moe import RoutingRule
@@ -140,3 +141,21 @@ def test_jetmoe_is_refused_naming_its_mixture_of_attention_experts(saved, tmp_pa
                       lambda c: c.update(architectures=["JetMoeForCausalLM"], model_type="jetmoe"))
     with pytest.raises(CheckpointError, match="JetMoeForCausalLM.*attention is itself a mixture of experts"):
         wb.load_model(directory)
+
+
+# ---- padded batches: windows, QK norms and routers per row ----
+
+PADDED = ["phimoe_sparsemixer", "dots1_sliding_unnormalised", "hunyuan_moe_shared_alpha", "olmoe_clip_qkv_renormalised"]
+
+
+@pytest.mark.parametrize("name", PADDED)
+def test_padded_logits_equal_transformers_at_every_real_position(saved, name):
+    case = saved(name)
+    tokens, mask = padded_batch("left")
+    ours = wb.load_model(case.directory)
+    with torch.no_grad():
+        expected = case.hf_model(tokens, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
+        real = mask.bool()
+        for kernel in ("eager", "sdpa", "flash"):
+            logits = ours.set_attn_impl(kernel)(tokens, attention_mask=mask)
+            assert max_diff(logits[real], expected[real]) < TOLERANCE, (name, kernel)

@@ -147,7 +147,7 @@ def mscale_squared(scaling: Optional[dict[str, Any]]) -> float:
 
     Example:
         >>> round(mscale_squared({"rope_type": "yarn", "factor": 4.0, "mscale_all_dim": 1.0}), 4)
-        1.2964
+        1.2965
     """
     if not scaling or not scaling.get("mscale_all_dim"):
         return 1.0

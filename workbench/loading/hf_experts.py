@@ -13,7 +13,10 @@ Expert tensors (``read_experts``) come per expert, as ``save_pretrained`` writes
 (``{prefix}.experts.{e}.{gate,up,down}_proj.weight``; Mixtral's ``w1``/``w3``/``w2``), or fused as
 transformers holds them in memory (``mlp.experts.gate_up_proj`` [E, 2M, D], gate rows first, and
 ``down_proj`` [E, D, M], the router at ``mlp.gate``); gpt-oss's are fused, transposed and interleaved (``gate_up_proj`` [E, D, 2M]
-with gate columns at even indices, ``down_proj`` [E, M, D], each with a bias).
+with gate columns at even indices, ``down_proj`` [E, M, D], each with a bias); GraniteMoE's are fused under
+their own names (``block_sparse_moe.input_linear`` [E, 2M, D], ``output_linear`` [E, D, M], ``MoEKind.fused_names``).
+The kinds of issue 38 (OLMoE, MiniMax-M2, GLM-4.5 and dots.llm1, ERNIE 4.5, HunYuan, Phi-3.5-MoE, GraniteMoE) are
+rows of the same table, read by ``hf_moe_families``.
 """
 
 from __future__ import annotations
