@@ -47,12 +47,17 @@ ROTARY_SCALINGS: dict[str, tuple[str, ...]] = {
     "dynamic": (),
     "llama3": ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("original_max_position_embeddings",),
+    # Phi-3/3.5's: per-frequency divisors, short_factor while a call's positions stay within
+    # original_max_position_embeddings and long_factor beyond, cos and sin times an attention factor.
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
 }
 # Fields a layer may set differently from the model (``layer_overrides``).
 # Dense layers among mixture-of-experts ones (DeepSeek's first_k_dense_replace, Qwen2-MoE's
 # mlp_only_layers) set num_experts and experts_per_token to 0 and their own d_mlp.
 PER_LAYER_FIELDS = ("sliding_window", "positional", "rotary_base", "rotary_scaling", "rotary_dim",
-                    "num_experts", "experts_per_token", "d_mlp")
+                    "num_experts", "experts_per_token", "d_mlp",
+                    # issue 38 (Llama 4): chunked attention, the QK norm and the query scaling on some layers only
+                    "attention_chunk_size", "qk_norm", "query_scale_beta", "query_scale_length")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,6 +133,13 @@ class ModelConfig:
     query_scale_beta: Optional[float] = None
     query_scale_length: Optional[int] = None
     # ---- end of issue 38 (famb) ---------------------------------------------------------------
+    # ---- issue 38, more mixtures of experts (fam-rest) ----------------------------------------
+    # q and k clamped to clip_qkv after their QK norm instead of at the projection (OLMoE; v as before).
+    clip_qkv_after_qk_norm: bool = False
+    # A query sees only the keys of its own chunk of this many positions (Llama 4's chunked attention); None: all.
+    attention_chunk_size: Optional[int] = None
+    # The query scaling reads position + this (Llama 4's attention temperature: floor((position + 1) / length)).
+    query_scale_position_offset: int = 0
     # One mapping per layer of the PER_LAYER_FIELDS that layer sets differently; () = all alike.
     layer_overrides: tuple[dict[str, Any], ...] = ()
     # ---- issue 38, older dense families (Falcon, StarCoder, MPT, CodeGen, XGLM, OpenAI GPT) --------------
@@ -169,7 +181,7 @@ class ModelConfig:
                 f"must be None, 'head' or 'projection', got {self.qk_norm!r}")
         require(self.embed_scale > 0, "embed_scale", f"must be positive, got {self.embed_scale}")
         self._check_famb_fields()
-        _check_rotary_scaling(self.rotary_scaling)
+        _check_rotary_scaling(self.rotary_scaling, self.rotary_dim)
         require(not (self.parallel_attn_mlp and self.norm_placement != "pre"), "parallel_attn_mlp",
                 f"needs norm_placement='pre', got {self.norm_placement!r}")
         require(not (self.parallel_attn_mlp and self.attn_only), "parallel_attn_mlp",
@@ -203,10 +215,15 @@ class ModelConfig:
                 f"and query_scale_length must be set together, got {beta!r} and {length!r}")
         require(length is None or (isinstance(length, int) and length > 0), "query_scale_length",
                 f"must be a positive integer or None, got {length!r}")
+        chunk = self.attention_chunk_size
+        require(chunk is None or (isinstance(chunk, int) and chunk > 0), "attention_chunk_size",
+                f"must be a positive integer or None, got {chunk!r}")
 
     def _check_router(self) -> None:
         """What the mixture's settings (each checked by ``MoEConfig``) must agree on with the expert count."""
         require(isinstance(self.moe, MoEConfig), "moe", f"must be a MoEConfig, got {self.moe!r}")
+        require(self.moe.router_scoring != "sparsemixer" or not self.num_experts or self.experts_per_token == 2,
+                "experts_per_token", f"must be 2 with sparsemixer routing, got {self.experts_per_token}")
         groups, topk_groups = self.moe.router_groups, self.moe.router_topk_groups
         if groups is None or not self.num_experts:
             return
@@ -313,6 +330,23 @@ class ModelConfig:
         return self.n_ctx
 
     @property
+    def rotary_regime_length(self) -> Optional[int]:
+        """The longest call (in positions) whose RoPE angles are the short ones, where a longer call
+        rotates every position differently: longrope's original_max_position_embeddings (None otherwise).
+        A KV cache filled within it no longer matches a call past it, so generation re-runs the prefix there.
+
+        Example:
+            >>> cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=64, positional="rotary",
+            ...                   rotary_scaling={"rope_type": "longrope", "factor": 4.0, "short_factor": [1.0, 1.0],
+            ...                                   "long_factor": [2.0, 3.0], "original_max_position_embeddings": 16})
+            >>> cfg.rotary_regime_length
+            16
+        """
+        lengths = [int(scaling["original_max_position_embeddings"]) for scaling in self.layer_values("rotary_scaling")
+                   if scaling and scaling.get("rope_type") == "longrope"]
+        return min(lengths) if lengths else None
+
+    @property
     def is_moe(self) -> bool:
         """Whether any layer is a mixture of experts."""
         return any(n > 0 for n in self.layer_values("num_experts"))
@@ -396,7 +430,7 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _check_rotary_scaling(scaling: Optional[dict[str, Any]]) -> None:
+def _check_rotary_scaling(scaling: Optional[dict[str, Any]], rotary_dim: Optional[int] = None) -> None:
     if scaling is None:
         return
     require(isinstance(scaling, dict), "rotary_scaling", f"must be a mapping or None, got {scaling!r}")
@@ -407,3 +441,7 @@ def _check_rotary_scaling(scaling: Optional[dict[str, Any]]) -> None:
             f"{kind} needs a positive 'factor', got {scaling.get('factor')!r}")
     missing = [key for key in ROTARY_SCALINGS[kind] if scaling.get(key) is None]
     require(not missing, "rotary_scaling", f"{kind} needs {missing}")
+    for key in ("short_factor", "long_factor"):  # longrope: one divisor per rotated frequency
+        if kind == "longrope" and rotary_dim is not None:
+            require(len(scaling[key]) == rotary_dim // 2, "rotary_scaling",
+                    f"longrope's {key} needs rotary_dim / 2 = {rotary_dim // 2} values, got {len(scaling[key])}")

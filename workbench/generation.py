@@ -101,8 +101,15 @@ def generate_tokens(
     finished_B = torch.zeros(tokens_BP.shape[0], dtype=torch.bool, device=tokens_BP.device)
     step_logits = []
     next_input, step_mask = tokens_BP, mask_BP
+    regime_length = model.cfg.rotary_regime_length  # longrope: longer calls rotate every position differently
     with torch.no_grad():
         for _ in tqdm(range(max_new_tokens), disable=not verbose, desc="generating"):
+            if cache is not None and regime_length is not None and cache.length <= regime_length < tokens_BP.shape[1]:
+                # The cached keys were rotated with the short factors: the whole prefix again, as transformers'
+                # Phi-3 does when generation crosses original_max_position_embeddings.
+                cache, next_input = KVCache(model.cfg.n_layers), tokens_BP
+                step_mask = None if mask_BP is None else torch.nn.functional.pad(
+                    mask_BP, (0, tokens_BP.shape[1] - mask_BP.shape[1]), value=True)
             # Only the last position is unembedded (the final norm's hooks still see every position).
             resid_BPD = model(next_input, kv_cache=cache, attention_mask=step_mask, stop_at_layer=model.cfg.n_layers)
             logits_BV = model.unembed(model.apply_final_norm(resid_BPD)[:, -1]).float()

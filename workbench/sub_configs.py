@@ -14,8 +14,11 @@ from workbench.errors import ConfigError
 # How a router turns its logits into chosen experts and their weights (``components.moe``):
 # softmax: softmax over all experts, top-k of the probabilities (Mixtral, Qwen2/3-MoE, DeepSeek-V2);
 # sigmoid: a sigmoid per expert, top-k of the scores plus a correction bias (DeepSeek-V3);
-# topk_softmax: top-k of the logits, then a softmax over the chosen only (gpt-oss).
-RouterScoring = Literal["softmax", "sigmoid", "topk_softmax"]
+# topk_softmax: top-k of the logits, then a softmax over the chosen only (gpt-oss, GraniteMoE);
+# sparsemixer: Phi-3.5-MoE's top-2 at inference: the best expert, weighted by a softmax over the logits
+# within router_jitter_eps (relative) of it, then the best other expert, the same way over the rest.
+# topk_sigmoid: top-k of the logits, each weighted by its sigmoid (Llama 4).
+RouterScoring = Literal["softmax", "sigmoid", "topk_softmax", "sparsemixer", "topk_sigmoid"]
 # The score of a group of experts under group-limited routing: its best expert's (DeepSeek-V2) or the
 # sum of its best two (DeepSeek-V3).
 RouterGroupScore = Literal["max", "top2_sum"]
@@ -50,6 +53,15 @@ class MoEConfig:
     # out = (up + 1) * gate * sigmoid(swiglu_alpha * gate). None: the plain gated MLP.
     swiglu_limit: Optional[float] = None
     swiglu_alpha: float = 1.0
+    # ---- issue 38, more mixtures of experts (fam-rest) ----
+    # The renormalising sum clamped below at this value instead of adding a tiny epsilon (ERNIE 4.5's
+    # moe_norm_min); None: the sum plus 1e-20.
+    router_renormalize_floor: Optional[float] = None
+    # sparsemixer's threshold: logits further than 2 * router_jitter_eps (relative) below the best one are
+    # masked out of its softmax (Phi-3.5-MoE's router_jitter_noise).
+    router_jitter_eps: float = 0.0
+    # The chosen expert's weight scales its input instead of its output: expert(w * x) (Llama 4).
+    router_weights_input: bool = False
 
     def __post_init__(self) -> None:
         for name, choices in (("router_scoring", get_args(RouterScoring)), ("router_group_score", get_args(RouterGroupScore))):
@@ -57,6 +69,9 @@ class MoEConfig:
         require(self.d_shared_expert >= 0, "moe.d_shared_expert", f"must be >= 0, got {self.d_shared_expert}")
         require(self.routed_scaling_factor > 0, "moe.routed_scaling_factor",
                 f"must be positive, got {self.routed_scaling_factor}")
+        require(self.router_renormalize_floor is None or self.router_renormalize_floor > 0,
+                "moe.router_renormalize_floor", f"must be positive or None, got {self.router_renormalize_floor!r}")
+        require(self.router_jitter_eps >= 0, "moe.router_jitter_eps", f"must be >= 0, got {self.router_jitter_eps}")
         require(self.swiglu_limit is None or self.swiglu_limit > 0, "moe.swiglu_limit",
                 f"must be positive or None, got {self.swiglu_limit!r}")
         if self.router_groups is None:

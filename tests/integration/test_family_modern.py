@@ -214,6 +214,18 @@ def test_gemma4_is_refused_naming_the_components_it_needs(saved, tmp_path):
         wb.load_model(directory)
 
 
+@pytest.mark.parametrize("architecture, model_type, reason", [
+    ("DiffLlamaForCausalLM", "diffllama", "differential attention"),
+    ("BitNetForCausalLM", "bitnet", "ternary BitLinear weights"),
+])
+def test_components_we_lack_are_refused_by_architecture(saved, tmp_path, architecture, model_type, reason):
+    """DiffLlama and BitNet (issue 38): refused by name with the component they need, not as unknown."""
+    directory = _copy(saved("granite_tied").directory, tmp_path,
+                      lambda c: c.update(architectures=[architecture], model_type=model_type))
+    with pytest.raises(wb.CheckpointError, match=f"'{architecture}' is not supported: .*{reason}"):
+        wb.load_model(directory)
+
+
 def test_cohere_one_norm_loads_as_two_editable_copies(saved):
     """Cohere's input_layernorm feeds attention and MLP: ln1 and ln2 hold its values in storage of their own."""
     model = wb.load_model(saved("cohere_qk_norm_bias").directory)

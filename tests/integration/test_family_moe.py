@@ -70,10 +70,12 @@ globals().update(family_parity_tests(CASES))
 
 def _transformers_routing(hf_model, tokens: torch.Tensor) -> dict[int, tuple]:
     """Per decoder layer with a router: transformers' own (logits, weights, indices), read off the
-    router module's outputs with forward hooks (each router returns all three)."""
+    router module's outputs with forward hooks (each router returns all three; the modules named
+    ...Router, or HunYuan-MoE's ...Gate, under the layer)."""
     found, handles = {}, []
     for layer, decoder_layer in enumerate(hf_model.model.layers):
-        router = next((m for name, m in decoder_layer.mlp.named_modules() if type(m).__name__.endswith("Router")), None)
+        router = next((m for name, m in decoder_layer.named_modules()
+                       if type(m).__name__.endswith(("Router", "MoEV1Gate"))), None)  # HunYuan's is a Gate
         if router is not None:
             handles.append(router.register_forward_hook(lambda _m, _i, out, layer=layer: found.__setitem__(layer, out)))
     try:

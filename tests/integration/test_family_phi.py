@@ -30,6 +30,10 @@ TINY = dict(vocab_size=VOCAB, max_position_embeddings=N_CTX, num_hidden_layers=2
             bos_token_id=1, eos_token_id=2, pad_token_id=2)
 SIX_HEADS = dict(TINY, hidden_size=48, num_attention_heads=6)  # d_head 8
 
+# Phi-3's longrope over d_head 8 (four frequencies): a divisor per frequency in each regime.
+LONGROPE_FACTORS = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.3, 1.7, 2.2],
+                    "long_factor": [2.0, 3.0, 5.0, 9.0]}
+
 CASES = {
     "phi_partial_half": Case(lambda: PhiConfig(**SIX_HEADS, partial_rotary_factor=0.5)),
     "phi_partial_0.4_tied": Case(lambda: PhiConfig(**TINY, hidden_size=40, num_attention_heads=4,
@@ -41,6 +45,12 @@ CASES = {
     "phi3_gqa_tied": Case(lambda: Phi3Config(**SIX_HEADS, num_key_value_heads=2, tie_word_embeddings=True)),
     "phi3_sliding_window": Case(lambda: Phi3Config(**SIX_HEADS, num_key_value_heads=3, sliding_window=SLIDING_WINDOW)),
     "phi3_partial": Case(lambda: Phi3Config(**SIX_HEADS, num_key_value_heads=2, partial_rotary_factor=0.5)),
+    # longrope (the 128k checkpoints): the 24-token prompt within the original context (short factors) and past it
+    # (long factors; generation from 12 tokens crosses it)
+    "phi3_longrope_short": Case(lambda: Phi3Config(**SIX_HEADS, num_key_value_heads=2, original_max_position_embeddings=32,
+                                                   rope_parameters=LONGROPE_FACTORS)),
+    "phi3_longrope_long": Case(lambda: Phi3Config(**SIX_HEADS, num_key_value_heads=2, original_max_position_embeddings=16,
+                                                  rope_parameters=LONGROPE_FACTORS)),
     "stablelm_qk_norm_qkv_bias": Case(lambda: StableLmConfig(**TINY, hidden_size=64, num_attention_heads=4,
                                                              num_key_value_heads=2, use_qkv_bias=True,
                                                              qk_layernorm=True)),
@@ -94,6 +104,11 @@ LEGACY_ROPE = {  # config.json as older transformers wrote it: RoPE fields at th
     "stablelm_qk_norm_qkv_bias": {"rope_parameters": None},  # StableLM's, 0.25
     "phi_partial_0.4_tied": {"rope_parameters": None, "partial_rotary_factor": 0.4, "rope_theta": 500.0},
     "phi3_partial": {"rope_parameters": None, "partial_rotary_factor": 0.5, "rope_theta": 500.0},
+    # Phi-3's older spellings of longrope: rope_scaling with type "su" (or "yarn"), read as longrope
+    "phi3_longrope_long": {"rope_parameters": None, "rope_scaling": {
+        **{k: v for k, v in LONGROPE_FACTORS.items() if k != "rope_type"}, "type": "su",
+        "original_max_position_embeddings": 16}},
+    "phi3_longrope_short": {"rope_parameters": None, "rope_scaling": {**LONGROPE_FACTORS, "rope_type": "yarn"}},
 }
 
 
@@ -133,11 +148,10 @@ LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_fact
             "short_factor": [1.0] * 4, "long_factor": [2.0] * 4, "original_max_position_embeddings": 32}
 
 REFUSED = {
-    "phi3_longrope": ("phi3_mha", {"rope_parameters": LONGROPE}, "rope_parameters.rope_type"),
-    "phi3_su_legacy": ("phi3_mha", {"rope_scaling": {"type": "su", "short_factor": [1.0] * 4,
-                                                     "long_factor": [2.0] * 4}}, "rope_scaling.type"),
-    "phi3_yarn_means_longrope": ("phi3_mha", {"rope_parameters": {**LONGROPE, "rope_type": "yarn"}},
-                                 "rope_parameters.rope_type"),
+    "phi3_dynamic_rope": ("phi3_mha", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}},
+                          "rope_parameters.rope_type"),
+    "phi3_longrope_factor_count": ("phi3_mha", {"rope_parameters": {**LONGROPE, "short_factor": [1.0] * 3}},
+                                   "rope_parameters.short_factor"),
     "phi_odd_rotary_dim": ("phi_qk_layernorm_gqa",
                            {"rope_parameters": {"rope_theta": 1e4, "rope_type": "default",
                                                 "partial_rotary_factor": 0.375}}, "partial_rotary_factor"),
@@ -169,3 +183,20 @@ def test_missing_fused_tensor_is_named(saved_dirs, tmp_path, no_model_built):
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(wb.CheckpointError, match=r"model\.layers\.1\.self_attn\.qkv_proj\.weight"):
         wb.load_model(directory)
+
+
+def test_longrope_switches_regime_past_the_original_context(tmp_path):
+    """One longrope checkpoint (original context 16): a 16-token call rotates with the short factors and a
+    24-token call with the long ones, so the first 16 positions differ between the two calls, as in
+    transformers; each call equals transformers' own."""
+    hf_model = build_and_save(CASES["phi3_longrope_long"].config(), tmp_path)
+    ours = wb.load_model(tmp_path)
+    tokens = torch.randint(0, VOCAB, (2, SEQ_LEN), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        short, long = ours(tokens[:, :16]), ours(tokens)
+        assert (short - hf_model(tokens[:, :16]).logits).abs().max() < TOLERANCE
+        assert (long - hf_model(tokens).logits).abs().max() < TOLERANCE
+    assert (short - long[:, :16]).abs().max() > 100 * TOLERANCE
+    scaling = ours.cfg.rotary_scaling
+    assert (scaling["rope_type"], scaling["factor"], scaling["original_max_position_embeddings"]) == ("longrope", 4.0, 16)
+    assert ours.cfg.rotary_regime_length == 16

@@ -20,11 +20,14 @@ eager kernel for that call, so patterns can be read and edited under every kerne
 layers keep the fast one. Likewise ``hook_result`` (per-head outputs, [B, P, H, D]) is computed only
 when observed or ``options.use_attn_result`` is set (``Decoder.set_use_attn_result``).
 
-Order of operations, each on its hook: projections (clamped to ``clip_qkv`` when set) ->
+Order of operations, each on its hook: projections (clamped to ``clip_qkv`` when set; q and k only after
+their QK norm with ``clip_qkv_after_qk_norm``, as OLMoE) ->
 ``hook_q``/``hook_k``/``hook_v`` -> QK norm (``q_norm``/``k_norm``, per head or over the whole
 projection, when ``qk_norm`` is set) -> RoPE (``hook_rot_q``/``hook_rot_k``; queries then scaled per
-position with ``query_scale_beta``; the QK norm comes here instead with ``qk_norm_after_rotary``) -> scores q.k /
-attn_scale, soft-capped when ``attn_scores_soft_cap`` is set, plus mask and ALiBi bias
+position with ``query_scale_beta``, on a layer without RoPE too; the QK norm comes here instead with
+``qk_norm_after_rotary``) -> scores q.k /
+attn_scale, soft-capped when ``attn_scores_soft_cap`` is set, plus mask (causal, windowed, or chunked with
+``attention_chunk_size``) and ALiBi bias
 (``hook_attn_scores``) -> ``hook_pattern`` -> ``hook_z`` -> output projection.
 """
 
@@ -57,6 +60,7 @@ class AttentionBase(ZeroBiases, nn.Module):
         self.n_heads, self.d_head, self.d_head_v, self.d_model = cfg.n_heads, cfg.d_head, cfg.d_head_v, cfg.d_model
         self.scale, self.sliding_window = 1.0 / cfg.attn_scale, cfg.sliding_window
         self.soft_cap = cfg.attn_scores_soft_cap
+        self.chunk_size = cfg.attention_chunk_size
         self.options = options  # the model's own: its kernel and use_attn_result switch here too
         if cfg.positional == "alibi":
             with torch.device("cpu"):  # real slopes even when the model is built on the meta device
@@ -82,7 +86,7 @@ class AttentionBase(ZeroBiases, nn.Module):
         when a pattern hook needs the pattern materialised)."""
         mask = MaskSpec(scale=self.scale, q_offset=k_BGSK.shape[2] - q_BHPK.shape[2], sliding_window=self.sliding_window,
                         alibi_slopes_H=self.alibi_slopes_H, soft_cap=self.soft_cap, key_mask_BS=key_mask_BS,
-                        sinks_H=self.sinks)
+                        sinks_H=self.sinks, chunk_size=self.chunk_size)
         fast_kernel = FAST_KERNELS.get(self.options.attn_impl)  # None for "eager"
         if fast_kernel is None or self.pattern_is_hooked():
             return eager_attention(q_BHPK, k_BGSK, v_BGSJ, mask, self.hook_attn_scores, self.hook_pattern,
@@ -122,6 +126,7 @@ class Attention(AttentionBase):
         H, G, K, D = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model
         self.n_key_value_heads = G
         self.clip_qkv = cfg.clip_qkv
+        self.clip_after_norm = cfg.clip_qkv_after_qk_norm and cfg.qk_norm is not None
         self._W_Q_lin = nn.Parameter(torch.empty(H * K, D, dtype=options.dtype))
         self._W_K_lin = nn.Parameter(torch.empty(G * K, D, dtype=options.dtype))
         self._W_V_lin = nn.Parameter(torch.empty(G * K, D, dtype=options.dtype))
@@ -137,6 +142,7 @@ class Attention(AttentionBase):
         self.qk_norm_over_projection = cfg.qk_norm == "projection"
         self.qk_norm_after_rotary = cfg.qk_norm_after_rotary
         self.query_scale_beta, self.query_scale_length = cfg.query_scale_beta, cfg.query_scale_length
+        self.query_scale_offset = cfg.query_scale_position_offset
         if cfg.qk_norm is not None:
             q_shape, k_shape = ((H * K,), (G * K,)) if self.qk_norm_over_projection else ((H, K), (G, K))
             self.q_norm, self.k_norm = make_norm(cfg, options, q_shape), make_norm(cfg, options, k_shape)
@@ -165,15 +171,20 @@ class Attention(AttentionBase):
         True for real tokens over every key position (cached ones included), None when none is padding."""
         H, K = self.n_heads, self.d_head
         q_in, k_in, v_in = split_inputs if split_inputs is not None else (x_BPD, x_BPD, x_BPD)
-        q_BPHK = self.hook_q(self._clip(_project(q_in, self._W_Q_lin, self._b_Q_lin, H, K)))
+        clip_qk = (lambda x: x) if self.clip_after_norm else self._clip
+        q_BPHK = self.hook_q(clip_qk(_project(q_in, self._W_Q_lin, self._b_Q_lin, H, K)))
         # G below is n_kv_hooked: the model's key/value heads, or n_heads when ungrouped.
-        k_BPGK = self.hook_k(self._clip(self._project_kv(k_in, self._W_K_lin, self._b_K_lin)))
+        k_BPGK = self.hook_k(clip_qk(self._project_kv(k_in, self._W_K_lin, self._b_K_lin)))
         v_BPGK = self.hook_v(self._clip(self._project_kv(v_in, self._W_V_lin, self._b_V_lin)))
         if self.q_norm is not None and not self.qk_norm_after_rotary:
             q_BPHK, k_BPGK = self._qk_normed(self.q_norm, q_BPHK), self._qk_normed(self.k_norm, k_BPGK)
+        if self.clip_after_norm:  # OLMoE clamps the normed q and k
+            q_BPHK, k_BPGK = self._clip(q_BPHK), self._clip(k_BPGK)
         if self.rotary is not None:
             q_BPHK = self.hook_rot_q(self._position_scaled(self.rotary(q_BPHK, positions), positions))
             k_BPGK = self.hook_rot_k(self.rotary(k_BPGK, positions))
+        else:  # a layer without RoPE may still scale its queries by position (Llama 4's NoPE layers)
+            q_BPHK = self._position_scaled(q_BPHK, positions)
         if self.q_norm is not None and self.qk_norm_after_rotary:  # HunYuan: the rotated q and k normed
             q_BPHK, k_BPGK = self._qk_normed(self.q_norm, q_BPHK), self._qk_normed(self.k_norm, k_BPGK)
 
@@ -188,11 +199,12 @@ class Attention(AttentionBase):
         return self.project_out(z_BPHK)
 
     def _position_scaled(self, q_BPHK: Tensor, positions: Tensor) -> Tensor:
-        """Queries times 1 + beta * log(1 + floor(position / length)) (``query_scale_beta``; Ministral 3),
-        or as they are."""
+        """Queries times 1 + beta * log(1 + floor((position + offset) / length)) (``query_scale_beta``; Ministral 3,
+        Llama 4's attention temperature with offset 1), or as they are."""
         if self.query_scale_beta is None:
             return q_BPHK
-        scale = 1 + self.query_scale_beta * torch.log(1 + torch.floor(positions.float() / self.query_scale_length))
+        shifted = positions.float() + self.query_scale_offset
+        scale = 1 + self.query_scale_beta * torch.log(1 + torch.floor(shifted / self.query_scale_length))
         return q_BPHK * scale[..., None, None].to(q_BPHK.dtype)
 
     @property

@@ -39,6 +39,9 @@ class MaskSpec:
     ``sinks_H`` (gpt-oss): one logit per head that joins every query's softmax as an extra key with
     no value, so it takes probability mass without adding to z.
 
+    ``chunk_size`` c (Llama 4's chunked attention): a query sees only keys of its own chunk, position // c
+    (positions counted from each row's first real token when ``key_mask_BS`` marks padding).
+
     Example:
         >>> mask = MaskSpec(scale=1 / model.cfg.attn_scale)   # the toy model's: 1 / sqrt(d_head)
         >>> mask.is_plain_causal, MaskSpec(scale=1.0, sliding_window=4).is_plain_causal
@@ -52,6 +55,7 @@ class MaskSpec:
     soft_cap: Optional[float] = None
     key_mask_BS: Optional[Tensor] = None
     sinks_H: Optional[Tensor] = None
+    chunk_size: Optional[int] = None
 
     @property
     def is_plain_causal(self) -> bool:
@@ -63,7 +67,7 @@ class MaskSpec:
             (True, False)
         """
         return (self.sliding_window is None and self.alibi_slopes_H is None and self.key_mask_BS is None
-                and self.sinks_H is None)
+                and self.sinks_H is None and self.chunk_size is None)
 
     def capped(self, scaled_scores: Tensor) -> Tensor:
         """Soft-capping of scaled scores (identity without ``soft_cap``).
@@ -90,6 +94,14 @@ class MaskSpec:
         visible = (j <= i)[None]  # [1, q, k]
         if self.sliding_window is not None:
             visible = visible & ((i - j) < self.sliding_window)
+        if self.chunk_size is not None:  # each row's positions count from its first real token
+            if self.key_mask_BS is None:
+                chunk_q, chunk_k = i // self.chunk_size, j // self.chunk_size
+            else:
+                positions_BS = self.key_mask_BS.to(device).long().cumsum(-1) - 1
+                chunk_q = positions_BS[:, i[:, 0], None] // self.chunk_size  # [B, q, 1]
+                chunk_k = positions_BS[:, None, j[0]] // self.chunk_size  # [B, 1, k]
+            visible = visible & (chunk_q == chunk_k)
         if self.key_mask_BS is not None:
             key_mask = self.key_mask_BS.to(device)
             query_is_pad_Bq = ~key_mask[:, q_start + self.q_offset:q_start + self.q_offset + q_len]
@@ -113,7 +125,7 @@ class MaskSpec:
                     [0., 0.]])
         """
         if self.alibi_slopes_H is None and self.key_mask_BS is None and (H // G) * P * S <= _CACHED_BIAS_MAX:
-            return _grouped_window_bias(H // G, P, S, self.q_offset, self.sliding_window, device, dtype)
+            return _grouped_window_bias(H // G, P, S, self.q_offset, self.sliding_window, device, dtype, self.chunk_size)
         bias_bhPS = self.bias(0, P, 0, S, device).to(dtype)
         return bias_bhPS.expand(B, H, P, S).reshape(B * G, (H // G) * P, S)
 
@@ -134,9 +146,10 @@ _CACHED_BIAS_MAX = 2**20  # elements (4 MiB in float32): larger biases are rebui
 
 @functools.lru_cache(maxsize=8)
 def _grouped_window_bias(g: int, P: int, S: int, q_offset: int, sliding_window: Optional[int],
-                         device: torch.device, dtype: torch.dtype) -> Tensor:
-    """[1, g*P, S]: the causal (and sliding-window) bias repeated for g query heads. Read only: cached."""
-    bias_11PS = MaskSpec(scale=1.0, q_offset=q_offset, sliding_window=sliding_window).bias(0, P, 0, S, device)
+                         device: torch.device, dtype: torch.dtype, chunk_size: Optional[int] = None) -> Tensor:
+    """[1, g*P, S]: the causal (and sliding-window or chunked) bias repeated for g query heads. Read only: cached."""
+    bias_11PS = MaskSpec(scale=1.0, q_offset=q_offset, sliding_window=sliding_window,
+                         chunk_size=chunk_size).bias(0, P, 0, S, device)
     return bias_11PS.to(dtype).expand(1, g, P, S).reshape(1, g * P, S)
 
 
@@ -328,7 +341,8 @@ def flash_attention(
         True
     """
     if (q_BHPK.is_cuda and mask.alibi_slopes_H is None and mask.soft_cap is None and mask.key_mask_BS is None
-            and mask.sinks_H is None and mask.q_offset == 0 and v_BGSJ.shape[-1] == q_BHPK.shape[-1]
+            and mask.sinks_H is None and mask.chunk_size is None and mask.q_offset == 0
+            and v_BGSJ.shape[-1] == q_BHPK.shape[-1]
             and q_BHPK.shape[2] == k_BGSK.shape[2]):
         from workbench.kernels import triton_available, triton_flash_attention
 

@@ -10,13 +10,18 @@ become chosen experts and weights by ``router_scoring`` (``ModelConfig``; ``Rout
 
     softmax       p = softmax(logits) over all experts; the top k of p (Mixtral, Qwen2/3-MoE, DeepSeek-V2)
     sigmoid       p = sigmoid(logits); the top k of p + correction bias (DeepSeek-V3)
-    topk_softmax  the top k of the logits; p = softmax over those k only (gpt-oss)
+    topk_softmax  the top k of the logits; p = softmax over those k only (gpt-oss, GraniteMoE)
+    topk_sigmoid  the top k of the logits; p = their sigmoids (Llama 4)
+    sparsemixer   Phi-3.5-MoE's top 2: the best expert, weighted by the softmax of the logits within a
+                  relative 2 * router_jitter_eps of the best; then the best of the others, weighted the same
+                  way over the logits without the first
 
 With ``router_groups`` the experts form equal groups and only the ``router_topk_groups`` best groups
 (a group's score: its best expert's, or its best two summed) may be chosen. The correction bias
 (``router_score_correction`` [E], DeepSeek-V3's ``e_score_correction_bias``) only picks experts; the
 weights are the chosen experts' p, rescaled to sum to one with ``router_renormalize`` (not for
-topk_softmax, whose weights already do) and multiplied by ``routed_scaling_factor``.
+topk_softmax and sparsemixer, whose weights are their own) and multiplied by ``routed_scaling_factor``.
+The renormalising sum has 1e-20 added, or is clamped below at ``router_renormalize_floor`` (ERNIE 4.5).
 
 Experts are gated MLPs (or plain ones without ``gated_mlp``) whose weights are stacked: ``W_gate``/``W_in``
 [E, D, M], ``W_out`` [E, M, D], each expert in TransformerLens's dense-MLP layout, views of the
@@ -25,6 +30,8 @@ nn.Linear-layout storage (``_W_router_lin`` [E, D], ``_W_gate_lin``/``_W_in_lin`
 With ``swiglu_limit`` (gpt-oss) an expert computes (clamp(up) + 1) * g * sigmoid(alpha * g) with
 g = min(gate, limit). Tokens are grouped by expert and each expert runs once on its tokens: the Python
 loop is over the experts that received tokens, never over tokens.
+
+With ``router_weights_input`` (Llama 4) the weight scales the expert's input instead: expert(w * x).
 
 A shared expert (``d_shared_expert``) is a gated MLP every token runs (``shared``), its output
 optionally scaled by sigmoid(``W_shared_gate`` x) (Qwen2-MoE); it is added to the routed output.
@@ -64,11 +71,14 @@ class RoutingRule:
     topk_groups: Optional[int] = None
     group_score: str = "max"
     scaling_factor: float = 1.0
+    renormalize_floor: Optional[float] = None
+    jitter_eps: float = 0.0
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> "RoutingRule":
         return cls(cfg.experts_per_token, cfg.moe.router_scoring, cfg.moe.router_renormalize, cfg.moe.router_groups,
-                   cfg.moe.router_topk_groups, cfg.moe.router_group_score, cfg.moe.routed_scaling_factor)
+                   cfg.moe.router_topk_groups, cfg.moe.router_group_score, cfg.moe.routed_scaling_factor,
+                   cfg.moe.router_renormalize_floor, cfg.moe.router_jitter_eps)
 
     def choose(self, logits_BPE: Float[Tensor, "batch pos num_experts"], correction_E: Optional[Tensor] = None
                ) -> tuple[Int[Tensor, "batch pos k"], Float[Tensor, "batch pos k"]]:
@@ -83,6 +93,12 @@ class RoutingRule:
         if self.scoring == "topk_softmax":
             top_logits_BPk, indices_BPk = torch.topk(logits_BPE, self.k, dim=-1)
             return indices_BPk, torch.softmax(top_logits_BPk, dim=-1) * self.scaling_factor
+        if self.scoring == "topk_sigmoid":
+            top_logits_BPk, indices_BPk = torch.topk(logits_BPE, self.k, dim=-1)
+            return indices_BPk, torch.sigmoid(top_logits_BPk) * self.scaling_factor
+        if self.scoring == "sparsemixer":
+            indices_BPk, weights_BPk = self._sparsemixer(logits_BPE)
+            return indices_BPk, weights_BPk * self.scaling_factor
         scores_BPE = self.scores(logits_BPE)
         choice_BPE = scores_BPE if correction_E is None else scores_BPE + correction_E.float()
         if self.groups is not None:
@@ -90,8 +106,26 @@ class RoutingRule:
         indices_BPk = torch.topk(choice_BPE, self.k, dim=-1).indices
         weights_BPk = scores_BPE.gather(-1, indices_BPk)
         if self.renormalize:
-            weights_BPk = weights_BPk / (weights_BPk.sum(dim=-1, keepdim=True) + RENORMALIZE_EPS)
+            total_BP1 = weights_BPk.sum(dim=-1, keepdim=True)
+            total_BP1 = total_BP1 + RENORMALIZE_EPS if self.renormalize_floor is None else total_BP1.clamp(
+                min=self.renormalize_floor)
+            weights_BPk = weights_BPk / total_BP1
         return indices_BPk, weights_BPk * self.scaling_factor
+
+    def _sparsemixer(self, logits_BPE: Tensor) -> tuple[Tensor, Tensor]:
+        """Phi-3.5-MoE's inference routing (transformers' ``sparsemixer`` outside training): two rounds, each
+        choosing the best remaining expert and weighting it by a softmax over the logits that are within a
+        relative ``2 * jitter_eps`` of that best one (the first round's expert masked out of the second)."""
+        remaining_BPE, indices, weights = logits_BPE, [], []
+        for _ in range(2):
+            best_BP1, index_BP1 = remaining_BPE.max(dim=-1, keepdim=True)
+            factor_BPE = logits_BPE.abs().clamp(min=best_BP1)
+            far_BPE = (best_BP1 - logits_BPE) / factor_BPE > 2 * self.jitter_eps
+            gates_BPE = torch.softmax(remaining_BPE.masked_fill(far_BPE, float("-inf")), dim=-1)
+            indices.append(index_BP1)
+            weights.append(gates_BPE.gather(-1, index_BP1))
+            remaining_BPE = remaining_BPE.scatter(-1, index_BP1, float("-inf"))
+        return torch.cat(indices, dim=-1), torch.cat(weights, dim=-1)
 
     def scores(self, logits_BPE: Float[Tensor, "batch pos num_experts"]) -> Float[Tensor, "batch pos num_experts"]:
         """Every expert's score (float32), as the router scores them: the sigmoid of the logits for a sigmoid
@@ -143,6 +177,7 @@ class MixtureOfExperts(nn.Module):
         self._W_router_lin = nn.Parameter(torch.empty(E, D, dtype=options.dtype))
         self.b_router = nn.Parameter(torch.zeros(E, dtype=options.dtype)) if cfg.moe.router_bias else None
         self.router_in_float32 = cfg.moe.router_in_float32
+        self.weights_scale_input = cfg.moe.router_weights_input
         # Always float32, as transformers keeps e_score_correction_bias: in bfloat16 its rounding alone
         # would change which experts close scores pick (``_apply`` keeps it so through ``.to()``).
         self.router_score_correction = (nn.Parameter(torch.zeros(E, dtype=torch.float32))
@@ -181,8 +216,11 @@ class MixtureOfExperts(nn.Module):
         # On the meta device (wb.plan_memory) the routing has no values and only shapes matter: no expert runs.
         for expert in ([] if x_ND.is_meta else indices_Nk.unique().tolist()):
             token_idx, slot_idx = torch.where(indices_Nk == expert)
-            y = self.expert_forward(expert, x_ND[token_idx])
-            out_ND.index_add_(0, token_idx, y * weights_Nk[token_idx, slot_idx, None])
+            weight_N1 = weights_Nk[token_idx, slot_idx, None]
+            if self.weights_scale_input:  # Llama 4: expert(w * x)
+                out_ND.index_add_(0, token_idx, self.expert_forward(expert, x_ND[token_idx] * weight_N1))
+            else:
+                out_ND.index_add_(0, token_idx, self.expert_forward(expert, x_ND[token_idx]) * weight_N1)
         out_BPD = out_ND.view(B, P, D)
         if self.shared is None:
             return out_BPD

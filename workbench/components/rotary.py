@@ -11,7 +11,10 @@ Q/K rows permuted for llama.cpp's interleaved pairing; the GGUF loader undoes th
 low frequencies by ``factor`` and blends the middle band; ``yarn`` blends interpolated and
 extrapolated frequencies over a correction range and multiplies cos and sin by an attention
 factor; ``dynamic`` (NTK) raises the base once a sequence runs past ``n_ctx``, from the longest
-position of the current call (as `transformers` recomputes it per forward).
+position of the current call (as `transformers` recomputes it per forward); ``longrope`` (Phi-3/3.5)
+divides each frequency by its own ``short_factor`` while the call's longest position stays within
+``original_max_position_embeddings`` and by its ``long_factor`` beyond, and multiplies cos and sin by
+an attention factor (given, or sqrt(1 + ln(factor) / ln(original)) with factor = n_ctx / original).
 """
 
 from __future__ import annotations
@@ -50,8 +53,11 @@ class Rotary(nn.Module):
         super().__init__()
         self.rotary_dim, self.base, self.n_ctx = cfg.rotary_dim, cfg.rotary_base, cfg.n_ctx
         self.adjacent_pairs = cfg.rotary_adjacent_pairs
-        self.scaling: Scaling = None if cfg.rotary_scaling is None else tuple(sorted(cfg.rotary_scaling.items()))
+        self.scaling: Scaling = None if cfg.rotary_scaling is None else tuple(sorted(
+            (key, tuple(value) if isinstance(value, list) else value) for key, value in cfg.rotary_scaling.items()))
         self.dynamic = (cfg.rotary_scaling or {}).get("rope_type") == "dynamic"
+        # longrope: calls longer than this use the long factors (the table built here has the short ones)
+        self.regime_length = cfg.rotary_regime_length
         with torch.device("cpu"):  # a real (and cached) table even when the model is built on the meta device
             cos, sin = rotary_table(cfg.n_ctx, cfg.rotary_dim, cfg.rotary_base, self.scaling,
                                     adjacent_pairs=self.adjacent_pairs, length=min(cfg.n_ctx, INITIAL_POSITIONS))
@@ -86,10 +92,15 @@ class Rotary(nn.Module):
         # Only dynamic scaling, and a table not yet grown to n_ctx, read the longest position (a device sync on GPU).
         # Positions on the meta device (plan_memory's pass) have a shape but no values: nothing grows for them.
         short = self.cos.shape[0] < self.n_ctx
-        measure = (self.dynamic or short) and positions.numel() and not positions.is_meta
+        measure = (self.dynamic or short or self.regime_length) and positions.numel() and not positions.is_meta
         seq_len = int(positions.max()) + 1 if measure else 0
         if short and seq_len > self.cos.shape[0]:
             self._grow(seq_len)
+        if self.regime_length is not None and seq_len > self.regime_length:  # longrope's long factors
+            cos, sin = rotary_table(self.n_ctx, self.rotary_dim, self.base, self.scaling, self.regime_length + 1,
+                                    adjacent_pairs=self.adjacent_pairs,
+                                    length=max(seq_len, min(self.n_ctx, INITIAL_POSITIONS)))
+            return cos.to(self.cos.device)[positions], sin.to(self.sin.device)[positions]
         if self.dynamic and seq_len > self.n_ctx:  # NTK: a base fitted to this call's longest position
             cos, sin = rotary_table(self.n_ctx, self.rotary_dim, self.base, self.scaling, seq_len,
                                     adjacent_pairs=self.adjacent_pairs)
@@ -130,7 +141,21 @@ def inverse_frequencies(rotary_dim: int, base: float, scaling: Scaling = None, n
         return _llama3(inv_freq, spec), 1.0
     if kind == "yarn":
         return _yarn(inv_freq, base, rotary_dim, spec, n_ctx)
+    if kind == "longrope":
+        return _longrope(inv_freq, spec, n_ctx, seq_len)
     return inv_freq, 1.0
+
+
+def _longrope(inv_freq: Tensor, spec: dict[str, Any], n_ctx: int, seq_len: int) -> tuple[Tensor, float]:
+    """Each frequency divided by its short (or, for calls past the original context, long) factor; the
+    attention factor as given or from factor = n_ctx / original (transformers' ``_compute_longrope_parameters``)."""
+    original = spec["original_max_position_embeddings"]
+    factor = spec.get("factor") or n_ctx / original
+    attention_factor = spec.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+    divisors = spec["long_factor"] if seq_len > original else spec["short_factor"]
+    return inv_freq / torch.tensor(divisors, dtype=torch.float64), float(attention_factor)
 
 
 def _llama3(inv_freq: Tensor, spec: dict[str, Any]) -> Tensor:

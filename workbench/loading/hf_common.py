@@ -16,7 +16,8 @@ from workbench.loading.common import cannot_honour
 _MISSING = object()
 # Keys of a RoPE scaling spec that ModelConfig.rotary_scaling keeps (transformers' names).
 _ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
-                      "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate")
+                      "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate",
+                      "short_factor", "long_factor")
 
 # HF activation names (transformers' ACT2FN keys) -> ours. Anything else is refused by name.
 HF_ACTIVATIONS = {
@@ -69,13 +70,15 @@ class HFConfig:
             raise self.refuse(field, name, f"supported activations are {sorted(HF_ACTIVATIONS)}")
         return HF_ACTIVATIONS[name]
 
-    def rotary(self, head_dim: int, default_base: float = 10000.0, layer_type: Optional[str] = None) -> dict[str, Any]:
+    def rotary(self, head_dim: int, default_base: float = 10000.0, layer_type: Optional[str] = None,
+               longrope: bool = False) -> dict[str, Any]:
         """``positional``, ``rotary_base``, ``rotary_dim`` and ``rotary_scaling`` from ``rope_parameters``
         (transformers 5; per layer type when keyed by it, as Gemma 3's is) or the older
         ``rope_theta``/``rope_scaling``/``partial_rotary_factor`` fields.
 
-        Scalings ``linear``, ``dynamic``, ``llama3`` and ``yarn`` are honoured; any other (``longrope``,
-        ...) is an error naming the field rather than a model that silently diverges at long range.
+        Scalings ``linear``, ``dynamic``, ``llama3`` and ``yarn`` are honoured, ``longrope`` where the caller
+        says its architecture runs it as transformers' ``_compute_longrope_parameters`` (Phi-3); any other is
+        an error naming the field rather than a model that silently diverges at long range.
 
         Example:
             >>> hf = HFConfig({"rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4},
@@ -104,13 +107,18 @@ class HFConfig:
         out = {"positional": "rotary", "rotary_base": base, "rotary_dim": rotary_dim, "rotary_scaling": None}
         if kind == "default":
             return out
-        if kind not in ROTARY_SCALINGS:
-            raise self.refuse(f"{field}.rope_type", kind, f"supported RoPE types are {['default', *ROTARY_SCALINGS]}")
+        honoured = [name for name in ROTARY_SCALINGS if longrope or name != "longrope"]
+        if kind not in honoured:
+            raise self.refuse(f"{field}.rope_type", kind, f"supported RoPE types are {['default', *honoured]}")
         scaling = {"rope_type": kind, **{key: spec[key] for key in _ROPE_SCALING_KEYS if spec.get(key) is not None}}
         if "original_max_position_embeddings" in ROTARY_SCALINGS[kind]:
             scaling.setdefault("original_max_position_embeddings",
                                self.get("original_max_position_embeddings", self.get("max_position_embeddings")))
-        if kind == "yarn" and scaling.get("factor") is None:  # transformers: the context's growth
+        for key in ("short_factor", "long_factor") if kind == "longrope" else ():
+            if not isinstance(spec.get(key), list) or len(spec[key]) != rotary_dim // 2:
+                raise self.refuse(f"{field}.{key}", spec.get(key), f"longrope needs a list of rotary_dim / 2 = "
+                                                                 f"{rotary_dim // 2} numbers")
+        if kind in ("yarn", "longrope") and scaling.get("factor") is None:  # transformers: the context's growth
             scaling["factor"] = self.require("max_position_embeddings") / scaling["original_max_position_embeddings"]
         out["rotary_scaling"] = scaling
         return out

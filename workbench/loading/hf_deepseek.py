@@ -43,7 +43,8 @@ from workbench.config import LatentAttentionConfig, MoEConfig, ModelConfig
 from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_experts import MoEKind, dense_gated_mlp, moe_layer_fields, read_experts, with_moe_layers
+from workbench.loading.hf_experts import (MoEKind, dense_gated_mlp, moe_layer_fields, read_experts, router_groups,
+                                          with_moe_layers)
 
 LAYER_INDEX = re.compile(r"model\.layers\.(\d+)\.")
 
@@ -57,14 +58,14 @@ def _v2_router(hf: HFConfig) -> dict[str, Any]:
     _scoring_function(hf, "softmax")
     fields = {"router_scoring": "softmax", "router_renormalize": False}
     if method == "group_limited_greedy":
-        fields.update(_groups(hf), router_group_score="max")
+        fields.update(router_groups(hf), router_group_score="max")
     return fields
 
 
 def _v3_router(hf: HFConfig) -> dict[str, Any]:
     _scoring_function(hf, "sigmoid")
     return {"router_scoring": "sigmoid", "router_score_correction": True, "router_group_score": "top2_sum",
-            "router_renormalize": bool(hf.get("norm_topk_prob", True)), **_groups(hf)}
+            "router_renormalize": bool(hf.get("norm_topk_prob", True)), **router_groups(hf)}
 
 
 def _scoring_function(hf: HFConfig, implemented: str) -> None:
@@ -72,18 +73,6 @@ def _scoring_function(hf: HFConfig, implemented: str) -> None:
     scoring = hf.get("scoring_func", implemented)
     if scoring != implemented:
         raise hf.refuse("scoring_func", scoring, f"this architecture scores experts with {implemented!r} only")
-
-
-def _groups(hf: HFConfig) -> dict[str, Any]:
-    n_group, topk_group = int(hf.require("n_group")), int(hf.require("topk_group"))
-    if n_group < 1:
-        raise hf.refuse("n_group", n_group, "must be a positive integer")
-    if not 0 < topk_group <= n_group:
-        raise hf.refuse("topk_group", topk_group, f"must be in 1..n_group={n_group}")
-    n_experts = int(hf.require("n_routed_experts"))
-    if n_experts % n_group:
-        raise hf.refuse("n_group", n_group, f"must divide n_routed_experts={n_experts}")
-    return {"router_groups": n_group, "router_topk_groups": topk_group}
 
 
 def _moe_kind(router) -> MoEKind:
@@ -140,7 +129,7 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
         latent=LatentAttentionConfig(kv_lora_rank=int(hf.require("kv_lora_rank")), d_head_v=int(hf.require("v_head_dim")),
                                      q_lora_rank=None if q_lora_rank is None else int(q_lora_rank),
                                      latent_norm_eps=LATENT_NORM_EPS),
-        attn_scale=math.sqrt(nope + rope) / _mscale_squared(rotary["rotary_scaling"]),
+        attn_scale=math.sqrt(nope + rope) / mscale_squared(rotary["rotary_scaling"]),
         rotary_adjacent_pairs=bool(hf.get(pairs_field, True)) if pairs_field else True,
         d_vocab=int(hf.require("vocab_size")), n_ctx=int(hf.require("max_position_embeddings")),
         normalization="RMS", norm_eps=float(hf.get("rms_norm_eps", 1e-6)), act_fn=hf.activation("hidden_act"),
@@ -153,8 +142,13 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
     )
 
 
-def _mscale_squared(scaling: Optional[dict[str, Any]]) -> float:
-    """DeepSeek's softmax-scale correction: mscale(factor, mscale_all_dim)^2 with a scaled RoPE, else 1."""
+def mscale_squared(scaling: Optional[dict[str, Any]]) -> float:
+    """DeepSeek's (and MiniCPM3's) softmax-scale correction: mscale(factor, mscale_all_dim)^2 with a scaled RoPE, else 1.
+
+    Example:
+        >>> round(mscale_squared({"rope_type": "yarn", "factor": 4.0, "mscale_all_dim": 1.0}), 4)
+        1.2965
+    """
     if not scaling or not scaling.get("mscale_all_dim"):
         return 1.0
     return yarn_mscale(scaling["factor"], scaling["mscale_all_dim"]) ** 2
@@ -174,7 +168,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
         hf, ours = f"model.layers.{layer}", f"blocks.{layer}"
         out[f"{ours}.ln1.w"] = ckpt.take(f"{hf}.input_layernorm.weight", (D,))
         out[f"{ours}.ln2.w"] = ckpt.take(f"{hf}.post_attention_layernorm.weight", (D,))
-        out.update(_latent_attention(ckpt, cfg, layer))
+        out.update(latent_attention_tensors(ckpt, cfg, layer))
         layer_cfg = cfg.for_layer(layer)
         if layer_cfg.is_moe:
             out.update(read_experts(ckpt, MOE[architecture], layer_cfg, layer))
@@ -184,7 +178,15 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
     return out
 
 
-def _latent_attention(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, layer: int) -> dict[str, Tensor]:
+def latent_attention_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, layer: int) -> dict[str, Tensor]:
+    """One layer's latent attention (``self_attn.q_proj | q_a_proj, q_a_layernorm, q_b_proj``,
+    ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``, their biases) renamed to ours
+    (DeepSeek-V2/V3, MiniCPM3).
+
+    Example:
+        >>> latent_attention_tensors(ckpt, cfg, 0)["blocks.0.attn._W_KVA_lin"].shape   # doctest: +SKIP
+        torch.Size([20, 48])
+    """
     H, K, R, J, D = cfg.n_heads, cfg.d_head, cfg.rotary_dim, cfg.d_head_v, cfg.d_model
     A, Q = cfg.latent.kv_lora_rank, cfg.latent.q_lora_rank
     hf, ours = f"model.layers.{layer}.self_attn", f"blocks.{layer}.attn"

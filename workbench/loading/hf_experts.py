@@ -13,7 +13,10 @@ Expert tensors (``read_experts``) come per expert, as ``save_pretrained`` writes
 (``{prefix}.experts.{e}.{gate,up,down}_proj.weight``; Mixtral's ``w1``/``w3``/``w2``), or fused as
 transformers holds them in memory (``mlp.experts.gate_up_proj`` [E, 2M, D], gate rows first, and
 ``down_proj`` [E, D, M], the router at ``mlp.gate``); gpt-oss's are fused, transposed and interleaved (``gate_up_proj`` [E, D, 2M]
-with gate columns at even indices, ``down_proj`` [E, M, D], each with a bias).
+with gate columns at even indices, ``down_proj`` [E, M, D], each with a bias); GraniteMoE's are fused under
+their own names (``block_sparse_moe.input_linear`` [E, 2M, D], ``output_linear`` [E, D, M], ``MoEKind.fused_names``).
+The kinds of issue 38 (OLMoE, MiniMax-M2, GLM-4.5 and dots.llm1, ERNIE 4.5, HunYuan, Phi-3.5-MoE, GraniteMoE) are
+rows of the same table, read by ``hf_moe_families``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 from torch import Tensor
 
 from workbench.config import ModelConfig
+from workbench.errors import CheckpointError
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig, per_layer_config, per_layer_values
 
@@ -43,6 +47,13 @@ class MoEKind:
     shared_prefix: Optional[str] = None  # the shared expert's MLP under model.layers.{l}
     sparse_layers: str = "every"  # which layers have experts: a key of SPARSE_LAYER_RULES
     interleaved: bool = False  # gpt-oss's fused, transposed, interleaved and biased expert tensors
+    k_field: str = "num_experts_per_tok"  # the config field holding k (HunYuan: moe_topk; ERNIE: moe_k)
+    # The correction bias under model.layers.{l} (ERNIE's is [1, E]); None: {router}.e_score_correction_bias.
+    correction_tensor: Optional[str] = None
+    # Experts stored fused under these names (under model.layers.{l}): [E, 2M, D] with gate rows first and
+    # [E, D, M] (GraniteMoE's input_linear / output_linear); None: per expert (or transformers' in-memory layout).
+    fused_names: Optional[tuple[str, str]] = None
+    shared_fused: bool = False  # the shared expert's gate and up projections in one input_linear (GraniteMoE)
 
 
 def _qwen_router(hf: HFConfig) -> dict[str, Any]:
@@ -59,6 +70,45 @@ def _gpt_oss_router(hf: HFConfig) -> dict[str, Any]:
             "swiglu_limit": float(hf.get("swiglu_limit", 7.0)), "swiglu_alpha": float(hf.get("swiglu_alpha", 1.702))}
 
 
+def _sigmoid_router(hf: HFConfig) -> dict[str, Any]:
+    """MiniMax-M2: sigmoid scores plus a correction bias choose, the chosen scores renormalised weigh."""
+    return {"router_scoring": "sigmoid", "router_score_correction": True, "router_renormalize": True}
+
+
+def _grouped_sigmoid_router(hf: HFConfig) -> dict[str, Any]:
+    """GLM-4.5 (glm4_moe), dots.llm1: DeepSeek-V3's routing (groups scored by their best two, correction
+    bias, norm_topk_prob, routed_scaling_factor, float32 router) and n_shared_experts shared experts."""
+    return {"router_scoring": "sigmoid", "router_score_correction": True, "router_group_score": "top2_sum",
+            "router_renormalize": bool(hf.get("norm_topk_prob", True)), **router_groups(hf),
+            "routed_scaling_factor": float(hf.get("routed_scaling_factor", 1.0)), "router_in_float32": True,
+            "d_shared_expert": int(hf.require("moe_intermediate_size")) * int(hf.get("n_shared_experts", 0))}
+
+
+def _ernie_router(hf: HFConfig) -> dict[str, Any]:
+    """ERNIE 4.5: softmax probabilities plus a correction bias choose; the sum is clamped at moe_norm_min."""
+    return {"router_score_correction": True, "router_renormalize": True, "router_in_float32": True,
+            "router_renormalize_floor": float(hf.get("moe_norm_min", 1e-12)),
+            "d_shared_expert": int(hf.require("moe_intermediate_size")) * int(hf.get("moe_num_shared_experts", 0))}
+
+
+def _hunyuan_router(hf: HFConfig) -> dict[str, Any]:
+    """HunYuan-MoE: renormalised softmax in float32, and one ungated shared MLP of intermediate_size."""
+    return {"router_renormalize": True, "router_in_float32": True, "d_shared_expert": int(hf.require("intermediate_size"))}
+
+
+def _granite_router(hf: HFConfig) -> dict[str, Any]:
+    """GraniteMoE (-Shared): the top k of the logits, a softmax over those; a shared MLP of shared_intermediate_size."""
+    return {"router_scoring": "topk_softmax", "d_shared_expert": int(hf.get("shared_intermediate_size", 0))}
+
+
+def _sparsemixer_router(hf: HFConfig) -> dict[str, Any]:
+    """Phi-3.5-MoE: sparsemixer over the logits, its threshold router_jitter_noise."""
+    return {"router_scoring": "sparsemixer", "router_jitter_eps": float(hf.get("router_jitter_noise", 0.01))}
+
+
+_PER_EXPERT_W123 = dict(per_expert=("w1", "w3", "w2"), router_tensor="block_sparse_moe.gate",
+                        experts_prefix="block_sparse_moe.experts")
+
 MOE_KINDS: dict[str, MoEKind] = {
     "mixtral": MoEKind(("num_local_experts",), "intermediate_size", lambda hf: {"router_renormalize": True},
                        per_expert=("w1", "w3", "w2"), router_tensor="block_sparse_moe.gate",
@@ -69,6 +119,21 @@ MOE_KINDS: dict[str, MoEKind] = {
                          sparse_layers="decoder_sparse_step"),
     "gpt_oss": MoEKind(("num_local_experts", "num_experts"), "intermediate_size", _gpt_oss_router,
                        router_tensor="mlp.router", interleaved=True),
+    # ---- issue 38, more mixtures of experts (hf_moe_families) ----
+    "olmoe": MoEKind(("num_experts",), "intermediate_size", _qwen_router),
+    "minimax_m2": MoEKind(("num_local_experts",), "intermediate_size", _sigmoid_router, **_PER_EXPERT_W123,
+                          correction_tensor="block_sparse_moe.e_score_correction_bias"),
+    "grouped_sigmoid": MoEKind(("n_routed_experts",), "moe_intermediate_size", _grouped_sigmoid_router,
+                               shared_prefix="mlp.shared_experts", sparse_layers="first_k_dense_replace"),
+    "ernie4_5_moe": MoEKind(("moe_num_experts",), "moe_intermediate_size", _ernie_router, k_field="moe_k",
+                            shared_prefix="mlp.shared_experts", sparse_layers="moe_layer_interval",
+                            correction_tensor="mlp.moe_statics.e_score_correction_bias"),
+    "hunyuan_v1_moe": MoEKind(("num_experts",), "intermediate_size", _hunyuan_router, k_field="moe_topk",
+                              router_tensor="mlp.gate.wg", shared_prefix="mlp.shared_mlp"),
+    "phimoe": MoEKind(("num_local_experts",), "intermediate_size", _sparsemixer_router, **_PER_EXPERT_W123),
+    "granitemoe": MoEKind(("num_local_experts",), "intermediate_size", _granite_router,
+                          router_tensor="block_sparse_moe.router.layer", shared_prefix="shared_mlp", shared_fused=True,
+                          fused_names=("block_sparse_moe.input_linear.weight", "block_sparse_moe.output_linear.weight")),
 }
 
 
@@ -89,9 +154,35 @@ def _decoder_sparse_step(hf: HFConfig, n_layers: int) -> list[bool]:
     return [layer not in dense and (layer + 1) % step == 0 for layer in range(n_layers)]
 
 
+def _moe_layer_interval(hf: HFConfig, n_layers: int) -> list[bool]:
+    """ERNIE 4.5: experts on every ``moe_layer_interval``-th layer (counting from 1) between
+    ``moe_layer_start_index`` and ``moe_layer_end_index`` (-1: the last layer), both included."""
+    interval, start = int(hf.get("moe_layer_interval", 1)), int(hf.get("moe_layer_start_index", 1))
+    end = int(hf.get("moe_layer_end_index", -1))
+    end = n_layers - 1 if end == -1 else end
+    if interval < 1:
+        raise hf.refuse("moe_layer_interval", interval, "must be a positive integer")
+    return [(layer + 1) % interval == 0 and start <= layer <= end for layer in range(n_layers)]
+
+
 SPARSE_LAYER_RULES: dict[str, Callable[[HFConfig, int], list[bool]]] = {
     "every": _every_layer, "first_k_dense_replace": _first_k_dense, "decoder_sparse_step": _decoder_sparse_step,
+    "moe_layer_interval": _moe_layer_interval,
 }
+
+
+def router_groups(hf: HFConfig, experts_field: str = "n_routed_experts") -> dict[str, Any]:
+    """Group-limited routing's ``router_groups`` / ``router_topk_groups`` from ``n_group`` / ``topk_group``
+    (DeepSeek-V2/V3, GLM-4.5, dots.llm1), each checked against the expert count."""
+    n_group, topk_group = int(hf.require("n_group")), int(hf.require("topk_group"))
+    if n_group < 1:
+        raise hf.refuse("n_group", n_group, "must be a positive integer")
+    if not 0 < topk_group <= n_group:
+        raise hf.refuse("topk_group", topk_group, f"must be in 1..n_group={n_group}")
+    n_experts = int(hf.require(experts_field))
+    if n_experts % n_group:
+        raise hf.refuse("n_group", n_group, f"must divide {experts_field}={n_experts}")
+    return {"router_groups": n_group, "router_topk_groups": topk_group}
 
 
 def expert_count(hf: HFConfig, kind: MoEKind) -> int:
@@ -111,10 +202,12 @@ def moe_layer_fields(hf: HFConfig, kind: MoEKind, n_layers: int) -> list[dict[st
         >>> [f["num_experts"] for f in moe_layer_fields(hf, MOE_KINDS["qwen3_moe"], 2)]
         [0, 4]
     """
-    E, k = expert_count(hf, kind), int(hf.require("num_experts_per_tok"))
+    E, k = expert_count(hf, kind), hf.require(kind.k_field)
+    if isinstance(k, bool) or not isinstance(k, int):  # HunYuan allows a list, one k per layer
+        raise hf.refuse(kind.k_field, k, "expected one integer for every layer")
     width, dense_width = int(hf.require(kind.width_field)), int(hf.require("intermediate_size"))
     if not 0 < k <= E:
-        raise hf.refuse("num_experts_per_tok", k, f"must be in 1..{E} (the number of experts)")
+        raise hf.refuse(kind.k_field, k, f"must be in 1..{E} (the number of experts)")
     sparse = SPARSE_LAYER_RULES[kind.sparse_layers](hf, n_layers) if E else [False] * n_layers
     return [{"num_experts": E, "experts_per_token": k, "d_mlp": width} if is_sparse
             else {"num_experts": 0, "experts_per_token": 0, "d_mlp": dense_width} for is_sparse in sparse]
@@ -148,9 +241,17 @@ def read_experts(ckpt: SafetensorsCheckpoint, kind: MoEKind, cfg: ModelConfig, l
     if cfg.moe.router_bias:
         out[f"{ours}.b_router"] = ckpt.take(f"{router}.bias", (E,))
     if cfg.moe.router_score_correction:
-        out[f"{ours}.router_score_correction"] = ckpt.take(f"{router}.e_score_correction_bias", (E,)).float()
+        name = f"{hf_layer}.{kind.correction_tensor}" if kind.correction_tensor else f"{router}.e_score_correction_bias"
+        out[f"{ours}.router_score_correction"] = ckpt.take(name).float().reshape(-1)
+        if out[f"{ours}.router_score_correction"].shape != (E,):
+            raise CheckpointError(f"{ckpt.source}: tensor '{name}' holds "
+                                  f"{out[f'{ours}.router_score_correction'].numel()} values, expected {E} (one per expert)")
     experts = f"{hf_layer}.{kind.experts_prefix}"
-    if kind.interleaved:
+    if kind.fused_names is not None:
+        gate_up_E2MD = ckpt.take(f"{hf_layer}.{kind.fused_names[0]}", (E, 2 * M, D))
+        out.update({f"{ours}._W_gate_lin": gate_up_E2MD[:, :M], f"{ours}._W_in_lin": gate_up_E2MD[:, M:],
+                    f"{ours}._W_out_lin": ckpt.take(f"{hf_layer}.{kind.fused_names[1]}", (E, D, M))})
+    elif kind.interleaved:
         out.update(_interleaved_experts(ckpt, experts, ours, E, M, D))
     elif fused:
         gate_up_E2MD = ckpt.take(f"{hf_layer}.mlp.experts.gate_up_proj", (E, 2 * M, D))
@@ -163,7 +264,11 @@ def read_experts(ckpt: SafetensorsCheckpoint, kind: MoEKind, cfg: ModelConfig, l
                                                 for e in range(E)])
     if cfg.moe.d_shared_expert:
         shared = f"{hf_layer}.{kind.shared_prefix}"
-        out.update(dense_gated_mlp(ckpt, shared, f"{ours}.shared", cfg.moe.d_shared_expert, D, bias=cfg.mlp_bias))
+        if kind.shared_fused:
+            out.update(fused_gated_mlp(ckpt, shared, f"{ours}.shared", cfg.moe.d_shared_expert, D,
+                                       names=("input_linear", "output_linear")))
+        else:
+            out.update(dense_gated_mlp(ckpt, shared, f"{ours}.shared", cfg.moe.d_shared_expert, D, bias=cfg.mlp_bias))
         if cfg.moe.shared_expert_gate:
             out[f"{ours}._W_shared_gate_lin"] = ckpt.take(f"{shared}_gate.weight", (1, D))
     return out
@@ -184,15 +289,17 @@ def dense_gated_mlp(ckpt: SafetensorsCheckpoint, prefix: str, ours: str, M: int,
     return out
 
 
-def fused_gated_mlp(ckpt: SafetensorsCheckpoint, prefix: str, ours: str, M: int, D: int) -> dict[str, Tensor]:
-    """GLM: ``gate_up_proj`` [2M, D] (gate rows first) and ``down_proj`` [D, M], no biases, as ``{ours}._W_{gate,in,out}_lin``.
+def fused_gated_mlp(ckpt: SafetensorsCheckpoint, prefix: str, ours: str, M: int, D: int,
+                    names: tuple[str, str] = ("gate_up_proj", "down_proj")) -> dict[str, Tensor]:
+    """GLM: ``gate_up_proj`` [2M, D] (gate rows first) and ``down_proj`` [D, M], no biases, as ``{ours}._W_{gate,in,out}_lin``
+    (GraniteMoE's shared expert: the same as ``input_linear`` and ``output_linear``).
 
     Example:
         >>> fused_gated_mlp(ckpt, "model.layers.0.mlp", "blocks.0.mlp", 80, 48)   # doctest: +SKIP
     """
-    gate_up_2MD = ckpt.take(f"{prefix}.gate_up_proj.weight", (2 * M, D))
+    gate_up_2MD = ckpt.take(f"{prefix}.{names[0]}.weight", (2 * M, D))
     return {f"{ours}._W_gate_lin": gate_up_2MD[:M], f"{ours}._W_in_lin": gate_up_2MD[M:],
-            f"{ours}._W_out_lin": ckpt.take(f"{prefix}.down_proj.weight", (D, M))}
+            f"{ours}._W_out_lin": ckpt.take(f"{prefix}.{names[1]}.weight", (D, M))}
 
 
 def dense_mlp(ckpt: SafetensorsCheckpoint, prefix: str, ours: str, M: int, D: int, bias: bool,

@@ -106,6 +106,8 @@ class Variant:
     prepare: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None
     # ModelConfig fields beyond the common ones, from the prepared config (Granite's multipliers).
     extra_fields: Optional[Callable[[HFConfig], dict[str, Any]]] = None
+    # ---- the mixture-of-experts families' switches (hf_moe_families) ----
+    unembed_bias_field: Optional[str] = None  # config field giving lm_head a bias (Phi-3.5-MoE: lm_head_bias)
 
 
 _QWEN_DEFAULTS = {"num_key_value_heads": 32, "max_window_layers": 28, "sliding_window": 4096,
@@ -192,6 +194,7 @@ def model_config(hf: HFConfig, architecture: str, variants: Optional[dict[str, V
         act_fn=hf.activation("hidden_act"), gated_mlp=variant.gated_mlp, attn_bias=attn_bias,
         mlp_bias=bool(variant.mlp_bias_field and hf.get(variant.mlp_bias_field, False)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)), attn_sinks=variant.sinks,
+        unembed_bias=bool(variant.unembed_bias_field and hf.get(variant.unembed_bias_field, False)),
         rotary_adjacent_pairs=variant.rotary_adjacent_pairs, **layers, **moe,
     )
     return hf.model_config(**{**fields, **(variant.extra_fields(hf) if variant.extra_fields else {})})
@@ -308,6 +311,8 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
     like = out["embed.W_E"]
     out.update(_norm(ckpt, cfg, variant, "model.norm", "ln_final", like))
     out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))
+    if cfg.unembed_bias:
+        out["unembed.b_U"] = ckpt.take("lm_head.bias", (V,))
     for layer in range(cfg.n_layers):
         hf, ours = f"model.layers.{layer}", f"blocks.{layer}"
         read = set()

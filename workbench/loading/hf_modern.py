@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 from functools import partial
-from typing import Any
+from typing import Any, Optional
 
 from torch import Tensor
 
@@ -61,19 +61,22 @@ def _granite_multipliers(hf: HFConfig) -> dict[str, Any]:
 # add (Granite's residual_multiplier), and that field: a pure reparametrisation of a pre-norm block, folded
 # into W_O, b_O, W_out and b_out on loading, so the per-head results and neuron contributions (and the
 # weight-based reads of them) sum to exactly what joins the residual stream.
-_FOLDED_OUTPUT_SCALES = {"GraniteForCausalLM": "residual_multiplier"}
-_OUTPUT_WEIGHTS = re.compile(r"blocks\.\d+\.(attn\._W_O_lin|attn\.b_O|mlp\._W_out_lin|mlp\.b_out)")
+# GraniteMoE's experts (and shared expert) are folded the same way: the mixture is linear in each W_out.
+_FOLDED_OUTPUT_SCALES = {"GraniteForCausalLM": "residual_multiplier", "GraniteMoeForCausalLM": "residual_multiplier",
+                         "GraniteMoeSharedForCausalLM": "residual_multiplier"}
+_OUTPUT_WEIGHTS = re.compile(r"blocks\.\d+\.(attn\._W_O_lin|attn\.b_O|mlp\.(shared\.)?_W_out_lin|mlp\.(shared\.)?b_out)")
 
 
-def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture: str) -> dict[str, Tensor]:
-    """``hf_llama.convert_tensors`` over this module's table, with Granite's residual_multiplier folded
-    into the sublayers' output weights and biases.
+def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture: str,
+                    variants: Optional[dict[str, Variant]] = None) -> dict[str, Tensor]:
+    """``hf_llama.convert_tensors`` over this module's table (or ``variants``: ``hf_moe_families``'s), with
+    Granite's residual_multiplier folded into the sublayers' output weights and biases.
 
     Example:
         >>> tensors = convert_tensors(SafetensorsCheckpoint(Path("tiny-granite")), cfg,
         ...                           "GraniteForCausalLM")                           # doctest: +SKIP
     """
-    tensors = hf_llama.convert_tensors(ckpt, cfg, architecture, variants=VARIANTS)
+    tensors = hf_llama.convert_tensors(ckpt, cfg, architecture, variants=variants or VARIANTS)
     field = _FOLDED_OUTPUT_SCALES.get(architecture)
     if field is None:
         return tensors
@@ -217,6 +220,12 @@ REFUSED = {
                          "(num_kv_shared_layers), gain-free RMS-normed values, full-attention layers with their own "
                          "head size and keys as values (global_head_dim, attention_k_eq_v), a per-layer output "
                          "scalar and an optional mixture-of-experts block beside the MLP",
+    "DiffLlamaForCausalLM": "DiffLlama's differential attention (per head the difference of two softmax maps over "
+                            "shared keys, weighted by a learned lambda, then a gain-free RMS norm over the paired "
+                            "heads' values) is a component the workbench does not have yet",
+    "BitNetForCausalLM": "BitNet b1.58 needs components the workbench does not have yet: ternary BitLinear weights as "
+                         "stored (packed, with their scales), per-token int8 quantisation of every linear layer's "
+                         "input, and RMS norms on the attention output and the MLP's hidden activations",
 }
 
 # What hf.py loads through this module (the contract: workbench.loading.family.Family).

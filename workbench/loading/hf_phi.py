@@ -12,7 +12,8 @@ All three are pre-norm RoPE decoders with partial rotary (``partial_rotary_facto
   0.5 unless the config says otherwise.
 - Phi-3 (``phi3``): Llama-like (RMSNorm, SwiGLU, no biases) with q/k/v fused into ``qkv_proj``
   and gate/up fused into ``gate_up_proj``; one optional ``sliding_window`` for every layer.
-  Only unscaled RoPE: ``longrope`` (which Phi-3 also spells ``su`` or ``yarn``) is refused.
+  Unscaled RoPE or ``longrope`` (which Phi-3 also spells ``su`` or ``yarn``: the 128k checkpoints), its
+  short/long factors and attention factor as ``rotary_scaling`` (original context 4096 unless the config says).
 - StableLM (``stablelm``): LayerNorm with bias, SwiGLU, optional q/k/v bias (``use_qkv_bias``,
   never on o_proj), optional ``qk_layernorm`` with a separate bias-free LayerNorm per head,
   optional ``use_parallel_residual`` (then one ``input_layernorm`` feeds both branches).
@@ -69,12 +70,14 @@ class Variant:
     gated_mlp: bool = True
     fused: bool = False  # Phi-3: qkv_proj and gate_up_proj
     honours_sliding_window: bool = False
-    unscaled_rope_only: bool = False  # Phi-3: any rope_type but "default" is longrope there
+    longrope_only: bool = False  # Phi-3: any rope_type but "default" is longrope there
     head_dim_field: bool = True  # False: head_dim is always hidden_size // heads (StableLM's attention)
     default_act: str = "silu"
     final_norm: str = "model.norm"
     out_proj: str = "o_proj"
 
+
+PHI3_ORIGINAL_CONTEXT = 4096  # Phi3Config's original_max_position_embeddings when config.json has none
 
 VARIANTS = {
     "PhiForCausalLM": Variant(normalization="LN", eps_field="layer_norm_eps", partial_rotary_factor=0.5,
@@ -82,7 +85,7 @@ VARIANTS = {
                               gated_mlp=False, default_act="gelu_new", final_norm="model.final_layernorm",
                               out_proj="dense"),
     "Phi3ForCausalLM": Variant(normalization="RMS", eps_field="rms_norm_eps", partial_rotary_factor=1.0,
-                               fused=True, honours_sliding_window=True, unscaled_rope_only=True),
+                               fused=True, honours_sliding_window=True, longrope_only=True),
     "StableLmForCausalLM": Variant(normalization="LN", eps_field="layer_norm_eps", partial_rotary_factor=0.25,
                                    parallel_field="use_parallel_residual", qk_norm_field="qk_layernorm",
                                    qk_norm_per_head=True, qkv_bias_field="use_qkv_bias", head_dim_field=False),
@@ -142,15 +145,17 @@ def _sliding_window(hf: HFConfig, variant: Variant) -> Optional[int]:
 
 def _rotary(hf: HFConfig, variant: Variant, head_dim: int) -> dict[str, Any]:
     """The RoPE fields, with the family's default ``partial_rotary_factor`` when the config gives none."""
-    if variant.unscaled_rope_only:
+    if variant.longrope_only:
         field, kind = _rope_type(hf)
-        if kind != "default":
-            # Phi-3 reads "su" and "yarn" as longrope too: none of our scalings means what it means there.
-            raise hf.refuse(field, kind, "only unscaled RoPE ('default') is supported for Phi-3; "
-                                         "longrope (also written 'su' or 'yarn') is not")
+        if kind not in ("default", "longrope", "su", "yarn"):
+            raise hf.refuse(field, kind, "Phi-3 runs unscaled RoPE ('default') or longrope (also written 'su' or 'yarn')")
+        if kind != "default":  # transformers' Phi3Config reads all three spellings as longrope
+            section, key = field.split(".")
+            hf = HFConfig({"original_max_position_embeddings": PHI3_ORIGINAL_CONTEXT, **hf.data,
+                           section: {**hf.get(section), key: "longrope"}}, hf.source)
     if hf.get("partial_rotary_factor") is None:  # transformers' precedence: rope_parameters, top level, default
         hf = HFConfig({**hf.data, "partial_rotary_factor": variant.partial_rotary_factor}, hf.source)
-    return hf.rotary(head_dim)
+    return hf.rotary(head_dim, longrope=variant.longrope_only)
 
 
 def _rope_type(hf: HFConfig) -> tuple[str, str]:
@@ -268,7 +273,7 @@ def _mlp(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, variant: Variant, hf: st
 FAMILIES = (Family(
     architectures={
         "PhiForCausalLM": ("phi", "Phi-1, Phi-1.5, Phi-2"),
-        "Phi3ForCausalLM": ("phi3", "Phi-3 4k-context, Phi-4 (unscaled RoPE; the longrope of the 128k and Phi-3.5 checkpoints is refused)"),
+        "Phi3ForCausalLM": ("phi3", "Phi-3, Phi-3.5, Phi-4 (unscaled RoPE, or longrope: the 128k checkpoints)"),
         "StableLmForCausalLM": ("stablelm", "StableLM-3B-4E1T, StableLM 2, StableCode"),
     },
     model_config=model_config,
