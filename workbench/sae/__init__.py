@@ -5,7 +5,8 @@
 - ``math``: encode and decode, SAELens's arithmetic;
 - ``tensors``: the one check of an SAE's tensors;
 - ``model``: ``SAE``, the ``HookedRootModule`` with SAELens's weights and hook points;
-- ``format``: the directory's files and ``save_sae``; ``files``: ``load_sae``.
+- ``format``: the directory's files and ``save_sae``; ``files``: ``load_sae``;
+- ``shipped``: the SAEs and transcoders shipped in ``workbench/zoo/saes`` (``shipped_saes``), loadable by name.
 
 Splicing an SAE into a model is ``workbench.sae_splicing`` (the ``Decoder``'s ``run_with_saes`` and friends).
 """
@@ -15,5 +16,6 @@ from workbench.sae.config import SAEConfig, SAEMetadata
 from workbench.sae.files import load_sae
 from workbench.sae.format import save_sae
 from workbench.sae.model import SAE
+from workbench.sae.shipped import shipped_saes
 
-__all__ = ["ARCHITECTURES", "SAEConfig", "SAEMetadata", "SAE", "load_sae", "save_sae"]
+__all__ = ["ARCHITECTURES", "SAEConfig", "SAEMetadata", "SAE", "load_sae", "save_sae", "shipped_saes"]

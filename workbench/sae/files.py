@@ -17,11 +17,12 @@ from workbench.errors import CheckpointError, ConfigError
 from workbench.sae.config import DTYPES, config_from_dict
 from workbench.sae.format import CFG_FILE, WEIGHTS_FILE, inside
 from workbench.sae.model import SAE
+from workbench.sae.shipped import shipped_path
 from workbench.sae.tensors import check_tensors
 
 
 def load_sae(path: Union[str, Path], device: Any = None, dtype: Any = None) -> SAE:
-    """The SAE saved in SAELens directory ``path``, on ``device`` (default CPU, as SAELens's ``load_from_disk``)
+    """The SAE saved in SAELens directory ``path`` (or shipped under that name: ``shipped_saes()``), on ``device`` (default CPU, as SAELens's ``load_from_disk``)
     in ``dtype`` (default the config's). A missing, unreadable, mis-shaped or non-finite file or tensor is a
     ``CheckpointError`` naming it; a config value we cannot honour a ``ConfigError`` naming the field.
 
@@ -31,6 +32,8 @@ def load_sae(path: Union[str, Path], device: Any = None, dtype: Any = None) -> S
         workbench.errors.CheckpointError: no/such/sae: no such directory (an SAE is a directory with cfg.json and sae_weights.safetensors)
     """
     folder = Path(path)
+    if not folder.is_dir() and shipped_path(path) is not None:
+        folder = shipped_path(path)
     if not folder.is_dir():
         raise CheckpointError(f"{path}: no such directory (an SAE is a directory with {CFG_FILE} and {WEIGHTS_FILE})")
     cfg_path, weights_path = inside(folder, CFG_FILE), inside(folder, WEIGHTS_FILE)

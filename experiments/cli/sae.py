@@ -1,0 +1,175 @@
+"""``python -m experiments.sae cache|train|evaluate``: activations to disk, SAE / transcoder training, evaluation.
+
+- ``cache --model M --hook H --data D --out DIR [--windows N --chunk 128]``: the data's 128-token windows, shuffled
+  (seed 0; ``windows.pt``), then their activations at ``H`` (only the layers up to it run) written chunk by chunk
+  into ``DIR/chunk-NNN`` (``run_with_cache(..., cache_dir=...)``): an interrupted run keeps its finished chunks.
+- ``train --model M --hook H --data D --out DIR [--architecture topk --d-sae 4096 --k 32 --hook-out H2 --skip
+  --cache DIR --training-tokens N ...]``: ``train_sae``; with ``--cache`` the activations are read from a
+  ``cache`` directory (its windows are the data). ``--clt`` trains a cross-layer transcoder (``train_clt``).
+- ``evaluate --model M --sae DIR_OR_NAME --data D --out DIR [--windows N]``: ``evaluate_sae``, written as
+  ``sae_eval.json`` / ``.csv`` / ``.html`` (the feature-density histogram).
+
+``--data``: ``english`` / ``english-held-out`` (``experiments.datasets.english``: the training and held-out
+documents of the Debian packages ``fortunes`` and ``debian-handbook``), or a text file / directory of ``.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+
+from experiments import _cli
+from experiments.datasets.corpus import corpus_windows
+from experiments.sae.clt import train_clt
+from experiments.sae.evaluate import evaluate_sae
+from experiments.sae.inputs import hook_layer
+from experiments.sae.train import TrainSAEConfig, train_sae
+from workbench.sae import load_sae
+
+WINDOW = 128
+COMMANDS = ("cache", "train", "evaluate")
+
+
+def data_windows(model, data: str, n_windows: Optional[int] = None, seed: int = 0) -> torch.Tensor:
+    """``--data``'s 128-token windows in a seeded random order, the first ``n_windows`` of them.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "a.txt"; _ = path.write_text("The cat sat on the mat. " * 200)
+        >>> data_windows(model, str(path), n_windows=3).shape
+        torch.Size([3, 128])
+    """
+    if data in ("english", "english-held-out"):
+        from experiments.datasets.english import english_documents
+
+        source = english_documents("train" if data == "english" else "held_out")
+    else:
+        source = data
+    windows = corpus_windows(model, source, window=WINDOW).cpu()
+    order = torch.randperm(windows.shape[0], generator=torch.Generator().manual_seed(seed))
+    return windows[order][:n_windows]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Runs ``cache``, ``train`` or ``evaluate`` on ``argv``.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> text = pathlib.Path(tempfile.mkdtemp()) / "a.txt"; _ = text.write_text("The cat sat on the mat. " * 400)
+        >>> out = tempfile.mkdtemp()
+        >>> main(["train", "--model", "toy-attn-2l", "--hook", "blocks.0.hook_resid_post", "--data", str(text),
+        ...       "--out", out, "--d-sae", "32", "--k", "4", "--training-tokens", "1024", "--batch-tokens", "256",
+        ...       "--buffer-tokens", "512", "--no-progress"])
+        wrote .../cfg.json
+        >>> main(["evaluate", "--model", "toy-attn-2l", "--sae", out, "--data", str(text), "--out", out, "--no-progress"])
+        wrote .../sae_eval.csv
+        wrote .../sae_eval.json
+        wrote .../sae_eval.html
+    """
+    argv = list(argv) if argv is not None else __import__("sys").argv[1:]
+    if not argv or argv[0] not in COMMANDS:
+        raise SystemExit(f"usage: python -m experiments.sae {{{','.join(COMMANDS)}}} ... (got {argv[:1]})")
+    command, rest = argv[0], argv[1:]
+    parser = _cli.make_parser(f"SAE {command}", f"sae {command}")
+    parser.add_argument("--data", required=True, help="english, english-held-out, or a text file / directory")
+    parser.add_argument("--windows", type=int, default=None, help="use only the first N shuffled windows")
+    if command == "evaluate":
+        parser.add_argument("--sae", required=True, help="an SAE directory or a shipped SAE's name")
+        parser.add_argument("--batch-size", type=int, default=8)
+        args = parser.parse_args(rest)
+        return _evaluate(args)
+    parser.add_argument("--hook", required=False, help="the hook the SAE reads (its input)")
+    if command == "cache":
+        parser.add_argument("--chunk", type=int, default=128, help="windows per cache directory")
+        parser.add_argument("--batch-size", type=int, default=16)
+        return _cache(parser.parse_args(rest))
+    parser.add_argument("--hook-out", default=None, help="a transcoder's target hook")
+    parser.add_argument("--skip", action="store_true", help="a skip transcoder (W_skip)")
+    parser.add_argument("--clt", action="store_true", help="a cross-layer transcoder over every MLP")
+    parser.add_argument("--architecture", default="topk")
+    parser.add_argument("--d-sae", type=int, default=4096)
+    parser.add_argument("--k", type=float, default=32)
+    parser.add_argument("--cache", default=None, help="a directory written by the cache command")
+    parser.add_argument("--training-tokens", type=int, default=TrainSAEConfig.training_tokens)
+    parser.add_argument("--batch-tokens", type=int, default=TrainSAEConfig.train_batch_size_tokens)
+    parser.add_argument("--buffer-tokens", type=int, default=TrainSAEConfig.buffer_tokens)
+    parser.add_argument("--lr", type=float, default=TrainSAEConfig.lr)
+    parser.add_argument("--lr-decay-steps", type=int, default=0)
+    parser.add_argument("--l1-coefficient", type=float, default=TrainSAEConfig.l1_coefficient)
+    parser.add_argument("--l0-coefficient", type=float, default=TrainSAEConfig.l0_coefficient)
+    parser.add_argument("--dead-feature-window", type=int, default=TrainSAEConfig.dead_feature_window)
+    parser.add_argument("--checkpoint-every", type=int, default=0)
+    parser.add_argument("--resume-from", default=None)
+    parser.add_argument("--save-dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    args = parser.parse_args(rest)
+    _train(args)
+
+
+def _cache(args: argparse.Namespace) -> None:
+    model = _cli.load(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    windows = data_windows(model, args.data, args.windows)
+    torch.save(windows, out / "windows.pt")
+    for number, start in enumerate(range(0, windows.shape[0], args.chunk)):
+        folder = out / f"chunk-{number:03d}"
+        if (folder / "index.json").is_file():
+            continue  # finished by an earlier run
+        model.run_with_cache(windows[start:start + args.chunk], names_filter=args.hook, return_type=None,
+                             stop_at_layer=hook_layer(model, args.hook) + 1, batch_size=args.batch_size,
+                             cache_dir=folder, progress=not args.no_progress)
+        print(f"wrote {folder}")
+
+
+def cached_windows(cache: Path) -> tuple[torch.Tensor, list[Path]]:
+    """The windows of a ``cache`` directory's finished chunks, and those chunks."""
+    chunks = sorted(p for p in cache.glob("chunk-*") if (p / "index.json").is_file())
+    if not chunks:
+        raise SystemExit(f"--cache {cache}: no finished chunk (run the cache command first)")
+    rows = sum(json.loads((p / "index.json").read_text())["rows"] for p in chunks)
+    return torch.load(cache / "windows.pt", weights_only=True)[:rows], chunks
+
+
+def _train(args: argparse.Namespace) -> None:
+    model = _cli.load(args)
+    if args.cache:
+        tokens, chunks = cached_windows(Path(args.cache))
+    else:
+        tokens, chunks = data_windows(model, args.data, args.windows), None
+    cfg = TrainSAEConfig(training_tokens=args.training_tokens, train_batch_size_tokens=args.batch_tokens,
+                         buffer_tokens=args.buffer_tokens, lr=args.lr, lr_decay_steps=args.lr_decay_steps,
+                         l1_coefficient=args.l1_coefficient, l0_coefficient=args.l0_coefficient,
+                         dead_feature_window=args.dead_feature_window, checkpoint_every=args.checkpoint_every)
+    k = int(args.k) if args.architecture == "topk" else args.k
+    common = dict(config=cfg, activation_cache=chunks, out=args.out, progress=not args.no_progress,
+                  checkpoint_dir=Path(args.out) / "checkpoints" if args.checkpoint_every else None,
+                  resume_from=args.resume_from)
+    with torch.enable_grad():
+        if args.clt:
+            train_clt(model, tokens, d_transcoder=args.d_sae, architecture=args.architecture, k=k, **common)
+            print(f"wrote {Path(args.out) / 'transcoders.json'}")
+            return
+        train_sae(model, args.hook, tokens, args.architecture, d_sae=args.d_sae, k=k, hook_name_out=args.hook_out,
+                  skip=args.skip, save_dtype=args.save_dtype, **common)
+    print(f"wrote {Path(args.out) / 'cfg.json'}")
+
+
+def _evaluate(args: argparse.Namespace) -> None:
+    model = _cli.load(args)
+    sae = load_sae(args.sae)
+    metrics = evaluate_sae(model, sae, data_windows(model, args.data, args.windows), batch_size=args.batch_size,
+                           progress=not args.no_progress)
+    density = metrics.pop("feature_density")
+    table = pd.DataFrame([{name: value for name, value in metrics.items()}])
+    log_density = torch.log10(density.clamp_min(1e-10)).tolist()
+    figure = go.Figure(go.Histogram(x=log_density, nbinsx=50))
+    figure.update_layout(title="Feature density (log10 of the fraction of tokens a feature fires on; -10: dead)",
+                         xaxis_title="log10 density", yaxis_title="features")
+    summary = {"model": args.model, "sae": args.sae, "data": args.data, "windows": args.windows, **metrics}
+    _cli.write_outputs(args.out, "sae_eval", table, figure, summary)

@@ -1,0 +1,18 @@
+"""Training and evaluating sparse autoencoders and transcoders on any model we load.
+
+- ``train``: ``train_sae`` (standard, top-k, batch-top-k, JumpReLU SAEs; per-layer transcoders, with or
+  without skip) and ``TrainSAEConfig``;
+- ``clt``: ``train_clt``, cross-layer transcoders saved as a ``wb.TranscoderSet``;
+- ``evaluate``: ``evaluate_sae`` (L0, explained variance, CE loss recovered, dead and dense fractions);
+- ``modules``: the SAE under training (SAELens 6's definitions) and its inference form;
+- ``activations``: activations streamed from the model or a disk cache, and the shuffling buffer;
+- ``inputs``: argument checks.
+
+``python -m experiments.sae train|evaluate`` is the command line (``experiments.cli.sae``).
+"""
+
+from experiments.sae.evaluate import evaluate_sae
+from experiments.sae.clt import train_clt
+from experiments.sae.train import TrainSAEConfig, train_sae
+
+__all__ = ["train_sae", "TrainSAEConfig", "evaluate_sae", "train_clt"]

@@ -1,0 +1,174 @@
+"""``train_clt``: a cross-layer transcoder (Ameisen et al. 2025) on any model with MLPs, saved as a ``wb.TranscoderSet``.
+
+Legend: N activation rows (tokens), L n_layers, D d_model, F features per layer.
+
+Layer ``l``'s features read that layer's MLP input (``blocks.{l}.ln2.hook_normalized``) and write to the MLP output
+of every layer from ``l`` on (``blocks.{j}.hook_mlp_out``, ``j >= l``): ``y_hat[j] = b_dec[j] + sum_{l <= j} f_l W_dec[l][:, j - l]``.
+The loss is the MSE summed over every layer's output plus a sparsity term per architecture, as ``train_sae``'s:
+``standard`` (ReLU; L1 of each activation times the norm of its whole decoder, all layers it writes
+concatenated), ``jumprelu`` (SAELens's JumpReLU and L0 penalty) or ``batchtopk`` (``k`` features per layer on
+average over the batch; a per-layer threshold, saved as JumpReLU). Inputs and targets are scaled per layer to
+mean norm ``sqrt(D)`` while training, folded back at the end. The training loop, buffer, schedule, logging and
+checkpoints are ``train_sae``'s (``experiments.sae.train``), reused through ``run_training``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from experiments._progress import ProgressArg
+from experiments.sae.modules import JumpReLU, Step, _kaiming_uniform
+from experiments.sae.train import TrainSAEConfig, _config_overrides, run_training
+from experiments.sae.inputs import check_hook, hook_widths, token_rows
+from workbench.errors import InputError
+from workbench.transcoders import TranscoderSet
+
+CLT_ARCHITECTURES = ("standard", "jumprelu", "batchtopk")
+INPUT_HOOK, OUTPUT_HOOK = "ln2.hook_normalized", "hook_mlp_out"
+
+
+class TrainingCLT(nn.Module):
+    """A cross-layer transcoder under training.
+
+    Example:
+        >>> clt = TrainingCLT("standard", n_layers=2, d_model=4, d_transcoder=8, options={})
+        >>> rows = torch.randn(5, 2 * 2 * 4)                   # inputs of both layers, then both targets
+        >>> sorted(clt.training_forward(rows[:, :8], rows[:, 8:], torch.zeros(16, dtype=torch.bool))["losses"])
+        ['l1_loss', 'mse_loss']
+    """
+
+    def __init__(self, architecture: str, n_layers: int, d_model: int, d_transcoder: int, options: dict[str, Any],
+                 generator: Optional[torch.Generator] = None):
+        super().__init__()
+        self.architecture, self.L, self.D, self.F, self.options = architecture, n_layers, d_model, d_transcoder, options
+        self.n_features = n_layers * d_transcoder
+        init_norm = options.get("decoder_init_norm", 0.1)
+        self.W_enc = nn.Parameter(torch.stack([_kaiming_uniform((d_model, d_transcoder), generator) for _ in range(n_layers)]))
+        self.b_enc = nn.Parameter(torch.zeros(n_layers, d_transcoder))
+        decoders = []
+        for layer in range(n_layers):
+            W = _kaiming_uniform((d_transcoder, (n_layers - layer) * d_model), generator)
+            if init_norm is not None:
+                W = W / W.norm(dim=-1, keepdim=True) * init_norm
+            decoders.append(nn.Parameter(W.reshape(d_transcoder, n_layers - layer, d_model)))
+        self.W_dec = nn.ParameterList(decoders)
+        self.b_dec = nn.Parameter(torch.zeros(n_layers, d_model))
+        if architecture == "jumprelu":
+            init = options.get("jumprelu_init_threshold", 0.01)
+            self.log_threshold = nn.Parameter(torch.full((n_layers, d_transcoder), float(torch.tensor(init).log())))
+        if architecture == "batchtopk":
+            self.register_buffer("topk_threshold", torch.zeros(n_layers, dtype=torch.float64))
+
+    def decoder_norms(self) -> Float[Tensor, "L F"]:
+        """Each feature's decoder norm over every layer it writes."""
+        return torch.stack([W.flatten(1).norm(dim=-1) for W in self.W_dec])
+
+    def encode(self, x: Float[Tensor, "N L D"]) -> tuple[Float[Tensor, "N L F"], Float[Tensor, "N L F"]]:
+        hidden_pre = torch.einsum("nld,ldf->nlf", x, self.W_enc) + self.b_enc
+        if self.architecture == "standard":
+            return hidden_pre.relu(), hidden_pre
+        if self.architecture == "jumprelu":
+            flat = JumpReLU.apply(hidden_pre.flatten(1), self.log_threshold.exp().flatten(), self.options.get("jumprelu_bandwidth", 0.05))
+            return flat.reshape(hidden_pre.shape), hidden_pre
+        acts = hidden_pre.relu()
+        per_layer = []
+        for layer in range(self.L):  # k * N largest of each layer's batch
+            flat = acts[:, layer].flatten()
+            top = flat.topk(int(self.options["k"] * acts.shape[0]), sorted=False)
+            per_layer.append(torch.zeros_like(flat).scatter(-1, top.indices, top.values).reshape(acts.shape[0], self.F))
+        return torch.stack(per_layer, dim=1), hidden_pre
+
+    def decode(self, acts: Float[Tensor, "N L F"]) -> Float[Tensor, "N L D"]:
+        out = self.b_dec.expand(acts.shape[0], -1, -1)
+        parts = [torch.einsum("nf,fjd->njd", acts[:, layer], W) for layer, W in enumerate(self.W_dec)]
+        return out + torch.stack([sum(parts[l][:, j - l] for l in range(j + 1)) for j in range(self.L)], dim=1)
+
+    def training_forward(self, x: Tensor, target: Tensor, dead: Tensor, coefficient_scale: float = 1.0) -> dict[str, Any]:
+        """``train_sae``'s interface: rows [N, L*D] in, [N, L*D] targets; ``dead`` [L*F]."""
+        x, target = x.reshape(-1, self.L, self.D), target.reshape(-1, self.L, self.D)
+        acts, hidden_pre = self.encode(x)
+        out = self.decode(acts)
+        losses = {"mse_loss": (out - target).pow(2).sum((-1, -2)).mean()}
+        if self.architecture == "standard":
+            losses["l1_loss"] = coefficient_scale * self.options.get("l1_coefficient", 1.0) * \
+                (acts * self.decoder_norms()).sum((-1, -2)).mean()
+        elif self.architecture == "jumprelu":
+            l0 = Step.apply(hidden_pre.flatten(1), self.log_threshold.exp().flatten(), self.options.get("jumprelu_bandwidth", 0.05))
+            losses["l0_loss"] = coefficient_scale * self.options.get("l0_coefficient", 1.0) * l0.sum(-1).mean()
+        else:
+            with torch.no_grad():
+                lr = self.options.get("topk_threshold_lr", 0.01)
+                for layer in range(self.L):
+                    positive = acts[:, layer][acts[:, layer] > 0]
+                    if positive.numel():
+                        self.topk_threshold[layer] = (1 - lr) * self.topk_threshold[layer] + lr * positive.min().double()
+        return {"loss": sum(losses.values()), "losses": losses, "feature_acts": acts.flatten(1),
+                "sae_out": out.flatten(1)}
+
+    @torch.no_grad()
+    def to_transcoders(self, scale_in: Tensor, scale_out: Tensor, scan: Any = None) -> TranscoderSet:
+        """The trained CLT as a ``TranscoderSet`` reading raw activations (the per-layer scales folded in);
+        ``scan`` names the model (circuit-tracer's field)."""
+        if self.architecture == "jumprelu":
+            thresholds = list(self.log_threshold.exp().float())
+        elif self.architecture == "batchtopk":
+            thresholds = [torch.full((self.F,), float(t)) for t in self.topk_threshold]
+        else:
+            thresholds = [None] * self.L
+        return TranscoderSet(
+            W_enc=[(self.W_enc[l] * scale_in[l]).T.contiguous().float() for l in range(self.L)],
+            b_enc=[self.b_enc[l].float().clone() for l in range(self.L)], threshold=thresholds,
+            W_dec=[(W / scale_out[l:, None]).float().clone() for l, W in enumerate(self.W_dec)],
+            b_dec=(self.b_dec / scale_out[:, None]).float().clone(),
+            feature_input_hook=INPUT_HOOK, feature_output_hook=OUTPUT_HOOK, scan=scan)
+
+
+def train_clt(model, data: Any, d_transcoder: int = 1024, architecture: str = "standard", k: Optional[float] = None,
+              config: Optional[TrainSAEConfig] = None, activation_cache: Optional[Sequence[Union[str, Path]]] = None,
+              out: Union[None, str, Path] = None, checkpoint_dir: Union[None, str, Path] = None,
+              resume_from: Union[None, str, Path] = None, progress: ProgressArg = True, **overrides: Any) -> TranscoderSet:
+    """Trains a cross-layer transcoder on ``model`` over ``data`` (token rows, texts or a path); returns it as a
+    ``wb.TranscoderSet`` (saved to ``out`` in the format ``wb.load_transcoders`` reads, with
+    ``training_log.csv``). ``config`` / keywords: ``TrainSAEConfig`` fields (buffer, schedule, checkpoints).
+
+    Example:
+        >>> mlp_model = wb.Decoder(wb.ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=50, n_ctx=16))
+        >>> tc = train_clt(mlp_model, torch.randint(1, 50, (8, 16)), d_transcoder=16, progress=False,
+        ...                training_tokens=256, train_batch_size_tokens=64, buffer_tokens=128)
+        >>> tc.cross_layer, tc.n_layers, tc.d_transcoder
+        (True, 2, 16)
+    """
+    cfg = dataclasses.replace(config or TrainSAEConfig(), **_config_overrides(overrides))
+    if architecture not in CLT_ARCHITECTURES:
+        raise InputError(f"architecture must be one of {CLT_ARCHITECTURES} for a cross-layer transcoder, got {architecture!r}")
+    if isinstance(d_transcoder, bool) or not isinstance(d_transcoder, int) or d_transcoder < 1:
+        raise InputError(f"d_transcoder must be a positive integer, got {d_transcoder!r}")
+    if architecture == "batchtopk" and (isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 < k <= d_transcoder):
+        raise InputError(f"k must be a number of features from 1 to d_transcoder={d_transcoder} for batchtopk, got {k!r}")
+    L = model.cfg.n_layers
+    inputs = [f"blocks.{l}.{INPUT_HOOK}" for l in range(L)]
+    targets = [f"blocks.{l}.{OUTPUT_HOOK}" for l in range(L)]
+    for name in inputs + targets:
+        check_hook(model, name, "model (a cross-layer transcoder needs every layer's MLP: " + name + ")")
+    tokens = token_rows(model, data)
+    D = hook_widths(model, inputs[:1], tokens)[0]
+    options = {name: getattr(cfg, name) for name in ("l1_coefficient", "l0_coefficient", "jumprelu_bandwidth",
+                                                     "jumprelu_init_threshold", "topk_threshold_lr", "decoder_init_norm")}
+    options["k"] = k
+    generator = torch.Generator().manual_seed(cfg.seed)
+    clt = TrainingCLT(architecture, L, D, d_transcoder, options, generator)
+    result = run_training(model, clt, tokens, inputs, targets, cfg, generator, activation_cache, checkpoint_dir,
+                          resume_from, progress, scale_groups=L, desc="training cross-layer transcoder")
+    tc = clt.to_transcoders(torch.tensor(result.scales[0]), torch.tensor(result.scales[1]),
+                            scan=getattr(model.cfg, "model_name", None))
+    tc.training_log = result.log
+    if out is not None:
+        tc.save(out)
+        result.log.to_csv(Path(out) / "training_log.csv", index=False)
+    return tc

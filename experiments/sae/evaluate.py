@@ -1,0 +1,104 @@
+"""``evaluate_sae``: how good an SAE or transcoder is on some text, with SAELens's definitions.
+
+Legend: B token rows, P position, N evaluated tokens, F d_sae, O d_out.
+
+- ``l0``: mean number of active features per evaluated token.
+- ``explained_variance``: ``1 - sum ||y - y_hat||^2 / sum ||y - mean(y)||^2`` over the evaluated tokens (SAELens 6's
+  ``explained_variance``; ``y`` is the activation the SAE writes: its input for an SAE, the target hook for a
+  transcoder).
+- ``ce_loss_without_sae`` / ``ce_loss_with_sae`` / ``ce_loss_with_ablation``: mean next-token cross-entropy of the
+  clean model, with the SAE's output written in place of ``hook_name_out``, and with ``hook_name_out`` zeroed;
+  ``ce_loss_score`` (loss recovered) is ``(ablation - with_sae) / (ablation - without_sae)``.
+- ``dead_fraction``: features that never fire on the evaluated tokens; ``dense_fraction``: features firing on
+  more than ``DENSE`` of them; ``feature_density`` per feature.
+
+With ``exclude_special_tokens`` (the default, as the SAE was trained) positions holding BOS / EOS / pad are
+neither scored nor spliced nor ablated: they keep the model's own activation (BOS's residual has a norm hundreds
+of times the others' in many models, which no SAE trained without it reconstructs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from experiments._progress import Progress, ProgressArg
+from experiments.sae.activations import kept_positions, special_token_ids
+from experiments.sae.inputs import check_hook, token_rows
+from workbench.errors import InputError
+from workbench.sae import SAE
+
+DENSE = 0.1  # a feature active on more than this fraction of tokens is dense
+
+
+def evaluate_sae(model, sae: SAE, data: Any, batch_size: int = 8, exclude_special_tokens: bool = True,
+                 progress: ProgressArg = True) -> dict[str, Any]:
+    """L0, explained variance, CE loss recovered, dead and dense fractions of ``sae`` on ``data`` (token rows
+    [B, P], texts or a path), ``batch_size`` rows per forward pass. Returns a dict of floats plus
+    ``feature_density`` (a tensor [F]) and ``n_tokens``.
+
+    Example:
+        >>> sae = wb.SAE.from_tensors(wb.SAEConfig("standard", d_in=128, d_sae=4,
+        ...     metadata={"hook_name": "blocks.0.hook_resid_post"}), {"W_enc": torch.zeros(128, 4),
+        ...     "W_dec": torch.zeros(4, 128), "b_enc": torch.zeros(4), "b_dec": torch.zeros(128)})
+        >>> metrics = evaluate_sae(model, sae, torch.randint(1, 2048, (2, 16)), progress=False)
+        >>> metrics["l0"], metrics["dead_fraction"], round(metrics["ce_loss_score"], 6)   # the zero SAE is the ablation
+        (0.0, 1.0, 0.0)
+    """
+    if not isinstance(sae, SAE):
+        raise InputError(f"sae must be a wb.SAE (wb.load_sae or train_sae), got {type(sae).__name__}")
+    check_hook(model, sae.cfg.hook_name, "sae.cfg.metadata.hook_name")
+    check_hook(model, sae.cfg.hook_name_out, "sae.cfg.metadata.hook_name_out")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    tokens = token_rows(model, data)
+    keep_BP = kept_positions(tokens, special_token_ids(model) if exclude_special_tokens else [])
+    sums = {"ce_loss_without_sae": 0.0, "ce_loss_with_sae": 0.0, "ce_loss_with_ablation": 0.0}
+    n_scored, n, active, sq_error, sum_y, sum_sq_y = 0, 0, 0.0, 0.0, 0.0, 0.0
+    fired = torch.zeros(sae.cfg.d_sae)
+    with Progress(progress, total=tokens.shape[0], desc="evaluating SAE") as bar, torch.no_grad():
+        for start in range(0, tokens.shape[0], batch_size):
+            batch = tokens[start:start + batch_size].to(model.cfg.device)
+            keep = keep_BP[start:start + batch_size].to(model.cfg.device)
+            clean, cache = model.run_with_cache(batch, names_filter=list({sae.cfg.hook_name, sae.cfg.hook_name_out}),
+                                                return_type="loss", loss_per_token=True)
+            x = cache[sae.cfg.hook_name][keep].to(sae.cfg.torch_dtype)
+            y = cache[sae.cfg.hook_name_out][keep].float()
+            features = sae.encode(x)
+            y_hat = sae.reconstruct(x)  # what it writes (a skip transcoder's skip term included)
+            spliced = _loss_with(model, batch, sae, keep, y_hat.to(y.dtype))
+            ablated = _loss_with(model, batch, sae, keep, torch.zeros_like(y))
+            for name, loss in (("ce_loss_without_sae", clean), ("ce_loss_with_sae", spliced),
+                               ("ce_loss_with_ablation", ablated)):
+                sums[name] += float(loss.float().sum())
+            n_scored += clean.numel()
+            fired += (features > 0).sum(0).float().cpu()
+            active += float((features > 0).sum())
+            sq_error += float((y - y_hat.float()).pow(2).sum())
+            sum_y = sum_y + y.sum(0).double()
+            sum_sq_y += float(y.double().pow(2).sum())
+            n += y.shape[0]
+            bar.advance(batch.shape[0])
+    if n == 0:
+        raise InputError("data has no token to evaluate (every position holds a special token)")
+    metrics: dict[str, Any] = {name: total / n_scored for name, total in sums.items()}
+    gap = metrics["ce_loss_with_ablation"] - metrics["ce_loss_without_sae"]
+    metrics["ce_loss_score"] = (metrics["ce_loss_with_ablation"] - metrics["ce_loss_with_sae"]) / gap if gap else float("nan")
+    variance = sum_sq_y - float(sum_y.pow(2).sum()) / n
+    density = fired / n
+    metrics.update(l0=active / n, explained_variance=1 - sq_error / variance if variance else float("nan"),
+                   dead_fraction=float((density == 0).float().mean()), dense_fraction=float((density > DENSE).float().mean()),
+                   n_tokens=n, feature_density=density)
+    return metrics
+
+
+def _loss_with(model, batch, sae: SAE, keep, replacement) -> torch.Tensor:
+    """Per-token loss with ``hook_name_out``'s activation at the kept positions replaced by ``replacement`` [N, O]."""
+    def write(activation, hook):
+        activation = activation.clone()
+        activation[keep] = replacement.to(activation.dtype)
+        return activation
+
+    return model.run_with_hooks(batch, fwd_hooks=[(sae.cfg.hook_name_out, write)], return_type="loss",
+                                loss_per_token=True)

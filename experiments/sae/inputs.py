@@ -1,0 +1,116 @@
+"""Checking ``train_sae``'s and ``evaluate_sae``'s arguments before anything runs, and reading their data.
+
+Legend: B token rows, P position.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from experiments.sae.modules import SAVED_AS, TRAINABLE
+from workbench.errors import InputError
+
+B_DEC_INITS = ("mean", "geometric_median", "zeros")
+_BLOCK = re.compile(r"^blocks\.(\d+)\.")
+
+
+def token_rows(model, data: Any, window: int = 128) -> Int[Tensor, "B P"]:
+    """``data`` as token rows: an integer tensor [B, P] as it is, texts or a path cut into ``window``-token windows
+    (``experiments.datasets.corpus_windows``). Anything else is an ``InputError`` naming ``data``.
+
+    Example:
+        >>> token_rows(model, torch.tensor([[1, 2, 3]])).shape
+        torch.Size([1, 3])
+        >>> token_rows(model, torch.tensor([1.5]))
+        Traceback (most recent call last):
+        workbench.errors.InputError: data must be token ids [batch, pos] (an integer tensor), texts or a path; got a float32 tensor of shape [1]
+    """
+    if isinstance(data, Tensor):
+        if data.dim() != 2 or data.dtype not in (torch.int64, torch.int32) or data.numel() == 0:
+            raise InputError(f"data must be token ids [batch, pos] (an integer tensor), texts or a path; got a "
+                             f"{str(data.dtype).removeprefix('torch.')} tensor of shape {list(data.shape)}")
+        return data.long().cpu()
+    if isinstance(data, (str, Path, list, tuple)):
+        from experiments.datasets.corpus import corpus_windows
+
+        return corpus_windows(model, data, window=window).cpu()
+    raise InputError(f"data must be token ids [batch, pos], texts or a path, got {type(data).__name__}")
+
+
+def hook_layer(model, hook_name: str) -> int:
+    """The block a hook point is in (-1 before the blocks, ``n_layers - 1`` after them): ``stop_at_layer`` is
+    this plus one.
+
+    Example:
+        >>> hook_layer(model, "blocks.1.hook_resid_post"), hook_layer(model, "hook_embed")
+        (1, -1)
+    """
+    match = _BLOCK.match(hook_name)
+    if match:
+        return int(match.group(1))
+    return -1 if hook_name in ("hook_embed", "hook_pos_embed", "hook_tokens") else model.cfg.n_layers - 1
+
+
+def check_hook(model, hook_name: Any, argument: str) -> None:
+    """An ``InputError`` naming ``argument`` unless ``hook_name`` is one of the model's hook points."""
+    if not isinstance(hook_name, str) or hook_name not in model.hook_dict:
+        resid = [n for n in model.hook_dict if n.endswith("hook_resid_post")][:2]
+        raise InputError(f"{argument}={hook_name!r} is not a hook point of the model (e.g. {', '.join(resid)}; "
+                         "model.hook_dict lists them)")
+
+
+def check_train_inputs(model, hook_name: Any, hook_name_out: Any, architecture: Any, d_sae: Any, k: Any, skip: Any,
+                       cfg: Any, tokens: Tensor) -> tuple[int, int]:
+    """Every ``train_sae`` argument checked (``InputError`` naming the first bad one); returns (d_in, d_out),
+    read from one short forward pass."""
+    if architecture not in TRAINABLE:
+        raise InputError(f"architecture must be one of {TRAINABLE}, got {architecture!r}")
+    check_hook(model, hook_name, "hook_name")
+    if hook_name_out is not None:
+        check_hook(model, hook_name_out, "hook_name_out")
+        if SAVED_AS[architecture][1] is None:
+            raise InputError(f"architecture={architecture!r} cannot be a transcoder: SAELens has no top-k transcoder "
+                             "format (train 'batchtopk', saved as jumprelu_transcoder)")
+    if skip and hook_name_out is None:
+        raise InputError("skip=True is for transcoders: give hook_name_out (the hook the transcoder predicts)")
+    if isinstance(d_sae, bool) or not isinstance(d_sae, int) or d_sae < 1:
+        raise InputError(f"d_sae must be a positive integer, got {d_sae!r}")
+    if architecture in ("topk", "batchtopk"):
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 < k <= d_sae:
+            raise InputError(f"k must be a number of features from 1 to d_sae={d_sae} for a {architecture} SAE, got {k!r}")
+        if architecture == "topk" and k != int(k):
+            raise InputError(f"k must be an integer for a topk SAE, got {k!r}")
+    if cfg.total_steps < 1:
+        raise InputError(f"training_tokens={cfg.training_tokens} is less than one batch of "
+                         f"train_batch_size_tokens={cfg.train_batch_size_tokens}")
+    if cfg.buffer_tokens < cfg.train_batch_size_tokens:
+        raise InputError(f"buffer_tokens={cfg.buffer_tokens} must be at least train_batch_size_tokens="
+                         f"{cfg.train_batch_size_tokens}")
+    if cfg.b_dec_init not in B_DEC_INITS:
+        raise InputError(f"b_dec_init must be one of {B_DEC_INITS}, got {cfg.b_dec_init!r}")
+    for name in ("lr", "store_batch_size_prompts", "dead_feature_window", "log_every"):
+        if not getattr(cfg, name) > 0:
+            raise InputError(f"{name} must be positive, got {getattr(cfg, name)!r}")
+    if tokens.max() >= model.cfg.d_vocab or tokens.min() < 0:
+        raise InputError(f"data holds token ids outside the vocabulary [0, {model.cfg.d_vocab})")
+    return hook_widths(model, [hook_name] + ([hook_name_out] if hook_name_out else []), tokens)
+
+
+def hook_widths(model, hook_names: list[str], tokens: Tensor) -> tuple[int, int]:
+    """The last-axis widths of the hooks (the first and the last), from a forward pass over two tokens."""
+    stop = max(hook_layer(model, h) for h in hook_names) + 1
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens[:1, :2].to(model.cfg.device), names_filter=hook_names,
+                                        stop_at_layer=stop, return_type=None)
+    widths = [cache[h].shape[-1] for h in hook_names]
+    for h in hook_names:
+        if cache[h].dim() != 3:
+            raise InputError(f"hook {h!r} gives activations of shape {list(cache[h].shape)}; an SAE here needs "
+                             "[batch, pos, width] (attention heads' hook_z are not trainable here yet)")
+    return widths[0], widths[-1]

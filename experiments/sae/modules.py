@@ -1,0 +1,246 @@
+"""The SAE being trained: SAELens 6's training definitions of each architecture, and its inference form.
+
+Legend: N rows (tokens), I d_in, F d_sae, O d_out (d_in for an SAE, the target hook's width for a transcoder).
+
+What each architecture trains (SAELens 6's ``*TrainingSAE`` classes; the loss is MSE summed over the width,
+averaged over rows, plus):
+
+- ``standard``: ReLU; ``l1_coefficient * |f * ||W_dec||_row||_p`` (L1 scaled by the decoder norms, ``lp_norm``),
+  the coefficient warmed up linearly over ``l1_warm_up_steps``.
+- ``topk``: ReLU of the k largest pre-activations, with ``rescale_acts_by_decoder_norm`` (pre-activations times
+  the decoder norms, divided again before decoding, so the decoder's norm cannot drift the selection); the
+  aux-k loss: the top ``d_in // 2`` dead features reconstruct the residual ``x - x_hat``, scaled by
+  ``min(n_dead / (d_in // 2), 1) * aux_loss_coefficient``.
+- ``batchtopk``: as top-k but the ``k * N`` largest ReLU'd pre-activations of the whole batch are kept; a global
+  threshold follows the smallest kept activation (``topk_threshold_lr`` EMA) and becomes the JumpReLU
+  threshold of the saved SAE (SAELens saves batch-top-k as ``jumprelu``).
+- ``jumprelu``: ``x * (x > exp(log_threshold))`` with SAELens's straight-through estimators (rectangle kernel of
+  ``jumprelu_bandwidth``) for the threshold; ``l0_coefficient * sum_f step(x - threshold)`` (the L0 penalty,
+  "step" mode), warmed up over ``l0_warm_up_steps``.
+
+Initialisation is SAELens's: ``W_dec`` Kaiming-uniform rows scaled to norm ``decoder_init_norm`` (0.1), ``W_enc`` its
+transpose (a transcoder whose widths differ gets its own Kaiming ``W_enc``), biases zero; ``b_dec`` is then set
+from the data (``b_dec_init``: the mean, or the geometric median, of the first buffer). Training runs on inputs
+scaled by a constant so their mean norm is ``sqrt(d_in)`` (SAELens's ``expected_average_only_in``); ``to_sae``
+folds that scale and the decoder norms into the weights, so the saved SAE reads raw activations.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from workbench.sae import SAE, SAEConfig
+
+TRAINABLE = ("standard", "topk", "batchtopk", "jumprelu")
+# What each trained architecture is saved as: an SAE, a transcoder, a skip transcoder (None: no such format).
+SAVED_AS = {"standard": ("standard", "transcoder", "skip_transcoder"),
+            "topk": ("topk", None, None),
+            "batchtopk": ("jumprelu", "jumprelu_transcoder", "jumprelu_skip_transcoder"),
+            "jumprelu": ("jumprelu", "jumprelu_transcoder", "jumprelu_skip_transcoder")}
+
+
+def rectangle(x: Tensor) -> Tensor:
+    """SAELens's straight-through kernel: 1 on (-1/2, 1/2), else 0."""
+    return ((x > -0.5) & (x < 0.5)).to(x)
+
+
+class Step(torch.autograd.Function):
+    """``x > threshold`` with SAELens's pseudo-gradient for the threshold (none for ``x``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, threshold: Tensor, bandwidth: float) -> Tensor:
+        ctx.save_for_backward(x, threshold)
+        ctx.bandwidth = bandwidth
+        return (x > threshold).to(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor, None]:
+        x, threshold = ctx.saved_tensors
+        kernel = rectangle((x - threshold) / ctx.bandwidth)
+        return None, (-(1.0 / ctx.bandwidth) * kernel * grad).sum(0), None
+
+
+class JumpReLU(torch.autograd.Function):
+    """``x * (x > threshold)``; the gradient for ``x`` where it passes, SAELens's pseudo-gradient for the threshold."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, threshold: Tensor, bandwidth: float) -> Tensor:
+        ctx.save_for_backward(x, threshold)
+        ctx.bandwidth = bandwidth
+        return x * (x > threshold).to(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
+        x, threshold = ctx.saved_tensors
+        kernel = rectangle((x - threshold) / ctx.bandwidth)
+        return (x > threshold) * grad, (-(threshold / ctx.bandwidth) * kernel * grad).sum(0), None
+
+
+class TrainingSAE(nn.Module):
+    """An SAE or (skip) transcoder under training, SAELens 6's parameters; ``to_sae`` gives the ``wb.SAE``.
+
+    ``options`` are the architecture's coefficients (``TrainSAEConfig`` fills them): ``k``, ``l1_coefficient``,
+    ``lp_norm``, ``l0_coefficient``, ``jumprelu_bandwidth``, ``jumprelu_init_threshold``, ``aux_loss_coefficient``,
+    ``topk_threshold_lr``, ``decoder_init_norm``.
+
+    Example:
+        >>> sae = TrainingSAE("topk", d_in=8, d_sae=32, options={"k": 4}, generator=torch.Generator().manual_seed(0))
+        >>> out = sae.training_forward(torch.randn(16, 8), torch.randn(16, 8), dead=torch.zeros(32, dtype=torch.bool))
+        >>> sorted(out["losses"]), int((out["feature_acts"] > 0).sum(-1).max()) <= 4
+        (['aux_loss', 'mse_loss'], True)
+    """
+
+    def __init__(self, architecture: str, d_in: int, d_sae: int, d_out: Optional[int] = None, skip: bool = False,
+                 transcoder: bool = False, options: Optional[dict[str, Any]] = None,
+                 generator: Optional[torch.Generator] = None):
+        super().__init__()
+        self.architecture, self.transcoder, self.skip = architecture, transcoder, skip
+        self.d_in, self.d_sae, self.d_out = d_in, d_sae, d_out or d_in
+        self.n_features = d_sae
+        self.options = dict(options or {})
+        init_norm = self.options.get("decoder_init_norm", 0.1)
+        W_dec = _kaiming_uniform((self.d_sae, self.d_out), generator)
+        if init_norm is not None:
+            W_dec = W_dec / W_dec.norm(dim=-1, keepdim=True) * init_norm
+        W_enc = W_dec.T.clone() if self.d_in == self.d_out else _kaiming_uniform((self.d_in, self.d_sae), generator)
+        self.W_enc, self.W_dec = nn.Parameter(W_enc.contiguous()), nn.Parameter(W_dec)
+        self.b_enc, self.b_dec = nn.Parameter(torch.zeros(d_sae)), nn.Parameter(torch.zeros(self.d_out))
+        if skip:
+            self.W_skip = nn.Parameter(torch.zeros(self.d_out, d_in))
+        if architecture == "jumprelu":
+            init = self.options.get("jumprelu_init_threshold", 0.01)
+            self.log_threshold = nn.Parameter(torch.full((d_sae,), float(torch.tensor(init).log())))
+        if architecture == "batchtopk":
+            # double precision, as SAELens keeps it (the EMA of small minima loses bits in float32)
+            self.register_buffer("topk_threshold", torch.tensor(0.0, dtype=torch.float64))
+
+    # ---- forward ---------------------------------------------------------------------------------------------
+    @property
+    def rescales(self) -> bool:
+        """Whether pre-activations are scaled by the decoder norms (top-k and batch-top-k, SAELens's default)."""
+        return self.architecture in ("topk", "batchtopk")
+
+    def encode_with_hidden_pre(self, x: Float[Tensor, "N I"]) -> tuple[Float[Tensor, "N F"], Float[Tensor, "N F"]]:
+        """(feature activations, pre-activations) as SAELens's ``encode_with_hidden_pre``."""
+        sae_in = x if self.transcoder else x - self.b_dec  # apply_b_dec_to_input (SAEs only, as SAELens)
+        hidden_pre = sae_in @ self.W_enc + self.b_enc
+        if self.rescales:
+            hidden_pre = hidden_pre * self.W_dec.norm(dim=-1)
+        if self.architecture == "standard":
+            acts = hidden_pre.relu()
+        elif self.architecture == "topk":
+            top = hidden_pre.topk(self.options["k"], dim=-1, sorted=False)
+            acts = torch.zeros_like(hidden_pre).scatter(-1, top.indices, top.values.relu())
+        elif self.architecture == "batchtopk":
+            flat = hidden_pre.relu().flatten()
+            top = flat.topk(int(self.options["k"] * hidden_pre.shape[0]), sorted=False)
+            acts = torch.zeros_like(flat).scatter(-1, top.indices, top.values).reshape(hidden_pre.shape)
+        else:
+            acts = JumpReLU.apply(hidden_pre, self.log_threshold.exp(), self.options.get("jumprelu_bandwidth", 0.05))
+        return acts, hidden_pre
+
+    def decode(self, acts: Float[Tensor, "N F"], x: Optional[Float[Tensor, "N I"]] = None) -> Float[Tensor, "N O"]:
+        """``acts @ W_dec + b_dec`` (top-k: activations divided by the decoder norms first), plus the skip term
+        ``x @ W_skip.T`` when ``x`` is given."""
+        if self.rescales:
+            acts = acts / self.W_dec.norm(dim=-1)
+        out = acts @ self.W_dec + self.b_dec
+        return out + x @ self.W_skip.T if self.skip and x is not None else out
+
+    def decode_sparse(self, indices: Tensor, values: Tensor) -> Float[Tensor, "N O"]:
+        """``decode`` of activations given as (feature indices [N, k], values [N, k]) without the zeros: one
+        ``embedding_bag`` (a dense decode costs N * F * O; this N * k * O), used by top-k in training."""
+        if self.rescales:
+            values = values / self.W_dec.norm(dim=-1)[indices]
+        return nn.functional.embedding_bag(indices, self.W_dec, per_sample_weights=values, mode="sum") + self.b_dec
+
+    def training_forward(self, x: Float[Tensor, "N I"], target: Float[Tensor, "N O"], dead: Tensor,
+                         coefficient_scale: float = 1.0) -> dict[str, Any]:
+        """Losses of one batch (``loss``, the named ``losses``), ``feature_acts`` and ``sae_out``.
+
+        ``dead``: the dead-feature mask (aux-k loss); ``coefficient_scale``: the sparsity warm-up factor in [0, 1].
+        """
+        acts, hidden_pre = self.encode_with_hidden_pre(x)
+        if self.architecture == "topk":  # the same numbers as decode(acts), k columns instead of d_sae
+            top = hidden_pre.topk(self.options["k"], dim=-1, sorted=False)
+            out = self.decode_sparse(top.indices, top.values.relu())
+        else:
+            out = self.decode(acts, x)
+        losses = {"mse_loss": (out - target).pow(2).sum(-1).mean()}
+        if self.architecture == "standard":
+            weighted = acts * self.W_dec.norm(dim=-1)
+            sparsity = weighted.norm(p=self.options.get("lp_norm", 1.0), dim=-1)
+            losses["l1_loss"] = (coefficient_scale * self.options.get("l1_coefficient", 1.0) * sparsity).mean()
+        elif self.architecture == "jumprelu":
+            l0 = Step.apply(hidden_pre, self.log_threshold.exp(), self.options.get("jumprelu_bandwidth", 0.05)).sum(-1)
+            losses["l0_loss"] = (coefficient_scale * self.options.get("l0_coefficient", 1.0) * l0).mean()
+        else:
+            losses["aux_loss"] = self._aux_k_loss(hidden_pre, target - out, dead)
+            if self.architecture == "batchtopk":
+                self._update_threshold(acts)
+        return {"loss": sum(losses.values()), "losses": losses, "feature_acts": acts, "sae_out": out}
+
+    def _aux_k_loss(self, hidden_pre: Tensor, residual: Tensor, dead: Tensor) -> Tensor:
+        """SAELens's top-k aux loss: ``decode`` of the top ``d_out // 2`` dead features (by pre-activation) fits
+        the detached residual of the live reconstruction."""
+        n_dead = int(dead.sum())
+        if n_dead == 0:
+            return hidden_pre.new_tensor(0.0)
+        k_aux = min(self.d_out // 2, n_dead)
+        scale = min(n_dead / (self.d_out // 2), 1.0)
+        masked = torch.where(dead[None], hidden_pre, torch.tensor(-torch.inf, dtype=hidden_pre.dtype))
+        top = masked.topk(k_aux, sorted=False)
+        recons = self.decode_sparse(top.indices, top.values)
+        return self.options.get("aux_loss_coefficient", 1.0) * scale * (recons - residual.detach()).pow(2).sum(-1).mean()
+
+    @torch.no_grad()
+    def _update_threshold(self, acts: Tensor) -> None:
+        positive = acts[acts > 0]
+        if positive.numel():
+            lr = self.options.get("topk_threshold_lr", 0.01)
+            self.topk_threshold.mul_(1 - lr).add_(lr * positive.min().double())
+
+    # ---- inference form --------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def to_sae(self, metadata: dict[str, Any], scale_in: float = 1.0, scale_out: float = 1.0,
+               dtype: str = "float32") -> SAE:
+        """The trained dictionary as a ``wb.SAE`` in SAELens's inference format, reading raw activations.
+
+        ``scale_in`` / ``scale_out``: the constants training multiplied inputs / targets by (folded in here, as
+        SAELens's ``fold_activation_norm_scaling_factor``); top-k's decoder norms are folded into ``W_enc``,
+        ``b_enc`` (SAELens's ``_fold_norm_topk``); batch-top-k's threshold becomes a per-feature JumpReLU one.
+        """
+        W_enc, b_enc, W_dec, b_dec = (t.detach().float().clone() for t in (self.W_enc, self.b_enc, self.W_dec, self.b_dec))
+        tensors: dict[str, Tensor] = {}
+        if self.rescales:
+            norms = W_dec.norm(dim=-1)
+            W_enc, b_enc, W_dec = W_enc * norms, b_enc * norms, W_dec / norms[:, None]
+        if self.architecture == "jumprelu":
+            tensors["threshold"] = self.log_threshold.detach().float().exp()
+        elif self.architecture == "batchtopk":
+            tensors["threshold"] = torch.full((self.d_sae,), float(self.topk_threshold))
+        # inputs were x * scale_in, targets y * scale_out: encode raw x with W_enc * scale_in (an SAE's b_dec is
+        # subtracted from the scaled input, so b_dec / scale_in on raw input), decode to raw y by / scale_out.
+        W_enc = W_enc * scale_in
+        W_dec, b_dec = W_dec / scale_out, b_dec / scale_out
+        if self.skip:
+            tensors["W_skip"] = self.W_skip.detach().float() * scale_in / scale_out
+        tensors.update(W_enc=W_enc, b_enc=b_enc, W_dec=W_dec, b_dec=b_dec)
+        name = SAVED_AS[self.architecture][(2 if self.skip else 1) if self.transcoder else 0]
+        extra = {"k": int(self.options["k"]), "rescale_acts_by_decoder_norm": True} if name == "topk" else {}
+        if self.transcoder:
+            extra["d_out"] = self.d_out
+        cfg = SAEConfig(name, d_in=self.d_in, d_sae=self.d_sae, dtype="float32", apply_b_dec_to_input=not self.transcoder,
+                        metadata=metadata, **extra)
+        sae = SAE.from_tensors(cfg, tensors)
+        return sae if dtype == "float32" else SAE.from_tensors(cfg, tensors, dtype=dtype)
+
+
+def _kaiming_uniform(shape: tuple[int, int], generator: Optional[torch.Generator]) -> Tensor:
+    """``nn.init.kaiming_uniform_`` (a=0: bound sqrt(6 / fan_in), fan_in the second size) from ``generator``."""
+    bound = (6.0 / shape[1]) ** 0.5
+    return (torch.rand(shape, generator=generator) * 2 - 1) * bound
