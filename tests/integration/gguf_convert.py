@@ -123,7 +123,8 @@ def _deepseek_meta(mla: bool) -> Callable[[gguf.GGUFWriter, Any], None]:
         writer.add_expert_shared_count(c.n_shared_experts)
         writer.add_expert_weights_scale(c.routed_scaling_factor)
         if c.model_type == "deepseek_v3":
-            writer.add_expert_weights_norm(c.norm_topk_prob)
+            if c.norm_topk_prob:  # written only when true
+                writer.add_expert_weights_norm(c.norm_topk_prob)
             writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
             writer.add_expert_group_count(c.n_group)
             writer.add_expert_group_used_count(c.topk_group)
