@@ -204,6 +204,8 @@ RECIPES = {
     "granite": Recipe("granite", _config("granite", **_LLAMA_SIZES, embedding_multiplier=2.0, attention_multiplier=0.1,
                                          residual_multiplier=0.5, logits_scaling=4.0), Q.Q8_0, permute_qk=True,
                       metadata=_granite_meta),
+    "arcee": Recipe("arcee", _config("arcee", **_LLAMA_SIZES), Q.Q8_0, permute_qk=True),
+    "ernie4_5": Recipe("ernie4_5", _config("ernie4_5", **_LLAMA_SIZES, head_dim=16, use_bias=True), Q.Q4_0),
     "nemotron": Recipe("nemotron", _config("nemotron", **_LLAMA_SIZES, partial_rotary_factor=0.5, norm_eps=1e-5),
                        Q.Q8_0, norm_plus_one=True, metadata=_rotary_meta, std=0.1),
     "stablelm": Recipe("stablelm", _config("stablelm", **_LLAMA_SIZES, partial_rotary_factor=0.25, use_qkv_bias=True,

@@ -283,6 +283,13 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         keys={"attention.scale": "attention_multiplier", "embedding_scale": "embedding_multiplier",
               "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"},
         fixed={"hidden_act": "silu"}, derived=_biases("attention_bias")),
+    "arcee": GGUFArchitecture(
+        "ArceeForCausalLM", "Arcee AFM (relu^2 without a gate; Q/K rows un-permuted)",
+        _EMBED + _PERMUTED_ATTENTION + _PRE_NORMS + (_layer("ffn_up", "mlp.up_proj"), _layer("ffn_down", "mlp.down_proj")),
+        fixed={"hidden_act": "relu2"}, derived=_biases("attention_bias")),
+    "ernie4_5": GGUFArchitecture(
+        "Ernie4_5ForCausalLM", "ERNIE 4.5 dense (RoPE on adjacent pairs, as stored)", _LLAMA_LIKE,
+        fixed={"hidden_act": "silu"}, derived=_biases("use_bias")),
     "nemotron": GGUFArchitecture(
         "NemotronForCausalLM", "Nemotron-3/4, Minitron (LayerNorm1P gains stored as 1 + w)",
         (Rule("token_embd", "model.embed_tokens"), Rule("output", "lm_head"), Rule("output_norm", "model.norm", "minus_one"),
