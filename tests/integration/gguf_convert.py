@@ -123,7 +123,8 @@ def _deepseek_meta(mla: bool) -> Callable[[gguf.GGUFWriter, Any], None]:
         writer.add_expert_shared_count(c.n_shared_experts)
         writer.add_expert_weights_scale(c.routed_scaling_factor)
         if c.model_type == "deepseek_v3":
-            writer.add_expert_weights_norm(c.norm_topk_prob)
+            if c.norm_topk_prob:  # written only when true
+                writer.add_expert_weights_norm(c.norm_topk_prob)
             writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
             writer.add_expert_group_count(c.n_group)
             writer.add_expert_group_used_count(c.topk_group)
@@ -203,6 +204,8 @@ RECIPES = {
     "granite": Recipe("granite", _config("granite", **_LLAMA_SIZES, embedding_multiplier=2.0, attention_multiplier=0.1,
                                          residual_multiplier=0.5, logits_scaling=4.0), Q.Q8_0, permute_qk=True,
                       metadata=_granite_meta),
+    "arcee": Recipe("arcee", _config("arcee", **_LLAMA_SIZES), Q.Q8_0, permute_qk=True),
+    "ernie4_5": Recipe("ernie4_5", _config("ernie4_5", **_LLAMA_SIZES, head_dim=16, use_bias=True), Q.Q4_0),
     "nemotron": Recipe("nemotron", _config("nemotron", **_LLAMA_SIZES, partial_rotary_factor=0.5, norm_eps=1e-5),
                        Q.Q8_0, norm_plus_one=True, metadata=_rotary_meta, std=0.1),
     "stablelm": Recipe("stablelm", _config("stablelm", **_LLAMA_SIZES, partial_rotary_factor=0.25, use_qkv_bias=True,

@@ -142,6 +142,11 @@ def _biases(switch: str, probe: str = "blk.0.attn_q.bias") -> Callable[[Metadata
     return lambda meta: {switch: meta.has_tensor(probe)}
 
 
+def _deepseek_v3(meta: Metadata) -> bool:
+    """V3's sigmoid routing: the gating function says so, or the routers' correction bias is there."""
+    return meta.get("expert_gating_func", 1) == 2 or any(name.endswith("exp_probs_b.bias") for name in meta.tensor_names)
+
+
 def _deepseek2(meta: Metadata) -> dict[str, Any]:
     """DeepSeek-V2/V3: the latent sizes. Files written since llama.cpp's MLA rewrite state the heads' own
     widths in ``key_length_mla`` / ``value_length_mla`` (``key_length`` is then the latent's) and one KV head;
@@ -149,8 +154,9 @@ def _deepseek2(meta: Metadata) -> dict[str, Any]:
     rope = int(meta.get("rope.dimension_count"))
     key = int(meta.get("attention.key_length_mla", meta.get("attention.key_length")))
     groups = int(meta.get("expert_group_count", 1) or 1)
-    sigmoid = meta.get("expert_gating_func", 1) == 2
-    return {"qk_rope_head_dim": rope, "qk_nope_head_dim": key - rope,
+    sigmoid = _deepseek_v3(meta)
+    return {"norm_topk_prob": bool(meta.get("expert_weights_norm", False)),  # written only when true
+            "routed_scaling_factor": float(meta.get("expert_weights_scale", 1.0)),"qk_rope_head_dim": rope, "qk_nope_head_dim": key - rope,
             "v_head_dim": int(meta.get("attention.value_length_mla", meta.get("attention.value_length"))),
             "q_lora_rank": meta.get("attention.q_lora_rank"), "num_key_value_heads": meta.get("attention.head_count"),
             "n_group": groups, "topk_group": int(meta.get("expert_group_used_count", groups) or groups),
@@ -267,10 +273,9 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
            Rule("blk.{l}.exp_probs_b.bias", "model.layers.{l}.mlp.gate.e_score_correction_bias", suffixes=("",))),
         keys={"leading_dense_block_count": "first_k_dense_replace", "attention.kv_lora_rank": "kv_lora_rank",
               "expert_feed_forward_length": "moe_intermediate_size", "expert_count": "n_routed_experts",
-              "expert_used_count": "num_experts_per_tok", "expert_shared_count": "n_shared_experts",
-              "expert_weights_scale": "routed_scaling_factor", "expert_weights_norm": "norm_topk_prob"},
+              "expert_used_count": "num_experts_per_tok", "expert_shared_count": "n_shared_experts"},
         fixed={"hidden_act": "silu", "attention_bias": False, "mlp_bias": False}, derived=_deepseek2,
-        choose=lambda meta: "DeepseekV3ForCausalLM" if meta.get("expert_gating_func", 1) == 2 else "DeepseekV2ForCausalLM",
+        choose=lambda meta: "DeepseekV3ForCausalLM" if _deepseek_v3(meta) else "DeepseekV2ForCausalLM",
         ignored=re.compile(r"blk\.\d+\.attn_[kv]_b\.weight"), head_dim_field=None, partial_rotary=False),
     "granite": GGUFArchitecture(
         "GraniteForCausalLM", "IBM Granite 3.x dense (multipliers; Q/K rows un-permuted)",
@@ -278,6 +283,13 @@ ARCHITECTURES: dict[str, GGUFArchitecture] = {
         keys={"attention.scale": "attention_multiplier", "embedding_scale": "embedding_multiplier",
               "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"},
         fixed={"hidden_act": "silu"}, derived=_biases("attention_bias")),
+    "arcee": GGUFArchitecture(
+        "ArceeForCausalLM", "Arcee AFM (relu^2 without a gate; Q/K rows un-permuted)",
+        _EMBED + _PERMUTED_ATTENTION + _PRE_NORMS + (_layer("ffn_up", "mlp.up_proj"), _layer("ffn_down", "mlp.down_proj")),
+        fixed={"hidden_act": "relu2"}, derived=_biases("attention_bias")),
+    "ernie4_5": GGUFArchitecture(
+        "Ernie4_5ForCausalLM", "ERNIE 4.5 dense (RoPE on adjacent pairs, as stored)", _LLAMA_LIKE,
+        fixed={"hidden_act": "silu"}, derived=_biases("use_bias")),
     "nemotron": GGUFArchitecture(
         "NemotronForCausalLM", "Nemotron-3/4, Minitron (LayerNorm1P gains stored as 1 + w)",
         (Rule("token_embd", "model.embed_tokens"), Rule("output", "lm_head"), Rule("output_norm", "model.norm", "minus_one"),
