@@ -239,7 +239,6 @@ _SAME_MEANING = (
     (r"blocks\.(\d+)\.attn\.hook_out", "blocks.{}.hook_attn_out"),
     (r"blocks\.(\d+)\.mlp\.hook_in", "blocks.{}.ln2.hook_normalized"),
     (r"blocks\.(\d+)\.mlp\.hook_out", "blocks.{}.hook_mlp_out"),
-    (r"blocks\.(\d+)\.hook_mlp_in", "blocks.{}.hook_resid_mid"),
     (r"blocks\.(\d+)\.hook_attn_in", "blocks.{}.hook_resid_pre"),
     (r"blocks\.(\d+)\.(?:hook_)?(?:in|input|resid_in)", "blocks.{}.hook_resid_pre"),
     (r"blocks\.(\d+)\.(?:hook_)?(?:out|output|resid_out)", "blocks.{}.hook_resid_post"),

@@ -159,7 +159,7 @@ class HookMethods(_Host):
         """``names_filter`` (None, a hook name, a list of hook names or a function of the name) as a function
         of the name, as TransformerLens reads it, a string or list checked against the model's hook points.
         None is every hook that fires without an opt-in: ``attn.hook_result`` only with
-        ``model.set_use_attn_result(True)`` (a filter or list that names it caches it too).
+        ``model.set_use_attn_result(True)``, ``hook_mlp_in`` never (a filter or list that names either caches it).
 
         Example:
             >>> is_cached = model.cached_names(None)
@@ -174,7 +174,7 @@ class HookMethods(_Host):
         # None and functions see each point once, under its own name (an alias is cached when named).
         aliases = self.hook_aliases
         if names_filter is None:
-            fires = (lambda name: True) if self.cfg.use_attn_result else _fires_without_opt_in
+            fires = (lambda name: not name.endswith(".hook_mlp_in")) if self.cfg.use_attn_result else _fires_without_opt_in
             return lambda name: name not in aliases and fires(name)
         if callable(names_filter):
             return lambda name: name not in aliases and names_filter(name)
@@ -279,8 +279,9 @@ class HookMethods(_Host):
 
 
 def _fires_without_opt_in(name: str) -> bool:
-    """Every hook point but the opt-in per-head ``attn.hook_result`` (TransformerLens's "cache all")."""
-    return not name.endswith("attn.hook_result")
+    """Every hook point but the opt-in per-head ``attn.hook_result`` and the MLP's own input copy ``hook_mlp_in``
+    (TransformerLens's "cache all", where both wait for their switches)."""
+    return not name.endswith(("attn.hook_result", ".hook_mlp_in"))
 
 
 class _Trusted(partial):

@@ -245,7 +245,7 @@ def faithfulness_curve(model, dataset, metric: Optional[MetricLike], scores: Edg
         >>> corrupt = model.to_tokens("The cat sat on the mat. The cut")
         >>> scores = edge_attribution_patching(model, tokens, corrupt, logit_diff(model, " s", " and", 1))
         >>> curve = faithfulness_curve(model, (tokens, corrupt), logit_diff(model, " s", " and", 1), scores, [0, 81])
-        >>> curve["recovered"].round(4).tolist()                       # no edge: the corrupted run; all: the clean one
+        >>> (curve["recovered"].round(4) + 0.0).tolist()               # no edge: the corrupted run; all: the clean one
         [0.0, 1.0]
     """
     data = as_pairs(model, dataset, metric)

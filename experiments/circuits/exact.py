@@ -19,8 +19,8 @@ from torch import Tensor
 
 from experiments._progress import Progress, ProgressArg
 from experiments.circuits.graph import CircuitGraph, EdgeLike, circuit_graph
-from experiments.circuits.runs import (PairedPrompts, as_variant_masks, edge_switches, paired_prompts,
-                                       patched_metric, writer_values)
+from experiments.circuits.runs import (PairedPrompts, as_variant_masks, base_run, edge_switches, paired_prompts,
+                                       patched_metric)
 from experiments.metrics import MetricLike
 from workbench.errors import InputError
 
@@ -118,11 +118,13 @@ def patched_values(model, graph: CircuitGraph, data: PairedPrompts, masks: Tenso
             runs = {"clean": part.clean, "corrupt": part.corrupt}
             if base not in runs:
                 raise InputError(f"base must be 'clean' or 'corrupt', got {base!r}")
-            other = runs["clean" if base == "corrupt" else "corrupt"]
-            chunk_sources = sources if sources is not None else writer_values(model, graph, other)
-            out.append(patched_metric(model, graph, runs[base], part.metric, masks, chunk_sources))
+            # one unedited run of each side: the base one to start the variants from, the other for its writers;
+            # both give their metric from their last residual stream
+            unedited = {name: base_run(model, graph, batch) for name, batch in runs.items()}
+            chunk_sources = sources if sources is not None else unedited["clean" if base == "corrupt" else "corrupt"].writers
+            out.append(patched_metric(model, graph, runs[base], part.metric, masks, chunk_sources, unedited[base]))
             for name, store in (("clean", cleans), ("corrupt", corrupts)):
-                logits = model(runs[name].tokens, attention_mask=runs[name].mask)
+                logits = model.logits_from_resid(unedited[name].final)
                 store.append(part.metric.values(logits, runs[name]).float().cpu())
             bar.advance()
     return _join(out), torch.cat(cleans), torch.cat(corrupts)

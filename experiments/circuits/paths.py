@@ -72,8 +72,8 @@ def path_patching(model, clean, corrupt=None, metric: Optional[MetricLike] = Non
         >>> corrupt = model.to_tokens("The cat sat on the mat. The cut")
         >>> table = path_patching(model, tokens, corrupt, logit_diff(model, " s", " and", 1), [(0, 0), (0, 1)],
         ...                       receivers=[(1, 1)], receiver_input="v")
-        >>> table["sender"].tolist(), table.columns.tolist()
-        (['a0.h1', 'a0.h0'], ['sender', 'metric', 'delta', 'normalized'])
+        >>> sorted(table["sender"]), table.columns.tolist()
+        (['a0.h0', 'a0.h1'], ['sender', 'metric', 'delta', 'normalized'])
     """
     graph = circuit_graph(model)
     data = paired_prompts(model, clean, corrupt, metric, clean_mask, corrupt_mask)

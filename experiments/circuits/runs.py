@@ -108,7 +108,14 @@ def paired_prompts(model, clean, corrupt=None, metric: Optional[MetricLike] = No
 @contextmanager
 def edge_switches(model) -> Iterator[None]:
     """Each head's own query, key and value input (``use_split_qkv_input``; a grouped-query model ungrouped, so a
-    key or value input belongs to one query head) for the duration; the caller's switches come back after."""
+    key or value input belongs to one query head) for the duration; the caller's switches come back after.
+
+    Example:
+        >>> with edge_switches(model):
+        ...     model.cfg.use_split_qkv_input
+        True
+        >>> model.cfg.use_split_qkv_input
+        False"""
     saved = (model.cfg.use_split_qkv_input, model.cfg.ungroup_grouped_query_attention)
     try:
         model.set_use_split_qkv_input(True)
@@ -121,18 +128,35 @@ def edge_switches(model) -> Iterator[None]:
 
 
 def writer_hooks(graph: CircuitGraph) -> list[str]:
-    """The hook points holding every writer's output, in the order they run."""
+    """The hook points holding every writer's output, in the order they run.
+
+    Example:
+        >>> from experiments.circuits.graph import circuit_graph
+        >>> writer_hooks(circuit_graph(model))
+        ['blocks.0.hook_resid_pre', 'blocks.0.attn.hook_result', 'blocks.1.attn.hook_result']"""
     return list(dict.fromkeys(graph.writer_site(w)[0] for w in range(len(graph.writers))))
 
 
 def reader_hooks(graph: CircuitGraph) -> list[str]:
-    """The hook points holding every reader's input, in the order they run."""
+    """The hook points holding every reader's input, in the order they run.
+
+    Example:
+        >>> from experiments.circuits.graph import circuit_graph
+        >>> reader_hooks(circuit_graph(model))[:3], reader_hooks(circuit_graph(model))[-1]
+        (['blocks.0.hook_q_input', 'blocks.0.hook_k_input', 'blocks.0.hook_v_input'], 'blocks.1.hook_resid_post')"""
     return list(dict.fromkeys(graph.reader_site(r)[0] for r in range(len(graph.readers))))
 
 
 @torch.no_grad()
 def writer_values(model, graph: CircuitGraph, batch: PromptBatch) -> dict[str, Tensor]:
-    """Every writer's output in an unedited run of ``batch``: {hook: [B, P, D] or [B, P, H, D] (heads)}."""
+    """Every writer's output in an unedited run of ``batch``: {hook: [B, P, D] or [B, P, H, D] (heads)}.
+
+    Example:
+        >>> from experiments.circuits.graph import circuit_graph
+        >>> from experiments.metrics import PromptBatch
+        >>> values = writer_values(model, circuit_graph(model), PromptBatch(tokens))
+        >>> values["blocks.1.attn.hook_result"].shape
+        torch.Size([1, 14, 4, 128])"""
     wanted = set(writer_hooks(graph))
     _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.mask, return_type=None,
                                     names_filter=lambda name: name in wanted)
@@ -140,7 +164,14 @@ def writer_values(model, graph: CircuitGraph, batch: PromptBatch) -> dict[str, T
 
 
 def stack_writers(graph: CircuitGraph, values: dict[str, Tensor]) -> Float[Tensor, "batch pos writers d_model"]:
-    """Writer outputs [B, P, O, D] in writer order from their hooks' values."""
+    """Writer outputs [B, P, O, D] in writer order from their hooks' values.
+
+    Example:
+        >>> from experiments.circuits.graph import circuit_graph
+        >>> from experiments.metrics import PromptBatch
+        >>> graph = circuit_graph(model)
+        >>> stack_writers(graph, writer_values(model, graph, PromptBatch(tokens))).shape
+        torch.Size([1, 14, 9, 128])"""
     parts = [values[EMBED_HOOK][:, :, None]]
     for layer in range(graph.n_layers):
         parts.append(values[f"blocks.{layer}.attn.hook_result"])
@@ -162,7 +193,14 @@ class BaseRun:
 
 @torch.no_grad()
 def base_run(model, graph: CircuitGraph, batch: PromptBatch) -> BaseRun:
-    """The unedited run of ``batch`` a patched pass starts from (the edge switches on)."""
+    """The unedited run of ``batch`` a patched pass starts from (the edge switches on).
+
+    Example:
+        >>> from experiments.circuits.graph import circuit_graph
+        >>> from experiments.metrics import PromptBatch
+        >>> run = base_run(model, circuit_graph(model), PromptBatch(tokens))
+        >>> len(run.resid_pre), run.final.shape
+        (2, torch.Size([1, 14, 128]))"""
     L = graph.n_layers
     wanted = {f"blocks.{l}.hook_resid_pre" for l in range(L)} | {f"blocks.{L - 1}.hook_resid_post"}
     wanted |= set(writer_hooks(graph))
@@ -187,6 +225,17 @@ def patched_metric(model, graph: CircuitGraph, base: PromptBatch, metric: Metric
     (edges per position) or [1, O, I] (at every position); ``sources`` maps each writer hook to [B or 1, P, (H,) D]
     values. Variants run stacked, each from the layer of its first edited reader (``start``: the unedited run, made
     here when not given). The model's edge switches must be on (``edge_switches``).
+
+    Example:
+        >>> from experiments.circuits.graph import circuit_graph
+        >>> from experiments.metrics import PromptBatch, as_metric
+        >>> graph, batch = circuit_graph(model), PromptBatch(tokens)
+        >>> metric = as_metric(lambda logits, tokens: logits[:, -1, 0])
+        >>> with edge_switches(model):                                  # no edge, every edge from the same run
+        ...     values = patched_metric(model, graph, batch, metric, as_variant_masks(graph, [graph.edge_mask * 0,
+        ...                             graph.edge_mask]), writer_values(model, graph, batch))
+        >>> torch.allclose(values[0], values[1], atol=1e-5)
+        True
     """
     B, P = base.tokens.shape
     start = start if start is not None else base_run(model, graph, base)
@@ -280,7 +329,13 @@ def _patched_pass(model, graph: CircuitGraph, base: PromptBatch, metric: Metric,
 
 def source_values(model, graph: CircuitGraph, batch: PromptBatch, kind: str) -> dict[str, Tensor]:
     """The values ablated edges carry: ``"corrupt"`` (the run of ``batch``), ``"mean"`` (its mean over the real
-    tokens of every row at each position) or ``"zero"``."""
+    tokens of every row at each position) or ``"zero"``.
+
+    Example:
+        >>> from experiments.circuits.graph import circuit_graph
+        >>> from experiments.metrics import PromptBatch
+        >>> source_values(model, circuit_graph(model), PromptBatch(tokens), "zero")["blocks.0.hook_resid_pre"].abs().sum()
+        tensor(0.)"""
     values = writer_values(model, graph, batch)
     if kind == "corrupt":
         return values
@@ -298,7 +353,13 @@ def source_values(model, graph: CircuitGraph, batch: PromptBatch, kind: str) -> 
 
 
 def as_variant_masks(graph: CircuitGraph, masks: Union[Tensor, Sequence[Tensor]]) -> Bool[Tensor, "n pos_or_1 writers readers"]:
-    """Masks [O, I] or [P, O, I] (one, or a list of one shape) as [n, P or 1, O, I], restricted to the graph's edges."""
+    """Masks [O, I] or [P, O, I] (one, or a list of one shape) as [n, P or 1, O, I], restricted to the graph's edges.
+
+    Example:
+        >>> from experiments.circuits.graph import circuit_graph
+        >>> graph = circuit_graph(model)
+        >>> as_variant_masks(graph, graph.edge_mask).shape
+        torch.Size([1, 1, 9, 25])"""
     stacked = torch.stack(list(masks)) if not isinstance(masks, Tensor) else masks[None]
     if stacked.ndim == 3:
         stacked = stacked[:, None]

@@ -49,7 +49,7 @@ def expected_hook_shapes(cfg, b, p):
         if cfg.positional == "rotary":
             shapes.update({pre + "attn.hook_rot_q": (b, p, H, K), pre + "attn.hook_rot_k": (b, p, G, K)})
         if not cfg.attn_only:
-            shapes.update({pre + "hook_resid_mid": (b, p, D), pre + "hook_mlp_out": (b, p, D),
+            shapes.update({pre + "hook_resid_mid": (b, p, D), pre + "hook_mlp_out": (b, p, D), pre + "hook_mlp_in": (b, p, D),
                            pre + "ln2.hook_scale": (b, p, 1), pre + "ln2.hook_normalized": (b, p, D)})
             if cfg.num_experts:
                 E, k = cfg.num_experts, cfg.experts_per_token
@@ -77,13 +77,14 @@ def test_caching_every_hook_leaves_out_hook_result_unless_asked_as_transformer_l
     tokens = torch.randint(0, model.cfg.d_vocab, (B, P))
     every = set(expected_hook_shapes(model.cfg, B, P))
     result_hooks = {f"blocks.{l}.attn.hook_result" for l in range(model.cfg.n_layers)}
+    mlp_in_hooks = {f"blocks.{l}.hook_mlp_in" for l in range(model.cfg.n_layers)}  # opt-in too, as in TransformerLens
     _, cache = model.run_with_cache(tokens)
-    assert set(cache.keys()) == every - result_hooks
+    assert set(cache.keys()) == every - result_hooks - mlp_in_hooks
     _, cache = model.run_with_cache(tokens, names_filter=sorted(result_hooks))
     assert set(cache.keys()) == result_hooks
     model.set_use_attn_result(True)
     _, cache = model.run_with_cache(tokens)
-    assert set(cache.keys()) == every
+    assert set(cache.keys()) == every - mlp_in_hooks
 
 
 def test_residual_stream_decomposes_into_hooked_parts():

@@ -162,7 +162,6 @@ def test_every_get_act_name_name_resolves(variant):
     ("blocks.0.attn.hook_out", "blocks.0.hook_attn_out"),
     ("blocks.1.mlp.hook_out", "blocks.1.hook_mlp_out"),
     ("blocks.1.mlp.hook_in", "blocks.1.ln2.hook_normalized"),
-    ("blocks.1.hook_mlp_in", "blocks.1.hook_resid_mid"),
     ("blocks.0.hook_input", "blocks.0.hook_resid_pre"),
     ("embed.hook_out", "hook_embed"),
 ])
