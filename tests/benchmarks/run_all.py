@@ -43,6 +43,9 @@ COMPARISONS = [
      "2 workers faster than 1 on this 2-core machine; per-GPU-worker throughput estimated in README"),
     ("bench_offload", "10. CPU + disk offload (accelerate device map)",
      "reported: the offloaded forward's time against the in-memory model, equal logits"),
+    ("bench_attribution", "11. Attribution graphs against circuit-tracer 0.5 (issue 36)",
+     "attribute at most 1.0x circuit-tracer's time on the same model, transcoders and prompt (32, 128 and 512 "
+     "tokens), its peak memory reported beside circuit-tracer's"),
 ]
 TRITON_TITLE = "7. Triton FlashAttention-2 vs SDPA's flash backend (GPU)"
 TRITON_GOAL = "forward at least 0.9x and forward+backward at least 0.8x of SDPA's throughput on an H100"
