@@ -93,7 +93,7 @@ def _remember_click() -> None:
 
 
 def _graph_view(loaded, loaded_tc, prompt: Prompt, settings: Settings, thresholds: tuple[float, float],
-                labels: list[str], feature_nodes: list[int]) -> tuple[Optional[int], list[int]]:
+                labels: list[str], kept: list[int], feature_nodes: list[int]) -> tuple[Optional[int], list[int]]:
     """The drawing, the feature picked (a select box a click moves) and the pinned nodes."""
     clicked = st.session_state.pop(_CLICKED, None)
     if isinstance(clicked, int) and clicked in feature_nodes:
@@ -102,7 +102,8 @@ def _graph_view(loaded, loaded_tc, prompt: Prompt, settings: Settings, threshold
     picked = linked(st.selectbox, "Feature (or click a feature in the graph)", options=options, index=0,
                     key=NODE_KEY) if options else None
     selected = feature_nodes[options.index(picked)] if picked in options else None
-    pinned_labels = linked(st.multiselect, "Pinned nodes (a subgraph)", options=labels, default=[], key=PIN_KEY)
+    pinned_labels = linked(st.multiselect, "Pinned nodes (a subgraph)", options=[labels[i] for i in kept], default=[],
+                           key=PIN_KEY, help="Any node the pruning keeps.")
     pinned = tuple(labels.index(label) for label in pinned_labels)
     drawing = results.graph_drawing(loaded, loaded_tc, prompt.ids, settings, *thresholds, MAX_NODES, MAX_EDGES,
                                     selected, pinned, False)
@@ -174,7 +175,7 @@ def main() -> None:
         st.metric("Completeness score", f"{completeness:.4f}")
     nodes = results.graph_nodes(loaded, loaded_tc, prompt.ids, settings, node_threshold, edge_threshold)
     node, _ = _graph_view(loaded, loaded_tc, prompt, settings, (node_threshold, edge_threshold), nodes.labels,
-                          nodes.kept_features)
+                          nodes.kept, nodes.kept_features)
     if node is None:
         st.info("The pruned graph keeps no feature: lower the node threshold.")
         return

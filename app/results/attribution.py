@@ -159,10 +159,11 @@ def pruned_graph(loaded: LoadedModel, loaded_tc: LoadedTranscoders, ids: tuple[i
 
 @dataclass
 class GraphNodes:
-    """The graph's nodes as the page lists them: a label per node, the feature nodes the pruning keeps, and each
-    feature node's ``(layer, position, feature)``."""
+    """The graph's nodes as the page lists them: a label per node, the nodes and the feature nodes the pruning
+    keeps, and each feature node's ``(layer, position, feature)``."""
 
     labels: list[str]
+    kept: list[int]
     kept_features: list[int]
     features: dict[int, tuple[int, int, int]]
 
@@ -177,12 +178,12 @@ def graph_nodes(loaded: LoadedModel, loaded_tc: LoadedTranscoders, ids: tuple[in
     """
     graph = _stored_graph(loaded, loaded_tc, ids, settings)
     pruned, _ = pruned_graph(loaded, loaded_tc, ids, settings, node_threshold, edge_threshold)
-    kept = [i for i in pruned.node_mask.nonzero().flatten().tolist() if node_kind(graph, i) == "feature"]
+    kept = pruned.node_mask.nonzero().flatten().tolist()
     features = {}
     for i in range(len(graph.selected_features)):
         row, position, feature = node_place(graph, i)
         features[i] = (row - 1, position, int(feature))
-    return GraphNodes(node_labels(graph), kept, features)
+    return GraphNodes(node_labels(graph), kept, [i for i in kept if node_kind(graph, i) == "feature"], features)
 
 
 @st.cache_data(show_spinner="Drawing the graph …", max_entries=32, hash_funcs=BY_KEYS)

@@ -89,6 +89,7 @@ class LinearisedForward:
         self.resid: dict[int, Tensor] = {}        # read points: layer -> input hook's tensor; n_layers -> final norm
         self.written: dict[int, Tensor] = {}      # write points: layer -> the MLP output's replacement
         self.embed: Tensor
+        self._blocks: dict[int, tuple[Tensor, Tensor]] = {}
         with torch.enable_grad(), model.hooks(fwd_hooks=self._hooks(model)):
             # stop before the unembedding (its [batch, pos, d_vocab] logits are never needed); the final norm's
             # output, its divisor frozen by the hooks, is where logit targets read
@@ -152,22 +153,44 @@ class LinearisedForward:
         found = torch.autograd.grad(outputs, inputs, grads, retain_graph=retain_graph, allow_unused=True)
         return self._contract(found, k)
 
+    def _decoder_blocks(self, layer: int) -> tuple[Tensor, Tensor]:
+        """The decoder rows writing to ``layer`` laid out by position, ``[pos, m, d_model]`` zero-padded to the most
+        at one position, and the feature each belongs to ``[pos, m]`` (``n_features``, a scratch column, for padding).
+        Built once per layer: a batch's contraction is then one batched matmul over positions, never a gather of the
+        gradients per decoder row ([k, rows, d_model])."""
+        if layer not in self._blocks:
+            src = self.sources
+            rows = (src.decoder_layer == layer).nonzero().flatten()
+            positions = src.decoder_pos[rows]
+            order = positions.argsort(stable=True)
+            rows, positions = rows[order], positions[order]
+            counts = torch.bincount(positions, minlength=self.n_pos)
+            width = int(counts.max()) if len(rows) else 0
+            slot = torch.arange(len(rows), device=rows.device) - (counts.cumsum(0) - counts)[positions]
+            vecs = torch.zeros(self.n_pos, width, src.decoder_vecs.shape[1], dtype=src.decoder_vecs.dtype,
+                               device=src.decoder_vecs.device)
+            owner = torch.full((self.n_pos, width), self.n_features, dtype=torch.long, device=rows.device)
+            vecs[positions, slot] = src.decoder_vecs[rows]
+            owner[positions, slot] = src.decoder_source[rows]
+            self._blocks[layer] = (vecs, owner)
+        return self._blocks[layer]
+
     def _contract(self, grads: tuple, k: int) -> Float[Tensor, "k row"]:
         src, n_pos = self.sources, self.n_pos
-        row = torch.zeros(k, self.row_size, dtype=src.error_vecs.dtype, device=src.error_vecs.device)
+        row = torch.zeros(k, self.row_size + 1, dtype=src.error_vecs.dtype, device=src.error_vecs.device)
         error_start = self.n_features
         for layer in range(self.n_layers):
             grad = grads[layer]
             if grad is None:
                 continue
             grad = grad[:k].to(row.dtype)
-            mask = src.decoder_layer == layer
-            if mask.any():
-                per_row = torch.einsum("kmd,md->km", grad[:, src.decoder_pos[mask]], src.decoder_vecs[mask])
-                row.index_add_(1, src.decoder_source[mask], per_row)
+            vecs_PMD, owner_PM = self._decoder_blocks(layer)
+            if owner_PM.shape[1]:
+                per_slot_PKM = torch.bmm(grad.transpose(0, 1), vecs_PMD.transpose(1, 2))
+                row.index_add_(1, owner_PM.flatten(), per_slot_PKM.permute(1, 0, 2).reshape(k, -1))
             start = error_start + layer * n_pos
             row[:, start:start + n_pos] = torch.einsum("kpd,pd->kp", grad, src.error_vecs[layer])
         if grads[-1] is not None:
             start = error_start + self.n_layers * n_pos
             row[:, start:start + n_pos] = torch.einsum("kpd,pd->kp", grads[-1][:k].to(row.dtype), src.token_vecs)
-        return row
+        return row[:, :-1]

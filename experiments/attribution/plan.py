@@ -2,7 +2,8 @@
 
 ``attribute`` keeps, besides the model and the transcoders:
 
-- ``sources``: every source's vectors (``linearised.read_sources``): active features' encoder and decoder rows,
+- ``sources``: every source's vectors (``linearised.read_sources``): active features' encoder and decoder rows (the
+  decoder rows twice: also laid out by position for the contraction),
   the error vectors ``[layer, pos, d_model]`` and the token embeddings; while reading them, a cache of the
   transcoders' hooks, the logits ``[pos, d_vocab]`` and every layer's dense activations ``[layer, pos,
   d_transcoder]`` (freed before the forward pass);
@@ -81,7 +82,8 @@ def plan_attribution(model: Union[Any, ModelConfig], transcoders: TranscoderSet,
     n_logits = min(max_n_logits, cfg.d_vocab)
     n_selected = n_active if max_feature_nodes is None else min(max_feature_nodes, n_active)
     n_nodes = n_selected + (L + 1) * P + n_logits
-    kept = size * (n_active * D * (1 + n_out) + (L + 1) * P * D) + 4 * P * D
+    # encoder rows, decoder rows, and the decoder rows again laid out by position for the contraction
+    kept = size * (n_active * D * (1 + 2 * n_out) + (L + 1) * P * D) + 4 * P * D
     reading = size * ((2 * L + 1) * P * D + 2 * L * P * D + L * P * F + P * F) + 4 * P * cfg.d_vocab
     saved, scores = _forward_bytes(cfg, transcoders, P, batch_size, dtype)
     gradients = size * (L + 3) * batch_size * P * D
@@ -106,14 +108,14 @@ def _forward_bytes(cfg: ModelConfig, transcoders: TranscoderSet, n_tokens: int, 
     meta.to(dtype=dtype)
     tc = transcoders.to(device="meta", dtype=dtype)
     params = {id(p) for p in meta.parameters()}
-    seen: set[int] = set()
+    seen: dict[int, Tensor] = {}   # kept alive, so no id is reused by a later tensor (meta tensors cost nothing)
     saved = [0]
     pattern = [0]
 
     def pack(t: Tensor) -> Tensor:
         base = t._base if t._base is not None else t
         if id(base) not in params and id(t) not in seen:
-            seen.add(id(t))
+            seen[id(t)] = t
             saved[0] += t.numel() * t.element_size()
         return t
 

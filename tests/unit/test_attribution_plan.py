@@ -73,7 +73,7 @@ def test_the_graph_parts_follow_the_node_count_by_hand():
     parts = dict(zip(table.part, table.bytes))
     assert (table.attrs["n_active"], table.attrs["n_nodes"]) == (n_active, n_nodes)
     assert parts["adjacency"] == 4 * n_nodes ** 2
-    assert parts["sources"] == 4 * (n_active * 16 * 2 + 3 * 11 * 16) + 4 * 11 * 16
+    assert parts["sources"] == 4 * (n_active * 16 * 3 + 3 * 11 * 16) + 4 * 11 * 16   # encoder, decoder twice
     limited = dict(zip(*plan_attribution(cfg, tc, 11, features_per_token=3, max_n_logits=5, max_feature_nodes=7)
                        [["part", "bytes"]].T.values))
     n_small = 7 + 3 * 11 + 5
@@ -85,7 +85,7 @@ def test_forward_memory_grows_with_batch_and_quadratically_with_the_prompt():
     tc = _transcoders(2, 16, 4)
     forward = {(b, p): dict(zip(*plan_attribution(cfg, tc, p, batch_size=b)[["part", "bytes"]].T.values))["forward"]
                for b in (8, 16) for p in (256, 512)}
-    assert 1.95 < forward[16, 256] / forward[8, 256] <= 2   # nearly all of it is per copy of the prompt
+    assert 1.95 < forward[16, 256] / forward[8, 256] < 2.01   # nearly all of it is per copy of the prompt
     assert 2 < forward[8, 512] / forward[8, 256] <= 4   # linear terms plus the [batch, heads, pos, pos] patterns
 
 
