@@ -57,7 +57,8 @@ ROTARY_SCALINGS: dict[str, tuple[str, ...]] = {
 PER_LAYER_FIELDS = ("sliding_window", "positional", "rotary_base", "rotary_scaling", "rotary_dim",
                     "num_experts", "experts_per_token", "d_mlp",
                     # issue 38 (Llama 4): chunked attention, the QK norm and the query scaling on some layers only
-                    "attention_chunk_size", "qk_norm", "query_scale_beta", "query_scale_length")
+                    "attention_chunk_size", "qk_norm", "query_scale_beta", "query_scale_length",
+                    "differential_lambda_init")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,6 +141,8 @@ class ModelConfig:
     attention_chunk_size: Optional[int] = None
     # The query scaling reads position + this (Llama 4's attention temperature: floor((position + 1) / length)).
     query_scale_position_offset: int = 0
+    # Differential attention (DiffLlama) with this lambda_init (one per layer); None: standard attention.
+    differential_lambda_init: Optional[float] = None
     # One mapping per layer of the PER_LAYER_FIELDS that layer sets differently; () = all alike.
     layer_overrides: tuple[dict[str, Any], ...] = ()
     # ---- issue 38, older dense families (Falcon, StarCoder, MPT, CodeGen, XGLM, OpenAI GPT) --------------
@@ -215,6 +218,9 @@ class ModelConfig:
                 f"and query_scale_length must be set together, got {beta!r} and {length!r}")
         require(length is None or (isinstance(length, int) and length > 0), "query_scale_length",
                 f"must be a positive integer or None, got {length!r}")
+        require(self.differential_lambda_init is None or (self.n_key_value_heads % 2 == 0 and self.n_heads % 2 == 0
+                and self.latent is None), "differential_lambda_init",
+                "needs an even number of query and key/value heads (they pair up) and standard attention")
         chunk = self.attention_chunk_size
         require(chunk is None or (isinstance(chunk, int) and chunk > 0), "attention_chunk_size",
                 f"must be a positive integer or None, got {chunk!r}")

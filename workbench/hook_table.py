@@ -3,7 +3,7 @@
 A handful of small ``Decoder``s together exercise every kind of hook (absolute and rotary
 positions, LayerNorm and RMSNorm, pre- and post-norm, dense, gated and mixture-of-experts MLPs with
 each router and shared experts, dense layers among expert layers, attention-only blocks, attention
-sinks, multi-head latent attention with and without a query bottleneck). Each runs
+sinks, multi-head latent attention with and without a query bottleneck, differential attention). Each runs
 ``run_with_cache`` on new tokens after a cached prefix, with every dimension given a size no other
 dimension has, so each axis of each cached tensor maps back to exactly one dimension name; ``key_pos`` differs from ``pos`` because the prefix sits in the KV
 cache. The filter names every hook, so the opt-in ``attn.hook_result`` is computed and listed too.
@@ -57,6 +57,7 @@ WHICH_MODELS: list[tuple[str, Callable[[ModelConfig], bool]]] = [
     ("MoE", lambda cfg: cfg.is_moe),
     ("MoE with a shared expert (d_shared_expert)", lambda cfg: cfg.is_moe and cfg.moe.d_shared_expert > 0),
     ("use_split_qkv_input", lambda cfg: cfg.use_split_qkv_input),
+    ("differential attention (differential_lambda_init)", lambda cfg: cfg.differential_lambda_init is not None),
 ]
 
 # What shapes alone do not say. Keys must be names in the table (checked).
@@ -109,6 +110,11 @@ NOTES: dict[str, str] = {
                                         "eager",
     "blocks.{l}.attn.hook_pattern": "softmax of the scores (with attn_sinks: of the scores and the sink, so the real "
                                     "keys' weights sum to less than one); hooking it runs this layer eager",
+    "blocks.{l}.attn.hook_pattern_1": "differential attention: each head pair's first softmax map (query heads "
+                                      "0..n_heads/2-1 of hook_pattern); editable apart; hooking it runs this layer eager",
+    "blocks.{l}.attn.hook_pattern_2": "each head pair's second map (query heads n_heads/2..), subtracted times lambda: "
+                                      "z = RMSNorm((map_1 - lambda map_2) V_pair) (1 - lambda_init); hooking it runs "
+                                      "this layer eager",
     "blocks.{l}.attn.hook_result": "opt-in: computed only when hooked; per-head z_h W_O[h], sums (+ b_O) to hook_attn_out",
     "blocks.{l}.hook_resid_mid": "between attention and MLP",
     "blocks.{l}.mlp.hook_pre": "pre-activation; the gate's in a gated MLP",
@@ -305,7 +311,8 @@ def render_markdown(rows: list[HookRow], models: dict[str, Decoder] | None = Non
 def _config_summary(cfg: ModelConfig) -> str:
     fields = ("positional", "normalization", "norm_placement", "gated_mlp", "attn_only", "num_experts",
               "experts_per_token", "attn_bias", "mlp_bias", "act_fn")
-    optional = ("qk_norm", "attn_scores_soft_cap", "output_logits_soft_cap", "embed_norm", "parallel_attn_mlp")
+    optional = ("qk_norm", "attn_scores_soft_cap", "output_logits_soft_cap", "embed_norm", "parallel_attn_mlp",
+                "differential_lambda_init")
     # Shown where they differ from ModelConfig's defaults (rotary_dim defaults to d_head).
     not_default = ("n_key_value_heads", "rotary_dim", "attn_sinks", "layer_overrides")
     defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}

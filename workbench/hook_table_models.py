@@ -18,18 +18,19 @@ DIMENSIONS: dict[str, int] = {
     "1": 1,
     "n_key_value_heads": 2,
     "batch": 3,
-    "experts_per_token": 4,
+    "n_heads/2": 4,  # differential attention's head pairs
     "pos": 5,
     "rotary_dim": 6,  # latent attention's shared rotary key (even and below d_head)
     "key_pos": 7,
     "n_heads": 8,
-    "num_experts": 9,
     "d_head": 10,
+    "experts_per_token": 12,
     "d_head_v": 13,  # latent attention's value width per head
     "kv_lora_rank": 14,
     "q_lora_rank": 15,
     "d_model": 16,
     "d_shared_expert": 18,
+    "num_experts": 21,
     "n_key_value_heads*d_head": 20,  # a QK norm over the whole key projection
     "d_mlp": 24,
     "n_heads*d_head": 80,  # ... over the whole query projection
@@ -94,6 +95,8 @@ REFERENCE_CONFIGS: dict[str, dict] = {
         _MOE, attn_bias=True, attn_sinks=True, layer_overrides=({"sliding_window": 4}, {}),
         moe=MoEConfig(router_scoring="topk_softmax", router_bias=True, expert_bias=True, swiglu_limit=7.0,
                       swiglu_alpha=1.702)),
+    "differential attention: two softmax maps per head pair (DiffLlama)": dict(
+        positional="rotary", normalization="RMS", gated_mlp=True, act_fn="silu", differential_lambda_init=0.3),
     "gated shared expert, no renormalisation (Qwen2-MoE)": dict(
         _MOE, attn_bias=True, moe=MoEConfig(router_renormalize=False, d_shared_expert=DIMENSIONS["d_shared_expert"],
                                             shared_expert_gate=True)),
@@ -106,7 +109,7 @@ def reference_models() -> dict[str, Decoder]:
     Example:
         >>> models = reference_models()
         >>> models["mixture of experts"].cfg.num_experts
-        9
+        21
     """
     torch.manual_seed(0)
     models = {}

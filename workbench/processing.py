@@ -180,6 +180,11 @@ def _check(model: DecoderHost, todo: list[str]) -> None:
                 f"center_writing_weights: with norm_placement={cfg.norm_placement!r} the sublayer outputs pass "
                 f"through a norm of their own before the residual stream, so centring W_O / W_out would change "
                 f"that norm's input; pass center_writing_weights=False")
+    if "fold_value_biases" in todo and cfg.differential_lambda_init is not None and cfg.attn_bias:
+        raise ConfigError(
+            "fold_value_biases: this model's attention is differential (differential_lambda_init): the values pass "
+            "through an RMS norm over each head pair before W_O, so the value bias b_V cannot be folded into b_O; "
+            "pass fold_value_biases=False")
     if "fold_value_biases" in todo and cfg.attn_sinks:
         layers = [i for i, block in enumerate(model.blocks)
                   if getattr(block.attn, "_b_V_lin", None) is not None and bool(block.attn._b_V_lin.detach().any())]

@@ -17,7 +17,8 @@ from tests.integration.family_parity import KERNELS, logit_differences, save_cas
 
 FAMILY_MODULES = ("test_family_llama", "test_family_neox", "test_family_gemma", "test_family_phi",
                   "test_family_opt_bloom", "test_family_moe", "test_family_older", "test_family_modern",
-                  "test_family_moe_more", "test_family_llama4", "test_family_minicpm3", "test_family_dbrx")
+                  "test_family_moe_more", "test_family_llama4", "test_family_minicpm3", "test_family_dbrx",
+                  "test_family_diffllama")
 
 
 def main(modules: tuple[str, ...] = FAMILY_MODULES) -> None:

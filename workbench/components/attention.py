@@ -89,9 +89,13 @@ class AttentionBase(ZeroBiases, nn.Module):
                         sinks_H=self.sinks, chunk_size=self.chunk_size)
         fast_kernel = FAST_KERNELS.get(self.options.attn_impl)  # None for "eager"
         if fast_kernel is None or self.pattern_is_hooked():
-            return eager_attention(q_BHPK, k_BGSK, v_BGSJ, mask, self.hook_attn_scores, self.hook_pattern,
+            return eager_attention(q_BHPK, k_BGSK, v_BGSJ, mask, self.hook_attn_scores, self.pattern_hook,
                                    getattr(self, "hook_sink_weight", identity_hook))
         return fast_kernel(q_BHPK, k_BGSK, v_BGSJ, mask)
+
+    def pattern_hook(self, pattern_BHPS: Tensor) -> Tensor:
+        """What the eager kernel passes its pattern through: ``hook_pattern`` (differential attention adds its own)."""
+        return self.hook_pattern(pattern_BHPS)
 
     def project_out(self, z_BPHJ: Float[Tensor, "batch pos n_heads d_head_v"]) -> Float[Tensor, "batch pos d_model"]:
         """The output projection, through per-head results (``hook_result``) when something needs them."""
@@ -321,7 +325,7 @@ def _regrouped_if_copies(k_BnSK: Tensor, v_BnSK: Tensor, g: int) -> tuple[Tensor
     return k_BnSK, v_BnSK
 
 
-PATTERN_HOOKS = ("hook_attn_scores", "hook_pattern", "hook_sink_weight")
+PATTERN_HOOKS = ("hook_attn_scores", "hook_pattern", "hook_sink_weight", "hook_pattern_1", "hook_pattern_2")
 
 
 class LayerKVCache:

@@ -24,6 +24,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from workbench.components.attention import Attention, LayerKVCache
+from workbench.components.differential_attention import DifferentialAttention
 from workbench.components.latent_attention import LatentAttention
 from workbench.components.mlp import MLP, GatedMLP
 from workbench.components.moe import MixtureOfExperts
@@ -41,8 +42,11 @@ def make_mlp(cfg: ModelConfig, options: RuntimeOptions) -> nn.Module:
 
 
 def make_attention(cfg: ModelConfig, options: RuntimeOptions) -> nn.Module:
-    """The block's attention as the config describes it: latent (``kv_lora_rank`` set) or standard."""
-    return LatentAttention(cfg, options) if cfg.is_latent_attention else Attention(cfg, options)
+    """The block's attention as the config describes it: latent (``kv_lora_rank`` set), differential
+    (``differential_lambda_init`` set) or standard."""
+    if cfg.is_latent_attention:
+        return LatentAttention(cfg, options)
+    return DifferentialAttention(cfg, options) if cfg.differential_lambda_init is not None else Attention(cfg, options)
 
 
 def _identity(x: Tensor) -> Tensor:

@@ -220,9 +220,6 @@ REFUSED = {
                          "(num_kv_shared_layers), gain-free RMS-normed values, full-attention layers with their own "
                          "head size and keys as values (global_head_dim, attention_k_eq_v), a per-layer output "
                          "scalar and an optional mixture-of-experts block beside the MLP",
-    "DiffLlamaForCausalLM": "DiffLlama's differential attention (per head the difference of two softmax maps over "
-                            "shared keys, weighted by a learned lambda, then a gain-free RMS norm over the paired "
-                            "heads' values) is a component the workbench does not have yet",
     "BitNetForCausalLM": "BitNet b1.58 needs components the workbench does not have yet: ternary BitLinear weights as "
                          "stored (packed, with their scales), per-token int8 quantisation of every linear layer's "
                          "input, and RMS norms on the attention output and the MLP's hidden activations",
