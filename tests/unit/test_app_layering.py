@@ -100,8 +100,9 @@ def test_only_results_caches():
     caching = sorted(name for name, text in sources.items() if "cache_data" in text or "cache_resource" in text)
     assert caching and all(name.startswith("results/") for name in caching), caching
     results = "".join(text for name, text in sources.items() if name.startswith("results/"))
-    # the models, the long-run store and the SAEs (app.results.features) are resources; every cached result is data
-    assert results.count("@st.cache_resource") == 3 and results.count("@st.cache_data") >= 7
+    # the models, the long-run store, the SAEs (app.results.features), the transcoder sets and their layers seen as
+    # SAEs (app.results.attribution) are resources; every cached result is data
+    assert results.count("@st.cache_resource") == 5 and results.count("@st.cache_data") >= 7
     assert "def load_model(" in sources["results/models.py"]
 
 
