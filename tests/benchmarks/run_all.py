@@ -43,6 +43,9 @@ COMPARISONS = [
      "2 workers faster than 1 on this 2-core machine; per-GPU-worker throughput estimated in README"),
     ("bench_offload", "10. CPU + disk offload (accelerate device map)",
      "reported: the offloaded forward's time against the in-memory model, equal logits"),
+    ("bench_sae", "11. SAEs: splice with the error term, training throughput (SmolLM2-135M)",
+     "run_with_saes(use_error_term=True) at most 1.1x the plain forward (batch 8 x 128); the training activations "
+     "no more than the forward to the hooked layer (stop_at_layer), the SAE step no more than that forward"),
 ]
 TRITON_TITLE = "7. Triton FlashAttention-2 vs SDPA's flash backend (GPU)"
 TRITON_GOAL = "forward at least 0.9x and forward+backward at least 0.8x of SDPA's throughput on an H100"
