@@ -184,7 +184,7 @@ def _train(args: argparse.Namespace) -> None:
 
 def _evaluate(args: argparse.Namespace) -> None:
     model = _cli.load(args)
-    sae = load_sae(args.sae)
+    sae = load_sae(args.sae, dtype="float32")  # a shipped SAE may be stored in float16
     metrics = evaluate_sae(model, sae, data_windows(model, args.data, args.windows), batch_size=args.batch_size,
                            progress=not args.no_progress)
     density = metrics.pop("feature_density")

@@ -45,7 +45,7 @@ def run(quick: bool = False) -> list[dict]:
     from experiments.sae.modules import TrainingSAE
 
     model = wb.load_model("smollm2-135m", progress=False).eval()
-    sae = wb.load_sae(SHIPPED).to(torch.float32)
+    sae = wb.load_sae(SHIPPED, dtype="float32")
     hook = sae.cfg.hook_name
     layer = int(hook.split(".")[1])
     tokens = corpus_windows(model, english_documents("held_out"), window=128)[:8]
