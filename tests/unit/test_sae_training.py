@@ -182,3 +182,14 @@ def test_bad_input_is_a_clear_error_leaving_nothing_attached(kwargs, named):
     with pytest.raises(InputError, match=named.replace("(", r"\(").replace("[", r"\[")):
         train_sae(model, data=torch.randint(1, 64, (4, 8)), **arguments)
     assert not any(point._forward_hooks for point in model.hook_dict.values())
+
+
+def test_shipped_dictionaries_load_by_name():
+    table = wb.shipped_saes()
+    for row in table[table.kind == "sae"].itertuples():
+        sae = wb.load_sae(row.name)
+        assert (sae.cfg.hook_name, sae.cfg.d_sae, sae.cfg.architecture()) == (row.hook_name, row.d_sae, row.architecture)
+        assert (Path(row.path) / "CARD.md").is_file()
+    for row in table[table.kind == "transcoders"].itertuples():
+        assert wb.load_transcoders(row.path).n_layers == wb.loading.model_config(row.model).n_layers
+        assert (Path(row.path) / "CARD.md").is_file()
