@@ -15,7 +15,7 @@ NUMPY_PIN ?= numpy<2.4
 TRITON_PIN ?= triton==3.6.0
 PORT ?= 8501
 
-.PHONY: setup setup-browser run test bench
+.PHONY: setup setup-browser setup-corpus run test bench
 
 setup: $(STAMP)
 
@@ -32,11 +32,16 @@ $(STAMP): pyproject.toml Makefile | $(PYTHON)
 setup-browser:
 	command -v chromium >/dev/null || (apt-get update -q && apt-get install -y -q chromium)
 
+# English prose for the shipped SmolLM2 SAE's training and held-out evaluation (experiments.datasets.english).
+setup-corpus:
+	test -d /usr/share/doc/debian-handbook/html/en-US -a -d /usr/share/games/fortunes || \
+		(apt-get update -q && apt-get install -y -q --no-install-recommends fortunes debian-handbook)
+
 run: setup
 	$(PYTHON) -m streamlit run app/Home.py --server.address 127.0.0.1 --server.port $(PORT) --server.headless true
 
 test: setup setup-browser
 	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q -ra
 
-bench: setup
+bench: setup setup-corpus
 	HF_HUB_OFFLINE=1 $(PYTHON) tests/benchmarks/run_all.py --out BENCHMARKS.md

@@ -10,7 +10,8 @@
   ``sae_eval.json`` / ``.csv`` / ``.html`` (the feature-density histogram).
 
 ``--data``: ``english`` / ``english-held-out`` (``experiments.datasets.english``: the training and held-out
-documents of the Debian packages ``fortunes`` and ``debian-handbook``), or a text file / directory of ``.txt``.
+documents of the Debian packages ``fortunes`` and ``debian-handbook``), ``stdlib`` / ``stdlib-held-out`` (the
+zoo models' corpus, ``workbench.corpus``), or a text file / directory of ``.txt``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ COMMANDS = ("cache", "train", "evaluate")
 
 
 def data_windows(model, data: str, n_windows: Optional[int] = None, seed: int = 0) -> torch.Tensor:
-    """``--data``'s 128-token windows in a seeded random order, the first ``n_windows`` of them.
+    """``--data``'s 128-token windows in a seeded random order, the first ``n_windows`` of them. With
+    ``n_windows`` the documents are taken in a seeded random order and only as many as give that many windows
+    (at an assumed 6 characters a token, then all if too few) are tokenized.
 
     Example:
         >>> import tempfile, pathlib
@@ -49,10 +52,25 @@ def data_windows(model, data: str, n_windows: Optional[int] = None, seed: int = 
         from experiments.datasets.english import english_documents
 
         source = english_documents("train" if data == "english" else "held_out")
+    elif data in ("stdlib", "stdlib-held-out"):  # the zoo models' own corpus (workbench.corpus)
+        from workbench.corpus import stdlib_corpus
+
+        corpus = stdlib_corpus()
+        source = [f.text for f in (corpus.train if data == "stdlib" else corpus.held_out) if f.text.strip()]
     else:
         source = data
+    generator = torch.Generator().manual_seed(seed)
+    if n_windows is not None and isinstance(source, list):
+        order = torch.randperm(len(source), generator=generator).tolist()
+        chosen, chars = [], 0
+        for index in order:
+            chosen.append(source[index])
+            chars += len(source[index])
+            if chars >= n_windows * WINDOW * 6:
+                break
+        source = chosen
     windows = corpus_windows(model, source, window=WINDOW).cpu()
-    order = torch.randperm(windows.shape[0], generator=torch.Generator().manual_seed(seed))
+    order = torch.randperm(windows.shape[0], generator=generator)
     return windows[order][:n_windows]
 
 
@@ -77,7 +95,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         raise SystemExit(f"usage: python -m experiments.sae {{{','.join(COMMANDS)}}} ... (got {argv[:1]})")
     command, rest = argv[0], argv[1:]
     parser = _cli.make_parser(f"SAE {command}", f"sae {command}")
-    parser.add_argument("--data", required=True, help="english, english-held-out, or a text file / directory")
+    parser.add_argument("--data", required=True, help="english, english-held-out, stdlib, stdlib-held-out, or a text "
+                        "file / directory")
     parser.add_argument("--windows", type=int, default=None, help="use only the first N shuffled windows")
     if command == "evaluate":
         parser.add_argument("--sae", required=True, help="an SAE directory or a shipped SAE's name")
@@ -104,6 +123,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--l1-coefficient", type=float, default=TrainSAEConfig.l1_coefficient)
     parser.add_argument("--l0-coefficient", type=float, default=TrainSAEConfig.l0_coefficient)
     parser.add_argument("--dead-feature-window", type=int, default=TrainSAEConfig.dead_feature_window)
+    parser.add_argument("--outlier-norm-ratio", type=float, default=None,
+                        help="leave out activations with norm above this many times the median")
     parser.add_argument("--checkpoint-every", type=int, default=0)
     parser.add_argument("--resume-from", default=None)
     parser.add_argument("--save-dtype", default="float32", choices=("float32", "float16", "bfloat16"))
@@ -145,7 +166,8 @@ def _train(args: argparse.Namespace) -> None:
     cfg = TrainSAEConfig(training_tokens=args.training_tokens, train_batch_size_tokens=args.batch_tokens,
                          buffer_tokens=args.buffer_tokens, lr=args.lr, lr_decay_steps=args.lr_decay_steps,
                          l1_coefficient=args.l1_coefficient, l0_coefficient=args.l0_coefficient,
-                         dead_feature_window=args.dead_feature_window, checkpoint_every=args.checkpoint_every)
+                         dead_feature_window=args.dead_feature_window, checkpoint_every=args.checkpoint_every,
+                         outlier_norm_ratio=args.outlier_norm_ratio)
     k = int(args.k) if args.architecture == "topk" else args.k
     common = dict(config=cfg, activation_cache=chunks, out=args.out, progress=not args.no_progress,
                   checkpoint_dir=Path(args.out) / "checkpoints" if args.checkpoint_every else None,
@@ -162,7 +184,7 @@ def _train(args: argparse.Namespace) -> None:
 
 def _evaluate(args: argparse.Namespace) -> None:
     model = _cli.load(args)
-    sae = load_sae(args.sae)
+    sae = load_sae(args.sae, dtype="float32")  # a shipped SAE may be stored in float16
     metrics = evaluate_sae(model, sae, data_windows(model, args.data, args.windows), batch_size=args.batch_size,
                            progress=not args.no_progress)
     density = metrics.pop("feature_density")

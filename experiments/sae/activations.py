@@ -1,8 +1,10 @@
 """Training activations in bounded memory: streamed from the model batch by batch or read from a cache on disk,
 then mixed in a shuffling buffer.
 
-Legend: B token rows, P position, N activation rows (tokens), W the width of a row (d_in, plus d_out for a
-transcoder: input and target side by side).
+Legend: B batch, P position, N flattened tokens, I d_in.
+
+A row of activations holds the hooks' widths side by side (a transcoder's input then its target); ``I`` below
+stands for that width.
 
 ``activation_chunks`` yields, for ``batch_size`` token rows at a time (cycling over the rows for several
 passes), the activations of the hooks asked for at the positions kept (special tokens, e.g. BOS with its huge
@@ -55,14 +57,16 @@ def kept_positions(tokens: Int[Tensor, "B P"], exclude: Sequence[int]) -> Tensor
 
 def activation_chunks(model, tokens: Int[Tensor, "B P"], hook_names: Sequence[str], batch_size: int,
                       stop_at_layer: Optional[int], exclude: Sequence[int] = (), start_row: int = 0,
-                      cache_dirs: Optional[Sequence[Union[str, Path]]] = None,
-                      ) -> Iterator[tuple[int, Float[Tensor, "N W"]]]:
+                      cache_dirs: Optional[Sequence[Union[str, Path]]] = None, outlier_norm_ratio: Optional[float] = None,
+                      ) -> Iterator[tuple[int, Float[Tensor, "N i"]]]:
     """``(token rows consumed so far, activations [N, W])`` for each ``batch_size`` token rows from ``start_row``
     on (row ``r`` is ``tokens[r % B]``: it cycles forever), the hooks' activations concatenated along the width.
 
     From ``cache_dirs`` (directories written by ``model.run_with_cache(tokens, cache_dir=...)``, their rows in
     order being ``tokens``'s) when given, else from the model (``run_with_cache`` with ``names_filter`` and
-    ``stop_at_layer``, no gradients).
+    ``stop_at_layer``, no gradients). ``outlier_norm_ratio``: rows where a hook's activation norm exceeds this
+    many times its median over the chunk are left out (massive activations: SmolLM2's residual stream carries
+    norms 50x the median at a few tokens, which would dominate the MSE).
 
     Example:
         >>> tokens = torch.randint(1, 100, (4, 8))
@@ -84,7 +88,22 @@ def activation_chunks(model, tokens: Int[Tensor, "B P"], hook_names: Sequence[st
                                                 return_type=None)
             acts = [cache[name].detach().float().cpu() for name in hook_names]
         row += batch_size
-        yield row, torch.cat([a[keep[rows]] for a in acts], dim=-1)
+        kept = [a[keep[rows]] for a in acts]
+        if outlier_norm_ratio is not None and len(kept[0]):
+            ordinary = torch.stack([not_outliers(a, outlier_norm_ratio) for a in kept]).all(0)
+            kept = [a[ordinary] for a in kept]
+        yield row, torch.cat(kept, dim=-1)
+
+
+def not_outliers(acts: Float[Tensor, "N i"], ratio: float) -> Tensor:
+    """Boolean [N]: the rows whose norm is at most ``ratio`` times the median norm.
+
+    Example:
+        >>> not_outliers(torch.tensor([[1.0], [1.2], [0.9], [50.0]]), 10.0)
+        tensor([ True,  True,  True, False])
+    """
+    norms = acts.float().norm(dim=-1)
+    return norms <= ratio * norms.median()
 
 
 def _shard_table(cache_dirs: Sequence[Union[str, Path]], hook_names: Sequence[str], n_rows: int) -> list[tuple[int, int, Path]]:
@@ -147,13 +166,13 @@ class ShuffleBuffer:
             self.storage, self.ready, self.rows_consumed = state["storage"], state["ready"], int(state["rows_consumed"])
             self.generator.set_state(state["generator"])
 
-    def next_batch(self) -> Float[Tensor, "batch_rows W"]:
+    def next_batch(self) -> Float[Tensor, "batch_rows i"]:
         """The next ``batch_rows`` mixed rows."""
         self.peek(self.batch_rows)
         batch, self.ready = self.ready[:self.batch_rows], self.ready[self.batch_rows:]
         return batch
 
-    def peek(self, n_rows: int) -> Float[Tensor, "n_rows W"]:
+    def peek(self, n_rows: int) -> Float[Tensor, "n_rows i"]:
         """The next ``n_rows`` mixed rows, left in place (mixing more in as needed)."""
         while len(self.ready) < n_rows:
             self.rows_consumed, chunk = next(self.chunks)

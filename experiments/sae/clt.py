@@ -1,6 +1,8 @@
 """``train_clt``: a cross-layer transcoder (Ameisen et al. 2025) on any model with MLPs, saved as a ``wb.TranscoderSet``.
 
-Legend: N activation rows (tokens), L n_layers, D d_model, F features per layer.
+Legend: N flattened tokens, L n_layers, D d_model, X d_sae.
+
+(``X`` is the features per layer.)
 
 Layer ``l``'s features read that layer's MLP input (``blocks.{l}.ln2.hook_normalized``) and write to the MLP output
 of every layer from ``l`` on (``blocks.{j}.hook_mlp_out``, ``j >= l``): ``y_hat[j] = b_dec[j] + sum_{l <= j} f_l W_dec[l][:, j - l]``.
@@ -65,11 +67,11 @@ class TrainingCLT(nn.Module):
         if architecture == "batchtopk":
             self.register_buffer("topk_threshold", torch.zeros(n_layers, dtype=torch.float64))
 
-    def decoder_norms(self) -> Float[Tensor, "L F"]:
+    def decoder_norms(self) -> Float[Tensor, "L X"]:
         """Each feature's decoder norm over every layer it writes."""
         return torch.stack([W.flatten(1).norm(dim=-1) for W in self.W_dec])
 
-    def encode(self, x: Float[Tensor, "N L D"]) -> tuple[Float[Tensor, "N L F"], Float[Tensor, "N L F"]]:
+    def encode(self, x: Float[Tensor, "N L D"]) -> tuple[Float[Tensor, "N L X"], Float[Tensor, "N L X"]]:
         hidden_pre = torch.einsum("nld,ldf->nlf", x, self.W_enc) + self.b_enc
         if self.architecture == "standard":
             return hidden_pre.relu(), hidden_pre
@@ -84,7 +86,7 @@ class TrainingCLT(nn.Module):
             per_layer.append(torch.zeros_like(flat).scatter(-1, top.indices, top.values).reshape(acts.shape[0], self.F))
         return torch.stack(per_layer, dim=1), hidden_pre
 
-    def decode(self, acts: Float[Tensor, "N L F"]) -> Float[Tensor, "N L D"]:
+    def decode(self, acts: Float[Tensor, "N L X"]) -> Float[Tensor, "N L D"]:
         out = self.b_dec.expand(acts.shape[0], -1, -1)
         parts = [torch.einsum("nf,fjd->njd", acts[:, layer], W) for layer, W in enumerate(self.W_dec)]
         return out + torch.stack([sum(parts[l][:, j - l] for l in range(j + 1)) for j in range(self.L)], dim=1)

@@ -1,6 +1,6 @@
 """``evaluate_sae``: how good an SAE or transcoder is on some text, with SAELens's definitions.
 
-Legend: B token rows, P position, N evaluated tokens, F d_sae, O d_out.
+Legend: B batch, P position, N flattened tokens, X d_sae, O d_out.
 
 - ``l0``: mean number of active features per evaluated token.
 - ``explained_variance``: ``1 - sum ||y - y_hat||^2 / sum ||y - mean(y)||^2`` over the evaluated tokens (SAELens 6's
@@ -19,12 +19,12 @@ of times the others' in many models, which no SAE trained without it reconstruct
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from experiments._progress import Progress, ProgressArg
-from experiments.sae.activations import kept_positions, special_token_ids
+from experiments.sae.activations import kept_positions, not_outliers, special_token_ids
 from experiments.sae.inputs import check_hook, token_rows
 from workbench.errors import InputError
 from workbench.sae import SAE
@@ -33,18 +33,20 @@ DENSE = 0.1  # a feature active on more than this fraction of tokens is dense
 
 
 def evaluate_sae(model, sae: SAE, data: Any, batch_size: int = 8, exclude_special_tokens: bool = True,
-                 progress: ProgressArg = True) -> dict[str, Any]:
+                 outlier_norm_ratio: Optional[float] = "trained", progress: ProgressArg = True) -> dict[str, Any]:
     """L0, explained variance, CE loss recovered, dead and dense fractions of ``sae`` on ``data`` (token rows
-    [B, P], texts or a path), ``batch_size`` rows per forward pass. Returns a dict of floats plus
-    ``feature_density`` (a tensor [F]) and ``n_tokens``.
+    [B, P], texts or a path), ``batch_size`` rows per forward pass. ``outlier_norm_ratio``: positions whose input
+    norm exceeds this many times the batch's median are left as they are and not counted (default: what the SAE
+    was trained with, ``metadata.outlier_norm_ratio``; None: none left out). Returns a dict of floats plus
+    ``feature_density`` (a tensor [X]), ``n_tokens`` and ``n_outliers`` (positions left out as outliers).
 
     Example:
         >>> sae = wb.SAE.from_tensors(wb.SAEConfig("standard", d_in=128, d_sae=4,
         ...     metadata={"hook_name": "blocks.0.hook_resid_post"}), {"W_enc": torch.zeros(128, 4),
         ...     "W_dec": torch.zeros(4, 128), "b_enc": torch.zeros(4), "b_dec": torch.zeros(128)})
         >>> metrics = evaluate_sae(model, sae, torch.randint(1, 2048, (2, 16)), progress=False)
-        >>> metrics["l0"], metrics["dead_fraction"], round(metrics["ce_loss_score"], 6)   # the zero SAE is the ablation
-        (0.0, 1.0, 0.0)
+        >>> metrics["l0"], metrics["dead_fraction"], metrics["ce_loss_score"] == 0   # the zero SAE is the ablation
+        (0.0, 1.0, True)
     """
     if not isinstance(sae, SAE):
         raise InputError(f"sae must be a wb.SAE (wb.load_sae or train_sae), got {type(sae).__name__}")
@@ -52,7 +54,10 @@ def evaluate_sae(model, sae: SAE, data: Any, batch_size: int = 8, exclude_specia
     check_hook(model, sae.cfg.hook_name_out, "sae.cfg.metadata.hook_name_out")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if outlier_norm_ratio == "trained":
+        outlier_norm_ratio = sae.cfg.metadata.outlier_norm_ratio
     tokens = token_rows(model, data)
+    n_outliers = 0
     keep_BP = kept_positions(tokens, special_token_ids(model) if exclude_special_tokens else [])
     sums = {"ce_loss_without_sae": 0.0, "ce_loss_with_sae": 0.0, "ce_loss_with_ablation": 0.0}
     n_scored, n, active, sq_error, sum_y, sum_sq_y = 0, 0, 0.0, 0.0, 0.0, 0.0
@@ -63,6 +68,11 @@ def evaluate_sae(model, sae: SAE, data: Any, batch_size: int = 8, exclude_specia
             keep = keep_BP[start:start + batch_size].to(model.cfg.device)
             clean, cache = model.run_with_cache(batch, names_filter=list({sae.cfg.hook_name, sae.cfg.hook_name_out}),
                                                 return_type="loss", loss_per_token=True)
+            if outlier_norm_ratio is not None:
+                ordinary = keep.clone()
+                ordinary[keep] = not_outliers(cache[sae.cfg.hook_name][keep], outlier_norm_ratio)
+                n_outliers += int(keep.sum() - ordinary.sum())
+                keep = ordinary
             x = cache[sae.cfg.hook_name][keep].to(sae.cfg.torch_dtype)
             y = cache[sae.cfg.hook_name_out][keep].float()
             features = sae.encode(x)
@@ -89,7 +99,7 @@ def evaluate_sae(model, sae: SAE, data: Any, batch_size: int = 8, exclude_specia
     density = fired / n
     metrics.update(l0=active / n, explained_variance=1 - sq_error / variance if variance else float("nan"),
                    dead_fraction=float((density == 0).float().mean()), dense_fraction=float((density > DENSE).float().mean()),
-                   n_tokens=n, feature_density=density)
+                   n_tokens=n, n_outliers=n_outliers, feature_density=density)
     return metrics
 
 

@@ -1,6 +1,6 @@
 """Checking ``train_sae``'s and ``evaluate_sae``'s arguments before anything runs, and reading their data.
 
-Legend: B token rows, P position.
+Legend: B batch, P position.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """The SAE being trained: SAELens 6's training definitions of each architecture, and its inference form.
 
-Legend: N rows (tokens), I d_in, F d_sae, O d_out (d_in for an SAE, the target hook's width for a transcoder).
+Legend: N flattened tokens, I d_in, X d_sae, O d_out.
+
+(``d_out`` is ``d_in`` for an SAE, the target hook's width for a transcoder.)
 
 What each architecture trains (SAELens 6's ``*TrainingSAE`` classes; the loss is MSE summed over the width,
 averaged over rows, plus):
@@ -124,7 +126,7 @@ class TrainingSAE(nn.Module):
         """Whether pre-activations are scaled by the decoder norms (top-k and batch-top-k, SAELens's default)."""
         return self.architecture in ("topk", "batchtopk")
 
-    def encode_with_hidden_pre(self, x: Float[Tensor, "N I"]) -> tuple[Float[Tensor, "N F"], Float[Tensor, "N F"]]:
+    def encode_with_hidden_pre(self, x: Float[Tensor, "N i"]) -> tuple[Float[Tensor, "N X"], Float[Tensor, "N X"]]:
         """(feature activations, pre-activations) as SAELens's ``encode_with_hidden_pre``."""
         sae_in = x if self.transcoder else x - self.b_dec  # apply_b_dec_to_input (SAEs only, as SAELens)
         hidden_pre = sae_in @ self.W_enc + self.b_enc
@@ -143,7 +145,7 @@ class TrainingSAE(nn.Module):
             acts = JumpReLU.apply(hidden_pre, self.log_threshold.exp(), self.options.get("jumprelu_bandwidth", 0.05))
         return acts, hidden_pre
 
-    def decode(self, acts: Float[Tensor, "N F"], x: Optional[Float[Tensor, "N I"]] = None) -> Float[Tensor, "N O"]:
+    def decode(self, acts: Float[Tensor, "N X"], x: Optional[Float[Tensor, "N i"]] = None) -> Float[Tensor, "N o"]:
         """``acts @ W_dec + b_dec`` (top-k: activations divided by the decoder norms first), plus the skip term
         ``x @ W_skip.T`` when ``x`` is given."""
         if self.rescales:
@@ -151,14 +153,14 @@ class TrainingSAE(nn.Module):
         out = acts @ self.W_dec + self.b_dec
         return out + x @ self.W_skip.T if self.skip and x is not None else out
 
-    def decode_sparse(self, indices: Tensor, values: Tensor) -> Float[Tensor, "N O"]:
+    def decode_sparse(self, indices: Tensor, values: Tensor) -> Float[Tensor, "N o"]:
         """``decode`` of activations given as (feature indices [N, k], values [N, k]) without the zeros: one
         ``embedding_bag`` (a dense decode costs N * F * O; this N * k * O), used by top-k in training."""
         if self.rescales:
             values = values / self.W_dec.norm(dim=-1)[indices]
         return nn.functional.embedding_bag(indices, self.W_dec, per_sample_weights=values, mode="sum") + self.b_dec
 
-    def training_forward(self, x: Float[Tensor, "N I"], target: Float[Tensor, "N O"], dead: Tensor,
+    def training_forward(self, x: Float[Tensor, "N i"], target: Float[Tensor, "N o"], dead: Tensor,
                          coefficient_scale: float = 1.0) -> dict[str, Any]:
         """Losses of one batch (``loss``, the named ``losses``), ``feature_acts`` and ``sae_out``.
 

@@ -1,6 +1,6 @@
 """``train_sae``: SAEs (standard, top-k, batch-top-k, JumpReLU) and per-layer transcoders on any model we load.
 
-Legend: B token rows, P position, N activation rows, I d_in, O d_out.
+Legend: B batch, P position, N flattened tokens, I d_in, O d_out.
 
 The loop is SAELens 6's ``SAETrainer``: Adam (betas 0.9 / 0.999), a constant learning rate with optional linear
 warm-up and a linear decay to ``lr / 10`` over the last ``lr_decay_steps``, gradients clipped to norm 1, the
@@ -69,6 +69,7 @@ class TrainSAEConfig:
     buffer_tokens: int = 65536  # rows the shuffling buffer holds (SAELens: n_batches_in_buffer * batch * context)
     store_batch_size_prompts: int = 8  # token rows per forward pass
     exclude_special_tokens: bool = True
+    outlier_norm_ratio: Optional[float] = None  # leave out rows with norm > this x the chunk's median (massive acts)
     log_every: int = 10
     checkpoint_every: int = 0  # steps; 0: no checkpoints
     seed: int = 0
@@ -118,7 +119,8 @@ def train_sae(model, hook_name: str, data: Any, architecture: str = "topk", d_sa
                           activation_cache, checkpoint_dir, resume_from, progress, desc=f"training {architecture} SAE")
     metadata = {"hook_name": hook_name, "model_name": getattr(model.cfg, "model_name", None),
                 "context_size": int(tokens.shape[1]), "prepend_bos": bool(model.tokenizer is not None and model.bos_first()),
-                "exclude_special_tokens": special_token_ids(model) if cfg.exclude_special_tokens else False}
+                "exclude_special_tokens": special_token_ids(model) if cfg.exclude_special_tokens else False,
+                "outlier_norm_ratio": cfg.outlier_norm_ratio}
     if transcoder:
         metadata["hook_name_out"] = hook_name_out
     trained = sae.to_sae(metadata, scale_in=result.scales[0][0], scale_out=result.scales[1][0], dtype=save_dtype)
@@ -150,7 +152,8 @@ def run_training(model, module, tokens: Tensor, input_hooks: list[str], target_h
     state = _load_state(resume_from) if resume_from is not None else None
     stop_at = max(hook_layer(model, h) for h in hooks) + 1
     chunks = activation_chunks(model, tokens, hooks, cfg.store_batch_size_prompts, stop_at, exclude,
-                               start_row=state["buffer"]["rows_consumed"] if state else 0, cache_dirs=activation_cache)
+                               start_row=state["buffer"]["rows_consumed"] if state else 0, cache_dirs=activation_cache,
+                               outlier_norm_ratio=cfg.outlier_norm_ratio)
     buffer = ShuffleBuffer(chunks, cfg.buffer_tokens, cfg.train_batch_size_tokens, generator,
                            state=state["buffer"] if state else None)
     tracker = _Tracker(module.n_features)
@@ -242,9 +245,10 @@ def geometric_median(points: torch.Tensor, iterations: int = 100, eps: float = 1
     """Weiszfeld's algorithm: the point minimising the summed distances to ``points`` [N, D] (SAELens's
     ``compute_geometric_median``, which ``b_dec_init_method="geometric_median"`` used).
 
-    Example:
+    Example (on the diagonal the distances to the first and last points add up to a constant, so the median is
+    where the middle two are nearest, (0.5, 0.5); the mean would be (2.75, 2.75)):
         >>> geometric_median(torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [10.0, 10.0]])).round(decimals=2)
-        tensor([0.2800, 0.2800])
+        tensor([0.5000, 0.5000])
     """
     median = points.mean(0)
     for _ in range(iterations):

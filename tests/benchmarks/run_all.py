@@ -43,10 +43,13 @@ COMPARISONS = [
      "2 workers faster than 1 on this 2-core machine; per-GPU-worker throughput estimated in README"),
     ("bench_offload", "10. CPU + disk offload (accelerate device map)",
      "reported: the offloaded forward's time against the in-memory model, equal logits"),
-    ("bench_attribution", "11. Attribution graphs against circuit-tracer 0.5 (issue 36)",
+    ("bench_sae", "11. SAEs: splice with the error term, training throughput (SmolLM2-135M)",
+     "run_with_saes(use_error_term=True) at most 1.1x the plain forward (batch 8 x 128); the training activations "
+     "no more than the forward to the hooked layer (stop_at_layer), the SAE step no more than that forward"),
+    ("bench_attribution", "12. Attribution graphs against circuit-tracer 0.5 (issue 36)",
      "attribute at most 1.0x circuit-tracer's time on the same model, transcoders and prompt (32, 128 and 512 "
      "tokens), its peak memory reported beside circuit-tracer's"),
-    ("bench_circuits", "12. Circuits: EAP over IOI pairs, exact edge patching",
+    ("bench_circuits", "13. Circuits: EAP over IOI pairs, exact edge patching",
      "EAP at most 0.5x TransformerLens's attribution_patch (edge) time on the same pairs (an MHA model: TL refuses "
      "GQA); batched exact edge patching at least 5x one forward per edge"),
 ]

@@ -46,6 +46,15 @@ def cache_dir(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+@pytest.fixture(autouse=True)
+def no_shipped_saes(monkeypatch):
+    # These tests open SAEs from paths; the zoo ships SAEs for toy-attn-2l (experiments.sae), which the page would
+    # offer first. The test of shipped SAEs sets its own folder.
+    from experiments.features import sources
+
+    monkeypatch.setattr(sources, "SHIPPED_ROOTS", ())
+
+
 def open_features(source: str, **params: str) -> AppTest:
     at = AppTest.from_file(str(APP / PAGES["features"]), default_timeout=120)
     at.session_state["model_source"] = source

@@ -6,7 +6,7 @@
 - ``tensors``: the one check of an SAE's tensors;
 - ``model``: ``SAE``, the ``HookedRootModule`` with SAELens's weights and hook points;
 - ``format``: the directory's files and ``save_sae``; ``files``: ``load_sae``;
-- ``shipped``: the SAEs and transcoders shipped in ``workbench/zoo/saes`` (``shipped_saes``), loadable by name.
+- ``shipped``: the SAEs and transcoders shipped beside the zoo models (``shipped_saes``), loadable by name.
 
 Splicing an SAE into a model is ``workbench.sae_splicing`` (the ``Decoder``'s ``run_with_saes`` and friends).
 """
