@@ -114,6 +114,11 @@ def test_main_demo_cells_match_transformer_lens(request, shape):
     if shape == "llama":  # ungrouped: our keys and values per query head where the bridge's are per group
         for name in ("blocks.0.attn.hook_k", "blocks.0.attn.hook_v", "blocks.0.attn.hook_rot_k"):
             assert fired.pop(name)[2] == ours.cfg.n_heads and reference_fired.pop(name)[2] == ours.cfg.n_key_value_heads
+    # blocks.{l}.hook_mlp_in (the MLP's input before its norm, for circuits) is computed whenever something hooks
+    # it, as this cell's every-name filter does; TransformerLens fires it only after set_use_hook_mlp_in(True),
+    # so the bridge's run has no such entry. It carries the residual stream the MLP reads: [batch, pos, d_model].
+    assert fired.pop("blocks.0.hook_mlp_in") == fired["blocks.0.hook_resid_mid"]
+    assert "blocks.0.hook_mlp_in" not in reference_fired
     assert fired.items() <= reference_fired.items()
     # Refactored GPT-2: the factors' singular vectors are unique up to sign (the first test compares what they
     # determine), and the eigenvalues of W_V W_O are computed from them, so equal to a looser tolerance.
