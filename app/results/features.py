@@ -51,8 +51,8 @@ def sae_choices(loaded: LoadedModel) -> dict[str, Path]:
     by label: the one list the page offers before "a path on this machine".
 
     Example:
-        >>> sae_choices(LoadedModel(model, "no-such-model|sdpa"))
-        {}
+        >>> list(sae_choices(LoadedModel(model, "no-such-model|sdpa")))   # the model is toy-attn-2l, which ships one
+        ['toy-attn-2l-resid1-topk (blocks.1.hook_resid_post)']
     """
     source = loaded.key.rsplit("|", 1)[0]
     return {**features.shipped_saes(loaded.model.cfg.model_name), **features.shipped_saes(source)}

@@ -1,7 +1,7 @@
 """Training activations in bounded memory: streamed from the model batch by batch or read from a cache on disk,
 then mixed in a shuffling buffer.
 
-Legend: B batch, P position, N flattened tokens, I d_in.
+Legend: B batch, P position, N flattened tokens, i d_in.
 
 A row of activations holds the hooks' widths side by side (a transcoder's input then its target); ``I`` below
 stands for that width.

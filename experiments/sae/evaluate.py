@@ -1,6 +1,6 @@
 """``evaluate_sae``: how good an SAE or transcoder is on some text, with SAELens's definitions.
 
-Legend: B batch, P position, N flattened tokens, X d_sae, O d_out.
+Legend: B batch, P position, N flattened tokens, X d_sae, o d_out.
 
 - ``l0``: mean number of active features per evaluated token.
 - ``explained_variance``: ``1 - sum ||y - y_hat||^2 / sum ||y - mean(y)||^2`` over the evaluated tokens (SAELens 6's
@@ -104,7 +104,7 @@ def evaluate_sae(model, sae: SAE, data: Any, batch_size: int = 8, exclude_specia
 
 
 def _loss_with(model, batch, sae: SAE, keep, replacement) -> torch.Tensor:
-    """Per-token loss with ``hook_name_out``'s activation at the kept positions replaced by ``replacement`` [N, O]."""
+    """Per-token loss with ``hook_name_out``'s activation at the kept positions replaced by ``replacement`` [N, o]."""
     def write(activation, hook):
         activation = activation.clone()
         activation[keep] = replacement.to(activation.dtype)

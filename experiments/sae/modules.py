@@ -1,6 +1,6 @@
 """The SAE being trained: SAELens 6's training definitions of each architecture, and its inference form.
 
-Legend: N flattened tokens, I d_in, X d_sae, O d_out.
+Legend: N flattened tokens, i d_in, X d_sae, o d_out.
 
 (``d_out`` is ``d_in`` for an SAE, the target hook's width for a transcoder.)
 

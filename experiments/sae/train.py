@@ -1,6 +1,6 @@
 """``train_sae``: SAEs (standard, top-k, batch-top-k, JumpReLU) and per-layer transcoders on any model we load.
 
-Legend: B batch, P position, N flattened tokens, I d_in, O d_out.
+Legend: B batch, P position, N flattened tokens, i d_in, o d_out.
 
 The loop is SAELens 6's ``SAETrainer``: Adam (betas 0.9 / 0.999), a constant learning rate with optional linear
 warm-up and a linear decay to ``lr / 10`` over the last ``lr_decay_steps``, gradients clipped to norm 1, the

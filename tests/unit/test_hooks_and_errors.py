@@ -163,8 +163,8 @@ def transformer_lens_cache(model, tokens, names_filter=None) -> dict:
     """TransformerLens's own run_with_cache (its caching hooks) on our model: the reference for the plain path."""
     from transformer_lens import HookedRootModule
 
-    if names_filter is None:  # TransformerLens's "every hook that fires": hook_result is opt-in
-        names_filter = lambda name: not name.endswith("attn.hook_result")
+    if names_filter is None:  # TransformerLens's "every hook that fires": hook_result and hook_mlp_in are opt-in
+        names_filter = lambda name: not name.endswith(("attn.hook_result", "hook_mlp_in"))
     return HookedRootModule.run_with_cache(model, tokens, names_filter=names_filter)[1]
 
 
