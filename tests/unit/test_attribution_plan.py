@@ -1,7 +1,7 @@
 """``plan_attribution`` against the memory ``attribute`` really takes: the peak resident memory of a subprocess
-(``ru_maxrss`` over the resident size before the runs) at two prompt lengths, each plan made with the number of
-active features the run found. The plan is within 2x of each peak (measured: 0.6x to 1.3x), and the peak grows with the prompt as the
-plan says (within 2x: the allocator's rounding and the resident pages of short-lived tensors are not planned)."""
+(its resident high-water mark, reset before each run, over the resident size before it) at two prompt lengths, each plan made with the number of
+active features the run found. The plan is never below a run's peak and within 3x of it (measured: 1.8x and 2.0x), and the peak grows with the
+prompt as the plan says (the growth planned is at least the growth measured and within 3x of it)."""
 
 from __future__ import annotations
 
@@ -30,11 +30,18 @@ tc = wb.TranscoderSet(W_enc=[torch.randn(F, D) / 8 for _ in range(L)], b_enc=[to
     threshold=[None] * L, W_dec=[torch.randn(F, 1, D) / 8 for _ in range(L)], b_dec=torch.zeros(L, D),
     feature_input_hook="mlp.hook_in", feature_output_hook="mlp.hook_out")
 attribute(model, tc, torch.randint(3, 100, (6,)), progress=False, batch_size=BATCH)   # warm up
-base = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+def high_water_mark():
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM"))
+
 out = []
-for n_pos in (32, 64):   # longer second: ru_maxrss is the peak so far
+for n_pos in (32, 64):
+    # Each run's own peak: writing 5 to clear_refs resets the peak resident size (VmHWM) to the current one, so
+    # a transient of the warm-up or of the run before does not count (ru_maxrss never resets).
+    open("/proc/self/clear_refs", "w").write("5")
+    base = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     graph = attribute(model, tc, torch.randint(3, 100, (n_pos,)), progress=False, batch_size=BATCH)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    peak = high_water_mark() - base
     n = len(graph.active_features)
     plan = plan_attribution(model, tc, graph.n_pos, features_per_token=n / (L * (graph.n_pos - 1)), batch_size=BATCH)
     out.append({"peak": peak, "plan": plan.attrs["peak_bytes"], "n_active": n})
@@ -51,10 +58,12 @@ def test_the_plan_is_near_the_measured_peak_and_grows_with_it():
     assert result.returncode == 0, result.stderr[-2000:]
     short, long = json.loads(result.stdout.strip().splitlines()[-1])
     assert short["n_active"] > 0 and long["n_active"] > short["n_active"]
+    # Measured with each run's own high-water mark, the plan is about 2x what a run adds (1.8x and 2.0x here): it
+    # never plans less than the peak, and never more than 3x it; the same holds for the growth with the prompt.
     for run in (short, long):
-        assert run["plan"] / 2 <= run["peak"] <= run["plan"] * 2, run
+        assert run["peak"] <= run["plan"] <= 3 * run["peak"], run
     measured, planned = long["peak"] - short["peak"], long["plan"] - short["plan"]
-    assert planned / 2 <= measured <= planned * 2, (short, long)
+    assert measured <= planned <= 3 * measured, (short, long)
 
 
 def _transcoders(n_layers: int, d_model: int, d_transcoder: int, cross_layer: bool = False) -> wb.TranscoderSet:
