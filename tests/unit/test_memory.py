@@ -12,14 +12,16 @@ import sys
 
 import pytest
 
-SCRIPT = """
+RSS_ANON = """
 import sys, torch, workbench as wb
 
 def rss_anon_mib():
     for line in open("/proc/self/status"):
         if line.startswith("RssAnon:"):
             return int(line.split()[1]) / 1024
+"""
 
+SCRIPT = RSS_ANON + """
 applied = wb.keep_freed_memory() if sys.argv[1] == "keep" else None
 block = torch.ones(64 * 2**20)   # 256 MiB, touched
 held = rss_anon_mib()
@@ -45,14 +47,7 @@ def test_freed_memory_stays_in_the_process_only_when_asked():
 
 # The cacher applies the setting itself, the first time a process caches: a user who caches gets it by
 # default, and a process that only runs forwards or hooks keeps glibc's defaults (it gives freed memory back).
-AUTOMATIC = """
-import sys, torch, workbench as wb
-
-def rss_anon_mib():
-    for line in open("/proc/self/status"):
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) / 1024
-
+AUTOMATIC = RSS_ANON + """
 model = wb.load_model("toy-attn-2l", progress=False)
 tokens = torch.randint(0, model.cfg.d_vocab, (2, 16))
 calls = {"forward": lambda: model(tokens),
