@@ -22,10 +22,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from experiments._batched import metric_from_final_resid
 from experiments._progress import Progress, ProgressArg
 from experiments.circuits.graph import EMBED_HOOK, CircuitGraph, circuit_graph
-from experiments.circuits.runs import (PairedPrompts, edge_switches, paired_prompts, reader_hooks, stack_writers,
-                                       writer_values)
+from experiments.circuits.runs import (PairedPrompts, base_run, edge_switches, paired_prompts, reader_hooks,
+                                       stack_writers)
 from experiments.metrics import MetricLike
 from workbench.errors import InputError
 
@@ -138,10 +139,10 @@ def edge_attribution_patching(model, clean, corrupt=None, metric: Optional[Metri
 def _chunk_scores(model, graph: CircuitGraph, part: PairedPrompts, steps: int, N: int, per_prompt: bool,
                   bar: Progress) -> tuple[Tensor, Tensor, Tensor]:
     """This chunk's share of the mean score [P, O, I] (or each pair's own [B, P, O, I]), and its metrics."""
-    with torch.no_grad():
-        clean_values = writer_values(model, graph, part.clean)
-        logits = model(part.clean.tokens, attention_mask=part.clean.mask)
-        clean_R = part.metric.values(logits, part.clean).float().cpu()
+    with torch.no_grad():  # one clean pass gives the writers and, unembedding only what it reads, the metric
+        clean_run = base_run(model, graph, part.clean)
+        clean_values = clean_run.writers
+        clean_R = metric_from_final_resid(model, clean_run.final, part.clean, part.metric)[0].float().cpu()
     bar.advance()
     corrupt_values: dict[str, Tensor] = {}
     grads: Optional[Tensor] = None
@@ -181,8 +182,8 @@ def _reader_gradients(model, graph: CircuitGraph, part: PairedPrompts, clean_inp
     if keep_writers is not None:
         hooks += [(name, save) for name in _output_hooks(graph)]
     with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
-        logits = model(part.corrupt.tokens, attention_mask=part.corrupt.mask)
-        values_R = part.metric.values(logits, part.corrupt)
+        final = model(part.corrupt.tokens, attention_mask=part.corrupt.mask, stop_at_layer=graph.n_layers)
+        values_R = metric_from_final_resid(model, final, part.corrupt, part.metric)[0]
         B = part.size
         if len(values_R) == B:  # one value per pair: each pair's own gradient, or its share of the mean
             objective = values_R.sum() if per_prompt else values_R.sum() / N

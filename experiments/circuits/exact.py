@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from experiments._batched import metric_from_final_resid
 from experiments._progress import Progress, ProgressArg
 from experiments.circuits.graph import CircuitGraph, EdgeLike, circuit_graph
 from experiments.circuits.runs import (PairedPrompts, as_variant_masks, base_run, edge_switches, paired_prompts,
@@ -124,8 +125,7 @@ def patched_values(model, graph: CircuitGraph, data: PairedPrompts, masks: Tenso
             chunk_sources = sources if sources is not None else unedited["clean" if base == "corrupt" else "corrupt"].writers
             out.append(patched_metric(model, graph, runs[base], part.metric, masks, chunk_sources, unedited[base]))
             for name, store in (("clean", cleans), ("corrupt", corrupts)):
-                logits = model.logits_from_resid(unedited[name].final)
-                store.append(part.metric.values(logits, runs[name]).float().cpu())
+                store.append(metric_from_final_resid(model, unedited[name].final, runs[name], part.metric)[0].float().cpu())
             bar.advance()
     return _join(out), torch.cat(cleans), torch.cat(corrupts)
 

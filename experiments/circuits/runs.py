@@ -22,6 +22,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from experiments._batched import metric_from_final_resid
 from experiments.circuits.graph import EMBED_HOOK, CircuitGraph
 from experiments.datasets import IOIDataset
 from experiments.metrics import LogitDiff, Metric, MetricLike, PromptBatch, as_metric
@@ -158,7 +159,7 @@ def writer_values(model, graph: CircuitGraph, batch: PromptBatch) -> dict[str, T
         >>> values["blocks.1.attn.hook_result"].shape
         torch.Size([1, 14, 4, 128])"""
     wanted = set(writer_hooks(graph))
-    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.mask, return_type=None,
+    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.mask, stop_at_layer=graph.n_layers,
                                     names_filter=lambda name: name in wanted)
     return {name: cache[name] for name in wanted}
 
@@ -204,7 +205,8 @@ def base_run(model, graph: CircuitGraph, batch: PromptBatch) -> BaseRun:
     L = graph.n_layers
     wanted = {f"blocks.{l}.hook_resid_pre" for l in range(L)} | {f"blocks.{L - 1}.hook_resid_post"}
     wanted |= set(writer_hooks(graph))
-    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.mask, return_type=None,
+    # stop_at_layer: the blocks run and nothing is unembedded (return_type=None alone still unembeds)
+    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.mask, stop_at_layer=L,
                                     names_filter=lambda name: name in wanted)
     return BaseRun([cache[f"blocks.{l}.hook_resid_pre"] for l in range(L)], cache[f"blocks.{L - 1}.hook_resid_post"],
                    {name: cache[name] for name in writer_hooks(graph)})
@@ -258,6 +260,39 @@ def patched_metric(model, graph: CircuitGraph, base: PromptBatch, metric: Metric
 @torch.no_grad()
 def _patched_pass(model, graph: CircuitGraph, base: PromptBatch, metric: Metric, masks: Tensor,
                   sources: dict[str, Tensor], start: BaseRun, first_layer: int) -> Tensor:
+    n, L = masks.shape[0], graph.n_layers
+    hooks = patch_hooks(graph, base, masks, sources, start, first_layer)
+    mask = None if base.mask is None else base.mask.repeat(n, 1)
+    with model.hooks(fwd_hooks=hooks):
+        if first_layer == 0:
+            final = model(base.tokens.repeat(n, 1), attention_mask=mask, stop_at_layer=L)
+        elif first_layer < L:
+            final = model(start.resid_pre[first_layer].repeat(n, 1, 1), start_at_layer=first_layer, stop_at_layer=L,
+                          attention_mask=mask)
+        else:  # only the logits reader is edited (or nothing): no block runs
+            final = start.final.repeat(n, 1, 1)
+            final_hook = dict(hooks).get(f"blocks.{L - 1}.hook_resid_post")
+            final = final if final_hook is None else final_hook(final, None)
+    # unembed only the positions the metric reads (the unembedding is a fifth of SmolLM2's forward)
+    return metric_from_final_resid(model, final, base, metric).float().cpu()
+
+
+def patch_hooks(graph: CircuitGraph, base: PromptBatch, masks: Bool[Tensor, "n pos_or_1 writers readers"],
+                sources: dict[str, Tensor], start: BaseRun, first_layer: int = 0) -> list[tuple[str, object]]:
+    """The forward hooks of a pass over n stacked copies of ``base`` in which variant v's masked edges carry
+    ``sources``: writer hooks record (source - live) per patched writer, reader hooks add each variant's sum of them.
+    Writers before ``first_layer`` (where the pass starts) and the embedding take their live value from ``start``.
+
+    Example:
+        >>> from experiments.circuits.graph import circuit_graph
+        >>> from experiments.metrics import PromptBatch
+        >>> graph, batch = circuit_graph(model), PromptBatch(tokens)
+        >>> with edge_switches(model):
+        ...     run = base_run(model, graph, batch)
+        ...     hooks = patch_hooks(graph, batch, as_variant_masks(graph, graph.edge_mask), run.writers, run)
+        >>> sorted({name.split(".")[-1] for name, _ in hooks})      # the embedding's value comes from the run
+        ['hook_k_input', 'hook_q_input', 'hook_resid_post', 'hook_result', 'hook_v_input']
+    """
     n = masks.shape[0]
     B, P = base.tokens.shape
     used = masks.any(dim=(0, 1, 3)).nonzero().flatten().tolist()  # writers some variant patches
@@ -313,18 +348,7 @@ def _patched_pass(model, graph: CircuitGraph, base: PromptBatch, metric: Metric,
             continue
         heads = [graph.reader_site(r)[1] for r in readers]
         hooks.append((name, read_hook(readers, None if heads[0] is None else heads, feeding)))
-    mask = None if base.mask is None else base.mask.repeat(n, 1)
-    with model.hooks(fwd_hooks=hooks):
-        if first_layer == 0:
-            logits = model(base.tokens.repeat(n, 1), attention_mask=mask)
-        elif first_layer < graph.n_layers:
-            logits = model(start.resid_pre[first_layer].repeat(n, 1, 1), start_at_layer=first_layer, attention_mask=mask)
-        else:  # only the logits reader is edited (or nothing): no block runs
-            final = start.final.repeat(n, 1, 1)
-            final_hook = dict(hooks).get(f"blocks.{graph.n_layers - 1}.hook_resid_post")
-            final = final if final_hook is None else final_hook(final, None)
-            logits = model.logits_from_resid(final)
-    return metric.values(logits, base).float().view(n, -1).cpu()
+    return hooks
 
 
 def source_values(model, graph: CircuitGraph, batch: PromptBatch, kind: str) -> dict[str, Tensor]:

@@ -8,7 +8,8 @@ patching against one forward pass per edge.
    (4 layers, d_model 256, 8 heads) saved by `transformers`; the row also reports the largest score difference.
    Our EAP on SmolLM2 over the same number of IOI pairs is timed alone.
 2. Exact patching of 64 edges of SmolLM2 (IOI, 8 pairs): ``edge_patching`` (variants stacked, each from its first
-   edited layer) against one full forward pass per edge through the same hooks.
+   edited layer, unembedding only the position the metric reads) against one plain forward pass per edge (full
+   logits) through the same hooks.
 
     python tests/benchmarks/bench_circuits.py [--quick]
 """
@@ -30,7 +31,7 @@ import torch
 import workbench as wb
 from experiments.circuits import circuit_graph, edge_attribution_patching, edge_patching
 from experiments.circuits.exact import edge_masks
-from experiments.circuits.runs import _patched_pass, base_run, edge_switches, paired_prompts, writer_values
+from experiments.circuits.runs import base_run, edge_switches, paired_prompts, patch_hooks, writer_values
 from experiments.datasets import ioi_dataset
 from experiments.metrics import LogitDiff
 from tests.benchmarks.common import interleaved_timings, script_main, timing_rows
@@ -123,10 +124,15 @@ def exact_rows(model, n_edges: int, repeats: int) -> list[dict]:
         sources = writer_values(model, graph, data.clean)
         start = base_run(model, graph, data.corrupt)
 
-    def one_per_edge():
-        with edge_switches(model):
-            return [_patched_pass(model, graph, data.corrupt, data.metric, masks[i:i + 1], sources, start, 0)
-                    for i in range(len(edges))]
+    def one_per_edge():  # a plain forward (full logits) with the edge's hooks, as a TransformerLens user runs it
+        batch = data.corrupt
+        with edge_switches(model), torch.no_grad():
+            values = []
+            for i in range(len(edges)):
+                with model.hooks(fwd_hooks=patch_hooks(graph, batch, masks[i:i + 1], sources, start)):
+                    logits = model(batch.tokens, attention_mask=batch.mask)
+                values.append(data.metric.values(logits, batch)[None])
+            return values
 
     times = interleaved_timings({"edge_patching (stacked)": lambda: edge_patching(model, data, None, None, edges),
                                  "one forward per edge": one_per_edge}, repeats=repeats, warmup=0)
