@@ -188,7 +188,7 @@ def main() -> None:
         st.metric("Share of the edges", f"{100 * found.share:.2f}%")
         st.metric("Gap recovered", f"{kept.recovered:.4f}",
                   help=f"(circuit - corrupt) / (clean - corrupt), every other edge carrying {ABLATIONS[ablation]}")
-    table = found.to_frame().head(TABLE_ROWS)
+    table = results.circuit_table(loaded, task, *run, TABLE_ROWS)
     edge = _graph(loaded, task, run, table["edge"].tolist()[:MAX_EDGES])
     left, right = st.columns(2)
     with left:

@@ -122,6 +122,19 @@ def circuit(loaded: LoadedModel, task: CircuitTask, method: str, ig_steps: int, 
     return circuit_from_scores(_SCORES(loaded, task, method, ig_steps, bar=_no_bar), top_n, threshold)
 
 
+@st.cache_data(show_spinner=False, max_entries=32, hash_funcs=BY_MODEL_KEY)
+def circuit_table(loaded: LoadedModel, task: CircuitTask, method: str, ig_steps: int, top_n: Optional[int],
+                  threshold: Optional[float], rows: int) -> pd.DataFrame:
+    """The circuit's ``rows`` strongest edges (``Circuit.to_frame``: edge, writer, reader, score).
+
+    Example:
+        >>> loaded, task = LoadedModel(model, "toy-attn-2l|sdpa"), CircuitTask("induction", n=2, seq_len=5)
+        >>> circuit_table(loaded, task, "eap", 1, 10, None, 3).columns.tolist()
+        ['edge', 'writer', 'reader', 'score']
+    """
+    return circuit(loaded, task, method, ig_steps, top_n, threshold).to_frame().head(rows)
+
+
 @st.cache_data(show_spinner="Drawing the circuit …", max_entries=32, hash_funcs=BY_MODEL_KEY)
 def circuit_drawing(loaded: LoadedModel, task: CircuitTask, method: str, ig_steps: int, top_n: Optional[int],
                     threshold: Optional[float], min_score: float, max_nodes: int, max_edges: int,

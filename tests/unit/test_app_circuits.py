@@ -16,7 +16,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 import workbench as wb
-from experiments.circuits import discover_circuit, edge_patching, faithfulness
+from experiments.circuits import discover_circuit, edge_attribution_patching, edge_patching, faithfulness
 from experiments.circuits.tasks import induction_pairs
 from tests.unit.test_app_pages import APP, assert_clean, chart, dense  # noqa: F401
 
@@ -87,6 +87,14 @@ def test_a_run_draws_the_discovered_circuit_and_its_faithfulness(dense, toy):  #
     assert_clean(at)
     assert sorted(drawn_edges(at)) == sorted(frame.loc[magnitude >= 0.5 * magnitude.max(), "edge"])
     assert at.query_params["circuits_min_score"] == "0.5"
+    # a circuit by threshold: every edge whose summed |score| reaches it (counted from the scores by hand)
+    at.slider(key="circuits_min_score").set_value(0.0)
+    at.radio(key="circuits_size").set_value("threshold").run()
+    at.number_input(key="circuits_threshold").set_value(0.1).run()
+    assert_clean(at)
+    summed = edge_attribution_patching(model, pairs, method="eap").summed()
+    assert metric(at, "Circuit edges") == str(int((summed.abs() >= 0.1).sum()))
+    assert sorted(drawn_edges(at)) == sorted(discover_circuit(model, pairs, method="eap", threshold=0.1).edges)
 
 
 def test_a_picked_edge_shows_its_exact_patching_effect_and_patterns(dense, toy):  # noqa: F811
