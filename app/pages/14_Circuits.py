@@ -69,7 +69,8 @@ def _task(loaded: LoadedModel) -> Optional[CircuitTask]:
     with cols[2]:
         if kind == "induction":
             seq_len = linked(st.number_input, "Repeated tokens", min_value=2, max_value=128, value=10, step=1,
-                             key="circuits_seq_len", help="Each prompt: a start token, then this many random tokens twice.")
+                             key="circuits_seq_len",
+                             help="Each prompt: a start token, then this many random tokens twice.")
             if 2 * seq_len + 1 > loaded.model.cfg.n_ctx:
                 st.error(f"{2 * int(seq_len) + 1} tokens do not fit the model's context of {loaded.model.cfg.n_ctx}: "
                          "repeat fewer tokens.")
@@ -174,8 +175,11 @@ def main() -> None:
     pressed = st.button("Find the circuit", key="circuits_run", type="primary",
                         help="Scores every edge over the pairs (one forward and backward pass per batch and step), "
                              "then the faithfulness curve (12 circuit sizes in stacked passes).")
-    if not (pressed or results.has_edge_scores(loaded, task, method, ig_steps)):
-        st.info("Press “Find the circuit” to score the edges of these prompt pairs.")
+    stored = (results.has_edge_scores(loaded, task, method, ig_steps)
+              and results.has_faithfulness_curve(loaded, task, method, ig_steps, ablation))
+    if not (pressed or stored):   # a new task, method or ablation: its long runs wait for a click
+        st.info("Press “Find the circuit” to score the edges of these prompt pairs and measure the faithfulness "
+                "curve.")
         return
     scores = results.edge_scores(loaded, task, method, ig_steps, bar=progress_callback)
     curve = results.faithfulness_curve(loaded, task, method, ig_steps, ablation, bar=progress_callback)

@@ -16,7 +16,6 @@ import streamlit as st
 
 from app import downloads, results, url_state
 from app.results import PatchPrompts
-from app.safe_text import quoted
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import checked_length, page_setup, progress_callback, require_model, run_page, single_token

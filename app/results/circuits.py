@@ -179,9 +179,22 @@ def faithfulness_curve(loaded: LoadedModel, task: CircuitTask, method: str, ig_s
         >>> curve = faithfulness_curve(loaded, task, "eap", 1, "corrupt", bar=quiet)
         >>> int(curve["n_edges"].iloc[-1]), round(float(curve["recovered"].iloc[-1]), 4)    # every edge: the clean run
         (81, 1.0)
+        >>> [has_faithfulness_curve(loaded, task, "eap", 1, ablation) for ablation in ("corrupt", "zero")]
+        [True, False]
     """
     scores = _SCORES(loaded, task, method, ig_steps, bar=bar)   # stored by the page's run: no bar
     return _CURVE(loaded, _Scored((task, method, ig_steps), scores), ablation, bar=bar)
+
+
+def has_faithfulness_curve(loaded: LoadedModel, task: CircuitTask, method: str, ig_steps: int, ablation: str) -> bool:
+    """Whether ``faithfulness_curve`` of these arguments is stored (returns at once, draws no bar).
+
+    Example:
+        >>> loaded = LoadedModel(model, "toy-attn-2l|sdpa")
+        >>> has_faithfulness_curve(loaded, CircuitTask("induction", n=3), "eap", 1, "zero")
+        False
+    """
+    return _CURVE.is_stored(loaded, _Scored((task, method, ig_steps), None), ablation)
 
 
 @st.cache_data(show_spinner="Measuring the circuit's faithfulness …", max_entries=32, hash_funcs=BY_MODEL_KEY)

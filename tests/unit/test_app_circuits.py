@@ -63,9 +63,23 @@ def toy(dense):  # noqa: F811
     return model, pairs, discover_circuit(model, pairs, method="eap", top_n=TOP_N)
 
 
+def waiting(at: AppTest) -> bool:
+    """The page asks for the button and draws no chart."""
+    return any("Find the circuit" in i.value for i in at.info) and not at.get("plotly_chart")
+
+
 def test_nothing_heavy_runs_before_the_button(dense):  # noqa: F811
-    at = open_page(dense, run=False)
-    assert any("Find the circuit" in i.value for i in at.info) and not at.get("plotly_chart")
+    at = open_page(dense, run=False, circuits_seed="1")
+    assert waiting(at)
+    at.button(key="circuits_run").click().run()
+    assert_clean(at)
+    assert not waiting(at) and metric(at, "Circuit edges") == str(TOP_N)
+    at.selectbox(key="circuits_ablation").set_value("mean").run()    # another curve: a long run, so a click again
+    assert waiting(at)
+    at.button(key="circuits_run").click().run()
+    assert not waiting(at) and chart(at, "circuits_curve")
+    at.slider(key="circuits_min_score").set_value(0.3).run()        # the rest is cheap and cached: no click
+    assert not waiting(at)
 
 
 def test_a_run_draws_the_discovered_circuit_and_its_faithfulness(dense, toy):  # noqa: F811
@@ -80,7 +94,8 @@ def test_a_run_draws_the_discovered_circuit_and_its_faithfulness(dense, toy):  #
     kept = faithfulness(model, pairs, None, expected)
     assert metric(at, "Gap recovered") == f"{kept.recovered:.4f}"
     curve = chart(at, "circuits_curve")["data"][0]
-    assert values(curve["x"])[-1] == 1.0 and abs(values(curve["y"])[-1] - 1.0) < 1e-4       # every edge: the whole clean - corrupt gap
+    # the curve's last point keeps every edge: the whole clean - corrupt gap
+    assert values(curve["x"])[-1] == 1.0 and abs(values(curve["y"])[-1] - 1.0) < 1e-4
     # the slider keeps the edges with |score| >= half the largest: counted by hand from the circuit's scores
     magnitude = frame["score"].abs()
     at.slider(key="circuits_min_score").set_value(0.5).run()
@@ -116,7 +131,7 @@ def test_a_picked_edge_shows_its_exact_patching_effect_and_patterns(dense, toy):
     delta = float(edge_patching(model, pairs, edges=[other])["delta"].iloc[0])
     assert metric(at, "Exact patching effect") == f"{delta:.4f}"
     marker = next(t for t in chart(at, "circuits_graph")["data"] if t.get("name") == "edges")
-    assert values(marker["marker"]["size"])[list(marker["customdata"]).index(other)] == 13     # drawn as the selected edge
+    assert values(marker["marker"]["size"])[list(marker["customdata"]).index(other)] == 13   # drawn as selected
 
 
 def test_bad_input_is_a_message(dense):  # noqa: F811
