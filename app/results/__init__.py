@@ -28,7 +28,7 @@ from app.results.attribution import (GraphNodes, LoadedTranscoders, attribution_
                                       graph_drawing, graph_nodes, heads_of_edge, intervention_logits, layer_sae,
                                       load_transcoders, pruned_graph, transcoder_choices)
 from app.results.circuits import (CircuitTask, circuit, circuit_drawing, circuit_faithfulness, circuit_table,
-                                   edge_effect, has_faithfulness_curve,
+                                   edge_effect, has_circuit_faithfulness, has_faithfulness_curve,
                                    edge_scores, faithfulness_curve, first_clean_ids, has_edge_scores, task_pairs)
 from app.results.features import (LoadedSAE, active_features, feature_continuation, feature_corpus_stats,
                                    feature_density,
@@ -58,4 +58,4 @@ __all__ = ["load_model", "ProgressBar",
            "attribution_graph", "pruned_graph", "graph_nodes", "graph_drawing", "layer_sae", "heads_of_edge",
            "intervention_logits",
            "CircuitTask", "task_pairs", "edge_scores", "has_edge_scores", "circuit", "circuit_table", "circuit_drawing",
-           "faithfulness_curve", "has_faithfulness_curve", "circuit_faithfulness", "edge_effect", "first_clean_ids"]
+           "faithfulness_curve", "has_faithfulness_curve", "circuit_faithfulness", "has_circuit_faithfulness", "edge_effect", "first_clean_ids"]

@@ -10,7 +10,7 @@ back from that store and is cached on the model's key and the call's arguments (
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import pandas as pd
 import streamlit as st
@@ -152,16 +152,16 @@ def circuit_drawing(loaded: LoadedModel, task: CircuitTask, method: str, ig_step
 
 
 @dataclass(frozen=True)
-class _Scored:
-    """Scores handed to a long run, compared (and stored) by the arguments that made them."""
+class _Held:
+    """Scores or a circuit handed to a long run, compared (and stored) by the arguments that made them (the task
+    first)."""
 
     made_by: tuple
-    scores: EdgeScores = field(compare=False, repr=False)
+    value: Any = field(default=None, compare=False, repr=False)
 
 
-def _curve(model, scored: _Scored, ablation: str, progress) -> pd.DataFrame:
-    task = scored.made_by[0]
-    return _faithfulness_curve(model, task_pairs(model, task), None, scored.scores, ablation=ablation,
+def _curve(model, scores: _Held, ablation: str, progress) -> pd.DataFrame:
+    return _faithfulness_curve(model, task_pairs(model, scores.made_by[0]), None, scores.value, ablation=ablation,
                                batch_size=BATCH_SIZE, progress=progress)
 
 
@@ -183,7 +183,7 @@ def faithfulness_curve(loaded: LoadedModel, task: CircuitTask, method: str, ig_s
         [True, False]
     """
     scores = _SCORES(loaded, task, method, ig_steps, bar=bar)   # stored by the page's run: no bar
-    return _CURVE(loaded, _Scored((task, method, ig_steps), scores), ablation, bar=bar)
+    return _CURVE(loaded, _Held((task, method, ig_steps), scores), ablation, bar=bar)
 
 
 def has_faithfulness_curve(loaded: LoadedModel, task: CircuitTask, method: str, ig_steps: int, ablation: str) -> bool:
@@ -194,23 +194,44 @@ def has_faithfulness_curve(loaded: LoadedModel, task: CircuitTask, method: str, 
         >>> has_faithfulness_curve(loaded, CircuitTask("induction", n=3), "eap", 1, "zero")
         False
     """
-    return _CURVE.is_stored(loaded, _Scored((task, method, ig_steps), None), ablation)
+    return _CURVE.is_stored(loaded, _Held((task, method, ig_steps)), ablation)
 
 
-@st.cache_data(show_spinner="Measuring the circuit's faithfulness …", max_entries=32, hash_funcs=BY_MODEL_KEY)
+def _faithfulness(model, found: _Held, ablation: str, progress) -> Faithfulness:
+    return faithfulness(model, task_pairs(model, found.made_by[0]), None, found.value, ablation, batch_size=BATCH_SIZE,
+                        progress=progress)
+
+
+_FAITHFULNESS = LongRun("The circuit's faithfulness (every other edge ablated)", _faithfulness)
+
+
 def circuit_faithfulness(loaded: LoadedModel, task: CircuitTask, method: str, ig_steps: int, top_n: Optional[int],
-                         threshold: Optional[float], ablation: str) -> Faithfulness:
-    """How much of the clean - corrupt gap the circuit keeps with every other edge ablated (``faithfulness``).
+                         threshold: Optional[float], ablation: str, bar: ProgressBar) -> Faithfulness:
+    """How much of the clean - corrupt gap the circuit keeps with every other edge ablated (``faithfulness``), with
+    a progress bar, kept in the long-run store.
 
     Example:
+        >>> quiet = lambda text: ((lambda done, total: None), (lambda: None))
         >>> loaded, task = LoadedModel(model, "toy-attn-2l|sdpa"), CircuitTask("induction", n=2, seq_len=5)
-        >>> circuit_faithfulness(loaded, task, "eap", 1, 81, None, "corrupt").recovered
+        >>> circuit_faithfulness(loaded, task, "eap", 1, 81, None, "corrupt", bar=quiet).recovered
         1.0
+        >>> has_circuit_faithfulness(loaded, task, "eap", 1, 81, None, "corrupt")
+        True
     """
     found = circuit(loaded, task, method, ig_steps, top_n, threshold)
-    with loaded.lock:
-        return faithfulness(loaded.model, task_pairs(loaded.model, task), None, found, ablation,
-                            batch_size=BATCH_SIZE)
+    return _FAITHFULNESS(loaded, _Held((task, method, ig_steps, top_n, threshold), found), ablation, bar=bar)
+
+
+def has_circuit_faithfulness(loaded: LoadedModel, task: CircuitTask, method: str, ig_steps: int,
+                             top_n: Optional[int], threshold: Optional[float], ablation: str) -> bool:
+    """Whether ``circuit_faithfulness`` of these arguments is stored (returns at once, draws no bar).
+
+    Example:
+        >>> loaded = LoadedModel(model, "toy-attn-2l|sdpa")
+        >>> has_circuit_faithfulness(loaded, CircuitTask("induction", n=3), "eap", 1, 5, None, "zero")
+        False
+    """
+    return _FAITHFULNESS.is_stored(loaded, _Held((task, method, ig_steps, top_n, threshold)), ablation)
 
 
 @st.cache_data(show_spinner="Patching the edge …", max_entries=64, hash_funcs=BY_MODEL_KEY)

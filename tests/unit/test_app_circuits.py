@@ -68,7 +68,7 @@ def waiting(at: AppTest) -> bool:
     return any("Find the circuit" in i.value for i in at.info) and not at.get("plotly_chart")
 
 
-def test_nothing_heavy_runs_before_the_button(dense):  # noqa: F811
+def test_nothing_heavy_runs_before_the_button(dense, toy):  # noqa: F811
     at = open_page(dense, run=False, circuits_seed="1")
     assert waiting(at)
     at.button(key="circuits_run").click().run()
@@ -80,6 +80,12 @@ def test_nothing_heavy_runs_before_the_button(dense):  # noqa: F811
     assert not waiting(at) and chart(at, "circuits_curve")
     at.slider(key="circuits_min_score").set_value(0.3).run()        # the rest is cheap and cached: no click
     assert not waiting(at)
+    at.number_input(key="circuits_top_n").set_value(10).run()        # a new circuit: drawn, its faithfulness waits
+    assert metric(at, "Circuit edges") == "10" and metric(at, "Gap recovered") == "press the button"
+    at.button(key="circuits_run").click().run()
+    pairs = induction_pairs(toy[0], SEQ_LEN, N, 1)
+    ten = discover_circuit(toy[0], pairs, method="eap", top_n=10)
+    assert metric(at, "Gap recovered") == f"{faithfulness(toy[0], pairs, None, ten, 'mean').recovered:.4f}"
 
 
 def test_a_run_draws_the_discovered_circuit_and_its_faithfulness(dense, toy):  # noqa: F811
