@@ -200,6 +200,34 @@ def prompt_box(loaded: LoadedModel, label: str = "Prompt", max_tokens: int = MAX
     return prompt
 
 
+def single_token(model, text: str, what: str) -> int:
+    """The id of ``text`` when it is one token of the vocabulary; stops the page with its pieces otherwise (the
+    answer and wrong tokens of a logit difference).
+
+    Example:
+        >>> answer = single_token(loaded.model, " Mary", "answer")   # doctest: +SKIP
+    """
+    try:
+        return model.to_single_token(text)
+    except wb.InputError as error:
+        st.error(f"The {what} token {quoted(text)} is not one token of this model's vocabulary ({quoted(error)}). Give a single "
+                 "token, minding the leading space (e.g. “ Mary”).")
+        st.stop()
+
+
+def checked_length(model, text: str, what: str) -> Optional[int]:
+    """The token length of ``text``, or None after saying it is too long to draw (one prompt of a pair).
+
+    Example:
+        >>> n_tokens = checked_length(loaded.model, "When Mary and John", "clean")   # doctest: +SKIP
+    """
+    n_tokens, limit = model.to_tokens(text).shape[1], min(MAX_PROMPT_TOKENS, model.cfg.n_ctx)
+    if n_tokens > limit:
+        st.error(f"The {what} prompt is {n_tokens} tokens long; this page draws prompts of up to {limit} tokens.")
+        return None
+    return n_tokens
+
+
 def layer_picker(loaded: LoadedModel, label: str = "Layer", key: Optional[str] = None) -> int:
     """A layer number in 0..n_layers-1 (a slider; a select box for a one-layer model).
 

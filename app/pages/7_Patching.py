@@ -14,13 +14,11 @@ from typing import Optional
 import pandas as pd
 import streamlit as st
 
-import workbench as wb
 from app import downloads, results, url_state
 from app.results import PatchPrompts
-from app.safe_text import quoted
 from app.state import LoadedModel
 from app.url_state import linked
-from app.widgets import MAX_PROMPT_TOKENS, page_setup, progress_callback, require_model, run_page
+from app.widgets import checked_length, page_setup, progress_callback, require_model, run_page, single_token
 from experiments import patching
 from experiments.plots import patching as patching_plots
 from experiments.plots.attention import pattern_figure
@@ -33,25 +31,6 @@ MAPS = (("resid", "Residual stream (entering each layer) by position", ("resid",
         ("attn_mlp", "Attention and MLP outputs by position", ("attn", "mlp")),
         ("heads", "Heads (output over all positions)", ("heads",)))
 HEAD_KEY = "patching_head"
-
-
-def _single_token(model, text: str, what: str) -> int:
-    """The id of ``text`` when it is one token of the vocabulary; stops the page with its pieces otherwise."""
-    try:
-        return model.to_single_token(text)
-    except wb.InputError as error:
-        st.error(f"The {what} token {quoted(text)} is not one token of this model's vocabulary ({quoted(error)}). Give a single "
-                 "token, minding the leading space (e.g. “ Mary”).")
-        st.stop()
-
-
-def _checked_length(model, text: str, what: str) -> Optional[int]:
-    """The token length of ``text``, or None after saying it is too long to draw."""
-    n_tokens, limit = model.to_tokens(text).shape[1], min(MAX_PROMPT_TOKENS, model.cfg.n_ctx)
-    if n_tokens > limit:
-        st.error(f"The {what} prompt is {n_tokens} tokens long; this page draws prompts of up to {limit} tokens.")
-        return None
-    return n_tokens
 
 
 def _pair_prompts(loaded: LoadedModel) -> Optional[PatchPrompts]:
@@ -69,10 +48,10 @@ def _pair_prompts(loaded: LoadedModel) -> Optional[PatchPrompts]:
     if not clean.strip() or not corrupt.strip():
         st.warning("Both prompts are needed: type a clean and a corrupted prompt.")
         return None
-    lengths = [_checked_length(model, clean, "clean"), _checked_length(model, corrupt, "corrupted")]
+    lengths = [checked_length(model, clean, "clean"), checked_length(model, corrupt, "corrupted")]
     if None in lengths:
         return None
-    answer_id, wrong_id = _single_token(model, answer, "answer"), _single_token(model, wrong, "wrong")
+    answer_id, wrong_id = single_token(model, answer, "answer"), single_token(model, wrong, "wrong")
     if lengths[0] != lengths[1]:
         st.info(f"The clean prompt is {lengths[0]} tokens and the corrupted one {lengths[1]}: the shorter is padded "
                 "at its end (pads are masked out), position p is patched into position p, and each prompt's logit "

@@ -16,7 +16,7 @@ and its arguments. This layer draws nothing of its own and imports no widget or 
 One module per page or pair of pages, each caching what ``experiments.<same name>`` computes:
 ``attention`` (Attention, Heads), ``induction``, ``ablation`` (Ablation, Token view, Generate),
 ``lens``, ``router``, ``patching``, ``flow`` (Information flow), ``neurons`` (Neurons, Token view),
-``features`` (Features: SAEs), ``attribution`` (Attribution graph: transcoders).
+``features`` (Features: SAEs), ``attribution`` (Attribution graph: transcoders), ``circuits`` (Circuits).
 A new page's computation goes in its page's module as a named function, cached like its neighbours.
 
 Legend: P position, S key position, H n_heads, L n_layers.
@@ -27,6 +27,9 @@ from app.results.attention import attention_patterns, head_scores, head_summary
 from app.results.attribution import (GraphNodes, LoadedTranscoders, attribution_graph, fit_transcoders_error,
                                       graph_drawing, graph_nodes, heads_of_edge, intervention_logits, layer_sae,
                                       load_transcoders, pruned_graph, transcoder_choices)
+from app.results.circuits import (CircuitTask, circuit, circuit_drawing, circuit_faithfulness, circuit_table,
+                                   edge_effect, has_circuit_faithfulness, has_faithfulness_curve,
+                                   edge_scores, faithfulness_curve, first_clean_ids, has_edge_scores, task_pairs)
 from app.results.features import (LoadedSAE, active_features, feature_continuation, feature_corpus_stats,
                                    feature_density,
                                    feature_logit_effect, feature_on_prompt, feature_top_windows, fit_error, load_sae,
@@ -53,4 +56,6 @@ __all__ = ["load_model", "ProgressBar",
            "feature_logit_effect", "feature_corpus_stats", "feature_top_windows", "feature_density", "feature_continuation",
            "LoadedTranscoders", "GraphNodes", "transcoder_choices", "load_transcoders", "fit_transcoders_error",
            "attribution_graph", "pruned_graph", "graph_nodes", "graph_drawing", "layer_sae", "heads_of_edge",
-           "intervention_logits"]
+           "intervention_logits",
+           "CircuitTask", "task_pairs", "edge_scores", "has_edge_scores", "circuit", "circuit_table", "circuit_drawing",
+           "faithfulness_curve", "has_faithfulness_curve", "circuit_faithfulness", "has_circuit_faithfulness", "edge_effect", "first_clean_ids"]

@@ -17,14 +17,16 @@ EVIL = "evil"  # the hostile host, evil.example, or any cut of it (a message may
 HOSTILE = ("nope [Session expired: click to sign in](https://evil.example/phish) ![b](https://evil.example/b.png) "
            "<a href=\"https://evil.example/a\">a</a> <img src=\"https://evil.example/i.png\"> www.evil.example")
 # The query values the pages read from a link (unknown ones are ignored by the other pages); the ablation
-# kind is a right one, so the neuron box that reads ``ablation_neurons`` is drawn.
+# kind is a right one, so the neuron box that reads ``ablation_neurons`` is drawn; the Circuits page's task is the
+# typed pair, so its prompt and answer boxes read their values.
 PARAMS = {"model": HOSTILE, "impl": HOSTILE, "prompt": HOSTILE, "patching_answer": HOSTILE,
           "patching_wrong": HOSTILE, "ablation_kind": "neuron", "ablation_neurons": HOSTILE, "lens_target": HOSTILE,
           "attention_layer": HOSTILE, "induction_seq_len": HOSTILE, "flow_position": HOSTILE,
           "features_sae_path": HOSTILE, "features_feature": HOSTILE, "attribution_tc_path": HOSTILE,
-          "attribution_node": HOSTILE, "attribution_pinned": HOSTILE}
+          "attribution_node": HOSTILE, "attribution_pinned": HOSTILE, "circuits_task": "pair",
+          "circuits_clean": HOSTILE, "circuits_answer": HOSTILE, "circuits_names": HOSTILE, "circuits_edge": HOSTILE}
 PAGES = ["", "Attention", "Heads", "Induction", "Ablation", "Logit_lens", "Router", "Patching", "Information_flow",
-         "Token_view", "Neurons", "Generate", "Features", "Attribution"]
+         "Token_view", "Neurons", "Generate", "Features", "Attribution", "Circuits"]
 LINKS_JS = ("() => [...document.querySelectorAll('a[href], img[src], image, source, iframe')]"
             ".map(e => e.getAttribute('href') || e.getAttribute('src') || e.getAttribute('xlink:href') || '')")
 

@@ -162,6 +162,10 @@ ATTRIBUTION_KEYS = {"attribution_tc_source", "attribution_tc_path", "attribution
                     "attribution_node", "attribution_pinned", "attribution_edge", "attribution_edit",
                     "attribution_amount", "attribution_freeze", "attribution_norm_gain", "attribution_corpus",
                     "attribution_windows", "attribution_window_len"}
+CIRCUITS_KEYS = {"circuits_task", "circuits_n", "circuits_seed", "circuits_seq_len", "circuits_names", "circuits_clean",
+                 "circuits_corrupt", "circuits_answer", "circuits_wrong", "circuits_method", "circuits_ig_steps",
+                 "circuits_size", "circuits_top_n", "circuits_threshold", "circuits_ablation", "circuits_min_score",
+                 "circuits_edge"}
 TRACED = Path(__file__).resolve().parents[1] / "fixtures" / "attribution"   # a model with transcoders that fit
 
 
@@ -176,6 +180,8 @@ def test_hostile_query_values_render_no_link_or_image(page, dense_mlp, dense_mlp
         keys |= FEATURE_KEYS
     if page == "attribution":
         keys |= ATTRIBUTION_KEYS
+    if page == "circuits":
+        keys |= CIRCUITS_KEYS
     hostile = {key: HOSTILE for key in keys}
     # A prompt that fits the toy model's context, so the page goes on to read its other linked values.
     cases = [hostile, {**hostile, "prompt": SHORT_PROMPT}, {**hostile, "prompt": HOSTILE_PROMPT}]
@@ -193,7 +199,12 @@ def test_hostile_query_values_render_no_link_or_image(page, dense_mlp, dense_mlp
         cases.append({**hostile, "attribution_tc_source": A_PATH, "attribution_tc_path": str(TRACED / "plt"),
                       "prompt": "the cat sat on the mat and", "_model": str(TRACED / "tiny_llama"),
                       "attribution_corpus": "false"})
+    if page == "circuits":  # each task's own boxes, and a good pair that lets the wrong token's value through
+        cases += [{**hostile, "circuits_task": "pair"}, {**hostile, "circuits_task": "ioi"},
+                  {**hostile, "circuits_task": "pair", "circuits_answer": " the"},
+                  {**hostile, "circuits_task": "induction", "circuits_n": "2", "circuits_seq_len": "4", "_run": "yes"}]
     for params in cases:
+        run = params.pop("_run", None)
         at = AppTest.from_file(str(APP / PAGES[page]), default_timeout=90)
         at.session_state["model_source"] = params.pop("_model", dense_mlp)
         for key, value in params.items():
@@ -201,6 +212,11 @@ def test_hostile_query_values_render_no_link_or_image(page, dense_mlp, dense_mlp
         at.run()
         assert not at.exception, [e.value for e in at.exception]
         assert_no_injected_markup(at, f"{page} {sorted(params)}")
+        if run:  # the circuit found: the graph's and the edge card's hostile values read
+            at.button(key="circuits_run").click().run()
+            assert not at.exception, [e.value for e in at.exception]
+            assert_no_injected_markup(at, f"{page} {sorted(params)} after finding the circuit")
+            assert [h.value for h in at.header if h.value.startswith("Edge ")] and at.get("plotly_chart")
         if params.get("features_sae_path") == dense_mlp_sae:  # opened by a click: the card is drawn, its values read
             at.button(key="features_open_sae").click().run()
             assert not at.exception, [e.value for e in at.exception]

@@ -22,7 +22,8 @@ PAGES = {"home": "Home.py", "attention": "pages/1_Attention.py", "heads": "pages
          "induction": "pages/3_Induction.py", "ablation": "pages/4_Ablation.py", "lens": "pages/5_Logit_lens.py",
          "router": "pages/6_Router.py", "patching": "pages/7_Patching.py", "flow": "pages/8_Information_flow.py",
          "token_view": "pages/9_Token_view.py", "neurons": "pages/10_Neurons.py", "generate": "pages/11_Generate.py",
-         "features": "pages/12_Features.py", "attribution": "pages/13_Attribution.py"}
+         "features": "pages/12_Features.py", "attribution": "pages/13_Attribution.py",
+         "circuits": "pages/14_Circuits.py"}
 SHORT_PROMPT = "The cat sat on the mat. The cat sat on the"
 
 
