@@ -228,6 +228,64 @@ def checked_length(model, text: str, what: str) -> Optional[int]:
     return n_tokens
 
 
+DEFAULT_CLEAN = "When Mary and John went to the store, John gave a drink to"
+DEFAULT_CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
+
+
+@dataclass(frozen=True)
+class PromptPair:
+    """A typed clean/corrupted pair, its answer and wrong token ids and the two prompts' token lengths."""
+
+    clean: str
+    corrupt: str
+    answer: int
+    wrong: int
+    lengths: tuple[int, int]
+
+
+def prompt_pair(model, prefix: str) -> Optional[PromptPair]:
+    """A clean and a corrupted prompt with answer and wrong tokens (widget keys ``{prefix}_clean`` etc., linked),
+    checked; None after saying what is wrong.
+
+    Example:
+        >>> pair = prompt_pair(loaded.model, "patching")   # doctest: +SKIP
+    """
+    left, right = st.columns(2)
+    with left:
+        clean = linked(st.text_area, "Clean prompt", value=DEFAULT_CLEAN, key=f"{prefix}_clean", height=80)
+        answer = linked(st.text_input, "Answer token (right on the clean prompt)", value=" Mary",
+                        key=f"{prefix}_answer")
+    with right:
+        corrupt = linked(st.text_area, "Corrupted prompt", value=DEFAULT_CORRUPT, key=f"{prefix}_corrupt", height=80)
+        wrong = linked(st.text_input, "Wrong token (what the corrupted prompt points to)", value=" John",
+                       key=f"{prefix}_wrong")
+    if not clean.strip() or not corrupt.strip():
+        st.warning("Both prompts are needed: type a clean and a corrupted prompt.")
+        return None
+    lengths = (checked_length(model, clean, "clean"), checked_length(model, corrupt, "corrupted"))
+    if None in lengths:
+        return None
+    return PromptPair(clean, corrupt, single_token(model, answer, "answer"), single_token(model, wrong, "wrong"),
+                      lengths)
+
+
+def click_keeper(chart_key: str, store_key: str, kind: type) -> Callable[[], None]:
+    """An ``on_select`` callback for the chart drawn with ``key=chart_key``: keeps the clicked point's ``customdata``
+    (when of type ``kind``) in ``st.session_state[store_key]``, for the page to apply on its next run.
+
+    Example:
+        >>> remember = click_keeper("circuits_graph", "_circuits_clicked", str)   # doctest: +SKIP
+    """
+    def remember() -> None:
+        event = st.session_state.get(f"{chart_key}_chart") or {}
+        points = (event.get("selection") or {}).get("points") or []
+        picked = points[0].get("customdata") if points else None
+        picked = picked[0] if isinstance(picked, list) and picked else picked
+        if isinstance(picked, kind):
+            st.session_state[store_key] = picked
+    return remember
+
+
 def layer_picker(loaded: LoadedModel, label: str = "Layer", key: Optional[str] = None) -> int:
     """A layer number in 0..n_layers-1 (a slider; a select box for a one-layer model).
 

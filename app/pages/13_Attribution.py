@@ -15,7 +15,8 @@ from app.results.attribution import LoadedTranscoders, Settings
 from app.safe_text import quoted
 from app.state import LoadedModel
 from app.url_state import linked
-from app.widgets import LOAD_ERRORS, Prompt, page_setup, progress_callback, prompt_box, require_model, run_page
+from app.widgets import (LOAD_ERRORS, Prompt, click_keeper, page_setup, progress_callback, prompt_box, require_model,
+                         run_page)
 
 A_PATH = "A path on this machine"
 PREFIX = "attribution"  # the feature card's widget keys (app.feature_card)
@@ -82,16 +83,6 @@ def _settings() -> tuple[Settings, float, float]:
     return (int(n_logits), float(prob), int(max_features), 256), float(node_threshold), float(edge_threshold)
 
 
-def _remember_click() -> None:
-    """on_select callback: keeps the clicked node's index (customdata) for the select box."""
-    event = st.session_state.get(f"{CHART_KEY}_chart") or {}
-    points = (event.get("selection") or {}).get("points") or []
-    picked = points[0].get("customdata") if points else None
-    picked = picked[0] if isinstance(picked, list) and picked else picked
-    if isinstance(picked, int):
-        st.session_state[_CLICKED] = picked
-
-
 def _graph_view(loaded, loaded_tc, prompt: Prompt, settings: Settings, thresholds: tuple[float, float],
                 labels: list[str], kept: list[int], feature_nodes: list[int]) -> tuple[Optional[int], list[int]]:
     """The drawing, the feature picked (a select box a click moves) and the pinned nodes."""
@@ -107,7 +98,8 @@ def _graph_view(loaded, loaded_tc, prompt: Prompt, settings: Settings, threshold
     pinned = tuple(labels.index(label) for label in pinned_labels)
     drawing = results.graph_drawing(loaded, loaded_tc, prompt.ids, settings, *thresholds, MAX_NODES, MAX_EDGES,
                                     selected, pinned, False)
-    downloads.figure(drawing.figure, "attribution_graph", key=CHART_KEY, on_select=_remember_click)
+    downloads.figure(drawing.figure, "attribution_graph", key=CHART_KEY,
+                     on_select=click_keeper(CHART_KEY, _CLICKED, int))
     st.caption(f"Drawn: {len(drawing.nodes)} of the {drawing.n_kept_nodes} nodes the pruning keeps (logits, pinned, "
                f"then by influence; at most {MAX_NODES}) and {drawing.n_edges} of their {drawing.n_kept_edges} kept "
                f"edges (the largest; at most {MAX_EDGES}). Blue edges excite, red inhibit.")

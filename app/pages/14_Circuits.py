@@ -16,7 +16,7 @@ from app import downloads, results, url_state
 from app.results import CircuitTask
 from app.state import LoadedModel
 from app.url_state import linked
-from app.widgets import checked_length, page_setup, progress_callback, require_model, run_page, single_token
+from app.widgets import click_keeper, page_setup, progress_callback, prompt_pair, require_model, run_page
 from experiments.plots.attention import pattern_figure
 from experiments.plots.circuits import faithfulness_curve_figure
 
@@ -25,8 +25,6 @@ TASKS = {"induction": "Induction task (repeated random tokens)", "ioi": "IOI tas
 METHODS = {"eap-ig": "EAP-IG (integrated gradients)", "eap": "EAP (one gradient)"}
 SIZES = {"top_n": "The strongest edges", "threshold": "Edges above a |score|"}
 ABLATIONS = {"corrupt": "the corrupted run's values", "mean": "their mean over the corrupted prompts", "zero": "zero"}
-DEFAULT_CLEAN = "When Mary and John went to the store, John gave a drink to"
-DEFAULT_CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
 EDGE_KEY, CHART_KEY = "circuits_edge", "circuits_graph"
 MAX_NODES, MAX_EDGES = 150, 400   # what the drawing sends the browser, whatever the circuit's size
 TABLE_ROWS = 500                  # the edge table shown (the download holds the same rows)
@@ -34,22 +32,10 @@ _CLICKED = "_circuits_clicked"    # the edge clicked last, applied to the select
 
 
 def _pair_task(loaded: LoadedModel) -> Optional[CircuitTask]:
-    model = loaded.model
-    left, right = st.columns(2)
-    with left:
-        clean = linked(st.text_area, "Clean prompt", value=DEFAULT_CLEAN, key="circuits_clean", height=80)
-        answer = linked(st.text_input, "Answer token (right on the clean prompt)", value=" Mary", key="circuits_answer")
-    with right:
-        corrupt = linked(st.text_area, "Corrupted prompt", value=DEFAULT_CORRUPT, key="circuits_corrupt", height=80)
-        wrong = linked(st.text_input, "Wrong token (what the corrupted prompt points to)", value=" John",
-                       key="circuits_wrong")
-    if not clean.strip() or not corrupt.strip():
-        st.warning("Both prompts are needed: type a clean and a corrupted prompt.")
+    pair = prompt_pair(loaded.model, "circuits")
+    if pair is None:
         return None
-    if None in (checked_length(model, clean, "clean"), checked_length(model, corrupt, "corrupted")):
-        return None
-    return CircuitTask("pair", n=1, clean=clean, corrupt=corrupt, answer=single_token(model, answer, "answer"),
-                       wrong=single_token(model, wrong, "wrong"))
+    return CircuitTask("pair", n=1, clean=pair.clean, corrupt=pair.corrupt, answer=pair.answer, wrong=pair.wrong)
 
 
 def _task(loaded: LoadedModel) -> Optional[CircuitTask]:
@@ -106,16 +92,6 @@ def _settings() -> tuple[str, int, Optional[int], Optional[float], str]:
         None if threshold is None else float(threshold), ablation
 
 
-def _remember_click() -> None:
-    """on_select callback: keeps the clicked edge's name (customdata) for the select box."""
-    event = st.session_state.get(f"{CHART_KEY}_chart") or {}
-    points = (event.get("selection") or {}).get("points") or []
-    picked = points[0].get("customdata") if points else None
-    picked = picked[0] if isinstance(picked, list) and picked else picked
-    if isinstance(picked, str):
-        st.session_state[_CLICKED] = picked
-
-
 def _graph(loaded: LoadedModel, task: CircuitTask, run: tuple, edges: list[str]) -> Optional[str]:
     """The drawing above the slider's cutoff and the edge picked (a select box a click moves)."""
     clicked = st.session_state.pop(_CLICKED, None)
@@ -126,7 +102,7 @@ def _graph(loaded: LoadedModel, task: CircuitTask, run: tuple, edges: list[str])
     edge = linked(st.selectbox, "Edge (or click an edge's diamond in the graph)", options=edges, index=0,
                   key=EDGE_KEY) if edges else None
     drawing = results.circuit_drawing(loaded, task, *run, float(min_share), MAX_NODES, MAX_EDGES, edge)
-    downloads.figure(drawing.figure, "circuit_graph", key=CHART_KEY, on_select=_remember_click)
+    downloads.figure(drawing.figure, "circuit_graph", key=CHART_KEY, on_select=click_keeper(CHART_KEY, _CLICKED, str))
     st.caption(f"Drawn: {len(drawing.edges)} of the {drawing.n_above} circuit edges with |score| ≥ "
                f"{drawing.cutoff:.4g} (the largest first; at most {MAX_EDGES} edges and {MAX_NODES} nodes), joining "
                f"{len(drawing.nodes)} nodes. Red: patching the edge toward clean raises the metric; blue: lowers it. "

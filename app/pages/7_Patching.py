@@ -18,13 +18,11 @@ from app import downloads, results, url_state
 from app.results import PatchPrompts
 from app.state import LoadedModel
 from app.url_state import linked
-from app.widgets import checked_length, page_setup, progress_callback, require_model, run_page, single_token
+from app.widgets import page_setup, progress_callback, prompt_pair, require_model, run_page
 from experiments import patching
 from experiments.plots import patching as patching_plots
 from experiments.plots.attention import pattern_figure
 
-DEFAULT_CLEAN = "When Mary and John went to the store, John gave a drink to"
-DEFAULT_CORRUPT = "When Mary and John went to the store, Mary gave a drink to"
 PAIR, DATASET = "Prompt pair", "Generated IOI dataset"
 # (kind, heading, attribution sites it compares with)
 MAPS = (("resid", "Residual stream (entering each layer) by position", ("resid",)),
@@ -35,28 +33,14 @@ HEAD_KEY = "patching_head"
 
 def _pair_prompts(loaded: LoadedModel) -> Optional[PatchPrompts]:
     """A clean and a corrupted prompt with answer and wrong tokens, checked; None after saying what is wrong."""
-    model = loaded.model
-    left, right = st.columns(2)
-    with left:
-        clean = linked(st.text_area, "Clean prompt", value=DEFAULT_CLEAN, key="patching_clean", height=80)
-        answer = linked(st.text_input, "Answer token (right on the clean prompt)", value=" Mary",
-                        key="patching_answer")
-    with right:
-        corrupt = linked(st.text_area, "Corrupted prompt", value=DEFAULT_CORRUPT, key="patching_corrupt", height=80)
-        wrong = linked(st.text_input, "Wrong token (what the corrupted prompt points to)", value=" John",
-                       key="patching_wrong")
-    if not clean.strip() or not corrupt.strip():
-        st.warning("Both prompts are needed: type a clean and a corrupted prompt.")
+    pair = prompt_pair(loaded.model, "patching")
+    if pair is None:
         return None
-    lengths = [checked_length(model, clean, "clean"), checked_length(model, corrupt, "corrupted")]
-    if None in lengths:
-        return None
-    answer_id, wrong_id = single_token(model, answer, "answer"), single_token(model, wrong, "wrong")
-    if lengths[0] != lengths[1]:
-        st.info(f"The clean prompt is {lengths[0]} tokens and the corrupted one {lengths[1]}: the shorter is padded "
+    if pair.lengths[0] != pair.lengths[1]:
+        st.info(f"The clean prompt is {pair.lengths[0]} tokens and the corrupted one {pair.lengths[1]}: the shorter is padded "
                 "at its end (pads are masked out), position p is patched into position p, and each prompt's logit "
                 "difference is read at its own last token. Prompts of equal length line up best.")
-    return (clean,), (corrupt,), (answer_id,), (wrong_id,)
+    return (pair.clean,), (pair.corrupt,), (pair.answer,), (pair.wrong,)
 
 
 def _dataset_prompts(loaded: LoadedModel) -> PatchPrompts:

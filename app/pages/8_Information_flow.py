@@ -15,7 +15,7 @@ from app import downloads, results, url_state
 from app.safe_text import quoted
 from app.state import LoadedModel
 from app.url_state import linked
-from app.widgets import Prompt, page_setup, progress_callback, prompt_box, require_model, run_page
+from app.widgets import Prompt, click_keeper, page_setup, progress_callback, prompt_box, require_model, run_page
 from experiments import flow
 from experiments.plots.flow import flow_figure
 from experiments.plots.attention import pattern_figure
@@ -25,16 +25,6 @@ CLICKED_KEY = "_flow_clicked"  # the graph item clicked last, applied to the "In
 TOP_HEADS_SHOWN = 3
 VOCAB_K = 10
 BLOCK_NAMES = {"attn": "attention", "mlp": "MLP"}
-
-
-def _remember_click() -> None:
-    """on_select callback: keeps the clicked node or edge id (customdata) for the "Inspect" box."""
-    event = st.session_state.get(f"{CHART_KEY}_chart") or {}
-    points = (event.get("selection") or {}).get("points") or []
-    picked = points[0].get("customdata") if points else None
-    picked = picked[0] if isinstance(picked, list) and picked else picked
-    if isinstance(picked, str):
-        st.session_state[CLICKED_KEY] = picked
 
 
 def _choices(prompt: Prompt) -> tuple[int, float]:
@@ -135,7 +125,8 @@ def main() -> None:
                "wider and darker with their importance. Hover an edge's midpoint for the heads that carry it.")
     title = f"Information flow into {position} {prompt.str_tokens[position]!r} (importance ≥ {threshold:.2f})"
     downloads.figure(flow_figure(nodes, edges, prompt.str_tokens, contributions.n_layers, title),
-                     "information_flow", key=CHART_KEY, stretch=False, on_select=_remember_click)
+                     "information_flow", key=CHART_KEY, stretch=False,
+                     on_select=click_keeper(CHART_KEY, CLICKED_KEY, str))
     picked = _pick(nodes, edges)
     if picked is not None:
         _detail(loaded, prompt, contributions, nodes, edges, picked)
