@@ -160,6 +160,18 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
     Example:
         >>> tensors = convert_tensors(SafetensorsCheckpoint(Path("tiny-deepseek")), cfg, "DeepseekV3ForCausalLM")   # doctest: +SKIP
     """
+    out = latent_decoder_tensors(ckpt, cfg, architecture)
+    _skip_prediction_layers(ckpt, cfg.n_layers)
+    return out
+
+
+def latent_decoder_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture: str) -> dict[str, Tensor]:
+    """The embedding, final norm, unembedding and every decoder layer (norms, latent attention, a dense or MoE MLP)
+    of a latent-attention model, renamed to ours (DeepSeek-V2/V3, MiniCPM3).
+
+    Example:
+        >>> tensors = latent_decoder_tensors(SafetensorsCheckpoint(Path("tiny-minicpm3")), cfg, "MiniCPM3ForCausalLM")  # doctest: +SKIP
+    """
     V, D = cfg.d_vocab, cfg.d_model
     out = {"embed.W_E": ckpt.take("model.embed_tokens.weight", (V, D)),
            "ln_final.w": ckpt.take("model.norm.weight", (D,))}
@@ -174,7 +186,6 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
             out.update(read_experts(ckpt, MOE[architecture], layer_cfg, layer))
         else:
             out.update(dense_gated_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", layer_cfg.d_mlp, D, bias=cfg.mlp_bias))
-    _skip_prediction_layers(ckpt, cfg.n_layers)
     return out
 
 

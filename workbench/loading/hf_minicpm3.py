@@ -28,8 +28,7 @@ from workbench.config import LatentAttentionConfig, ModelConfig
 from workbench.loading.family import Family
 from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
 from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_deepseek import LATENT_NORM_EPS, latent_attention_tensors, mscale_squared
-from workbench.loading.hf_experts import dense_gated_mlp
+from workbench.loading.hf_deepseek import LATENT_NORM_EPS, latent_decoder_tensors, mscale_squared
 
 # transformers' defaults for fields missing from config.json, where they matter.
 DEFAULTS = {"kv_lora_rank": 256, "q_lora_rank": 768, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "scale_emb": 12,
@@ -85,16 +84,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
     Example:
         >>> tensors = convert_tensors(SafetensorsCheckpoint(Path("tiny-minicpm3")), cfg, "MiniCPM3ForCausalLM")  # doctest: +SKIP
     """
-    V, D = cfg.d_vocab, cfg.d_model
-    out = {"embed.W_E": ckpt.take("model.embed_tokens.weight", (V, D)),
-           "ln_final.w": ckpt.take("model.norm.weight", (D,))}
-    out.update(ckpt.take_unembedding("lm_head.weight", (V, D), cfg.tie_embeddings))
-    for layer in range(cfg.n_layers):
-        hf, ours = f"model.layers.{layer}", f"blocks.{layer}"
-        out[f"{ours}.ln1.w"] = ckpt.take(f"{hf}.input_layernorm.weight", (D,))
-        out[f"{ours}.ln2.w"] = ckpt.take(f"{hf}.post_attention_layernorm.weight", (D,))
-        out.update(latent_attention_tensors(ckpt, cfg, layer))
-        out.update(dense_gated_mlp(ckpt, f"{hf}.mlp", f"{ours}.mlp", cfg.d_mlp, D, bias=cfg.mlp_bias))
+    out = latent_decoder_tensors(ckpt, cfg, architecture)
     source = ckpt.directory / "config.json"  # the file model_config read; the scale is not a ModelConfig value
     scale = residual_scale(HFConfig(json.loads(source.read_text()), str(source)), cfg.n_layers)
     return {name: t * scale if _OUTPUT_WEIGHTS.fullmatch(name) else t for name, t in out.items()}
