@@ -18,10 +18,10 @@ from experiments.attribution.attribute import attribute, prompt_tokens
 from experiments.attribution.export import graph_json, write_graph_files
 from experiments.attribution.graph import AttributionGraph
 from experiments.attribution.intervention import InterventionResult, intervene
-from experiments.attribution.plan import plan_attribution
+from experiments.attribution.plan import forward_copies, plan_attribution
 from experiments.attribution.influence import (PruneResult, compute_graph_scores, compute_influence, graph_scores,
                                                normalize_matrix, prune_graph)
 
 __all__ = ["attribute", "prompt_tokens", "AttributionGraph", "PruneResult", "prune_graph", "compute_graph_scores",
            "graph_scores", "compute_influence", "normalize_matrix", "graph_json", "write_graph_files", "intervene", "InterventionResult",
-           "plan_attribution", "edge_heads", "EdgeHeads", "attention_qk", "QKAttribution"]
+           "plan_attribution", "forward_copies", "edge_heads", "EdgeHeads", "attention_qk", "QKAttribution"]

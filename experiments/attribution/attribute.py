@@ -19,6 +19,7 @@ from experiments._progress import Progress, ProgressArg
 from experiments.attribution.graph import AttributionGraph
 from experiments.attribution.influence import compute_partial_influences
 from experiments.attribution.linearised import LinearisedForward, read_sources
+from experiments.attribution.plan import FORWARD_MEMORY, forward_copies
 from experiments.attribution.targets import salient_logits
 from workbench.errors import InputError
 from workbench.transcoders import TranscoderSet
@@ -28,9 +29,14 @@ Prompt = Union[str, Sequence[int], Tensor]
 
 def attribute(model: Any, transcoders: TranscoderSet, prompt: Prompt, max_n_logits: int = 10,
               desired_logit_prob: float = 0.95, max_feature_nodes: Optional[int] = None, batch_size: int = 256,
-              progress: ProgressArg = True, update_interval: int = 4) -> AttributionGraph:
+              progress: ProgressArg = True, update_interval: int = 4,
+              forward_memory: Optional[int] = FORWARD_MEMORY) -> AttributionGraph:
     """The attribution graph of ``prompt`` (text, or token ids; a special token is put first when the prompt does
     not start with one, as circuit-tracer does) through ``transcoders`` replacing ``model``'s MLPs.
+
+    ``batch_size`` targets share a backward pass, as in circuit-tracer, but the frozen forward pass keeps only as
+    many copies of the prompt as fit in ``forward_memory`` bytes (256 MiB by default; ``None``: ``batch_size``
+    copies), so a long prompt runs in bounded memory with the same graph (``plan.forward_copies``).
 
     Example (a one-layer model whose own MLP is its transcoder):
         >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="relu"))
@@ -56,13 +62,14 @@ def attribute(model: Any, transcoders: TranscoderSet, prompt: Prompt, max_n_logi
     transcoders.check_model(model)
     tokens = prompt_tokens(model, prompt)
     tc = transcoders.to(device=model.W_E.device, dtype=model.W_E.dtype)
+    copies = forward_copies(model, tc, tokens.shape[0], batch_size, forward_memory)
     sources = read_sources(model, tc, tokens)
     n_active, n_layers, n_pos = sources.active_features.shape[0], tc.n_layers, tokens.shape[0]
     targets = salient_logits(sources.logits, model.W_U, max_n_logits, desired_logit_prob)
     n_logits = len(targets.token_ids)
     n_features = min(max_feature_nodes or n_active, n_active)
     logit_offset = n_active + (n_layers + 1) * n_pos
-    forward = LinearisedForward(model, tc, tokens, sources, batch_size)
+    forward = LinearisedForward(model, tc, tokens, sources, copies)
 
     n_nodes = n_features + (n_layers + 1) * n_pos + n_logits
     adjacency = torch.zeros(n_nodes, n_nodes)

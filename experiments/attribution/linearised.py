@@ -84,7 +84,7 @@ class LinearisedForward:
     def __init__(self, model: Any, transcoders: TranscoderSet, tokens: Int[Tensor, "pos"], sources: Optional[Sources],
                  batch: int):
         self.transcoders, self.sources = transcoders, sources
-        self.n_layers, self.n_pos = transcoders.n_layers, tokens.shape[0]
+        self.n_layers, self.n_pos, self.batch = transcoders.n_layers, tokens.shape[0], batch
         self.n_features = 0 if sources is None else sources.active_features.shape[0]   # None: plan_attribution
         self.resid: dict[int, Tensor] = {}        # read points: layer -> input hook's tensor; n_layers -> final norm
         self.written: dict[int, Tensor] = {}      # write points: layer -> the MLP output's replacement
@@ -138,7 +138,16 @@ class LinearisedForward:
     def rows(self, layers: Int[Tensor, "k"], positions: Int[Tensor, "k"], inject: Float[Tensor, "k d_model"],
              retain_graph: bool = True) -> Float[Tensor, "k row"]:
         """The direct effects on ``k`` targets (read at ``layers`` — ``n_layers`` for a logit — and ``positions``
-        along ``inject``) of every source: one backward pass, one batch row per target."""
+        along ``inject``) of every source: one backward pass per ``batch`` targets, one batch row per target."""
+        k = layers.shape[0]
+        if k <= self.batch:
+            return self._rows(layers, positions, inject, retain_graph)
+        return torch.cat([self._rows(layers[start:start + self.batch], positions[start:start + self.batch],
+                                     inject[start:start + self.batch], retain_graph or start + self.batch < k)
+                          for start in range(0, k, self.batch)])
+
+    def _rows(self, layers: Int[Tensor, "k"], positions: Int[Tensor, "k"], inject: Float[Tensor, "k d_model"],
+              retain_graph: bool) -> Float[Tensor, "k row"]:
         k = layers.shape[0]
         layers, positions = layers.cpu(), positions.cpu()   # CPU indices serve tensors on any device
         outputs, grads = [], []

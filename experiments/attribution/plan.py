@@ -7,13 +7,14 @@
   the error vectors ``[layer, pos, d_model]`` and the token embeddings; while reading them, a cache of the
   transcoders' hooks, the logits ``[pos, d_vocab]`` and every layer's dense activations ``[layer, pos,
   d_transcoder]`` (freed before the forward pass);
-- ``forward``: what autograd keeps of the frozen forward pass over ``batch_size`` copies of the prompt; it is
+- ``forward``: what autograd keeps of the frozen forward pass over copies of the prompt; it is
   counted exactly by running that pass on the meta device under ``saved_tensors_hooks``. It grows as
-  ``batch_size x n_heads x pos^2`` per layer (the frozen attention patterns the values' gradients flow
-  through), so it is the part that grows fastest with the prompt: a smaller ``batch_size`` bounds it;
+  ``copies x n_heads x pos^2`` per layer (the frozen attention patterns the values' gradients flow
+  through), so it is the part that grows fastest with the prompt: the copies are ``batch_size``, or fewer to keep
+  it within ``forward_memory`` (``forward_copies``);
 - ``transient``: the largest short-lived tensors: one layer's scores, probabilities and mask while the forward pass runs,
   or the gradients of one backward pass (``n_layers + 1`` write points and the injected gradients, each
-  ``[batch_size, pos, d_model]``), whichever is larger;
+  ``[copies, pos, d_model]``), whichever is larger;
 - ``adjacency``: the graph ``[n_nodes, n_nodes]`` float32 it returns (rows are written into it batch by batch), and
   with ``max_feature_nodes`` below the number of active features an edge buffer ``[visited + logits, active +
   errors + tokens + logits]`` from which it is copied.
@@ -39,16 +40,22 @@ from workbench.transcoders import TranscoderSet
 
 from experiments.attribution.linearised import LinearisedForward
 
+# What the frozen forward pass's copies of the prompt may keep by default (``forward_copies``): 256 MiB bounds the
+# part of ``attribute``'s memory that grows with the square of the prompt; below it, fewer copies than targets per
+# batch cost no time on the CPU (measured: batch 32 at 512 tokens in 8 copies ran faster than in 32).
+FORWARD_MEMORY = 256 * 2**20
+
 
 def plan_attribution(model: Union[Any, ModelConfig], transcoders: TranscoderSet, n_tokens: int, *,
                      features_per_token: Optional[float] = None, max_feature_nodes: Optional[int] = None,
-                     max_n_logits: int = 10, batch_size: int = 256, dtype: Optional[torch.dtype] = None,
-                     ) -> pd.DataFrame:
+                     max_n_logits: int = 10, batch_size: int = 256, forward_memory: Optional[int] = FORWARD_MEMORY,
+                     dtype: Optional[torch.dtype] = None) -> pd.DataFrame:
     """The bytes ``attribute(model, transcoders, prompt of n_tokens tokens, max_n_logits=..., max_feature_nodes=...,
-    batch_size=...)`` holds besides the model and the transcoders: one row per part (``sources``, ``reading``,
-    ``forward``, ``transient``, ``adjacency``) with ``bytes`` and readable ``size``; ``.attrs`` holds
-    ``peak_bytes``, ``peak``, ``n_active`` and ``n_nodes``. ``model`` is a loaded model or its ``ModelConfig`` (then ``dtype`` defaults to float32);
-    nothing is allocated (the forward pass runs on the meta device).
+    batch_size=..., forward_memory=...)`` holds besides the model and the transcoders: one row per part
+    (``sources``, ``reading``, ``forward``, ``transient``, ``adjacency``) with ``bytes`` and readable ``size``;
+    ``.attrs`` holds ``peak_bytes``, ``peak``, ``n_active``, ``n_nodes`` and ``copies`` (the prompt's copies in the
+    frozen forward pass, see ``forward_copies``). ``model`` is a loaded model or its ``ModelConfig`` (then ``dtype``
+    defaults to float32); nothing is allocated (the forward pass runs on the meta device).
 
     Example:
         >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=64, act_fn="relu"))
@@ -85,8 +92,9 @@ def plan_attribution(model: Union[Any, ModelConfig], transcoders: TranscoderSet,
     # encoder rows, decoder rows, and the decoder rows again laid out by position for the contraction
     kept = size * (n_active * D * (1 + 2 * n_out) + (L + 1) * P * D) + 4 * P * D
     reading = size * ((2 * L + 1) * P * D + 2 * L * P * D + L * P * F + P * F) + 4 * P * cfg.d_vocab
-    saved, scores = _forward_bytes(cfg, transcoders, P, batch_size, dtype)
-    gradients = size * (L + 3) * batch_size * P * D
+    copies = forward_copies(cfg, transcoders, P, batch_size, forward_memory, dtype)
+    saved, scores = _forward_bytes(cfg, transcoders, P, copies, dtype)
+    gradients = size * (L + 3) * copies * P * D
     transient = max(scores, gradients)
     adjacency = 4 * n_nodes * n_nodes
     if n_selected < n_active:
@@ -96,8 +104,35 @@ def plan_attribution(model: Union[Any, ModelConfig], transcoders: TranscoderSet,
     table["size"] = table["bytes"].map(readable_bytes)
     peak = max(kept + reading, kept + saved + transient + adjacency)
     table.attrs.update(peak_bytes=peak, peak=readable_bytes(peak), n_active=n_active, n_nodes=n_nodes,
-                       batch_size=batch_size, n_tokens=n_tokens)
+                       batch_size=batch_size, copies=copies, n_tokens=n_tokens)
     return table
+
+
+def forward_copies(model: Union[Any, ModelConfig], transcoders: TranscoderSet, n_tokens: int, batch_size: int,
+                   forward_memory: Optional[int] = FORWARD_MEMORY, dtype: Optional[torch.dtype] = None) -> int:
+    """How many copies of the prompt ``attribute``'s frozen forward pass runs: ``batch_size``, or fewer so that
+    what autograd keeps of them (the per-copy attention patterns grow as ``n_heads x pos^2`` per layer) fits in
+    ``forward_memory`` bytes; at least one. ``None``: ``batch_size`` copies whatever they take.
+
+    Each batch of ``batch_size`` targets then takes ``ceil(batch_size / copies)`` backward passes: the rows, and
+    the features a limited graph visits, are the same whatever the copies.
+
+    Example:
+        >>> cfg = wb.ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=50, n_ctx=2048, act_fn="relu")
+        >>> tc = wb.TranscoderSet(W_enc=[torch.zeros(4, 16)] * 2, b_enc=[torch.zeros(4)] * 2, threshold=[None] * 2,
+        ...     W_dec=[torch.zeros(4, 1, 16)] * 2, b_dec=torch.zeros(2, 16), feature_input_hook="mlp.hook_in",
+        ...     feature_output_hook="mlp.hook_out")
+        >>> forward_copies(cfg, tc, 64, 256), forward_copies(cfg, tc, 1024, 256), forward_copies(cfg, tc, 1024, 256, None)
+        (256, 7, 256)
+    """
+    if forward_memory is None:
+        return batch_size
+    if not isinstance(forward_memory, int) or isinstance(forward_memory, bool) or forward_memory < 1:
+        raise InputError(f"forward_memory must be a positive number of bytes or None, got {forward_memory!r}")
+    cfg = model if isinstance(model, ModelConfig) else model.config
+    dtype = dtype or (torch.float32 if isinstance(model, ModelConfig) else model.W_E.dtype)
+    per_copy, _ = _forward_bytes(cfg, transcoders, n_tokens, 1, dtype)
+    return max(1, min(batch_size, forward_memory // max(per_copy, 1)))
 
 
 def _forward_bytes(cfg: ModelConfig, transcoders: TranscoderSet, n_tokens: int, batch: int,
@@ -105,7 +140,7 @@ def _forward_bytes(cfg: ModelConfig, transcoders: TranscoderSet, n_tokens: int, 
     """(bytes autograd saves in ``LinearisedForward`` on ``batch`` copies, bytes of the largest layer's scores and
     float32 probabilities), from a run on the meta device; parameters are not counted (they are the model's)."""
     meta = empty_model(cfg)
-    meta.to(dtype=dtype)
+    meta.to(device="meta", dtype=dtype)   # also the rotary tables, which are built on the CPU
     tc = transcoders.to(device="meta", dtype=dtype)
     params = {id(p) for p in meta.parameters()}
     seen: dict[int, Tensor] = {}   # kept alive, so no id is reused by a later tensor (meta tensors cost nothing)

@@ -37,9 +37,12 @@ REF_PYTHON = Path(os.environ.get("WORKBENCH_REF_VENV", "/work/ref-venv")) / "bin
 LENGTHS = (32, 128, 512)
 GOAL = 1.0   # at most circuit-tracer's time
 REPORT_NOTES = ("\n`ratio_to_reference` is our median time over circuit-tracer's; `attribution_MiB` the memory the "
-                "call added to the process (peak resident minus resident before it). Both tools keep `batch_size` "
-                "copies of the prompt's frozen forward pass for the backward passes, whose attention patterns "
-                "grow as batch x heads x pos^2 per layer; `plan_attribution` reports that term before a run.\n")
+                "call added to the process (peak resident minus resident before it). circuit-tracer keeps "
+                "`batch_size` copies of the prompt's frozen forward pass for the backward passes, whose attention "
+                "patterns grow as batch x heads x pos^2 per layer; ours keeps as many as fit in `forward_memory` "
+                "(256 MiB by default, `forward_copies`) and runs each batch of targets in as many backward passes as "
+                "it needs, so that term stops growing once it reaches the budget; `plan_attribution` reports it "
+                "before a run.\n")
 
 
 def _child(python: Path, *args: str) -> dict:

@@ -1,7 +1,8 @@
 """``make bench``: runs every comparison and writes BENCHMARKS.md.
 
 Each comparison lives in its own script (runnable alone with ``--quick``) exposing
-``run(quick) -> list[dict]``; this file only collects their rows into one report, with the
+``run(quick) -> list[dict]``; this file runs each in a fresh process (as a user's script runs: no
+setting of an earlier comparison carries over) and collects their rows into one report, with the
 machine line and the goal each comparison is held to.
 
     python tests/benchmarks/run_all.py --out BENCHMARKS.md [--quick]
@@ -11,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -87,26 +91,49 @@ def triton_section() -> str:
             + RECORDED_TRITON.read_text())
 
 
+def run_in_fresh_process(module_name: str, quick: bool) -> tuple[list[dict], str]:
+    """One comparison's rows and notes, measured in a process of its own, as a user's script runs: nothing an
+    earlier comparison did (allocator settings, threads, imports, compiled kernels) carries over."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "rows.json"
+        command = [sys.executable, str(Path(__file__).resolve()), "--one", module_name, "--json", str(out)]
+        subprocess.run(command + (["--quick"] if quick else []), check=True, cwd=REPO_ROOT)
+        result = json.loads(out.read_text())
+    return result["rows"], result["notes"]
+
+
+def _run_one(module_name: str, quick: bool, out: Path) -> None:
+    """The child of ``run_in_fresh_process``: runs one comparison and writes its rows and notes as JSON."""
+    module = importlib.import_module(f"tests.benchmarks.{module_name}")
+    rows = module.run(quick=quick)
+    as_json = lambda value: value.item() if hasattr(value, "item") else str(value)  # noqa: E731 numpy/torch scalars
+    out.write_text(json.dumps({"rows": rows, "notes": module_notes(module)}, default=as_json))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="BENCHMARKS.md")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--one", help=argparse.SUPPRESS)    # run_in_fresh_process's child: one comparison
+    parser.add_argument("--json", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one:
+        _run_one(args.one, args.quick, args.json)
+        return
     started = time.time()
     sections = [
         "# Benchmarks\n",
         f"Machine: {machine_line()}.\n",
-        "Made by `make bench` (`python tests/benchmarks/run_all.py`). Times are seconds per call: median, min and "
-        "max of interleaved repeats (A B C A B C ...); ratios are of medians to the reference named in each row, "
-        "measured in the same run on the same weights.\n",
+        "Made by `make bench` (`python tests/benchmarks/run_all.py`), each comparison in a fresh process with the "
+        "documented defaults (no opt-in call; a tuned mode, where one exists, has its own row). Times are seconds "
+        "per call: median, min and max of interleaved repeats (A B C A B C ...); ratios are of medians to the "
+        "reference named in each row, measured in the same run on the same weights.\n",
     ]
     for module_name, title, goal in COMPARISONS:
         print(f"== {title}", flush=True)
         try:
-            module = importlib.import_module(f"tests.benchmarks.{module_name}")
-            rows = module.run(quick=args.quick)
+            rows, notes = run_in_fresh_process(module_name, args.quick)
             table = markdown_table(rows)
-            notes = module_notes(module)
         except Exception:  # one broken comparison must not hide the others' figures
             table, notes = "Failed:\n\n```\n" + traceback.format_exc() + "```\n", ""
         print(table, flush=True)

@@ -24,18 +24,23 @@ def tiny_llama():
     return wb.load_model(FIXTURES / "tiny_llama")
 
 
-def _run(model, case: str) -> tuple[AttributionGraph, dict, dict]:
+def _run(model, case: str, forward_memory: int | None = None) -> tuple[AttributionGraph, dict, dict]:
     expected = load_file(str(FIXTURES / f"expected_{case}.safetensors"))
     meta = json.loads((FIXTURES / f"expected_{case}.json").read_text())
+    options = {} if forward_memory is None else {"forward_memory": forward_memory}
     graph = attribute(model, wb.load_transcoders(FIXTURES / CASES[case]), meta["prompt_ids"],
                       max_n_logits=meta["max_n_logits"], desired_logit_prob=meta["desired_logit_prob"],
-                      batch_size=meta["batch_size"], max_feature_nodes=meta["max_feature_nodes"], progress=False)
+                      batch_size=meta["batch_size"], max_feature_nodes=meta["max_feature_nodes"], progress=False,
+                      **options)
     return graph, expected, meta
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_graph_matches_circuit_tracer(tiny_llama, case):
-    graph, expected, meta = _run(tiny_llama, case)
+# A forward_memory of one byte leaves one copy of the prompt in the frozen forward pass (each batch of targets
+# then takes batch_size backward passes): the graph, and which features a limited graph visits, are circuit-tracer's.
+@pytest.mark.parametrize("case, forward_memory", [(case, None) for case in CASES] +
+                         [("plt_limited", 1), ("clt", 1)])
+def test_graph_matches_circuit_tracer(tiny_llama, case, forward_memory):
+    graph, expected, meta = _run(tiny_llama, case, forward_memory)
     assert torch.equal(graph.input_tokens, expected["input_tokens"])
     assert torch.equal(graph.active_features, expected["active_features"])
     torch.testing.assert_close(graph.activation_values, expected["activation_values"], rtol=1e-4, atol=1e-5)

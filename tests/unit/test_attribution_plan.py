@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import workbench as wb
-from experiments.attribution.plan import plan_attribution
+from experiments.attribution.plan import forward_copies, plan_attribution
 from workbench.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,6 +97,25 @@ def test_forward_memory_grows_with_batch_and_quadratically_with_the_prompt():
                for b in (8, 16) for p in (256, 512)}
     assert 1.95 < forward[16, 256] / forward[8, 256] < 2.01   # nearly all of it is per copy of the prompt
     assert 2 < forward[8, 512] / forward[8, 256] <= 4   # linear terms plus the [batch, heads, pos, pos] patterns
+
+
+def test_the_forward_copies_keep_a_long_prompt_within_forward_memory():
+    # the tiny Llama of the parity fixtures: rotary, grouped queries (its rotary tables are built on the CPU,
+    # and the plan moves them to the meta device with the rest of the model)
+    model = wb.load_model(ROOT / "tests" / "fixtures" / "attribution" / "tiny_llama")
+    tc = wb.load_transcoders(ROOT / "tests" / "fixtures" / "attribution" / "plt")
+    n_ctx, budget = model.cfg.n_ctx, 2**22
+    per_copy = dict(zip(*plan_attribution(model, tc, n_ctx, batch_size=1)[["part", "bytes"]].T.values))["forward"]
+    copies = forward_copies(model, tc, n_ctx, 256, budget)
+    assert copies == max(1, budget // per_copy) < 256   # as many as fit, found by hand from one copy's bytes
+    capped = plan_attribution(model, tc, n_ctx, batch_size=256, forward_memory=budget)
+    parts = dict(zip(*capped[["part", "bytes"]].T.values))
+    assert capped.attrs["copies"] == copies and parts["forward"] <= budget
+    uncapped = plan_attribution(model, tc, n_ctx, batch_size=256, forward_memory=None)
+    assert uncapped.attrs["copies"] == 256 and uncapped.attrs["peak_bytes"] > capped.attrs["peak_bytes"]
+    assert forward_copies(model, tc, 8, 16, budget) == 16   # a short prompt keeps batch_size copies
+    with pytest.raises(InputError, match="forward_memory"):
+        forward_copies(model, tc, 8, 16, 0)
 
 
 def test_bad_arguments_are_named():
