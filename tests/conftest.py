@@ -8,6 +8,24 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest
 import torch
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # The suite runs on two workers (the README's `make test`) sharing the machine's cores: one thread each, in
+    # the worker and in every process it starts (servers, subprocess checks), so that OpenMP threads waiting on a
+    # core never spin against the other worker's.
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow files first (the two workers of `make test` take files in this order, so the long ones start
+    early and the short ones fill in around them), the browser load test first of all: its two minutes of
+    simulated users mostly wait on the server, so they overlap everything else. Stable: a file keeps its order."""
+    def rank(item) -> int:
+        if item.path.name == "test_load.py" and item.path.parent.name == "e2e":
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2
+    items.sort(key=rank)
+
 
 @pytest.fixture(autouse=True)
 def _seed():

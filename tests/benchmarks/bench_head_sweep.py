@@ -291,7 +291,6 @@ def report_notes() -> str:
 
 def run(quick: bool = False) -> list[dict]:
     """Rows for BENCHMARKS.md: the sweep comparison, then attribution vs exact head patching."""
-    wb.keep_freed_memory()  # as the docs advise for sweeps: ~1.1M page faults fewer per 41-token sweep here
     model, label = load_model()
     started = time.perf_counter()
     rows = []

@@ -18,6 +18,7 @@ import workbench as wb
 from experiments.cli import ioi
 from experiments.datasets import ioi_dataset
 
+pytestmark = pytest.mark.slow  # the real SmolLM2
 N = 4
 
 
