@@ -140,11 +140,10 @@ class LinearisedForward:
         """The direct effects on ``k`` targets (read at ``layers`` — ``n_layers`` for a logit — and ``positions``
         along ``inject``) of every source: one backward pass per ``batch`` targets, one batch row per target."""
         k = layers.shape[0]
-        if k <= self.batch:
-            return self._rows(layers, positions, inject, retain_graph)
-        return torch.cat([self._rows(layers[start:start + self.batch], positions[start:start + self.batch],
-                                     inject[start:start + self.batch], retain_graph or start + self.batch < k)
-                          for start in range(0, k, self.batch)])
+        chunks = [self._rows(layers[start:start + self.batch], positions[start:start + self.batch],
+                             inject[start:start + self.batch], retain_graph or start + self.batch < k)
+                  for start in range(0, k, self.batch)]
+        return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
     def _rows(self, layers: Int[Tensor, "k"], positions: Int[Tensor, "k"], inject: Float[Tensor, "k d_model"],
               retain_graph: bool) -> Float[Tensor, "k row"]:
