@@ -60,6 +60,33 @@ class HookMethods(_Host):
         with model_lock(self), super().hooks(fwd_hooks, bwd_hooks, reset_hooks_end, clear_contexts) as model:
             yield model
 
+    def remove_all_hook_fns(self, direction="both", including_permanent=False, level=None) -> None:
+        """TransformerLens's, visiting only the hook points that hold a hook: the same hooks go, and an empty
+        point is left alone instead of having its empty lists reassigned (an nn.Module ``__setattr__`` each:
+        ~4 ms per ``hooks()`` exit on a 30-layer model, paid per layer by a batched sweep).
+
+        Example:
+            >>> model.add_hook("blocks.0.hook_resid_pre", lambda x, hook: x)
+            >>> model.remove_all_hook_fns(); model.attached_hooks()
+            {}
+        """
+        for point in self.hook_points():
+            if point.fwd_hooks or point.bwd_hooks:
+                point.remove_hooks(direction, including_permanent=including_permanent, level=level)
+
+    def clear_contexts(self) -> None:
+        """TransformerLens's, clearing only the hook points whose context holds something (as above, an empty
+        one is left alone).
+
+        Example:
+            >>> model.hook_dict["blocks.0.hook_resid_pre"].ctx["seen"] = 1
+            >>> model.clear_contexts(); model.hook_dict["blocks.0.hook_resid_pre"].ctx
+            {}
+        """
+        for point in self.hook_points():
+            if point.ctx:
+                point.clear_context()
+
     def attached_hooks(self) -> dict[str, int]:
         """How many hooks (and cache sinks) are attached now, per hook point (only points with at least one).
 

@@ -71,7 +71,7 @@ def _assert_close(sharded: pd.DataFrame, expected: pd.DataFrame, columns, atol: 
 # ---- SmolLM2-135M: the two sweeps of the issue, on one pool of two workers ---------------------------
 def test_ioi_patching_and_head_sweep_on_two_workers_equal_one_process(cluster, smollm2):
     data = ioi_dataset(smollm2, 2, seed=0)
-    texts = ioi_dataset(smollm2, 2, seed=1).clean_prompts  # a list of texts: each shard pads its own
+    texts = ["The cat sat on the mat.", "Mary gave John a drink"]  # texts of two lengths: each shard pads its own
     with dist.WorkerPool("smollm2-135m", workers=2) as pool:
         rows = pool.run(ioi_per_prompt, data, shard_size=1, progress=False)
         sweep = pool.run(head_sweep_per_prompt, texts, shard_size=1, progress=False)

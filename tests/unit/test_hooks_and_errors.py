@@ -257,3 +257,31 @@ def test_hook_points_reach_torch_global_module_hooks_and_pass_input_on_unchanged
     expected = model(zeroed_resid, start_at_layer=1)  # layer 1 onwards from a zeroed residual stream
     torch.testing.assert_close(edited, expected)
     assert not torch.allclose(edited, clean)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd", "both"])
+@pytest.mark.parametrize("including_permanent", [False, True])
+@pytest.mark.parametrize("level", [None, 1])
+def test_removing_hooks_leaves_what_transformer_lens_leaves(direction, including_permanent, level):
+    # Ours visits only the points holding a hook; TransformerLens's own method visits all. Both must leave the
+    # same hooks, whatever mix of directions, permanence and context levels is attached.
+    from transformer_lens import HookedRootModule
+
+    model = make_model("gqa_rotary_rms_swiglu")
+    keep = lambda x, hook: x  # noqa: E731
+
+    def attach_and_remove(remove) -> dict[str, int]:
+        model.add_hook("blocks.0.hook_resid_pre", keep)
+        model.add_hook("blocks.0.hook_resid_pre", keep, is_permanent=True)
+        model.add_hook("blocks.1.attn.hook_z", keep, dir="bwd")
+        model.add_hook("blocks.1.hook_mlp_out", keep, level=1)
+        model.hook_dict["blocks.1.hook_mlp_out"].ctx["note"] = 1
+        remove(direction, including_permanent, level)
+        left = model.attached_hooks()
+        model.reset_hooks(including_permanent=True)
+        assert model.attached_hooks() == {} and model.hook_dict["blocks.1.hook_mlp_out"].ctx == {}
+        return left
+
+    ours = attach_and_remove(model.remove_all_hook_fns)
+    theirs = attach_and_remove(lambda *args: HookedRootModule.remove_all_hook_fns(model, *args))
+    assert ours == theirs

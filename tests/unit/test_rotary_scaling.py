@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from workbench.components.rotary import inverse_frequencies, rotate_adjacent
+from workbench.components.rotary import inverse_frequencies, rotated
 
 HEAD_DIM, N_CTX, BASE = 16, 64, 500.0
 SCALINGS = [
@@ -39,8 +39,21 @@ def test_inverse_frequencies_equal_transformers(scaling, seq_len):
 
 
 def test_adjacent_pairs_rotate_like_gptj():
-    """GPT-J's rotate_every_two, written out from its definition: (-x1, x0, -x3, x2, ...)."""
-    from transformers.models.gptj.modeling_gptj import rotate_every_two
+    """GPT-J's apply_rotary_pos_emb (rotate_every_two: (-x1, x0, -x3, x2, ...)), its sin and cos per pair."""
+    from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb
 
-    x = torch.randn(2, 3, 4, 8)
-    assert torch.equal(rotate_adjacent(x), rotate_every_two(x))
+    x, angles = torch.randn(2, 3, 4, 8), torch.rand(2, 3, 4) * 6
+    expected = apply_rotary_pos_emb(x, angles.sin(), angles.cos())
+    cos, sin = (f(angles).repeat_interleave(2, -1)[:, :, None] for f in (torch.cos, torch.sin))
+    torch.testing.assert_close(rotated(x, cos, sin, adjacent_pairs=True), expected, rtol=0, atol=1e-6)
+
+
+def test_half_pairs_rotate_like_llama():
+    """Llama's apply_rotary_pos_emb (rotate_half: (x1, x2) -> (-x2, x1)) on [batch, heads, pos, head_dim]."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    q, k, angles = torch.randn(2, 4, 3, 8), torch.randn(2, 1, 3, 8), torch.rand(2, 3, 4) * 6
+    cos, sin = (f(angles).repeat(1, 1, 2) for f in (torch.cos, torch.sin))   # [batch, pos, head_dim]
+    expected_q, expected_k = apply_rotary_pos_emb(q, k, cos, sin)
+    for x, expected in ((q, expected_q), (k, expected_k)):
+        torch.testing.assert_close(rotated(x, cos[:, None], sin[:, None]), expected, rtol=0, atol=1e-6)

@@ -69,11 +69,10 @@ class Rotary(nn.Module):
     ) -> Float[Tensor, "batch pos heads d_head"]:
         """``positions``: [P], or [B, P] when each row has its own (padded batches)."""
         cos_P1R, sin_P1R = self._head_angles(positions, x_BPHK.dtype)
-        rotate = rotate_adjacent if self.adjacent_pairs else rotate_half
-        if self.rotary_dim == x_BPHK.shape[-1]:  # x cos + rotate(x) sin, the sum fused into addcmul
-            return torch.addcmul(x_BPHK * cos_P1R, rotate(x_BPHK), sin_P1R)
+        if self.rotary_dim == x_BPHK.shape[-1]:
+            return rotated(x_BPHK, cos_P1R, sin_P1R, self.adjacent_pairs)
         rot, rest = x_BPHK[..., : self.rotary_dim], x_BPHK[..., self.rotary_dim :]
-        return torch.cat([torch.addcmul(rot * cos_P1R, rotate(rot), sin_P1R), rest], dim=-1)
+        return torch.cat([rotated(rot, cos_P1R, sin_P1R, self.adjacent_pairs), rest], dim=-1)
 
     def _head_angles(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos and sin [P, 1, R] (or [B, P, 1, R]) in ``dtype``. Every layer of a forward pass gets the same
@@ -227,26 +226,29 @@ def rotary_table(n_ctx: int, rotary_dim: int, base: float, scaling: Scaling = No
     return (angles.cos() * attention_factor).float(), (angles.sin() * attention_factor).float()
 
 
-def rotate_half(x: Float[Tensor, "... dim"]) -> Float[Tensor, "... dim"]:
-    """(x1, x2) -> (-x2, x1) on the two halves of the last dimension.
+def rotated(x: Float[Tensor, "... dim"], cos: Float[Tensor, "... dim"], sin: Float[Tensor, "... dim"],
+            adjacent_pairs: bool = False) -> Float[Tensor, "... dim"]:
+    """x cos + rotate(x) sin: the rotation of each pair (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
+
+    The pairs are the two halves of the last dimension (Llama's ``rotate_half``: (x1, x2) -> (-x2, x1)) or,
+    with ``adjacent_pairs``, neighbours (GPT-J's ``rotate_every_two``: (x0, x1, ...) -> (-x1, x0, ...)). The
+    rotated term is added in place to x cos, half by half, instead of being built as a tensor of its own:
+    one product and two half-size updates, with the same rounding as x * cos + rotate(x) * sin.
 
     Example:
-        >>> rotate_half(torch.tensor([1.0, 2.0, 3.0, 4.0])).tolist()
-        [-3.0, -4.0, 1.0, 2.0]
+        >>> x, angle = torch.tensor([1.0, 0.0, 0.0, 1.0]), torch.full((4,), math.pi / 2)   # two pairs
+        >>> (rotated(x, angle.cos(), angle.sin()).round(decimals=4) + 0.0).tolist()   # pairs (1, 0), (0, 1) turned 90 degrees
+        [0.0, -1.0, 1.0, 0.0]
     """
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
-def rotate_adjacent(x: Float[Tensor, "... dim"]) -> Float[Tensor, "... dim"]:
-    """(x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...): GPT-J's rotation of adjacent pairs.
-
-    Example:
-        >>> rotate_adjacent(torch.tensor([1.0, 2.0, 3.0, 4.0])).tolist()
-        [-2.0, 1.0, -4.0, 3.0]
-    """
-    pairs = x.unflatten(-1, (-1, 2))
-    return torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
+    if adjacent_pairs:
+        first, second = slice(0, None, 2), slice(1, None, 2)
+    else:
+        half = x.shape[-1] // 2
+        first, second = slice(0, half), slice(half, None)
+    out = x * cos
+    out[..., first].addcmul_(x[..., second], sin[..., first], value=-1)
+    out[..., second].addcmul_(x[..., first], sin[..., second])
+    return out
 
 
 def alibi_slopes(n_heads: int) -> Float[Tensor, "n_heads"]:
