@@ -38,7 +38,7 @@ from experiments.ablation import head_sweep
 from experiments.induction import repeated_random_tokens
 from experiments.patching import attribution_patching, patch_heads
 from workbench.hook_point import caching
-from tests.benchmarks.common import interleaved_timings, markdown_table, script_main, timing_rows
+from tests.benchmarks.common import interleaved_timings, markdown_table, matmul_probe, script_main, timing_rows
 
 # Repeated random tokens of 2 x seq_len + BOS: 11 and 41 tokens. Short prompts are where a
 # per-head loop wastes most (each forward re-reads ~540 MB of weights for a few tokens). At 128
@@ -90,17 +90,10 @@ def sweep_flops(model, batch: int, pos: int) -> tuple[float, float]:
     return loop, block_tokens * block + unembed_tokens * unembed
 
 
-def matmul_probe(model, rows: int = 2048, calls: int = 10) -> tuple[Callable[[], object], float]:
-    """``calls`` of one large MLP-shaped matmul, and their FLOPs: timed between the sweeps (a contender of
-    their interleaved rounds), the probe gives the rate an exact sweep could at best run at, at the same time."""
-    x = torch.randn(rows, model.cfg.d_model)
-    w = torch.randn(model.cfg.d_mlp, model.cfg.d_model)
-
-    def probe() -> None:
-        for _ in range(calls):
-            torch.nn.functional.linear(x, w)
-
-    return probe, calls * 2.0 * rows * model.cfg.d_model * model.cfg.d_mlp
+def sweep_probe(model) -> tuple[Callable[[], object], float]:
+    """Ten of the sweep's largest matmul ([2048, d_model] x [d_model, d_mlp]) and their FLOPs: timed between the
+    sweeps (a contender of their interleaved rounds), the rate an exact sweep could at best run at, at the same time."""
+    return matmul_probe(model.cfg.d_model, model.cfg.d_mlp)
 
 
 LOOP, BATCHED = "loop: one run_with_hooks per head", "head_sweep (batched)"
@@ -125,7 +118,7 @@ def sweep_rows(model, tokens: torch.Tensor, repeats: int, with_loop: bool = True
     """head_sweep timed (against the per-head loop, with_loop) with its FLOPs, its rate and its share of
     the FLOP bound: the staircase's weight FLOPs at this machine's large-matmul rate, probed in the same rounds."""
     results: dict[str, list[float]] = {}
-    probe, probe_flops = matmul_probe(model)
+    probe, probe_flops = sweep_probe(model)
     contenders = {BATCHED: lambda: results.__setitem__(BATCHED, head_sweep(model, tokens, progress=False).metric.tolist()),
                   PROBE: probe}
     if with_loop:

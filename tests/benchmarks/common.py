@@ -17,11 +17,28 @@ from typing import Callable, Optional
 import torch
 
 
+def matmul_probe(d_in: int = 576, d_out: int = 1536, rows: int = 2048,
+                 calls: int = 10) -> tuple[Callable[[], object], float]:
+    """``calls`` float32 products [rows, d_in] x [d_in, d_out] (by default SmolLM2-135M's MLP at 2048 rows) and
+    their FLOPs: a large-matmul rate of this machine at the moment it is timed."""
+    x, w = torch.randn(rows, d_in), torch.randn(d_out, d_in)
+
+    def probe() -> None:
+        for _ in range(calls):
+            torch.nn.functional.linear(x, w)
+
+    return probe, calls * 2.0 * rows * d_in * d_out
+
+
 def machine_line() -> str:
-    """Cores, torch version and device, for the top of every table."""
+    """Cores, torch version, device and the CPU's float32 matmul rate now, for the top of every table (machines of
+    one kind have run 2x apart from one day to the next: the rate places a run's times)."""
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+    probe, flops = matmul_probe()
+    seconds = statistics.median(interleaved_timings({"probe": probe}, repeats=5)["probe"])
     return (f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-            f"device {device}, {torch.get_num_threads()} threads")
+            f"device {device}, {torch.get_num_threads()} threads, CPU float32 matmul {flops / seconds / 1e9:.0f} GFLOP/s "
+            f"(SmolLM2-135M's MLP shape at 2048 rows, median of 5)")
 
 
 def transformer_bridge(hf_dir: str, **hf_kwargs):

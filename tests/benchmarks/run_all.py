@@ -123,7 +123,7 @@ def main() -> None:
     started = time.time()
     sections = [
         "# Benchmarks\n",
-        f"Machine: {machine_line()}.\n",
+        f"Machine at the start: {machine_line()}.\n",
         "Made by `make bench` (`python tests/benchmarks/run_all.py`), each comparison in a fresh process with the "
         "documented defaults (no opt-in call; a tuned mode, where one exists, has its own row). Times are seconds "
         "per call: median, min and max of interleaved repeats (A B C A B C ...); ratios are of medians to the "
@@ -139,7 +139,7 @@ def main() -> None:
         print(table, flush=True)
         sections.append(f"## {title}\n\nGoal: {goal}.\n\n{table}{notes}{history_section(module_name)}")
     sections.append(f"## {TRITON_TITLE}\n\nGoal: {TRITON_GOAL}.\n\n{triton_section()}")
-    sections.append(f"\nTotal benchmark time: {time.time() - started:.0f} s.\n")
+    sections.append(f"\nTotal benchmark time: {time.time() - started:.0f} s. Machine at the end: {machine_line()}.\n")
     Path(args.out).write_text("\n".join(sections))
     print(f"wrote {args.out}")
 
