@@ -20,9 +20,9 @@ b. IOI head patching. ``ioi_dataset(model, n, seed=0)`` on SmolLM2-135M; every o
    reported). A second row times ours alone on the default mixed-template (padded) dataset.
    Throughput columns: ``prompts_per_s`` (prompt pairs per second of the whole sweep),
    ``tokens_per_s`` (the dataset's real clean tokens, prompts x positions, per second) and
-   ``head_tokens_per_s`` (prompts x positions x heads patched, per second). The full size is 64
-   pairs timed once each (TransformerLens's 270 full forwards take many minutes on 2 cores);
-   ``--quick`` uses 8 pairs.
+   ``head_tokens_per_s`` (prompts x positions x heads patched, per second). The full size is 32
+   pairs timed once each (TransformerLens's 270 full forwards over 64 pairs took 635 s on 2 cores,
+   a sixth of all of ``make bench``); ``--quick`` uses 8 pairs.
 
     python tests/benchmarks/bench_datasets.py [--quick]
 """
@@ -202,7 +202,7 @@ def run(quick: bool = False) -> list[dict]:
     rows = forward_rows(model, repeats=3 if quick else 11)
     forward_done = time.perf_counter()
     bridge = transformer_bridge(str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.float32)
-    rows += ioi_rows(model, bridge, n=8 if quick else 64)
+    rows += ioi_rows(model, bridge, n=8 if quick else 32)
     for row in rows:
         row["model"] = "SmolLM2-135M"
     print(f"bench_datasets: forward {forward_done - started:.0f} s, IOI head patching "
@@ -212,4 +212,4 @@ def run(quick: bool = False) -> list[dict]:
 
 if __name__ == "__main__":
     script_main(__name__, "Padded batches: masked forward and IOI head patching",
-                "3 forward repeats and 8 IOI pairs instead of 11 and 64")
+                "3 forward repeats and 8 IOI pairs instead of 11 and 32")
