@@ -69,7 +69,7 @@ def plan_attribution(model: Union[Any, ModelConfig], transcoders: TranscoderSet,
         Traceback (most recent call last):
         workbench.errors.InputError: n_tokens=128 is past the model's context (n_ctx=64)
     """
-    cfg = model if isinstance(model, ModelConfig) else model.config
+    cfg, dtype = _config_and_dtype(model, dtype)
     if not isinstance(transcoders, TranscoderSet):
         raise InputError(f"plan_attribution needs a wb.TranscoderSet, got {type(transcoders).__name__}")
     if not isinstance(n_tokens, int) or n_tokens < 2:
@@ -81,7 +81,6 @@ def plan_attribution(model: Union[Any, ModelConfig], transcoders: TranscoderSet,
     per_token = transcoders.d_transcoder if features_per_token is None else features_per_token
     if not 0 <= per_token <= transcoders.d_transcoder:
         raise InputError(f"features_per_token must be in [0, d_transcoder={transcoders.d_transcoder}], got {per_token!r}")
-    dtype = dtype or (torch.float32 if isinstance(model, ModelConfig) else model.W_E.dtype)
     size = torch.empty(0, dtype=dtype).element_size()
     L, P, D, F = transcoders.n_layers, n_tokens, cfg.d_model, transcoders.d_transcoder
     n_active = int(round(per_token * L * (P - 1)))
@@ -129,10 +128,16 @@ def forward_copies(model: Union[Any, ModelConfig], transcoders: TranscoderSet, n
         return batch_size
     if not isinstance(forward_memory, int) or isinstance(forward_memory, bool) or forward_memory < 1:
         raise InputError(f"forward_memory must be a positive number of bytes or None, got {forward_memory!r}")
-    cfg = model if isinstance(model, ModelConfig) else model.config
-    dtype = dtype or (torch.float32 if isinstance(model, ModelConfig) else model.W_E.dtype)
+    cfg, dtype = _config_and_dtype(model, dtype)
     per_copy, _ = _forward_bytes(cfg, transcoders, n_tokens, 1, dtype)
     return max(1, min(batch_size, forward_memory // max(per_copy, 1)))
+
+
+def _config_and_dtype(model: Union[Any, ModelConfig], dtype: Optional[torch.dtype]) -> tuple[ModelConfig, torch.dtype]:
+    """A loaded model's config and weight dtype, or a bare config's with ``dtype`` defaulting to float32."""
+    if isinstance(model, ModelConfig):
+        return model, dtype or torch.float32
+    return model.config, dtype or model.W_E.dtype
 
 
 def _forward_bytes(cfg: ModelConfig, transcoders: TranscoderSet, n_tokens: int, batch: int,
