@@ -46,9 +46,17 @@ from workbench.loading.hf_common import HFConfig
 from workbench.loading.hf_llama import Variant
 
 
-def _granite_multipliers(hf: HFConfig) -> dict[str, Any]:
+def granite_multipliers(hf: HFConfig) -> dict[str, Any]:
     """Three of Granite's multipliers as ModelConfig values (scores are q.k * attention_multiplier); the
-    fourth, residual_multiplier, is folded into the weights (``convert_tensors``), checked here before any is read."""
+    fourth, residual_multiplier, is folded into the weights (``convert_tensors``), checked here before any is read.
+    Shared by Granite and GraniteMoE (``hf_moe_families``).
+
+    Example:
+        >>> from workbench.loading.hf_common import HFConfig
+        >>> granite_multipliers(HFConfig({"embedding_multiplier": 12.0, "attention_multiplier": 0.5,
+        ...                                "logits_scaling": 8.0}, "config.json"))
+        {'embed_scale': 12.0, 'attn_scale': 2.0, 'logits_scale': 0.125}
+    """
     multiplier = hf.get("residual_multiplier", 1.0)
     if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)):
         raise hf.refuse("residual_multiplier", multiplier, "expected a number")
@@ -113,8 +121,15 @@ def _exaone4_layers(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _hunyuan_rope(data: dict[str, Any]) -> dict[str, Any]:
-    """HunYuan's ``dynamic`` RoPE with an ``alpha`` is static: the plain RoPE of a stretched base."""
+def hunyuan_rope(data: dict[str, Any]) -> dict[str, Any]:
+    """HunYuan's ``dynamic`` RoPE with an ``alpha`` is static: the plain RoPE of a stretched base,
+    theta * alpha ** (head_dim / (head_dim - 2)). Shared by HunYuan dense and MoE (``hf_moe_families``).
+
+    Example:
+        >>> hunyuan_rope({"hidden_size": 64, "num_attention_heads": 4,       # head_dim 16: 10000 * 2 ** (16 / 14)
+        ...               "rope_scaling": {"type": "dynamic", "alpha": 2.0}, "rope_theta": 10000.0})["rope_parameters"]
+        {'rope_type': 'default', 'rope_theta': 22081.79...}
+    """
     params = dict(data.get("rope_parameters") or data.get("rope_scaling") or {})
     alpha = params.get("alpha")
     if params.get("rope_type", params.get("type")) == "dynamic" and alpha:
@@ -172,7 +187,7 @@ _MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0
 
 VARIANTS = {
     "GraniteForCausalLM": Variant(qkv_bias_field="attention_bias", mlp_bias_field="mlp_bias",
-                                  extra_fields=_granite_multipliers),
+                                  extra_fields=granite_multipliers),
     "HeliumForCausalLM": Variant(qkv_bias_field="attention_bias", o_proj_bias=False, mlp_bias_field="mlp_bias",
                                  rotary_adjacent_pairs=True, norm_eps=1e-8,
                                  defaults={"num_key_value_heads": 20, "head_dim": 128}),
@@ -192,7 +207,7 @@ VARIANTS = {
                                   defaults={"num_key_value_heads": 32, "sliding_window": 4096,
                                             "sliding_window_pattern": 4}),
     "HunYuanDenseV1ForCausalLM": Variant(qkv_bias_field="attention_bias", norm_eps=1e-5, qk_norm="head",
-                                         qk_norm_names=("query_layernorm", "key_layernorm"), prepare=_hunyuan_rope,
+                                         qk_norm_names=("query_layernorm", "key_layernorm"), prepare=hunyuan_rope,
                                          extra_fields=lambda hf: {"qk_norm_after_rotary": True}),
     "Ernie4_5ForCausalLM": Variant(qkv_bias_field="use_bias", mlp_bias_field="use_bias", rotary_adjacent_pairs=True,
                                    norm_eps=1e-5, defaults={"num_key_value_heads": 2, "head_dim": 128,

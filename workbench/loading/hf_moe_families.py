@@ -29,7 +29,7 @@ from typing import Any
 from workbench.loading import hf_llama, hf_modern
 from workbench.loading.family import Family
 from workbench.loading.hf_llama import Variant
-from workbench.loading.hf_modern import _granite_multipliers, _hunyuan_rope
+from workbench.loading.hf_modern import granite_multipliers, hunyuan_rope
 
 def _minimax_rotary_dim(data: dict[str, Any]) -> dict[str, Any]:
     """Released MiniMax-M2 config.json files give partial RoPE as ``rotary_dim``; transformers reads it as
@@ -40,7 +40,7 @@ def _minimax_rotary_dim(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-_GRANITE_MOE = dict(qkv_bias_field="attention_bias", moe="granitemoe", extra_fields=_granite_multipliers)
+_GRANITE_MOE = dict(qkv_bias_field="attention_bias", moe="granitemoe", extra_fields=granite_multipliers)
 _GROUPED_DEFAULTS = {"n_group": 1, "topk_group": 1, "n_shared_experts": 1, "first_k_dense_replace": 1,
                      "routed_scaling_factor": 1.0}
 
@@ -69,7 +69,7 @@ VARIANTS = {
                                        defaults={"num_key_value_heads": 2, "head_dim": 128, "tie_word_embeddings": True,
                                                  "moe_num_experts": 64, "moe_k": 6, "moe_num_shared_experts": 2}),
     "HunYuanMoEV1ForCausalLM": Variant(qkv_bias_field="attention_bias", norm_eps=1e-5, qk_norm="head",
-                                       qk_norm_names=("query_layernorm", "key_layernorm"), prepare=_hunyuan_rope,
+                                       qk_norm_names=("query_layernorm", "key_layernorm"), prepare=hunyuan_rope,
                                        moe="hunyuan_v1_moe", extra_fields=lambda hf: {"qk_norm_after_rotary": True},
                                        defaults={"num_experts": 1, "moe_topk": 1}),
     "PhimoeForCausalLM": Variant(qkv_bias_field="attention_bias", sliding="every_layer", normalization="LN",
