@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from tests.unit.helpers import make_model, same_weights
+from workbench.components.attention import LayerKVCache
 from workbench.generation import KVCache, generate_tokens, sample_next
 
 
@@ -41,6 +42,38 @@ def test_kv_cache_tracks_length():
     model(torch.randint(0, 61, (1, 1)), kv_cache=cache)
     assert cache.length == 7
     assert cache.layers[0].k_BGSK.shape == (1, 2, 7, 8)
+
+
+@pytest.mark.parametrize("variant", ["gqa_rotary_rms_swiglu", "mha_learned_ln"])
+def test_a_cache_that_grows_many_times_gives_the_full_forward(variant, monkeypatch):
+    # Two spare positions: the buffers are regrown every few steps, each time keeping what they held.
+    monkeypatch.setattr(LayerKVCache, "SPARE_POSITIONS", 2)
+    model = make_model(variant)
+    tokens = torch.randint(0, 61, (2, 30))
+    cache = KVCache(model.cfg.n_layers)
+    with torch.no_grad():
+        steps = [model(tokens[:, :3], kv_cache=cache)] + [model(tokens[:, p:p + 1], kv_cache=cache)
+                                                          for p in range(3, 30)]
+        full = model(tokens)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+    assert cache.length == 30 and cache.layers[0].k_BGSK.shape[2] == 30
+
+
+def test_gradients_flow_through_every_call_on_a_cache():
+    # Under autograd each call keeps the keys and values it attended to: a later call must not write into them.
+    model = make_model("gqa_rotary_rms_swiglu")
+    tokens = torch.randint(0, 61, (1, 6))
+    cache = KVCache(model.cfg.n_layers)
+    first = model(tokens[:, :5], kv_cache=cache)
+    second = model(tokens[:, 5:], kv_cache=cache)
+    (first.sum() + second.sum()).backward()
+    full = model(tokens)
+    torch.testing.assert_close(torch.cat([first, second], dim=1), full, atol=1e-5, rtol=0)
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    full.sum().backward()
+    for cached_grad, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(cached_grad, p.grad, atol=1e-4, rtol=1e-4)
 
 
 def test_step_logits_are_the_forward_logits_and_can_be_left_out():
