@@ -6,7 +6,8 @@ run longer, never the test fail (only past ``HARD_LIMIT_SECONDS`` is the server 
 
 Every request opens a link (``/Page?model=...&prompt=...``: a fresh session each time) and reads one
 number the page shows: Ablation, Logit lens, Patching and Neurons on SmolLM2-135M, Router on the MoE
-toy model, Induction on the attention-only toy model. Checked:
+toy model, Induction on the attention-only toy model. Between requests a user reads the page for
+``THINK_SECONDS``. Checked:
 - no page shows a traceback or an error;
 - every number equals what the experiments functions compute for that model and prompt in this test
   process (what the page shows alone), and the same request always shows the same number, so nothing
@@ -39,6 +40,9 @@ from tests.e2e import dashboard
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 LOAD_SECONDS = float(os.environ.get("WORKBENCH_LOAD_SECONDS", "120"))
+# A user reads a page before opening the next link. Without the pause the six contexts reloaded cached pages
+# back to back, keeping both cores busy for the whole run and slowing every test beside it in `make test`.
+THINK_SECONDS = float(os.environ.get("WORKBENCH_LOAD_THINK_SECONDS", "2"))
 HARD_LIMIT_SECONDS = 1800  # a server this slow to serve two rounds of twelve requests is broken, not busy
 MEMORY_GROWTH_LIMIT = 150 * 2**20
 PROMPTS = ["The cat sat on the mat and looked at the door.",
@@ -201,6 +205,7 @@ async def _user(browser, base: str, index: int, progress: Progress, log: list) -
                         ended - started, ended))
             progress.record(index, turn, started, ended)
             turn += 1
+            await asyncio.sleep(THINK_SECONDS)
     finally:
         await context.close()
 
