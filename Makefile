@@ -41,9 +41,10 @@ run: setup
 	$(PYTHON) -m streamlit run app/Home.py --server.address 127.0.0.1 --server.port $(PORT) --server.headless true
 
 # Two workers (pytest-xdist), a file's tests on one: the browser and Ray tests mostly wait, so the other worker's
-# tests run meanwhile (tests/conftest.py gives each worker one torch thread and starts the slow files first).
+# tests run meanwhile (tests/conftest.py gives each worker one torch thread and orders the files, slow ones first;
+# --no-loadscope-reorder keeps that order, where xdist would start the files with the most tests first).
 test: setup setup-browser
-	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q -ra -n 2 --dist loadfile
+	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q -ra -n 2 --dist loadfile --no-loadscope-reorder
 
 bench: setup setup-corpus
 	HF_HUB_OFFLINE=1 $(PYTHON) tests/benchmarks/run_all.py --out BENCHMARKS.md

@@ -17,9 +17,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The slow files first (the two workers of `make test` take files in this order, so the long ones start
-    early and the short ones fill in around them), the browser load test first of all: its two minutes of
-    simulated users mostly wait on the server, so they overlap everything else. Stable: a file keeps its order."""
+    """The slow files first (the two workers of `make test` take files in this order, kept by
+    --no-loadscope-reorder, so the long ones start early and the short ones fill in around them), the browser
+    load test first of all: its two minutes of simulated users mostly wait on the server, so they overlap
+    everything else. Stable: a file keeps its order."""
     def rank(item) -> int:
         if item.path.name == "test_load.py" and item.path.parent.name == "e2e":
             return 0

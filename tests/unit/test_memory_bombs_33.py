@@ -22,6 +22,8 @@ import workbench as wb
 from workbench.components import embedding
 from workbench.loading.registry import ZOO
 
+pytestmark = pytest.mark.slow  # a fresh process per hostile file
+
 ROOT = Path(__file__).resolve().parents[2]
 CAP = 768 * 2**20  # bytes of address space the hostile call may add to the imports' own
 TIMEOUT_S = 120  # far above a refusal's cost; a block built per declared layer would take hours

@@ -250,6 +250,7 @@ def test_cpu_tensors_rejected_outside_interpreter(monkeypatch):
 # ---------------------------------------------------------------------- fallback
 
 
+@pytest.mark.slow  # every case under the interpreter, in a process of its own
 @pytest.mark.skipif(IN_PROCESS, reason="the kernel cases ran in this process")
 def test_cases_in_fresh_process():
     repo_root = Path(__file__).resolve().parents[2]
