@@ -40,8 +40,8 @@ from tests.e2e import dashboard
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 LOAD_SECONDS = float(os.environ.get("WORKBENCH_LOAD_SECONDS", "120"))
-# A user reads a page before opening the next link. Without the pause the six contexts reloaded cached pages
-# back to back, keeping both cores busy for the whole run and slowing every test beside it in `make test`.
+# A user reads a page before opening the next link. Back-to-back reloads of cached pages would add CPU load
+# beside the rest of `make test`, not coverage.
 THINK_SECONDS = float(os.environ.get("WORKBENCH_LOAD_THINK_SECONDS", "2"))
 HARD_LIMIT_SECONDS = 1800  # a server this slow to serve two rounds of twelve requests is broken, not busy
 MEMORY_GROWTH_LIMIT = 150 * 2**20

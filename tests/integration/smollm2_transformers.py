@@ -3,8 +3,8 @@
 The test files that compare against it (test_smollm2.py, test_tl_demos_smollm2_34.py) run on different
 xdist workers. `transformers` converting the GGUF took 30-50 s of a loaded `make test` per file; the first
 file to ask converts it and saves the result in the run's shared temporary folder, and the other reads
-that folder back (3 s). What is saved is exactly what `transformers` made
-from the file, so every expected value still comes from `transformers`.
+that folder back (3 s). What is saved is exactly what `transformers` made from the file, so every expected
+value still comes from `transformers`.
 """
 
 from __future__ import annotations
