@@ -174,6 +174,17 @@ def test_an_explicit_map_over_an_hf_checkpoint_matches_transformers(tiny_llama, 
     torch.testing.assert_close(model(tokens), whole(tokens), atol=TOL, rtol=0)
 
 
+
+def test_tied_embeddings_split_across_devices_are_refused_by_name(tmp_path):
+    """Qwen2 ties its unembedding to the embedding: one tensor, so one device. Checked before the devices
+    exist, so the error is the same on a machine without the GPU the map names."""
+    build_and_save("qwen2", tmp_path)
+    device_map = {"embed": "cuda:0", "blocks": "cpu", "ln_final": "cpu", "unembed": "cpu"}
+    with pytest.raises(ConfigError, match=r"'embed' on 'cuda:0', 'unembed' on 'cpu', but they share one weight"):
+        wb.load_model(tmp_path, device_map=device_map)
+    together = wb.load_model(tmp_path, device_map={**device_map, "embed": "cpu"})
+    assert together.device_map["embed"] == together.device_map["unembed"] == "cpu"
+
 def test_a_saved_model_loads_with_every_block_on_disk(tmp_path):
     toy = wb.load_model("toy-moe-2l")
     toy.save(tmp_path / "saved")

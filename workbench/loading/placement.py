@@ -161,12 +161,38 @@ def resolve_device_map(model: Decoder, placement: Placement) -> dict[str, str]:
         device_map = _expand(model, spec)
     else:
         raise ConfigError(f"device_map must be 'auto', 'sequential' or a dict {{module: device}}, got {spec!r}")
+    _check_shared_weights_together(model, device_map)
     top_on_disk = [unit for unit, device in device_map.items() if device == "disk" and not unit.startswith("blocks.")]
     if top_on_disk:
         raise ConfigError(f"device_map puts {top_on_disk} on 'disk': only blocks can be offloaded to disk "
                           "(experiments read the embedding, final norm and unembedding directly)")
     _check_devices_exist(device_map)
     return device_map
+
+
+def shared_weight_units(model: Decoder) -> list[list[str]]:
+    """The groups of units that hold one parameter between them (tied embeddings: ``embed`` and ``unembed``).
+
+    Example:
+        >>> shared_weight_units(model)   # toy-attn-2l: its unembedding has its own weight
+        []
+    """
+    holders: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        found = holders.setdefault(id(param), [])
+        if unit_of(name) not in found:
+            found.append(unit_of(name))
+    return [found for found in holders.values() if len(found) > 1]
+
+
+def _check_shared_weights_together(model: Decoder, device_map: Mapping[str, str]) -> None:
+    # A tied weight is one tensor on one device: the unit on the other device would compute with a weight
+    # that is not where its input is (accelerate moves a unit's inputs, not the weights it shares).
+    for shared in shared_weight_units(model):
+        if len({device_map[unit] for unit in shared}) > 1:
+            placed = ", ".join(f"'{unit}' on '{device_map[unit]}'" for unit in shared)
+            raise ConfigError(f"device_map puts {placed}, but they share one weight (tied embeddings): "
+                              "map them to the same device")
 
 
 def _expand(model: Decoder, spec: Mapping) -> dict[str, str]:
