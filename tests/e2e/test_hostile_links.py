@@ -24,7 +24,10 @@ PARAMS = {"model": HOSTILE, "impl": HOSTILE, "prompt": HOSTILE, "patching_answer
           "attention_layer": HOSTILE, "induction_seq_len": HOSTILE, "flow_position": HOSTILE,
           "features_sae_path": HOSTILE, "features_feature": HOSTILE, "attribution_tc_path": HOSTILE,
           "attribution_node": HOSTILE, "attribution_pinned": HOSTILE, "circuits_task": "pair",
-          "circuits_clean": HOSTILE, "circuits_answer": HOSTILE, "circuits_names": HOSTILE, "circuits_edge": HOSTILE}
+          "circuits_clean": HOSTILE, "circuits_answer": HOSTILE, "circuits_names": HOSTILE, "circuits_edge": HOSTILE,
+          # The Features page's corpus search reads no link value (its windows come from the bundled corpus), and
+          # it is 40 s of SmolLM2 forwards on one core: switched off by the link, as a user can.
+          "features_corpus": "false"}
 PAGES = ["", "Attention", "Heads", "Induction", "Ablation", "Logit_lens", "Router", "Patching", "Information_flow",
          "Token_view", "Neurons", "Generate", "Features", "Attribution", "Circuits"]
 LINKS_JS = ("() => [...document.querySelectorAll('a[href], img[src], image, source, iframe')]"
