@@ -174,7 +174,6 @@ def test_an_explicit_map_over_an_hf_checkpoint_matches_transformers(tiny_llama, 
     torch.testing.assert_close(model(tokens), whole(tokens), atol=TOL, rtol=0)
 
 
-
 def test_tied_embeddings_split_across_devices_are_refused_by_name(tmp_path):
     """Qwen2 ties its unembedding to the embedding: one tensor, so one device. Checked before the devices
     exist, so the error is the same on a machine without the GPU the map names."""
@@ -184,6 +183,7 @@ def test_tied_embeddings_split_across_devices_are_refused_by_name(tmp_path):
         wb.load_model(tmp_path, device_map=device_map)
     together = wb.load_model(tmp_path, device_map={**device_map, "embed": "cpu"})
     assert together.device_map["embed"] == together.device_map["unembed"] == "cpu"
+
 
 def test_a_saved_model_loads_with_every_block_on_disk(tmp_path):
     toy = wb.load_model("toy-moe-2l")
