@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Optional, Pattern, Union
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -109,6 +109,25 @@ def wait_chart(page, key: str, title: Optional[str] = None, timeout_ms: float = 
           " const t = root.querySelector('.gtitle'); return !!t && t.textContent.includes(title); }")
     page.wait_for_function(js, arg=[key, title or ""], timeout=timeout_ms)
 
+
+def click_points_until_heading_changes(page, chart_key: str, heading: Union[str, Pattern]) -> tuple[str, str]:
+    """Clicks the plotly chart's markers one by one (as a user would) until the first heading named ``heading``
+    reads otherwise: (its text before, its text after). A marker not drawn at that moment (plotly redrawing, or
+    off the axes) is skipped, as no user could click it."""
+    card = page.get_by_role("heading", name=heading).first
+    before = now = card.inner_text()
+    points = page.locator(f".st-key-{chart_key}_chart .scatterlayer .trace .points path")
+    for index in range(points.count()):
+        box = points.nth(index).bounding_box()
+        if box is None:
+            continue
+        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.wait_for_timeout(500)   # the rerun starts
+        wait_idle(page)
+        now = card.inner_text()
+        if now != before:
+            break
+    return before, now
 
 def open_page(page, name: str, heading: str, timeout_ms: float = 60_000) -> None:
     """Clicks ``name`` in the sidebar (keeping the session) and waits for the page's heading."""

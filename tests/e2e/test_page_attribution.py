@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.e2e.dashboard import wait_chart, wait_idle
+from tests.e2e.dashboard import click_points_until_heading_changes, wait_chart, wait_idle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -34,19 +34,10 @@ def test_a_linked_graph_draws_and_a_click_opens_a_feature(browser, server_url, s
         expected = json.loads((FIXTURES / "expected_plt.json").read_text())["replacement_score"]
         score = page.locator('[data-testid="stMetric"]').filter(has_text="Replacement score")
         assert f"{expected:.4f}" in score.inner_text()
-        header = page.get_by_role("heading", name="Feature").first.inner_text()
         points = page.locator(".st-key-attribution_graph_chart .scatterlayer .trace .points path")
         assert points.count() > 5
         screenshot(page, "attribution_graph")
-        # click the feature points one by one until the card changes to another feature
-        for index in range(points.count()):
-            box = points.nth(index).bounding_box()
-            page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-            page.wait_for_timeout(500)   # the rerun starts
-            wait_idle(page)
-            now = page.get_by_role("heading", name="Feature").first.inner_text()
-            if now != header:
-                break
+        header, now = click_points_until_heading_changes(page, "attribution_graph", "Feature")
         assert now != header, "no click on the graph opened another feature"
         assert page.locator('[data-testid="stException"]').count() == 0
     finally:

@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
 
-from tests.e2e.dashboard import wait_chart, wait_idle
+from tests.e2e.dashboard import click_points_until_heading_changes, wait_chart, wait_idle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -27,21 +27,12 @@ def test_a_linked_circuit_draws_and_a_click_opens_an_edge(browser, server_url, s
         page.get_by_role("button", name="Find the circuit").click()
         wait_chart(page, "circuits_graph", timeout_ms=90_000)
         wait_idle(page)
-        card = page.get_by_role("heading", name=EDGE_HEADING).first
-        header = card.inner_text()
         effect = page.locator('[data-testid="stMetric"]').filter(has_text="Exact patching effect")
         assert effect.count() == 1
         points = page.locator(".st-key-circuits_graph_chart .scatterlayer .trace .points path")
         assert points.count() > 20                      # 20 edge markers, then the nodes
         screenshot(page, "circuits_graph")
-        for index in range(points.count()):             # click edge markers until the card shows another edge
-            box = points.nth(index).bounding_box()
-            page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-            page.wait_for_timeout(500)   # the rerun starts
-            wait_idle(page)
-            now = page.get_by_role("heading", name=EDGE_HEADING).first.inner_text()
-            if now != header:
-                break
+        header, now = click_points_until_heading_changes(page, "circuits_graph", EDGE_HEADING)  # another edge's card
         assert now != header, "no click on the graph opened another edge"
         assert parse_qs(urlparse(page.url).query)["circuits_edge"] == [now.removeprefix("Edge ")]   # linked
         assert page.locator('[data-testid="stException"]').count() == 0
