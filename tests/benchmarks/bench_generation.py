@@ -27,6 +27,23 @@ from tests.benchmarks.common import interleaved_timings, script_main, timing_row
 PROMPT, NEW = 32, 128
 
 
+def greedy(hf_model, ours, tokens) -> dict:
+    """transformers' ``generate`` and ours, each greedily making ``NEW`` tokens after ``tokens`` (EOS ignored)."""
+    return {
+        "transformers generate": lambda: hf_model.generate(tokens, attention_mask=torch.ones_like(tokens),
+                                                           max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
+                                                           use_cache=True, pad_token_id=0),
+        "workbench generate": lambda: ours.generate(tokens, NEW, stop_at_eos=False, verbose=False),
+    }
+
+
+def with_tokens_per_s(table: list[dict], batch: int) -> list[dict]:
+    """The rows of one batch size with the new tokens made per second over the batch."""
+    for row in table:
+        row["tokens_per_s"] = round(batch * NEW / row["median_s"], 1)
+    return table
+
+
 def contenders(batch: int, gguf: Path, hf_model, bridge, ours) -> dict:
     """Each contender greedily makes ``NEW`` tokens after the same [batch, PROMPT] random prompt."""
     tokens = torch.randint(1, 49152, (batch, PROMPT), generator=torch.Generator().manual_seed(batch))
@@ -37,10 +54,7 @@ def contenders(batch: int, gguf: Path, hf_model, bridge, ours) -> dict:
             return ours.generate(tokens, NEW, stop_at_eos=False, verbose=False)
 
     run = {
-        "transformers generate": lambda: hf_model.generate(tokens, attention_mask=torch.ones_like(tokens),
-                                                           max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
-                                                           use_cache=True, pad_token_id=0),
-        "workbench generate": lambda: ours.generate(tokens, NEW, stop_at_eos=False, verbose=False),
+        **greedy(hf_model, ours, tokens),
         "workbench generate, hook on every hook_resid_post": ours_hooked,
         "TransformerBridge generate": lambda: bridge.generate(tokens, max_new_tokens=NEW, stop_at_eos=False,
                                                               do_sample=False, use_past_kv_cache=True, verbose=False,
@@ -74,10 +88,8 @@ def run(quick: bool = False) -> list[dict]:
     rows = []
     for batch in (1, 8):
         times = interleaved_timings(contenders(batch, gguf, hf_model, bridge, ours), repeats)
-        table = timing_rows(f"greedy generation (SmolLM2-135M, batch {batch}, prompt {PROMPT}, {NEW} new tokens)",
-                            times, "transformers generate")
-        for row in table:
-            row["tokens_per_s"] = round(batch * NEW / row["median_s"], 1)
+        table = with_tokens_per_s(timing_rows(f"greedy generation (SmolLM2-135M, batch {batch}, prompt {PROMPT}, "
+                                              f"{NEW} new tokens)", times, "transformers generate"), batch)
         unhooked = next(r["median_s"] for r in table if r["contender"] == "workbench generate")
         for row in table:
             if row["contender"].startswith("workbench generate, hook"):

@@ -24,10 +24,10 @@ import torch
 
 import workbench as wb
 from tests.benchmarks.bench_forward import LLAMA_SHAPE, cache_mb
+from tests.benchmarks.bench_generation import NEW, PROMPT, greedy, with_tokens_per_s
 from tests.benchmarks.common import interleaved_timings, markdown_table, script_main, timing_rows
 
 FORWARD_SHAPES = ((4, 256), (8, 1024))  # [batch, pos]: the CPU table's shape, and the Llama shape's whole context
-PROMPT, NEW = 32, 128
 REFERENCE_FORWARD, REFERENCE_GENERATE = "transformers sdpa", "transformers generate"
 
 
@@ -84,21 +84,13 @@ def generation_rows(label: str, hf_model, ours, vocab: int, repeats: int) -> lis
     rows = []
     for batch in (1, 8):
         tokens = torch.randint(1, vocab, (batch, PROMPT), generator=torch.Generator().manual_seed(batch)).cuda()
-        contenders = {
-            REFERENCE_GENERATE: lambda: hf_model.generate(tokens, attention_mask=torch.ones_like(tokens),
-                                                          max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
-                                                          use_cache=True, pad_token_id=0),
-            "workbench generate": lambda: ours.generate(tokens, NEW, stop_at_eos=False, verbose=False),
-        }
+        contenders = greedy(hf_model, ours, tokens)
         with torch.no_grad():  # the same greedy start (later near-ties may round either way)
             expected, got = (contenders[name]() for name in contenders)
         assert torch.equal(expected[:, PROMPT], got[:, PROMPT]), "workbench and transformers generate different tokens"
         times = interleaved_timings({name: synchronized(fn) for name, fn in contenders.items()}, repeats)
-        table = timing_rows(f"greedy generation on the GPU ({label}, batch {batch}, prompt {PROMPT}, {NEW} new tokens)",
-                            times, REFERENCE_GENERATE)
-        for row in table:
-            row["tokens_per_s"] = round(batch * NEW / row["median_s"], 1)
-        rows += table
+        rows += with_tokens_per_s(timing_rows(f"greedy generation on the GPU ({label}, batch {batch}, prompt {PROMPT}, "
+                                              f"{NEW} new tokens)", times, REFERENCE_GENERATE), batch)
     return rows
 
 

@@ -129,6 +129,7 @@ def click_points_until_heading_changes(page, chart_key: str, heading: Union[str,
             break
     return before, now
 
+
 def open_page(page, name: str, heading: str, timeout_ms: float = 60_000) -> None:
     """Clicks ``name`` in the sidebar (keeping the session) and waits for the page's heading."""
     page.locator('[data-testid="stSidebarNav"] a', has_text=name).first.click()
