@@ -31,7 +31,7 @@ from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn.modules import module as _torch_module
 from transformer_lens.hook_points import HookPoint as TransformerLensHookPoint
 from transformer_lens.utilities import Slice
@@ -85,6 +85,21 @@ def is_observed(point: HookPoint) -> bool:
         True
     """
     return point.cache_into is not None or _module_call_observed(point)
+
+
+def has_forward_hooks(*modules: object) -> bool:
+    """Whether a torch forward hook (the module's own or a global one) sees or replaces what any of
+    ``modules`` returns; anything not a module (a plain function) has none. A component asks this before it
+    writes into the tensor a submodule returned.
+
+    Example:
+        >>> layer = nn.Identity(); has_forward_hooks(layer, torch.relu)
+        False
+        >>> handle = layer.register_forward_hook(lambda module, args, out: None); has_forward_hooks(layer)
+        True
+    """
+    return bool(_torch_module._global_forward_hooks) or any(
+        isinstance(module, nn.Module) and bool(module._forward_hooks) for module in modules)
 
 
 def _module_call_observed(point: HookPoint) -> bool:

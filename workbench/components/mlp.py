@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from workbench.config import ModelConfig
 from workbench.options import RuntimeOptions
 from workbench.components.zero_biases import ZeroBiases
-from workbench.hook_point import HookPoint
+from workbench.hook_point import HookPoint, has_forward_hooks
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,
@@ -121,7 +121,11 @@ class GatedMLP(DenseWeights, ZeroBiases, nn.Module):
     def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         pre_BPM = self.hook_pre(F.linear(x_BPD, self._W_gate_lin, self.b_gate))
         pre_linear_BPM = self.hook_pre_linear(F.linear(x_BPD, self._W_in_lin, self.stored_bias("b_in")))
-        post_BPM = self.hook_post(self.act(pre_BPM) * pre_linear_BPM)
+        gate_BPM = self.act(pre_BPM)  # a new tensor under every activation
+        # Without autograd, and with no torch hook holding the activation's output, the product goes into that
+        # tensor: one [B, P, M] allocation fewer (a SmolLM2 head sweep spends ~2% of its time here).
+        in_place = not (torch.is_grad_enabled() or has_forward_hooks(self.act))
+        post_BPM = self.hook_post(gate_BPM.mul_(pre_linear_BPM) if in_place else gate_BPM * pre_linear_BPM)
         return F.linear(post_BPM, self._W_out_lin, self.stored_bias("b_out"))
 
     @property

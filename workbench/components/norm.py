@@ -81,8 +81,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x_BPD: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         x = x_BPD.float()
-        scale_BP1 = self.hook_scale((x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt())
-        return self.hook_normalized(self.w * (x / scale_BP1).to(x_BPD.dtype))
+        squares = x.pow(2)
+        scale_BP1 = self.hook_scale((squares.mean(-1, keepdim=True) + self.eps).sqrt())
+        if torch.is_grad_enabled() or self.w.dtype != x_BPD.dtype:  # (a gain in another dtype would promote)
+            return self.hook_normalized(self.w * (x / scale_BP1).to(x_BPD.dtype))
+        # Without autograd the quotient and the gain go into the squares' tensor: two allocations fewer, the same bits.
+        return self.hook_normalized(torch.div(x, scale_BP1, out=squares).to(x_BPD.dtype).mul_(self.w))
 
     def linear_part(self, x_BPD: Float[Tensor, "... d_model"], scale: Float[Tensor, "... 1"]) -> Float[Tensor, "... d_model"]:
         """x / scale * w with a given (frozen) scale: linear in x, no hooks.
