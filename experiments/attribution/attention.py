@@ -1,7 +1,7 @@
 """Attention explained, what circuit-tracer leaves out: which heads carry an edge, and why a head attended.
 
-In the frozen model of an attribution graph (patterns and norm divisors at their values on the prompt, MLP outputs
-fixed but for the transcoders' skip terms) a source reaches a target along the residual stream, the skip terms and
+In the frozen model of an attribution graph (``ReplacementModel``: patterns and norm divisors at their values on the
+prompt, MLP outputs fixed but for the transcoders' skip terms) a source reaches a target along the residual stream, the skip terms and
 attention heads. Writing each layer as ``M_l (I + sum_h A_lh)`` (``A_lh`` head h, ``M_l`` the rest), the map from the
 source to the target expands exactly as ``M_n...M_1 + sum_l sum_h (M_n...M_l) A_lh P_(l-1)``, where ``P_(l-1)`` is
 the whole frozen model up to layer l. So ``edge_heads`` splits an edge into a ``residual`` part (no head on the path;
@@ -30,7 +30,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from experiments.attribution.graph import AttributionGraph
-from experiments.attribution.linearised import Sources, read_sources
+from experiments.attribution.replacement import ReplacementModel, Sources
 from experiments.attribution.targets import logit_directions
 from workbench.errors import InputError
 from workbench.transcoders import TranscoderSet
@@ -78,39 +78,28 @@ class QKAttribution:
 
 
 class _Frozen:
-    """The prompt's frozen model: the clean values of every pattern, divisor and the transcoders' points."""
+    """The prompt's frozen model (a ``ReplacementModel`` and its ``record`` of the prompt) and the graph's nodes."""
 
     def __init__(self, model: Any, transcoders: TranscoderSet, graph: AttributionGraph):
-        transcoders.check_model(model)
-        self.model, self.tc, self.graph = model, transcoders.to(device=model.W_E.device, dtype=model.W_E.dtype), graph
+        self.replacement = ReplacementModel(model, transcoders)
+        self.model, self.tc, self.graph = model, self.replacement.transcoders, graph
         self.tokens = graph.input_tokens.to(model.W_E.device)
-        self.sources: Sources = read_sources(model, self.tc, self.tokens)
+        self.sources: Sources = self.replacement.read_sources(self.tokens)
         if not torch.equal(self.sources.active_features.cpu(), graph.active_features):
             raise InputError("the graph's active features are not these transcoders' on its prompt: pass the model and "
                              "transcoders the graph was attributed with")
         self.final = FINAL if FINAL in model.hook_dict else f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
-        frozen = [n for n in model.hook_dict if n.endswith("attn.hook_pattern") or n.endswith("hook_scale")]
-        names = set(frozen) | {transcoders.input_hook(l) for l in range(self.tc.n_layers)} | \
-            {transcoders.output_hook(l) for l in range(self.tc.n_layers)} | \
-            {n for n in model.hook_dict if n.endswith("attn.hook_z")} | {self.final}
-        with torch.no_grad():
-            _, self.clean = model.run_with_cache(self.tokens[None], names_filter=lambda n: n in names)
-        self.frozen_names = frozen
+        z_names = [n for n in model.hook_dict if n.endswith("attn.hook_z")]
+        self.clean = self.replacement.record(self.tokens, z_names + [self.final])
 
     def hooks(self, add: dict[str, Tensor]) -> list:
         """Patterns and divisors at their clean values, each MLP output at its clean value plus the change of its
         skip term, and ``add[name]`` ([pos, d_model]) added at that hook."""
-        tc, clean = self.tc, self.clean
-
-        def frozen(acts: Tensor, hook: Any) -> Tensor:
-            return clean[hook.name].expand_as(acts)
+        tc, clean, replacement = self.tc, self.clean, self.replacement
 
         def mlp_out(layer: int):
             def hook(acts: Tensor, hook: Any) -> Tensor:
-                out = clean[hook.name]
-                skip = tc.skip(layer, self.inputs[layer])
-                if skip is not None:
-                    out = out + (skip - tc.skip(layer, clean[tc.input_hook(layer)])).to(out.dtype)
+                out = replacement.mlp_output(layer, self.inputs[layer], clean[hook.name], clean[tc.input_hook(layer)])
                 return out + add[hook.name] if hook.name in add else out
             return hook
 
@@ -120,7 +109,7 @@ class _Frozen:
             return hook
 
         self.inputs: dict[int, Tensor] = {}
-        hooks = [(name, frozen) for name in self.frozen_names]
+        hooks = replacement.freeze_hooks(clean)
         hooks += [(tc.input_hook(l), read(l)) for l in range(tc.n_layers)]
         hooks += [(tc.output_hook(l), mlp_out(l)) for l in range(tc.n_layers)]
         if "hook_embed" in add:
@@ -317,8 +306,7 @@ def _project_parts(frozen: _Frozen, layer: int, query_pos: int, query_vecs: Tens
             seen[side].append(acts.reshape(*acts.shape[:2], -1, model.cfg.d_head))
         return hook
 
-    hooks = [(n, lambda acts, hook: clean[hook.name].expand_as(acts)) for n in frozen.frozen_names
-             if n.startswith(prefix) and n.endswith("hook_scale")]
+    hooks = frozen.replacement.freeze_hooks(clean)   # only this layer's fire: the run is layer ``layer`` alone
     hooks += [(prefix + n, record("q")) for n in q_hooks if prefix + n in model.hook_dict]
     hooks += [(prefix + n, record("k")) for n in k_hooks if prefix + n in model.hook_dict]
     with torch.no_grad():

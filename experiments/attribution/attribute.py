@@ -1,7 +1,7 @@
 """``attribute``: the attribution graph of one prompt, circuit-tracer 0.5's algorithm on our model's public hooks.
 
-Phases (its ``attribution/attribute.py``): read every source (``linearised.read_sources``); run the frozen,
-linearised forward pass once for ``batch_size`` copies of the prompt; pick the logit nodes; one backward pass per
+Phases (its ``attribution/attribute.py``), on one ``ReplacementModel`` (``replacement.py``): read every source
+(``ReplacementModel.read_sources``); run the frozen, linearised forward pass once for ``batch_size`` copies of the prompt; pick the logit nodes; one backward pass per
 ``batch_size`` logit nodes, then per ``batch_size`` features. With ``max_feature_nodes`` below the number of
 active features, features are visited in order of their influence on the logits through the rows computed so
 far, re-ranked every ``update_interval`` batches, and only the visited ones become nodes.
@@ -18,8 +18,9 @@ from torch import Tensor
 from experiments._progress import Progress, ProgressArg
 from experiments.attribution.graph import AttributionGraph
 from experiments.attribution.influence import compute_partial_influences
-from experiments.attribution.linearised import LinearisedForward, read_sources
+from experiments.attribution.linearised import LinearisedForward
 from experiments.attribution.plan import FORWARD_MEMORY, forward_copies
+from experiments.attribution.replacement import ReplacementModel
 from experiments.attribution.targets import salient_logits
 from workbench.errors import InputError
 from workbench.transcoders import TranscoderSet
@@ -27,12 +28,13 @@ from workbench.transcoders import TranscoderSet
 Prompt = Union[str, Sequence[int], Tensor]
 
 
-def attribute(model: Any, transcoders: TranscoderSet, prompt: Prompt, max_n_logits: int = 10,
+def attribute(model: Any, transcoders: Optional[TranscoderSet], prompt: Prompt, max_n_logits: int = 10,
               desired_logit_prob: float = 0.95, max_feature_nodes: Optional[int] = None, batch_size: int = 256,
               progress: ProgressArg = True, update_interval: int = 4,
               forward_memory: Optional[int] = FORWARD_MEMORY) -> AttributionGraph:
     """The attribution graph of ``prompt`` (text, or token ids; a special token is put first when the prompt does
-    not start with one, as circuit-tracer does) through ``transcoders`` replacing ``model``'s MLPs.
+    not start with one, as circuit-tracer does) through ``transcoders`` replacing ``model``'s MLPs (or through a
+    ``ReplacementModel`` passed as ``model``, ``transcoders`` then None: ``replacement_model.attribute(prompt)``).
 
     ``batch_size`` targets share a backward pass, as in circuit-tracer, but the frozen forward pass keeps only as
     many copies of the prompt as fit in ``forward_memory`` bytes (256 MiB by default; ``None``: ``batch_size``
@@ -50,8 +52,6 @@ def attribute(model: Any, transcoders: TranscoderSet, prompt: Prompt, max_n_logi
         Traceback (most recent call last):
         workbench.errors.InputError: attribute needs a wb.TranscoderSet (wb.load_transcoders), got NoneType
     """
-    if not isinstance(transcoders, TranscoderSet):
-        raise InputError(f"attribute needs a wb.TranscoderSet (wb.load_transcoders), got {type(transcoders).__name__}")
     for name, value in (("max_n_logits", max_n_logits), ("batch_size", batch_size), ("update_interval", update_interval)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InputError(f"{name} must be a positive integer, got {value!r}")
@@ -59,17 +59,17 @@ def attribute(model: Any, transcoders: TranscoderSet, prompt: Prompt, max_n_logi
         raise InputError(f"desired_logit_prob must be in (0, 1], got {desired_logit_prob!r}")
     if max_feature_nodes is not None and (not isinstance(max_feature_nodes, int) or max_feature_nodes < 1):
         raise InputError(f"max_feature_nodes must be a positive integer or None, got {max_feature_nodes!r}")
-    transcoders.check_model(model)
+    replacement = ReplacementModel.of(model, transcoders, caller="attribute")
+    model, tc = replacement.model, replacement.transcoders
     tokens = prompt_tokens(model, prompt)
-    tc = transcoders.to(device=model.W_E.device, dtype=model.W_E.dtype)
     copies = forward_copies(model, tc, tokens.shape[0], batch_size, forward_memory)
-    sources = read_sources(model, tc, tokens)
+    sources = replacement.read_sources(tokens)
     n_active, n_layers, n_pos = sources.active_features.shape[0], tc.n_layers, tokens.shape[0]
     targets = salient_logits(sources.logits, model.W_U, max_n_logits, desired_logit_prob)
     n_logits = len(targets.token_ids)
     n_features = min(max_feature_nodes or n_active, n_active)
     logit_offset = n_active + (n_layers + 1) * n_pos
-    forward = LinearisedForward(model, tc, tokens, sources, copies)
+    forward = LinearisedForward(replacement, None, tokens, sources, copies)
 
     n_nodes = n_features + (n_layers + 1) * n_pos + n_logits
     adjacency = torch.zeros(n_nodes, n_nodes)
@@ -110,7 +110,7 @@ def attribute(model: Any, transcoders: TranscoderSet, prompt: Prompt, max_n_logi
         adjacency_matrix=adjacency, logit_token_ids=targets.token_ids.cpu(),
         logit_probabilities=targets.probabilities.cpu(), n_layers=n_layers, vocab_size=sources.logits.shape[0],
         logit_token_strings=[decode([i]) for i in targets.token_ids.tolist()],
-        input_token_strings=[decode([i]) for i in tokens.tolist()], scan=transcoders.scan)
+        input_token_strings=[decode([i]) for i in tokens.tolist()], scan=replacement.scan)
 
 
 def _visit_features(forward: LinearisedForward, sources: Any, edges: Optional[Tensor], adjacency: Tensor,

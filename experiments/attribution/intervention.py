@@ -3,7 +3,7 @@
 
 An intervention ``(layer, position, feature, value)`` adds ``(value - current activation) * W_dec[feature]`` to what
 that layer writes (to every later layer too for a cross-layer transcoder). ``freeze_attention`` keeps the prompt's
-attention patterns. Without ``constrained_layers`` the change propagates through the real MLPs (the activations
+attention patterns (``ReplacementModel.freeze_hooks``, as ``attribute`` freezes them). Without ``constrained_layers`` the change propagates through the real MLPs (the activations
 read then are the transcoders' on the changed inputs). With ``constrained_layers`` the MLP outputs of those layers
 stay at their clean values (plus the change of a skip term) and only the interventions' decoded changes are added;
 constrained to every layer, the norm divisors freeze too, so the result is the direct effect the graph's edges
@@ -20,6 +20,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from experiments.attribution.attribute import Prompt, prompt_tokens
+from experiments.attribution.replacement import ReplacementModel
 from workbench.errors import InputError
 from workbench.transcoders import TranscoderSet
 
@@ -48,22 +49,21 @@ def _check(interventions: Sequence[Intervention], tc: TranscoderSet, n_pos: int)
 
 
 @torch.no_grad()
-def intervene(model: Any, transcoders: TranscoderSet, prompt: Prompt, interventions: Sequence[Intervention],
+def intervene(model: Any, transcoders: Optional[TranscoderSet], prompt: Prompt, interventions: Sequence[Intervention],
               constrained_layers: Optional[Sequence[int]] = None, freeze_attention: bool = True,
               apply_activation_function: bool = True) -> InterventionResult:
     """The logits and transcoder activations of ``prompt`` with ``interventions`` applied (see the module
-    docstring; the prompt is read as ``attribute`` reads it, BOS first).
+    docstring; the prompt is read as ``attribute`` reads it, BOS first). ``model`` may be a ``ReplacementModel``
+    (``transcoders`` then None).
 
     Example:
         >>> intervene(model, None, "The cat", [])
         Traceback (most recent call last):
         workbench.errors.InputError: intervene needs a wb.TranscoderSet (wb.load_transcoders), got NoneType
     """
-    if not isinstance(transcoders, TranscoderSet):
-        raise InputError(f"intervene needs a wb.TranscoderSet (wb.load_transcoders), got {type(transcoders).__name__}")
-    transcoders.check_model(model)
+    replacement = ReplacementModel.of(model, transcoders, caller="intervene")
+    model, tc = replacement.model, replacement.transcoders
     tokens = prompt_tokens(model, prompt)
-    tc = transcoders.to(device=model.W_E.device, dtype=model.W_E.dtype)
     n_layers, n_pos = tc.n_layers, tokens.shape[0]
     _check(interventions, tc, n_pos)
     constrained = sorted(set(constrained_layers)) if constrained_layers else []
@@ -76,18 +76,15 @@ def intervene(model: Any, transcoders: TranscoderSet, prompt: Prompt, interventi
         acts[0] = 0   # circuit-tracer zeroes the first position, here too
         return acts
 
-    frozen: dict[str, Tensor] = {}
+    clean: dict[str, Tensor] = {}
     original: dict[int, Tensor] = {}
-    if (freeze_attention or constrained) and interventions:
-        freeze_scales = set(range(n_layers)) <= set(constrained)
-        wanted = {tc.input_hook(l) for l in range(n_layers)} | {tc.output_hook(l) for l in constrained}
-        names = [n for n in model.hook_dict if n.endswith("attn.hook_pattern") or n in wanted
-                 or (freeze_scales and n.endswith("hook_scale"))]
-        _, cache = model.run_with_cache(tokens[None], names_filter=names)
-        frozen = {name: cache[name] for name in names}
-        original = {l: encode(l, frozen[tc.input_hook(l)][0], True) for l in range(n_layers)}
+    freezing = bool(constrained) or (freeze_attention and bool(interventions))   # constrained MLPs read the clean run
+    freeze_scales = set(range(n_layers)) <= set(constrained)
+    if freezing:
+        clean = replacement.record(tokens)
+        original = {l: encode(l, clean[tc.input_hook(l)][0], True) for l in range(n_layers)}
 
-    deltas = torch.zeros(n_layers, n_pos, tc.d_model, dtype=tc.b_dec.dtype, device=tc.b_dec.device)
+    deltas = torch.zeros(n_layers, n_pos, tc.d_model, dtype=replacement.dtype, device=replacement.device)
     inputs: dict[int, Tensor] = {}
     acts: dict[int, Tensor] = {}
 
@@ -100,10 +97,7 @@ def intervene(model: Any, transcoders: TranscoderSet, prompt: Prompt, interventi
     def write(layer: int):
         def hook(out: Tensor, hook: Any) -> Tensor:
             if layer in constrained:   # the clean output, with the skip term's change
-                out = frozen[hook.name].clone()
-                skip = tc.skip(layer, inputs[layer])
-                if skip is not None:
-                    out[0] += skip - tc.skip(layer, frozen[tc.input_hook(layer)][0])
+                out = replacement.mlp_output(layer, inputs[layer], clean[hook.name][0], clean[tc.input_hook(layer)][0])[None]
             if by_layer.get(layer):
                 base = original[layer] if constrained else acts[layer]
                 if not constrained and not apply_activation_function:
@@ -111,16 +105,14 @@ def intervene(model: Any, transcoders: TranscoderSet, prompt: Prompt, interventi
                 change = torch.zeros_like(base)
                 for pos, feature, value in by_layer[layer]:
                     change[pos, feature] = value - base[pos, feature]
-                written = torch.einsum("pf,fod->opd", change, tc.W_dec[layer])
-                deltas[layer:layer + written.shape[0]] += written
+                deltas.add_(replacement.decode(layer, change))
             if not constrained or layer in constrained:
                 out = out + deltas[layer].to(out.dtype)
                 deltas[layer] = 0
             return out
         return hook
 
-    hooks = [(name, lambda x, hook: frozen[hook.name]) for name in frozen
-             if name.endswith("hook_pattern") or name.endswith("hook_scale")]
+    hooks = replacement.freeze_hooks(clean, scales=freeze_scales) if freezing else []
     hooks += [(tc.input_hook(l), read(l)) for l in range(n_layers)]
     hooks += [(tc.output_hook(l), write(l)) for l in range(n_layers)]
     logits = model.run_with_hooks(tokens[None], fwd_hooks=hooks)

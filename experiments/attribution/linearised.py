@@ -1,88 +1,42 @@
-"""The local replacement model, linear in its sources, and its direct-effect rows (circuit-tracer's method).
+"""The linearised forward pass of the replacement model and its direct-effect rows (circuit-tracer's method).
 
-``read_sources`` runs the model once, without gradients, and reads every source node: the transcoders' active
-features (position 0 zeroed, as circuit-tracer does) with their encoder rows and activation-scaled decoder rows,
-one error vector per layer and position (the MLP's true output minus the transcoders' reconstruction), the
-token embeddings, and the logits.
-
-``LinearisedForward`` then runs ``batch`` copies of the prompt through the model's public hooks with every
-attention pattern (``hook_pattern``) and norm divisor (``hook_scale``) detached, and each MLP's output replaced
-by ``skip + (output - skip).detach()`` (so its value is unchanged but the only gradient through it is the
+``LinearisedForward`` runs ``batch`` copies of the prompt through ``ReplacementModel``'s frozen model
+(``replacement.py``: every attention pattern and norm divisor detached, each MLP's output replaced by
+``skip + (output - skip).detach()``, so its value is unchanged but the only gradient through it is the
 transcoders' linear skip term). In that graph every path from a source to a target is linear. ``rows`` injects
 one target's read direction per batch row (an encoder row at a feature's input hook, a logit's unembedding
 direction at the final norm's output) as the gradient and contracts the gradients at each output hook and at
-``hook_embed`` with the sources' written vectors: each result is the direct effect of a source on a target.
+``hook_embed`` with the sources' written vectors (``ReplacementModel.read_sources``): each result is the direct
+effect of a source on a target.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from experiments.attribution.replacement import ReplacementModel, Sources
 from workbench.transcoders import TranscoderSet
 
-
-@dataclass
-class Sources:
-    """What ``read_sources`` reads. ``F`` the active features, ``R`` their decoder rows (one per feature and layer
-    it writes to), ``L`` layers, ``P`` positions."""
-
-    active_features: Int[Tensor, "F 3"]            # (layer, position, feature), lexicographic
-    activation_values: Float[Tensor, "F"]
-    encoder_vecs: Float[Tensor, "F d_model"]
-    decoder_vecs: Float[Tensor, "R d_model"]        # activation times W_dec row
-    decoder_source: Int[Tensor, "R"]                # which feature each decoder row belongs to
-    decoder_layer: Int[Tensor, "R"]                 # the layer it writes to
-    decoder_pos: Int[Tensor, "R"]
-    error_vecs: Float[Tensor, "L P d_model"]
-    token_vecs: Float[Tensor, "P d_model"]
-    logits: Float[Tensor, "d_vocab"]                # at the last position
+__all__ = ["LinearisedForward", "Sources", "read_sources"]
 
 
-@torch.no_grad()
-def read_sources(model: Any, transcoders: TranscoderSet, tokens: Int[Tensor, "pos"]) -> Sources:
-    """Every source node of the graph on ``tokens`` (see the module docstring)."""
-    n_layers = transcoders.n_layers
-    names = {"hook_embed"} | {transcoders.input_hook(l) for l in range(n_layers)} | \
-            {transcoders.output_hook(l) for l in range(n_layers)}
-    logits, cache = model.run_with_cache(tokens[None], names_filter=lambda name: name in names)
-    inputs_LPD = torch.stack([cache[transcoders.input_hook(l)][0] for l in range(n_layers)]).to(transcoders.b_dec.dtype)
-    outputs_LPD = torch.stack([cache[transcoders.output_hook(l)][0] for l in range(n_layers)]).to(inputs_LPD.dtype)
-    acts = []
-    for layer in range(n_layers):
-        layer_acts = transcoders.encode(layer, inputs_LPD[layer])
-        layer_acts[0] = 0  # circuit-tracer zeroes the first position's features (and its errors below)
-        acts.append(layer_acts)
-    acts_LPF = torch.stack(acts)
-    active = acts_LPF.nonzero()
-    values = acts_LPF[active[:, 0], active[:, 1], active[:, 2]]
-    encoder = torch.cat([transcoders.W_enc[l][active[active[:, 0] == l, 2]] for l in range(n_layers)])
-    dec_vecs, dec_source, dec_layer, dec_pos = [], [], [], []
-    for layer in range(n_layers):  # each feature's rows, one per layer it writes to, scaled by its activation
-        in_layer = (active[:, 0] == layer).nonzero().flatten()
-        n_out = len(transcoders.output_layers(layer))
-        rows = transcoders.W_dec[layer][active[in_layer, 2]] * values[in_layer, None, None]   # [k, n_out, d_model]
-        dec_vecs.append(rows.reshape(-1, rows.shape[-1]))
-        dec_source.append(in_layer.repeat_interleave(n_out))
-        dec_layer.append(torch.arange(layer, layer + n_out, device=active.device).repeat(len(in_layer)))
-        dec_pos.append(active[in_layer, 1].repeat_interleave(n_out))
-    errors = outputs_LPD - transcoders.reconstruct(acts, inputs_LPD)
-    errors[:, 0] = 0
-    return Sources(active_features=active, activation_values=values, encoder_vecs=encoder,
-                   decoder_vecs=torch.cat(dec_vecs), decoder_source=torch.cat(dec_source),
-                   decoder_layer=torch.cat(dec_layer), decoder_pos=torch.cat(dec_pos), error_vecs=errors,
-                   token_vecs=cache["hook_embed"][0].to(errors.dtype), logits=logits[0, -1].float())
+def read_sources(model: Any, transcoders: Optional[TranscoderSet], tokens: Int[Tensor, "pos"]) -> Sources:
+    """Every source node of the graph on ``tokens``: ``ReplacementModel.read_sources``."""
+    return ReplacementModel.of(model, transcoders).read_sources(tokens)
 
 
 class LinearisedForward:
-    """``batch`` copies of the prompt through the frozen model, kept for repeated backward passes (``rows``)."""
+    """``batch`` copies of the prompt through the frozen model, kept for repeated backward passes (``rows``).
+    ``model`` is a ``ReplacementModel`` (``transcoders`` None) or a model with its ``transcoders``."""
 
-    def __init__(self, model: Any, transcoders: TranscoderSet, tokens: Int[Tensor, "pos"], sources: Optional[Sources],
-                 batch: int):
+    def __init__(self, model: Any, transcoders: Optional[TranscoderSet], tokens: Int[Tensor, "pos"],
+                 sources: Optional[Sources], batch: int):
+        self.replacement = ReplacementModel.of(model, transcoders)
+        model, transcoders = self.replacement.model, self.replacement.transcoders
         self.transcoders, self.sources = transcoders, sources
         self.n_layers, self.n_pos, self.batch = transcoders.n_layers, tokens.shape[0], batch
         self.n_features = 0 if sources is None else sources.active_features.shape[0]   # None: plan_attribution
@@ -90,17 +44,14 @@ class LinearisedForward:
         self.written: dict[int, Tensor] = {}      # write points: layer -> the MLP output's replacement
         self.embed: Tensor
         self._blocks: dict[int, tuple[Tensor, Tensor]] = {}
-        with torch.enable_grad(), model.hooks(fwd_hooks=self._hooks(model)):
+        with torch.enable_grad(), model.hooks(fwd_hooks=self._hooks()):
             # stop before the unembedding (its [batch, pos, d_vocab] logits are never needed); the final norm's
             # output, its divisor frozen by the hooks, is where logit targets read
             resid = model(tokens[None].expand(batch, -1), stop_at_layer=self.n_layers)
             self.resid[self.n_layers] = model.apply_final_norm(resid)
 
-    def _hooks(self, model: Any) -> list:
-        tc = self.transcoders
-
-        def detach(acts: Tensor, hook: Any) -> Tensor:
-            return acts.detach()
+    def _hooks(self) -> list:
+        replacement = self.replacement
 
         def embed(acts: Tensor, hook: Any) -> Tensor:
             self.embed = acts.detach().requires_grad_(True)
@@ -114,19 +65,15 @@ class LinearisedForward:
 
         def write(layer: int):
             def hook(acts: Tensor, hook: Any) -> Tensor:
-                skip = tc.skip(layer, self.resid[layer])
-                if skip is None:
-                    out = acts.detach().requires_grad_(True)
-                else:
-                    skip = skip.to(acts.dtype)
-                    out = skip + (acts - skip).detach()
+                out = replacement.mlp_output(layer, self.resid[layer], acts)
+                if not out.requires_grad:   # no skip term: the write point is a leaf of its own
+                    out.requires_grad_(True)
                 self.written[layer] = out
                 return out
             return hook
 
-        frozen = [(name, detach) for name in model.hook_dict
-                  if name.endswith("attn.hook_pattern") or name.endswith("hook_scale")]
-        return frozen + [("hook_embed", embed)] + \
+        tc = self.transcoders
+        return replacement.freeze_hooks() + [("hook_embed", embed)] + \
             [(tc.input_hook(l), read(l)) for l in range(self.n_layers)] + \
             [(tc.output_hook(l), write(l)) for l in range(self.n_layers)]
 
