@@ -34,7 +34,7 @@ def attribute(model: Any, transcoders: Optional[TranscoderSet], prompt: Prompt, 
               forward_memory: Optional[int] = FORWARD_MEMORY) -> AttributionGraph:
     """The attribution graph of ``prompt`` (text, or token ids; a special token is put first when the prompt does
     not start with one, as circuit-tracer does) through ``transcoders`` replacing ``model``'s MLPs (or through a
-    ``ReplacementModel`` passed as ``model``, ``transcoders`` then None: ``replacement_model.attribute(prompt)``).
+    ``ReplacementModel`` passed as ``model``, ``transcoders`` then None).
 
     ``batch_size`` targets share a backward pass, as in circuit-tracer, but the frozen forward pass keeps only as
     many copies of the prompt as fit in ``forward_memory`` bytes (256 MiB by default; ``None``: ``batch_size``

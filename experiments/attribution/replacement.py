@@ -12,7 +12,9 @@ explanations and ``intervene`` all freeze through these two methods.
 The rest: ``record`` (one run keeping the values to freeze at), ``read_sources`` (every source node and the logits),
 ``encoder_rows`` and ``decode`` (the transcoders' weights read exactly through their public arithmetic), ``forward``
 (the replacement with live features: the transcoders' reconstruction plus given errors; with the true errors it is
-the model), and circuit-tracer's spellings ``from_model_and_transcoders``, ``attribute`` and ``feature_intervention``.
+the model), and circuit-tracer's ``from_pretrained_and_transcoders`` as ``from_model_and_transcoders``. ``attribute``
+and ``intervene`` take a replacement model in place of the model (``attribute(replacement_model, None, prompt)``);
+it has no ``attribute`` method of its own, which would make this module and theirs import each other.
 Shapes: ``L`` layers, ``P`` positions, ``F`` features per layer, ``D`` the model width, ``k`` rows.
 """
 
@@ -317,40 +319,3 @@ class ReplacementModel:
         return self.model.run_with_hooks(tokens[None], fwd_hooks=hooks)[0]
 
     __call__ = forward
-
-    # ---- circuit-tracer's spellings ------------------------------------------------------------------------------
-    def attribute(self, prompt: Any, **options: Any) -> Any:
-        """``experiments.attribution.attribute(model, transcoders, prompt, **options)`` on this replacement model
-        (circuit-tracer's ``attribute(prompt, replacement_model)``).
-
-        Example:
-            >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="relu"))
-            >>> tc = wb.TranscoderSet(W_enc=[tiny.W_in[0].T.detach()], b_enc=[tiny.b_in[0].detach()], threshold=[None],
-            ...     W_dec=[tiny.W_out[0][:, None].detach()], b_dec=tiny.b_out.detach(), feature_input_hook="mlp.hook_in",
-            ...     feature_output_hook="mlp.hook_out")
-            >>> ReplacementModel(tiny, tc).attribute([1, 2, 3], max_n_logits=2, progress=False).n_pos
-            3
-        """
-        from experiments.attribution.attribute import attribute
-
-        return attribute(self, self.transcoders, prompt, **options)
-
-    def feature_intervention(self, prompt: Any, interventions: Sequence, direct_effects: bool = False,
-                             freeze_attention: bool = True, apply_activation_function: bool = True) -> Any:
-        """circuit-tracer's ``feature_intervention``: ``intervene`` with ``direct_effects`` meaning every layer
-        constrained (patterns, divisors and MLPs frozen); returns ``(logits, activations)``.
-
-        Example:
-            >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="relu"))
-            >>> tc = wb.TranscoderSet(W_enc=[tiny.W_in[0].T.detach()], b_enc=[tiny.b_in[0].detach()], threshold=[None],
-            ...     W_dec=[tiny.W_out[0][:, None].detach()], b_dec=tiny.b_out.detach(), feature_input_hook="mlp.hook_in",
-            ...     feature_output_hook="mlp.hook_out")
-            >>> logits, activations = ReplacementModel(tiny, tc).feature_intervention([1, 2, 3], [(0, 2, 5, 1.0)])
-            >>> logits.shape, activations.shape
-            (torch.Size([3, 10]), torch.Size([1, 3, 32]))
-        """
-        from experiments.attribution.intervention import intervene
-
-        return intervene(self, self.transcoders, prompt, interventions,
-                         constrained_layers=range(self.n_layers) if direct_effects else None,
-                         freeze_attention=freeze_attention, apply_activation_function=apply_activation_function)
