@@ -1,9 +1,12 @@
-"""The project's own docs stay true: the generated hook table, the shape legend, the API page, links.
+"""The project's own docs stay true: the generated hook table, the shape legend, the API page, links, the
+README and the guides.
 
 docs/hooks.md must equal what ``workbench.hook_table`` prints now and list exactly the hook points
 its models have; its shapes are spot-checked against hand knowledge and against models of other
 sizes. Every ``Legend:`` line in the code must use entries of docs/shapes.md's list verbatim.
 docs/api.md must name every public function (experiments' with each parameter) and command.
+Every relative link of README.md and docs/**/*.md resolves to a file (and its #anchor to a heading); the
+README stays under 200 lines and links every guide.
 """
 
 from __future__ import annotations
@@ -300,6 +303,85 @@ def test_index_links_every_page():
     index = (DOCS / "index.md").read_text(encoding="utf-8")
     for page in ("api.md", "hooks.md", "shapes.md", "architecture.md"):
         assert f"]({page})" in index
+    for guide in GUIDES:
+        assert f"](guides/{guide})" in index
+
+
+# ---- README and the guides ---------------------------------------------------------------------------
+GUIDES = ("models-and-hooks.md", "dictionaries.md", "graphs.md", "circuits.md", "dashboard.md",
+          "coming-from-transformerlens.md", "performance.md")
+MARKDOWN_PAGES = [ROOT / "README.md"] + sorted(DOCS.rglob("*.md"))
+
+
+def without_code(markdown: str) -> str:
+    """The text outside fenced code blocks (a ``#`` or ``](`` inside code is neither a heading nor a link)."""
+    return re.sub(r"^```.*?^```", "", markdown, flags=re.MULTILINE | re.DOTALL)
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives the headings of a page: lower case, punctuation but '-' and '_' dropped, spaces
+    as '-', a repeated anchor numbered -1, -2, ..."""
+    anchors, seen = set(), {}
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", without_code(markdown), flags=re.MULTILINE):
+        anchor = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        count = seen.get(anchor, 0)
+        anchors.add(anchor if count == 0 else f"{anchor}-{count}")
+        seen[anchor] = count + 1
+    return anchors
+
+
+def test_heading_anchors_follow_githubs_rule():
+    page = "# API\n## `experiments.sae` (training SAEs)\n### Coming from TransformerLens\n## API\n```\n# not one\n```"
+    assert heading_anchors(page) == {"api", "experimentssae-training-saes", "coming-from-transformerlens", "api-1"}
+
+
+@pytest.mark.parametrize("page", MARKDOWN_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves_to_a_file_and_anchor(page):
+    """Every relative link (and image) of README.md and docs/**/*.md names an existing file, and its #anchor, if
+    any, a heading of that file (a bare #anchor: of the page itself)."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", without_code(page.read_text(encoding="utf-8"))):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(target)
+        elif anchor and (linked.suffix != ".md" or anchor not in heading_anchors(linked.read_text(encoding="utf-8"))):
+            broken.append(target)
+    assert broken == [], f"{page.relative_to(ROOT)}: links that do not resolve: {broken}"
+
+
+def test_readme_stays_short():
+    assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) < 200
+
+
+def test_readme_gives_the_two_commands_and_links_every_guide():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "make run" in readme and "make test" in readme
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert re.search(r"^run:", makefile, flags=re.MULTILINE) and re.search(r"^test:", makefile, flags=re.MULTILINE)
+    assert [g for g in GUIDES if f"](docs/guides/{g}" not in readme] == []
+    assert "](docs/api.md)" in readme
+
+
+@pytest.mark.parametrize("guide", GUIDES)
+def test_each_guide_exists_and_links_the_reference(guide):
+    text = (DOCS / "guides" / guide).read_text(encoding="utf-8")
+    assert text.startswith("# ")
+    assert "](../api.md" in text
+
+
+def test_the_architecture_table_in_the_guide_is_the_supported_table_row_for_row():
+    """The table of every architecture lives in the models guide (it left the README): the same rows, in order,
+    as ``wb.supported_architectures()``."""
+    import workbench as wb
+
+    guide = (DOCS / "guides" / "models-and-hooks.md").read_text(encoding="utf-8")
+    cells = [[cell.strip().strip("`") for cell in line.strip("|").split("|")]
+             for line in guide.splitlines() if line.startswith(("| HF directory | `", "| GGUF | `"))]
+    table = wb.supported_architectures()
+    assert [tuple(row[:3]) for row in cells] == list(zip(table.format, table.architecture, table.model_type))
 
 
 def test_readme_links_docs_and_not_the_shared_design_page():

@@ -12,7 +12,7 @@ import torch
 import workbench as wb
 from workbench.cli import main
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "guides" / "models-and-hooks.md"
 
 
 def test_every_family_module_is_listed_once():
