@@ -30,7 +30,7 @@ from experiments._progress import ProgressArg
 from experiments.datasets import IOIDataset
 from experiments.distributed import mean_over_prompts
 from experiments.metrics import LogitDiff, PromptBatch
-from experiments.patching import patch_heads
+from experiments.patching import PairedPrompts, patch_heads
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,7 @@ def ioi_patching(model, data: IOIDataset, top_k: int = 10, progress: ProgressArg
         >>> ioi_patching(model, data, top_k=3, progress=False).top_heads[["layer", "head"]].values.tolist()
         [[0, 1], [1, 3], [1, 0]]
     """
-    heads = patch_heads(model, data.clean_tokens, data.corrupt_tokens, data.answer_tokens, data.wrong_tokens,
-                        progress, clean_mask=data.clean_mask, corrupt_mask=data.corrupt_mask)
+    heads = patch_heads(model, PairedPrompts.from_prompts(model, data), progress)
     top = heads.nlargest(top_k, "normalized").reset_index(drop=True)
     return IOIResult(ioi_logit_diffs(model, data), heads, top)
 
@@ -103,8 +102,7 @@ def ioi_per_prompt(model, data: IOIDataset, progress: ProgressArg = False) -> pd
         [[0, 1], [1, 3], [1, 0]]
     """
     diffs = ioi_logit_diffs(model, data)
-    heads = patch_heads(model, data.clean_tokens, data.corrupt_tokens, data.answer_tokens, data.wrong_tokens,
-                        progress, per_prompt=True, clean_mask=data.clean_mask, corrupt_mask=data.corrupt_mask)
+    heads = patch_heads(model, PairedPrompts.from_prompts(model, data), progress, per_prompt=True)
     rows = heads.merge(diffs, on="prompt").sort_values(["prompt", "layer", "head"], kind="stable", ignore_index=True)
     return rows[["prompt", "layer", "head", "clean", "corrupt", "metric", "delta", "normalized"]]
 

@@ -19,11 +19,10 @@ from app.results.long_runs import LongRun, ProgressBar
 from app.results.models import BY_MODEL_KEY
 from app.state import LoadedModel
 from experiments.circuits import (Circuit, EdgeScores, Faithfulness, PairedPrompts, circuit_from_scores,
-                                  edge_attribution_patching, edge_patching, faithfulness, paired_prompts)
+                                  edge_attribution_patching, edge_patching, faithfulness)
 from experiments.circuits import faithfulness_curve as _faithfulness_curve
 from experiments.circuits.tasks import induction_pairs
 from experiments.datasets import ioi_dataset
-from experiments.metrics import logit_diff
 from experiments.plots.circuits import CircuitDrawing
 from experiments.plots.circuits import circuit_drawing as _circuit_drawing
 
@@ -64,10 +63,10 @@ def task_pairs(model, task: CircuitTask) -> PairedPrompts:
         1
     """
     if task.kind == "ioi":
-        return paired_prompts(model, ioi_dataset(model, task.n, seed=task.seed, names=list(task.names) or None))
+        return PairedPrompts.from_prompts(model, ioi_dataset(model, task.n, seed=task.seed, names=list(task.names) or None))
     if task.kind == "induction":
         return induction_pairs(model, task.seq_len, task.n, task.seed)
-    return paired_prompts(model, [task.clean], [task.corrupt], logit_diff(model, [task.answer], [task.wrong], 1))
+    return PairedPrompts.from_prompts(model, [task.clean], [task.corrupt], [task.answer], [task.wrong])
 
 
 def _scores(model, task: CircuitTask, method: str, ig_steps: int, progress) -> EdgeScores:
@@ -161,7 +160,7 @@ class _Held:
 
 
 def _curve(model, scores: _Held, ablation: str, progress) -> pd.DataFrame:
-    return _faithfulness_curve(model, task_pairs(model, scores.made_by[0]), None, scores.value, ablation=ablation,
+    return _faithfulness_curve(model, task_pairs(model, scores.made_by[0]), scores.value, ablation=ablation,
                                batch_size=BATCH_SIZE, progress=progress)
 
 
@@ -198,7 +197,7 @@ def has_faithfulness_curve(loaded: LoadedModel, task: CircuitTask, method: str, 
 
 
 def _faithfulness(model, found: _Held, ablation: str, progress) -> Faithfulness:
-    return faithfulness(model, task_pairs(model, found.made_by[0]), None, found.value, ablation, batch_size=BATCH_SIZE,
+    return faithfulness(model, task_pairs(model, found.made_by[0]), found.value, ablation, batch_size=BATCH_SIZE,
                         progress=progress)
 
 

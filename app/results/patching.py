@@ -44,9 +44,8 @@ def attribution_patching(loaded: LoadedModel, prompts: PatchPrompts) -> pd.DataF
         >>> approx["site"].unique().tolist(), sorted(k for k in approx.attrs if k.endswith("_metric"))
         (['resid', 'attn', 'heads'], ['clean_metric', 'corrupt_metric'])
     """
-    clean, corrupt, answers, wrongs = prompts
     with loaded.lock:
-        return patching.attribution_patching(loaded.model, list(clean), list(corrupt), list(answers), list(wrongs))
+        return patching.attribution_patching(loaded.model, _pairs(loaded.model, prompts))
 
 
 _EXACT_PATCHING = {"resid": patching.patch_residual, "attn_mlp": patching.patch_attn_mlp, "heads": patching.patch_heads}
@@ -54,9 +53,13 @@ _EXACT_TEXT = {"resid": "Patching the residual stream", "attn_mlp": "Patching at
                "heads": "Patching every head"}
 
 
-def _exact_patching(kind: str, model, prompts: PatchPrompts, progress) -> pd.DataFrame:
+def _pairs(model, prompts: PatchPrompts) -> patching.PairedPrompts:
     clean, corrupt, answers, wrongs = prompts
-    return _EXACT_PATCHING[kind](model, list(clean), list(corrupt), list(answers), list(wrongs), progress)
+    return patching.PairedPrompts.from_prompts(model, list(clean), list(corrupt), list(answers), list(wrongs))
+
+
+def _exact_patching(kind: str, model, prompts: PatchPrompts, progress) -> pd.DataFrame:
+    return _EXACT_PATCHING[kind](model, _pairs(model, prompts), progress)
 
 
 _EXACT_RUNS = {kind: LongRun(text, functools.partial(_exact_patching, kind)) for kind, text in _EXACT_TEXT.items()}

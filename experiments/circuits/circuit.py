@@ -25,9 +25,9 @@ from experiments._progress import Progress, ProgressArg
 from experiments.circuits.eap import EdgeScores, Method, edge_attribution_patching
 from experiments.circuits.exact import patched_values
 from experiments.circuits.graph import CircuitGraph, circuit_graph
-from experiments.circuits.runs import (PairedPrompts, base_run, edge_switches, paired_prompts, patched_metric, source_values,
-                                       writer_values)
+from experiments.circuits.runs import base_run, edge_switches, patched_metric, source_values, writer_values
 from experiments.metrics import MetricLike
+from experiments.patching.pairs import PairedPrompts, takes_pairs
 from workbench.errors import InputError
 
 Ablation = Literal["corrupt", "mean", "zero"]
@@ -120,16 +120,14 @@ def _jsonable(attrs: dict) -> dict:
 
 
 def as_pairs(model, dataset, metric: Optional[MetricLike] = None) -> PairedPrompts:
-    """``dataset`` (an ``IOIDataset``, ``PairedPrompts`` or a (clean, corrupt[, clean_mask, corrupt_mask]) tuple) as pairs.
+    """The older name of ``PairedPrompts.from_prompts`` for a dataset: an ``IOIDataset``, ``PairedPrompts`` or a
+    (clean, corrupt[, clean_mask, corrupt_mask]) tuple, with ``metric`` (kept or defaulted when None).
 
     Example:
         >>> as_pairs(model, (tokens, tokens), lambda logits, tokens: logits[:, -1, 0]).size
         1
     """
-    if isinstance(dataset, tuple):
-        clean, corrupt, *masks = dataset
-        return paired_prompts(model, clean, corrupt, metric, *masks)
-    return paired_prompts(model, dataset, None, metric)
+    return PairedPrompts.from_prompts(model, dataset, metric=metric)
 
 
 def circuit_from_scores(scores: EdgeScores, top_n: Optional[int] = None, threshold: Optional[float] = None,
@@ -163,11 +161,14 @@ def circuit_from_scores(scores: EdgeScores, top_n: Optional[int] = None, thresho
                    {**scores.attrs, "top_n": top_n, "threshold": threshold})
 
 
-def discover_circuit(model, dataset, metric: Optional[MetricLike] = None, *, method: Method = "eap-ig",
+@takes_pairs("dataset")
+def discover_circuit(model, pairs: PairedPrompts, *, method: Method = "eap-ig",
                      top_n: Optional[int] = None, threshold: Optional[float] = None, ig_steps: int = 5,
                      batch_size: int = 16, progress: ProgressArg = False) -> Circuit:
-    """The circuit of ``dataset``'s behaviour: edges scored by EAP or EAP-IG over the dataset (summed over positions),
-    the ``top_n`` strongest kept (or those with |score| >= ``threshold``).
+    """The circuit of the behaviour ``pairs`` shows: edges scored by EAP or EAP-IG over the pairs (summed over
+    positions), the ``top_n`` strongest kept (or those with |score| >= ``threshold``). ``pairs``: a ``PairedPrompts``;
+    the older form (``dataset, metric=None``: an ``IOIDataset``, ``PairedPrompts`` or a (clean, corrupt[, masks])
+    tuple, and a metric) is still taken, here and by ``faithfulness``, ``faithfulness_curve`` and ``acdc``.
 
     Example:
         >>> from experiments.circuits.tasks import induction_pairs
@@ -175,8 +176,7 @@ def discover_circuit(model, dataset, metric: Optional[MetricLike] = None, *, met
         >>> "a0.h0->a1.h1<k>" in circuit.edges                       # previous-token head -> induction head
         True
     """
-    data = as_pairs(model, dataset, metric)
-    scores = edge_attribution_patching(model, data, method=method, ig_steps=ig_steps, batch_size=batch_size,
+    scores = edge_attribution_patching(model, pairs, method=method, ig_steps=ig_steps, batch_size=batch_size,
                                        progress=progress)
     return circuit_from_scores(scores, top_n, threshold)
 
@@ -212,7 +212,8 @@ def _ablated_runs(model, graph: CircuitGraph, data: PairedPrompts, masks: Tensor
     return patched_values(model, graph, data, masks, batch_size, progress, base="clean", sources=sources)
 
 
-def faithfulness(model, dataset, metric: Optional[MetricLike], circuit: Circuit, ablation: Ablation = "corrupt", *,
+@takes_pairs("dataset")
+def faithfulness(model, pairs: PairedPrompts, circuit: Circuit, ablation: Ablation = "corrupt", *,
                  batch_size: int = 16, progress: ProgressArg = False) -> Faithfulness:
     """How much of the clean - corrupt gap ``circuit`` keeps with every other edge ablated (``"corrupt"``: the
     corrupted run's writer values; ``"mean"``: their mean over the corrupted prompts at each position; ``"zero"``).
@@ -222,11 +223,11 @@ def faithfulness(model, dataset, metric: Optional[MetricLike], circuit: Circuit,
         >>> corrupt = model.to_tokens("The cat sat on the mat. The cut")
         >>> from experiments.metrics import logit_diff
         >>> whole = Circuit(graph, graph.edge_mask)
-        >>> round(faithfulness(model, (tokens, corrupt), logit_diff(model, " s", " and", 1), whole).recovered, 4)
+        >>> pairs = PairedPrompts.from_prompts(model, tokens, corrupt, metric=logit_diff(model, " s", " and", 1))
+        >>> round(faithfulness(model, pairs, whole).recovered, 4)
         1.0
     """
-    data = as_pairs(model, dataset, metric)
-    values, clean_R, corrupt_R = _ablated_runs(model, circuit.graph, data, _ablation_masks(circuit, data.clean.tokens.shape[1]),
+    values, clean_R, corrupt_R = _ablated_runs(model, circuit.graph, pairs, _ablation_masks(circuit, pairs.clean.tokens.shape[1]),
                                                ablation, batch_size, progress)
     clean, corrupt, kept = float(clean_R.mean()), float(corrupt_R.mean()), float(values.mean())
     total = circuit.graph.n_edges * (circuit.mask.shape[0] if circuit.mask.ndim == 3 else 1)
@@ -234,7 +235,8 @@ def faithfulness(model, dataset, metric: Optional[MetricLike], circuit: Circuit,
                         corrupt, circuit.n_edges, total)
 
 
-def faithfulness_curve(model, dataset, metric: Optional[MetricLike], scores: EdgeScores,
+@takes_pairs("dataset")
+def faithfulness_curve(model, pairs: PairedPrompts, scores: EdgeScores,
                        sizes: Optional[Sequence[int]] = None, ablation: Ablation = "corrupt", *, batch_size: int = 16,
                        progress: ProgressArg = False) -> pd.DataFrame:
     """Faithfulness of the top-k edges by |score| for each k of ``sizes`` (default: 12 sizes from one edge to all, on
@@ -245,17 +247,17 @@ def faithfulness_curve(model, dataset, metric: Optional[MetricLike], scores: Edg
         >>> corrupt = model.to_tokens("The cat sat on the mat. The cut")
         >>> scores = edge_attribution_patching(model, tokens, corrupt, logit_diff(model, " s", " and", 1))
         >>> curve = faithfulness_curve(model, (tokens, corrupt), logit_diff(model, " s", " and", 1), scores, [0, 81])
+        >>> # (the older form above; PairedPrompts first, as faithfulness's example, is the same call)
         >>> (curve["recovered"].round(4) + 0.0).tolist()               # no edge: the corrupted run; all: the clean one
         [0.0, 1.0]
     """
-    data = as_pairs(model, dataset, metric)
     graph = scores.graph
     total = graph.n_edges
     if sizes is None:
         sizes = sorted({int(round(x)) for x in np.geomspace(1, total, 12)})
     circuits = [circuit_from_scores(scores, top_n=int(k)) for k in sizes]
-    masks = torch.cat([_ablation_masks(c, data.clean.tokens.shape[1]) for c in circuits])
-    values, clean_R, corrupt_R = _ablated_runs(model, graph, data, masks, ablation, batch_size, progress)
+    masks = torch.cat([_ablation_masks(c, pairs.clean.tokens.shape[1]) for c in circuits])
+    values, clean_R, corrupt_R = _ablated_runs(model, graph, pairs, masks, ablation, batch_size, progress)
     clean, corrupt = float(clean_R.mean()), float(corrupt_R.mean())
     kept = values.mean(1).numpy()
     table = pd.DataFrame({"n_edges": [c.n_edges for c in circuits], "share": [c.n_edges / total for c in circuits],
@@ -264,7 +266,8 @@ def faithfulness_curve(model, dataset, metric: Optional[MetricLike], scores: Edg
     return table
 
 
-def acdc(model, dataset, metric: Optional[MetricLike], threshold: float, *, ablation: Ablation = "corrupt",
+@takes_pairs("dataset")
+def acdc(model, pairs: PairedPrompts, threshold: float, *, ablation: Ablation = "corrupt",
          batch_size: int = 16, progress: ProgressArg = False) -> Circuit:
     """ACDC (Conmy et al. 2023): greedy exact pruning. From the whole graph, readers in reverse topological order
     (logits first), each of a reader's edges (latest writer first) is ablated for good when that moves the dataset's
@@ -273,26 +276,30 @@ def acdc(model, dataset, metric: Optional[MetricLike], threshold: float, *, abla
 
     Example:
         >>> from experiments.circuits.tasks import induction_pairs
-        >>> circuit = acdc(model, induction_pairs(model, seq_len=6, n=2), None, threshold=0.3)
+        >>> circuit = acdc(model, induction_pairs(model, seq_len=6, n=2), threshold=0.3)
         >>> circuit.n_edges < circuit.graph.n_edges
         True
     """
-    data = as_pairs(model, dataset, metric)
     graph = circuit_graph(model)
-    kept = graph.edge_mask.clone()
     if ablation not in ("corrupt", "mean", "zero"):
         raise InputError(f"ablation must be 'corrupt', 'mean' or 'zero', got {ablation!r}")
-    with edge_switches(model):  # the ablated values, once: each test is then one pass per chunk of pairs
-        shared = None if ablation == "corrupt" else source_values(model, graph, data.corrupt, ablation)
-        chunks = [data.rows(start, min(start + batch_size, data.size)) for start in range(0, data.size, batch_size)]
-        sources = [shared or writer_values(model, graph, part.corrupt) for part in chunks]
-        starts = [base_run(model, graph, part.clean) for part in chunks]
+    with edge_switches(model):  # the whole search: the switches on, and so the model's lock held, until it ends
+        return _acdc(model, graph, pairs, threshold, ablation, batch_size, progress)
+
+
+def _acdc(model, graph: CircuitGraph, pairs: PairedPrompts, threshold: float, ablation: Ablation, batch_size: int,
+          progress: ProgressArg) -> Circuit:
+    kept = graph.edge_mask.clone()
+    # the ablated values, once: each test is then one pass per chunk of pairs
+    shared = None if ablation == "corrupt" else source_values(model, graph, pairs.corrupt, ablation)
+    chunks = [pairs.rows(start, min(start + batch_size, pairs.size)) for start in range(0, pairs.size, batch_size)]
+    sources = [shared or writer_values(model, graph, part.corrupt) for part in chunks]
+    starts = [base_run(model, graph, part.clean) for part in chunks]
 
     def score(mask: Tensor) -> float:
         masks = (~mask & graph.edge_mask)[None, None]
-        with edge_switches(model):
-            values = [patched_metric(model, graph, part.clean, part.metric, masks, source, start)
-                      for part, source, start in zip(chunks, sources, starts)]
+        values = [patched_metric(model, graph, part.clean, part.metric, masks, source, start)
+                  for part, source, start in zip(chunks, sources, starts)]
         return float(torch.cat(values, 1).mean())
 
     current = score(kept)

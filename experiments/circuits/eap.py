@@ -25,9 +25,9 @@ from torch import Tensor
 from experiments._batched import metric_from_final_resid
 from experiments._progress import Progress, ProgressArg
 from experiments.circuits.graph import EMBED_HOOK, CircuitGraph, circuit_graph
-from experiments.circuits.runs import (PairedPrompts, base_run, edge_switches, paired_prompts, reader_hooks,
-                                       stack_writers)
-from experiments.metrics import MetricLike
+from experiments.circuits.runs import base_run, edge_switches, reader_hooks, stack_writers
+from experiments.gradients import capturing_gradients
+from experiments.patching.pairs import PairedPrompts, takes_pairs
 from workbench.errors import InputError
 
 Method = Literal["eap", "eap-ig"]
@@ -40,7 +40,8 @@ class EdgeScores:
     Example:
         >>> from experiments.metrics import logit_diff
         >>> corrupt = model.to_tokens("The cat sat on the mat. The cut")
-        >>> scores = edge_attribution_patching(model, tokens, corrupt, logit_diff(model, " s", " and", 1))
+        >>> pairs = PairedPrompts.from_prompts(model, tokens, corrupt, answers=" s", wrong=" and")
+        >>> scores = edge_attribution_patching(model, pairs)
         >>> scores.scores.shape                                # [pos, writers, readers]
         torch.Size([14, 9, 25])
         >>> scores.to_frame(positions="sum").columns.tolist()
@@ -90,15 +91,15 @@ class EdgeScores:
         return table
 
 
-def edge_attribution_patching(model, clean, corrupt=None, metric: Optional[MetricLike] = None, *,
-                              method: Method = "eap", ig_steps: int = 5, clean_mask: Optional[Tensor] = None,
-                              corrupt_mask: Optional[Tensor] = None, batch_size: int = 16, per_prompt: bool = False,
-                              progress: ProgressArg = False) -> EdgeScores:
+@takes_pairs("circuits")
+def edge_attribution_patching(model, pairs: PairedPrompts, *, method: Method = "eap", ig_steps: int = 5,
+                              batch_size: int = 16, per_prompt: bool = False, progress: ProgressArg = False) -> EdgeScores:
     """Every edge's attribution score at every position, over a padded dataset of clean/corrupted pairs.
 
-    ``clean``/``corrupt``: texts or token ids (padded to one width, ``clean_mask``/``corrupt_mask`` saying which
-    positions are real), or an ``IOIDataset`` as ``clean``. ``metric``: a ``Metric`` or a callable
-    ``(logits, tokens) -> [batch]`` (default for an IOIDataset: logit[IO] - logit[S]). ``method="eap-ig"``
+    ``pairs``: a ``PairedPrompts`` (``PairedPrompts.from_prompts``: texts, token ids or an ``IOIDataset``, whose
+    metric defaults to logit[IO] - logit[S]); its metric a ``Metric`` or a callable ``(logits, tokens) -> [batch]``.
+    The older form (``clean, corrupt=None, metric=None`` and the keywords ``clean_mask``, ``corrupt_mask``) is still
+    taken. ``method="eap-ig"``
     integrates the gradient over ``ig_steps`` inputs from the corrupted end. Returns ``EdgeScores`` (the tensor,
     ``to_frame()`` the DataFrame), its attrs holding the clean and corrupted metric.
 
@@ -106,7 +107,7 @@ def edge_attribution_patching(model, clean, corrupt=None, metric: Optional[Metri
         >>> from experiments.metrics import logit_diff
         >>> corrupt = model.to_tokens("The cat sat on the mat. The cut")
         >>> scores = edge_attribution_patching(model, tokens, corrupt, logit_diff(model, " s", " and", 1),
-        ...                                    method="eap-ig", ig_steps=3)
+        ...                                    method="eap-ig", ig_steps=3)      # the older form
         >>> scores.method, round(scores.attrs["clean_metric"] - scores.attrs["corrupt_metric"], 2)
         ('eap-ig', 1.61)
     """
@@ -118,14 +119,13 @@ def edge_attribution_patching(model, clean, corrupt=None, metric: Optional[Metri
     if batch_size < 1:
         raise InputError(f"batch_size must be at least 1, got {batch_size}")
     graph = circuit_graph(model)
-    data = paired_prompts(model, clean, corrupt, metric, clean_mask, corrupt_mask)
-    N = data.size
+    N = pairs.size
     chunks = [(start, min(start + batch_size, N)) for start in range(0, N, batch_size)]
     totals: list[Tensor] = []
     metrics = {"clean": [], "corrupt": []}
     with edge_switches(model), Progress(progress, total=len(chunks) * (steps + 1), desc="edge attribution") as bar:
         for start, stop in chunks:
-            part = data.rows(start, stop)
+            part = pairs.rows(start, stop)
             scores, clean_R, corrupt_R = _chunk_scores(model, graph, part, steps, N, per_prompt, bar)
             totals.append(scores)
             metrics["clean"].append(clean_R)
@@ -164,24 +164,19 @@ def _reader_gradients(model, graph: CircuitGraph, part: PairedPrompts, clean_inp
                       keep_writers: Optional[dict[str, Tensor]], N: int, per_prompt: bool) -> tuple[Tensor, Tensor]:
     """d objective / d every reader's input [B, P, I, D] on the corrupted run with its input moved ``alpha`` of the
     way to the clean one; the objective is each pair's metric (``per_prompt``) or its share of the mean over N."""
-    saved: dict[str, Tensor] = {}
-
     def interpolate(resid: Tensor, hook) -> Tensor:
-        resid = resid if resid.requires_grad else resid.detach().requires_grad_(True)  # frozen weights
         if keep_writers is not None:
             keep_writers[hook.name] = resid.detach()
         return resid if alpha == 0 else resid + alpha * (clean_input - resid.detach())
 
-    def save(activation: Tensor, hook) -> None:
-        saved[hook.name] = activation
-        if keep_writers is not None and hook.name.endswith(("hook_result", "hook_mlp_out")):
-            keep_writers[hook.name] = activation.detach()
+    def record(activation: Tensor, hook) -> None:  # the corrupted run's writers, on the first step
+        keep_writers[hook.name] = activation.detach()
 
     readers = reader_hooks(graph)
-    hooks = [(EMBED_HOOK, interpolate)] + [(name, save) for name in readers]
+    hooks = [(EMBED_HOOK, interpolate)]
     if keep_writers is not None:
-        hooks += [(name, save) for name in _output_hooks(graph)]
-    with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
+        hooks += [(name, record) for name in _output_hooks(graph)]
+    with capturing_gradients(model, readers, fwd_hooks=hooks) as captured:
         final = model(part.corrupt.tokens, attention_mask=part.corrupt.mask, stop_at_layer=graph.n_layers)
         values_R = metric_from_final_resid(model, final, part.corrupt, part.metric)[0]
         B = part.size
@@ -192,8 +187,7 @@ def _reader_gradients(model, graph: CircuitGraph, part: PairedPrompts, clean_inp
                              "for the whole batch")
         else:  # a batch-level value: this chunk's share of the mean over the chunks
             objective = values_R.sum() * B / N
-        grads = torch.autograd.grad(objective, [saved[name] for name in readers], allow_unused=True)
-    by_name = {name: (torch.zeros_like(saved[name]) if g is None else g) for name, g in zip(readers, grads)}
+        by_name = captured.gradients(objective)
     parts = []
     for layer in range(graph.n_layers):
         parts += [by_name[f"blocks.{layer}.hook_{kind}_input"] for kind in "qkv"]

@@ -20,9 +20,8 @@ from torch import Tensor
 from experiments._batched import metric_from_final_resid
 from experiments._progress import Progress, ProgressArg
 from experiments.circuits.graph import CircuitGraph, EdgeLike, circuit_graph
-from experiments.circuits.runs import (PairedPrompts, as_variant_masks, base_run, edge_switches, paired_prompts,
-                                       patched_metric)
-from experiments.metrics import MetricLike
+from experiments.circuits.runs import as_variant_masks, base_run, edge_switches, patched_metric
+from experiments.patching.pairs import PairedPrompts, takes_pairs
 from workbench.errors import InputError
 
 EdgeSpec = Union[EdgeLike, tuple[str, str, int]]
@@ -58,14 +57,13 @@ def edge_masks(graph: CircuitGraph, edges: Optional[Sequence[EdgeSpec]], P: int)
     return masks, names, positions
 
 
-def edge_patching(model, clean, corrupt=None, metric: Optional[MetricLike] = None,
-                  edges: Optional[Sequence[EdgeSpec]] = None, *, together: bool = False,
-                  clean_mask: Optional[Tensor] = None, corrupt_mask: Optional[Tensor] = None, batch_size: int = 16,
-                  per_prompt: bool = False, progress: ProgressArg = False) -> pd.DataFrame:
+@takes_pairs("circuits")
+def edge_patching(model, pairs: PairedPrompts, edges: Optional[Sequence[EdgeSpec]] = None, *, together: bool = False,
+                  batch_size: int = 16, per_prompt: bool = False, progress: ProgressArg = False) -> pd.DataFrame:
     """The metric of the corrupted run with each edge (or, ``together=True``, all of ``edges`` at once) patched to clean.
 
     ``edges``: names ``"writer->reader"``, (writer, reader) pairs or (writer, reader, position) triples; None is
-    every edge of the graph. Arguments otherwise as ``edge_attribution_patching``. Returns
+    every edge of the graph. ``pairs`` (or the older form) and the rest as ``edge_attribution_patching``. Returns
     DataFrame[edge, writer, reader, position, (prompt), metric, delta, normalized] (position -1: every position;
     delta = patched - corrupt, normalized = delta / (clean - corrupt), over the means), strongest |delta| first, its
     attrs holding the clean and corrupted metric. ``delta`` is what EAP's score approximates.
@@ -73,19 +71,18 @@ def edge_patching(model, clean, corrupt=None, metric: Optional[MetricLike] = Non
     Example:
         >>> from experiments.metrics import logit_diff
         >>> corrupt = model.to_tokens("The cat sat on the mat. The cut")
-        >>> table = edge_patching(model, tokens, corrupt, logit_diff(model, " s", " and", 1),
-        ...                       ["a1.h1->logits", "input->a1.h1<q>"])
+        >>> pairs = PairedPrompts.from_prompts(model, tokens, corrupt, metric=logit_diff(model, " s", " and", 1))
+        >>> table = edge_patching(model, pairs, ["a1.h1->logits", "input->a1.h1<q>"])
         >>> [[edge, round(float(delta), 3)] for edge, delta in table[["edge", "delta"]].values]
         [['a1.h1->logits', 1.906], ['input->a1.h1<q>', 0.124]]
     """
     if batch_size < 1:
         raise InputError(f"batch_size must be at least 1, got {batch_size}")
     graph = circuit_graph(model)
-    data = paired_prompts(model, clean, corrupt, metric, clean_mask, corrupt_mask)
-    masks, names, positions = edge_masks(graph, edges, data.clean.tokens.shape[1])
+    masks, names, positions = edge_masks(graph, edges, pairs.clean.tokens.shape[1])
     if together:
         masks = masks.any(0, keepdim=True)
-    values, clean_R, corrupt_R = patched_values(model, graph, data, masks, batch_size, progress)
+    values, clean_R, corrupt_R = patched_values(model, graph, pairs, masks, batch_size, progress)
     labels = pd.DataFrame({"edge": names, "writer": [n.split("->")[0] for n in names],
                            "reader": [n.split("->")[1] for n in names], "position": positions})
     if together:
@@ -103,8 +100,8 @@ def patched_values(model, graph: CircuitGraph, data: PairedPrompts, masks: Tenso
     Example:
         >>> from experiments.metrics import logit_diff
         >>> graph = circuit_graph(model)
-        >>> data = paired_prompts(model, tokens, model.to_tokens("The cat sat on the mat. The cut"),
-        ...                       logit_diff(model, " s", " and", 1))
+        >>> data = PairedPrompts.from_prompts(model, tokens, model.to_tokens("The cat sat on the mat. The cut"),
+        ...                                   metric=logit_diff(model, " s", " and", 1))
         >>> values, clean, corrupt = patched_values(model, graph, data, graph.edge_mask[None, None], 8)
         >>> torch.allclose(values[0], clean, atol=1e-4)                 # every edge patched: the clean run
         True

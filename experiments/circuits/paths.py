@@ -11,17 +11,15 @@ corrupted output along the path); this is TransformerLens's denoising convention
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Sequence, Union
+from typing import Literal, Sequence, Union
 
 import pandas as pd
 import torch
-from torch import Tensor
 
 from experiments._progress import ProgressArg
 from experiments.circuits.exact import patched_values, patching_table
 from experiments.circuits.graph import CircuitGraph, circuit_graph
-from experiments.circuits.runs import paired_prompts
-from experiments.metrics import MetricLike
+from experiments.patching.pairs import PairedPrompts, takes_pairs
 from workbench.errors import InputError
 
 ReceiverInput = Literal["q", "k", "v", "mlp"]
@@ -57,26 +55,26 @@ def path_readers(graph: CircuitGraph, receivers: Sequence[NodeLike], receiver_in
     return readers
 
 
-def path_patching(model, clean, corrupt=None, metric: Optional[MetricLike] = None, senders: Sequence[NodeLike] = (),
+@takes_pairs("circuits")
+def path_patching(model, pairs: PairedPrompts, senders: Sequence[NodeLike] = (),
                   receivers: Sequence[NodeLike] = ("logits",), receiver_input: ReceiverInput = "q", *,
-                  clean_mask: Optional[Tensor] = None, corrupt_mask: Optional[Tensor] = None, batch_size: int = 16,
-                  per_prompt: bool = False, progress: ProgressArg = False) -> pd.DataFrame:
+                  batch_size: int = 16, per_prompt: bool = False, progress: ProgressArg = False) -> pd.DataFrame:
     """Each sender's effect through the receivers' ``receiver_input`` alone: DataFrame[sender, metric, delta, normalized]
     (strongest |delta| first; attrs: the clean and corrupted metric).
 
     ``senders``: writers (``"a3.h0"`` or (3, 0), ``"m2"``, ``"input"``); every head when empty. ``receivers``: heads,
-    MLPs or ``"logits"``; a sender only reaches receivers after it. Arguments otherwise as ``edge_patching``.
+    MLPs or ``"logits"``; a sender only reaches receivers after it. ``pairs`` (or the older form) and the rest as
+    ``edge_patching``.
 
     Example:
         >>> from experiments.metrics import logit_diff
         >>> corrupt = model.to_tokens("The cat sat on the mat. The cut")
-        >>> table = path_patching(model, tokens, corrupt, logit_diff(model, " s", " and", 1), [(0, 0), (0, 1)],
-        ...                       receivers=[(1, 1)], receiver_input="v")
+        >>> pairs = PairedPrompts.from_prompts(model, tokens, corrupt, metric=logit_diff(model, " s", " and", 1))
+        >>> table = path_patching(model, pairs, [(0, 0), (0, 1)], receivers=[(1, 1)], receiver_input="v")
         >>> sorted(table["sender"]), table.columns.tolist()
         (['a0.h0', 'a0.h1'], ['sender', 'metric', 'delta', 'normalized'])
     """
     graph = circuit_graph(model)
-    data = paired_prompts(model, clean, corrupt, metric, clean_mask, corrupt_mask)
     readers = path_readers(graph, receivers, receiver_input)
     names = [_node(s) for s in senders] or [w for w in graph.writers if w.startswith("a")]
     masks = torch.zeros(len(names), 1, *graph.edge_mask.shape, dtype=torch.bool)
@@ -85,7 +83,7 @@ def path_patching(model, clean, corrupt=None, metric: Optional[MetricLike] = Non
         for reader in readers:
             r = graph.reader_index(reader)
             masks[i, 0, w, r] = bool(graph.edge_mask[w, r])
-    values, clean_R, corrupt_R = patched_values(model, graph, data, masks, batch_size, progress)
+    values, clean_R, corrupt_R = patched_values(model, graph, pairs, masks, batch_size, progress)
     table = patching_table(pd.DataFrame({"sender": names}), values, clean_R, corrupt_R, per_prompt)
     table.attrs.update(receivers=readers, receiver_input=receiver_input)
     return table

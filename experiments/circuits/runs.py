@@ -1,4 +1,4 @@
-"""The runs every circuit method shares: paired prompts, the model switches, writer values, and a forward pass in
+"""The runs every circuit method shares: the model switches, writer values, and a forward pass in
 which chosen edges carry another run's values.
 
 Legend: n variants in a batched pass, B batch, P position, O circuit writers, I circuit readers, H n_heads,
@@ -13,7 +13,6 @@ the reader sees exactly the source run's input; with none, the pass is the unedi
 
 from __future__ import annotations
 
-import dataclasses
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence, Union
@@ -24,63 +23,19 @@ from torch import Tensor
 
 from experiments._batched import metric_from_final_resid
 from experiments.circuits.graph import EMBED_HOOK, CircuitGraph
-from experiments.datasets import IOIDataset
-from experiments.metrics import LogitDiff, Metric, MetricLike, PromptBatch, as_metric
-from experiments.patching.pairs import patch_pair
+from experiments.metrics import Metric, MetricLike, PromptBatch
+from experiments.patching.pairs import PairedPrompts
+from workbench.call_lock import model_lock
 from workbench.errors import InputError
 
 TOKENS_PER_PASS = 2048  # variants x batch x pos per patched pass
 DELTA_BYTES_PER_PASS = 2**28  # the patched pass's writer differences [n, B, P, used writers, D] stay under 256 MB
 
 
-@dataclass(frozen=True, eq=False)
-class PairedPrompts:
-    """Clean and corrupted prompts aligned position by position, and the metric scored on them.
-
-    Example:
-        >>> data = paired_prompts(model, tokens, tokens, lambda logits, tokens: logits[:, -1, 0])
-        >>> data.size, data.clean.tokens.shape == data.corrupt.tokens.shape
-        (1, True)
-    """
-
-    clean: PromptBatch
-    corrupt: PromptBatch
-    metric: Metric
-
-    @property
-    def size(self) -> int:
-        return self.clean.size
-
-    @property
-    def scored(self) -> Bool[Tensor, "batch pos"]:
-        """Positions real in both prompts of a pair (edges at pads score zero)."""
-        masks = [m for m in (self.clean.mask, self.corrupt.mask) if m is not None]
-        full = torch.ones(self.clean.tokens.shape, dtype=torch.bool, device=self.clean.tokens.device)
-        return full if not masks else (masks[0] & masks[-1])
-
-    def rows(self, start: int, stop: int) -> "PairedPrompts":
-        """Pairs ``start .. stop - 1``, the metric's per-row answers (and positions) with them."""
-        pick = lambda batch: PromptBatch(batch.tokens[start:stop], None if batch.mask is None  # noqa: E731
-                                         else batch.mask[start:stop])
-        return PairedPrompts(pick(self.clean), pick(self.corrupt), _metric_rows(self.metric, self.size, start, stop))
-
-
-def _metric_rows(metric: Metric, rows: int, start: int, stop: int) -> Metric:
-    """``metric`` for rows ``start .. stop - 1``: its tensors of one entry per row are sliced, the rest kept."""
-    if not dataclasses.is_dataclass(metric):
-        return metric
-    changes = {}
-    for field in dataclasses.fields(metric):
-        value = getattr(metric, field.name)
-        if isinstance(value, Tensor) and value.ndim == 1 and len(value) == rows and rows > 1:
-            changes[field.name] = value[start:stop]
-    return dataclasses.replace(metric, **changes) if changes else metric
-
-
 def paired_prompts(model, clean, corrupt=None, metric: Optional[MetricLike] = None,
                    clean_mask: Optional[Tensor] = None, corrupt_mask: Optional[Tensor] = None) -> PairedPrompts:
-    """Pairs from texts or token ids (``experiments.patching.patch_pair``), or an ``IOIDataset`` as ``clean`` (its
-    corrupted twins and, by default, logit[IO] - logit[S] at the last token as the metric).
+    """The older name of ``PairedPrompts.from_prompts`` for circuits: texts or token ids, or an ``IOIDataset`` as
+    ``clean`` (its corrupted twins and, by default, logit[IO] - logit[S] at the last token as the metric).
 
     Example:
         >>> from experiments.datasets import ioi_dataset
@@ -88,28 +43,17 @@ def paired_prompts(model, clean, corrupt=None, metric: Optional[MetricLike] = No
         >>> data.size, type(data.metric).__name__
         (3, 'LogitDiff')
     """
-    if isinstance(clean, PairedPrompts):
-        return clean if metric is None else PairedPrompts(clean.clean, clean.corrupt, as_metric(metric))
-    if isinstance(clean, IOIDataset):
-        if corrupt is not None:
-            raise InputError("an IOIDataset holds its own corrupted prompts: pass corrupt=None")
-        data = clean
-        clean, corrupt = data.clean_tokens, data.corrupt_tokens
-        clean_mask, corrupt_mask = data.clean_mask, data.corrupt_mask
-        metric = LogitDiff(data.answer_tokens, data.wrong_tokens) if metric is None else metric
-    if corrupt is None:
-        raise InputError("circuits compare two runs: pass corrupt prompts (or an IOIDataset as clean)")
-    if metric is None:
-        raise InputError("pass a metric: a Metric such as experiments.metrics.logit_diff(...), or a callable "
-                         "(logits, tokens) -> one value per prompt")
-    clean_batch, corrupt_batch = patch_pair(model, clean, corrupt, clean_mask, corrupt_mask)
-    return PairedPrompts(clean_batch, corrupt_batch, as_metric(metric))
+    return PairedPrompts.from_prompts(model, clean, corrupt, metric=metric, clean_mask=clean_mask,
+                                      corrupt_mask=corrupt_mask)
 
 
 @contextmanager
 def edge_switches(model) -> Iterator[None]:
     """Each head's own query, key and value input (``use_split_qkv_input``; a grouped-query model ungrouped, so a
-    key or value input belongs to one query head) for the duration; the caller's switches come back after.
+    key or value input belongs to one query head) for the duration; the caller's switches come back after, even
+    on an error. The switches change hook shapes model-wide, so the block holds the model's call lock
+    (``workbench.call_lock``) from before they flip until after they are back: another thread's call waits
+    rather than running, or caching, under them (the lock is re-entrant: this thread's own calls run).
 
     Example:
         >>> with edge_switches(model):
@@ -117,15 +61,16 @@ def edge_switches(model) -> Iterator[None]:
         True
         >>> model.cfg.use_split_qkv_input
         False"""
-    saved = (model.cfg.use_split_qkv_input, model.cfg.ungroup_grouped_query_attention)
-    try:
-        model.set_use_split_qkv_input(True)
-        if model.cfg.n_key_value_heads not in (None, model.cfg.n_heads):
-            model.set_ungroup_grouped_query_attention(True)
-        yield
-    finally:
-        model.set_use_split_qkv_input(saved[0])
-        model.set_ungroup_grouped_query_attention(saved[1])
+    with model_lock(model):
+        saved = (model.cfg.use_split_qkv_input, model.cfg.ungroup_grouped_query_attention)
+        try:
+            model.set_use_split_qkv_input(True)
+            if model.cfg.n_key_value_heads not in (None, model.cfg.n_heads):
+                model.set_ungroup_grouped_query_attention(True)
+            yield
+        finally:
+            model.set_use_split_qkv_input(saved[0])
+            model.set_ungroup_grouped_query_attention(saved[1])
 
 
 def writer_hooks(graph: CircuitGraph) -> list[str]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from experiments.circuits.runs import PairedPrompts
+from experiments.patching.pairs import PairedPrompts
 from experiments.datasets import repeated_random_tokens
 from experiments.metrics import CallableMetric, PromptBatch
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from experiments import _cli
-from experiments.circuits import circuit_from_scores, edge_attribution_patching, faithfulness, faithfulness_curve
+from experiments.circuits import (PairedPrompts, circuit_from_scores, edge_attribution_patching, faithfulness,
+                                  faithfulness_curve)
 from experiments.circuits.tasks import induction_pairs
 from experiments.datasets import ioi_dataset
 from experiments.plots.circuits import circuit_figure, edge_bars, faithfulness_curve_figure
@@ -43,7 +44,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser.parse_args(argv)
     model = _cli.load(args)
     if args.task == "ioi":
-        pairs = ioi_dataset(model, args.n, seed=args.seed, names=args.names)
+        pairs = PairedPrompts.from_prompts(model, ioi_dataset(model, args.n, seed=args.seed, names=args.names))
     else:
         pairs = induction_pairs(model, args.seq_len, args.n, args.seed)
     progress = not args.no_progress
@@ -53,7 +54,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                "ablation": args.ablation, **scores.attrs}
     edges = scores.to_frame(positions="sum")
     _cli.write_outputs(args.out, "circuit_edges", edges, edge_bars(edges), summary)
-    curve = faithfulness_curve(model, pairs, None, scores, ablation=args.ablation, batch_size=args.batch_size,
+    curve = faithfulness_curve(model, pairs, scores, ablation=args.ablation, batch_size=args.batch_size,
                                progress=progress)
     _cli.write_outputs(args.out, "circuit_faithfulness", curve, faithfulness_curve_figure(curve), summary)
     top_n = args.top_n
@@ -61,7 +62,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         reaching = curve[curve["recovered"] >= args.target]
         top_n = int(reaching["n_edges"].iloc[0]) if len(reaching) else int(curve["n_edges"].iloc[-1])
     circuit = circuit_from_scores(scores, top_n=top_n)
-    kept = faithfulness(model, pairs, None, circuit, args.ablation, batch_size=args.batch_size)
+    kept = faithfulness(model, pairs, circuit, args.ablation, batch_size=args.batch_size)
     circuit_summary = {**summary, "n_edges": circuit.n_edges, "share": circuit.share, "recovered": kept.recovered,
                        "circuit_metric": kept.circuit_metric, "nodes": circuit.nodes,
                        "heads": [list(h) for h in circuit.heads]}

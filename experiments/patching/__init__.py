@@ -14,10 +14,14 @@ Attribution patching is the gradient-based LINEAR APPROXIMATION of the same quan
 "Attribution Patching"): (clean - corrupt) . d metric / d activation at the corrupted run,
 for every site at once from one clean forward, one corrupted forward and one backward pass.
 
-Modules: ``pairs`` (``patch_pair``, ``logit_diff_metric``, ``patched_run``), ``exact``
-(``patch_residual``, ``patch_attn_mlp``, ``patch_heads``), ``attribution`` (``attribution_patching``)
-and ``agreement`` (``attribution_agreement``, ``compare_attribution_to_exact``); every public name is
-importable from here. Figures: ``experiments.plots.patching``.
+Every entry point takes a ``PairedPrompts`` (``PairedPrompts.from_prompts(model, clean, corrupt, answers, wrong)``)
+as its first data argument; the older forms (tokens, answer and wrong tokens, masks and metric as separate
+arguments) are still taken (``takes_pairs``).
+
+Modules: ``pairs`` (``PairedPrompts``, ``patch_pair``, ``logit_diff_metric``, ``patched_run``, ``takes_pairs``),
+``exact`` (``patch_residual``, ``patch_attn_mlp``, ``patch_heads``), ``gradient_estimate`` (attribution patching,
+TransformerLens's name kept: ``attribution_patching``) and ``agreement`` (``attribution_agreement``,
+``compare_attribution_to_exact``); every public name is importable from here. Figures: ``experiments.plots.patching``.
 
 ``python -m experiments.patching --model NAME --out DIR [--clean TEXT --corrupt TEXT --answer TEXT --wrong TEXT]``
 (``experiments.cli.patching``).
@@ -25,10 +29,11 @@ importable from here. Figures: ``experiments.plots.patching``.
 
 
 from experiments.patching.agreement import SIGN_FLOOR, attribution_agreement, compare_attribution_to_exact
-from experiments.patching.attribution import SITES, attribution_patching
 from experiments.patching.exact import patch_attn_mlp, patch_heads, patch_residual
-from experiments.patching.pairs import PatchingRun, logit_diff_metric, patch_pair, patched_run
+from experiments.patching.gradient_estimate import SITES, attribution_patching
+from experiments.patching.pairs import PairedPrompts, PatchingRun, logit_diff_metric, patch_pair, patched_run, takes_pairs
 
-__all__ = ["SITES", "SIGN_FLOOR", "PatchingRun", "logit_diff_metric", "patch_pair", "patched_run", "patch_residual",
+__all__ = ["SITES", "SIGN_FLOOR", "PairedPrompts", "PatchingRun", "takes_pairs", "logit_diff_metric", "patch_pair",
+           "patched_run", "patch_residual",
            "patch_attn_mlp", "patch_heads", "attribution_patching", "attribution_agreement",
            "compare_attribution_to_exact"]

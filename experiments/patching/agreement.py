@@ -2,37 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 import pandas as pd
 
 from experiments._progress import ProgressArg
-from experiments._tokens import TokensLike
-from experiments.metrics import TokenIds
-from experiments.patching.attribution import attribution_patching
 from experiments.patching.exact import patch_heads
+from experiments.patching.gradient_estimate import attribution_patching
+from experiments.patching.pairs import PairedPrompts, takes_pairs
 from workbench.errors import InputError
 
 
-def compare_attribution_to_exact(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike,
-                                 answer_token: Optional[TokenIds] = None, wrong_token: Optional[TokenIds] = None,
-                                 progress: ProgressArg = False, **options) -> tuple[pd.DataFrame, float]:
+@takes_pairs("tokens")
+def compare_attribution_to_exact(model, pairs: PairedPrompts, progress: ProgressArg = False,
+                                 **options) -> tuple[pd.DataFrame, float]:
     """Per-head exact patching delta beside its attribution estimate, and their Pearson correlation.
 
-    ``options``: ``metric``, ``position``, ``clean_mask``, ``corrupt_mask``, ``padding_side`` as ``patch_heads``.
+    ``pairs`` as ``patch_heads`` (the older form too); ``options``: ``per_prompt``.
 
     Example:
         >>> corrupt = model.to_tokens("The cat sat on the mat. The cut")
-        >>> table, r = compare_attribution_to_exact(model, tokens, corrupt, " s", " and")
+        >>> pairs = PairedPrompts.from_prompts(model, tokens, corrupt, answers=" s", wrong=" and")
+        >>> table, r = compare_attribution_to_exact(model, pairs)
         >>> table.columns.tolist()
         ['layer', 'head', 'metric', 'delta', 'normalized', 'attribution']
         >>> round(r, 2)                                 # attribution tracks exact patching closely here
         0.99
     """
-    exact = patch_heads(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, progress, **options)
-    approx = attribution_patching(model, clean_tokens, corrupt_tokens, answer_token, wrong_token, sites=["heads"],
-                                  **options)
+    exact = patch_heads(model, pairs, progress, **options)
+    approx = attribution_patching(model, pairs, sites=["heads"], **options)
     merged = exact.merge(approx[["layer", "head", "attribution"]], on=["layer", "head"])
     merged.attrs.update(exact.attrs)
     return merged, attribution_agreement(exact, approx)["pearson_r"]
