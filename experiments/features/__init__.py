@@ -19,7 +19,8 @@ Z density histogram bins.
 - ``steering``: ``steering_hook`` (add ``alpha * W_dec[f]`` where the SAE writes), ``clamp_hook`` /
   ``ablation_hook`` (set ``hook_sae_acts_post[..., f]`` with the SAE spliced in), and
   ``continue_with_feature`` (a clean and an edited generation side by side).
-- ``sources``: ``shipped_saes`` (the one list of SAEs shipped for a model) and ``open_sae``.
+- ``sources``: ``shipped_saes`` and ``shipped_choices`` (the SAEs and transcoder sets shipped for a model, rows of
+  ``wb.shipped``) and ``open_sae``.
 
 Figures: ``experiments.plots.features``.
 """
@@ -29,7 +30,7 @@ from experiments.features.activations import (acts_hook_name, active_features, c
 from experiments.features.corpus import (FeatureStats, bin_edges, feature_corpus_stats, feature_density,
                                          feature_top_windows, sae_digest, stats_path)
 from experiments.features.effects import feature_logit_effect, residual_direction
-from experiments.features.sources import open_sae, shipped_saes
+from experiments.features.sources import open_sae, shipped_choices, shipped_saes
 from experiments.features.steering import (FeatureEdit, ablation_hook, clamp_hook, continue_with_feature,
                                            steering_hook)
 
@@ -37,4 +38,4 @@ __all__ = ["check_feature", "check_fits", "acts_hook_name", "feature_activations
            "active_features", "FeatureStats", "bin_edges", "sae_digest", "stats_path", "feature_corpus_stats",
            "feature_top_windows", "feature_density", "residual_direction", "feature_logit_effect",
            "steering_hook", "clamp_hook", "ablation_hook", "FeatureEdit", "continue_with_feature",
-           "shipped_saes", "open_sae"]
+           "shipped_saes", "shipped_choices", "open_sae"]
