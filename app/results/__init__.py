@@ -16,13 +16,16 @@ and its arguments. This layer draws nothing of its own and imports no widget or 
 One module per page or pair of pages, each caching what ``experiments.<same name>`` computes:
 ``attention`` (Attention, Heads), ``induction``, ``ablation`` (Ablation, Token view, Generate),
 ``lens``, ``router``, ``patching``, ``flow`` (Information flow), ``neurons`` (Neurons, Token view),
-``features`` (Features: SAEs), ``attribution`` (Attribution graph: transcoders), ``circuits`` (Circuits).
+``features`` (Features: SAEs), ``attribution`` (Attribution graph: transcoders), ``circuits`` (Circuits);
+``artifacts``, the one holder of the dictionaries a page opens (what is shipped for the model, each loaded once
+per process), which ``app.artifact_picker`` offers.
 A new page's computation goes in its page's module as a named function, cached like its neighbours.
 
 Legend: P position, S key position, H n_heads, L n_layers.
 """
 
 from app.results.ablation import Reference, Targets, ablation_effects, continuation, has_head_sweep, head_sweep
+from app.results.artifacts import LoadedArtifact, artifact_choices, load_artifact
 from app.results.attention import attention_patterns, head_scores, head_summary
 from app.results.attribution import (GraphNodes, LoadedTranscoders, attribution_graph, fit_transcoders_error,
                                       graph_drawing, graph_nodes, heads_of_edge, intervention_logits, layer_sae,
@@ -43,7 +46,7 @@ from app.results.neurons import neuron_activation, neuron_corpus_maxima, neuron_
 from app.results.patching import PatchPrompts, attribution_patching, exact_patching, has_exact_patching, ioi_prompts
 from app.results.router import expert_ablation_effect, routing
 
-__all__ = ["load_model", "ProgressBar",
+__all__ = ["load_model", "ProgressBar", "LoadedArtifact", "artifact_choices", "load_artifact",
            "attention_patterns", "head_summary", "head_scores",
            "induction_scores", "induction_loss",
            "Targets", "Reference", "ablation_effects", "head_sweep", "has_head_sweep", "continuation",

@@ -4,34 +4,30 @@ cached on disk and distrusted on the way back (the package docstring, ``experime
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import Tensor
 
-from experiments._progress import Progress, ProgressArg
+from experiments._progress import ProgressArg
 from experiments._tokens import str_tokens
+from experiments.corpus_windows import UnitSource, cache_directory, scan_corpus, scan_path, weights_digest
 from experiments.features.activations import check_feature, reading_features, run_features
-from experiments.neurons.windows import _write_atomically, cache_directory, neuron_corpus, weights_digest
 from workbench.errors import InputError
 from workbench.sae import SAE
 
-FORMAT = "workbench-feature-stats-1"
 # The density histogram's bins: log10 of a positive activation, 1e-5 .. 1e3 in 0.2 steps; values outside
 # fall in the first or last bin (a fixed grid, so a one-pass count needs no second look at the data).
 LOG10_RANGE = (-5.0, 3.0)
 N_BINS = 40
-TENSORS = {"windows_BP", "top_values_WX", "top_windows_WX", "top_positions_WX", "histogram_XZ", "n_tokens"}
+TENSORS = {"top_values_WX", "top_windows_WX", "top_positions_WX", "histogram_XZ", "n_tokens"}
 
 
 def bin_edges() -> Float[Tensor, "n_bins_plus_1"]:
@@ -80,9 +76,91 @@ def sae_digest(sae: SAE) -> str:
     return hashlib.sha256(f"{weights_digest(sae)}|{config}".encode()).hexdigest()
 
 
+class TopWindowsAndDensity:
+    """The engine's reducer for SAE features: a running top-``k`` of each feature's per-window maxima (where in
+    which window), so memory stays bounded by k x d_sae plus one batch, and a histogram of the log10 of its
+    positive activations (``bin_edges()``).
+
+    Example:
+        >>> reducer = TopWindowsAndDensity(k=1, width=2)
+        >>> reducer.add(0, torch.tensor([[[0.0, 10.0], [2.0, 0.0]], [[5.0, 0.0], [0.0, 0.0]]]), skip=1)
+        >>> stored = reducer.tensors(); stored["top_values_WX"], stored["top_windows_WX"], stored["n_tokens"]
+        (tensor([[ 5., 10.]]), tensor([[1, 0]]), tensor([4]))
+    """
+
+    def __init__(self, k: int, width: int):
+        self.k, self.width = k, width
+        self.key = {"statistic": "top-windows-and-density", "k": k, "bins": [*LOG10_RANGE, N_BINS]}
+        self.values_WX = torch.empty(0, width)
+        self.windows_WX = self.positions_WX = torch.empty(0, width, dtype=torch.long)
+        self.counts_XZ = torch.zeros(width, N_BINS, dtype=torch.int64)
+        self.n_tokens = 0
+
+    def add(self, start: int, acts_BPX: Tensor, skip: int) -> None:
+        X = self.width
+        _histogram(acts_BPX.reshape(-1, X), self.counts_XZ)
+        self.n_tokens += acts_BPX.shape[0] * acts_BPX.shape[1]
+        max_BX, where_BX = (t.cpu() for t in acts_BPX.max(dim=1))
+        # The running top-k: the kept rows and this batch's windows, the k best of them kept.
+        values_NX = torch.cat([self.values_WX, max_BX])
+        windows_NX = torch.cat([self.windows_WX, (start + torch.arange(len(max_BX)))[:, None].expand(-1, X)])
+        positions_NX = torch.cat([self.positions_WX, where_BX + skip])
+        self.values_WX, best_WX = values_NX.topk(min(self.k, len(values_NX)), dim=0)
+        self.windows_WX, self.positions_WX = windows_NX.gather(0, best_WX), positions_NX.gather(0, best_WX)
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {"top_values_WX": self.values_WX.contiguous(), "top_windows_WX": self.windows_WX.contiguous(),
+                "top_positions_WX": self.positions_WX.contiguous(), "histogram_XZ": self.counts_XZ,
+                "n_tokens": torch.tensor([self.n_tokens])}
+
+    def check(self, stored: dict[str, Tensor], windows_BP: Tensor) -> bool:
+        """Exactly its tensors, of their shapes and dtypes, values finite and descending, windows and positions
+        inside the corpus, counts non-negative and at most the tokens read."""
+        if set(stored) != TENSORS:
+            return False
+        B, P = windows_BP.shape
+        shape_WX = (min(self.k, B), self.width)
+        values, windows, positions = stored["top_values_WX"], stored["top_windows_WX"], stored["top_positions_WX"]
+        histogram, n_tokens = stored["histogram_XZ"], stored["n_tokens"]
+        if tuple(values.shape) != shape_WX or values.dtype != torch.float32 or not bool(values.isfinite().all()):
+            return False
+        if values.shape[0] > 1 and bool((values[1:] > values[:-1]).any()):
+            return False
+        for tensor, bound in ((windows, B), (positions, P)):
+            if tuple(tensor.shape) != shape_WX or tensor.dtype != torch.int64:
+                return False
+            if tensor.numel() and not (int(tensor.min()) >= 0 and int(tensor.max()) < bound):
+                return False
+        if n_tokens.dtype != torch.int64 or n_tokens.numel() != 1 or int(n_tokens) < 0:
+            return False
+        if tuple(histogram.shape) != (self.width, N_BINS) or histogram.dtype != torch.int64:
+            return False
+        return not histogram.numel() or (int(histogram.min()) >= 0 and int(histogram.sum(1).max()) <= int(n_tokens))
+
+
+def sae_source(model, sae: SAE) -> UnitSource:
+    """The engine's unit source for ``sae``'s features: read with the SAE spliced in with its error term
+    (``reading_features``), keyed by the SAE's weights and config.
+
+    Example:
+        >>> sae = wb.SAE(wb.SAEConfig("standard", d_in=128, d_sae=4, metadata={"hook_name": "blocks.0.hook_resid_post"}))
+        >>> source = sae_source(model, sae)
+        >>> source.kind, source.label, source.width
+        ('features', 'toy-attn-2l-blocks.0.hook_resid_post-4', 4)
+    """
+
+    @contextmanager
+    def reading() -> Iterator:
+        with reading_features(model, sae) as (name, stop):
+            yield lambda tokens_BP: run_features(model, name, stop, tokens_BP)
+
+    return UnitSource("features", f"{model.cfg.model_name or 'model'}-{sae.cfg.hook_name}-{sae.cfg.d_sae}",
+                      {"sae": sae_digest(sae)}, sae.cfg.d_sae, reading)
+
+
 def stats_path(model, sae: SAE, windows_BP: Tensor, k: int) -> Path:
     """The cache file of ``sae``'s statistics over ``windows_BP``: named by the model and hook, keyed by digests
-    of the model's and the SAE's weights, the window ids, ``k``, the bins and the format.
+    of the model's and the SAE's weights, the window ids, ``k``, the bins and the engine's format.
 
     Example:
         >>> sae = wb.SAE(wb.SAEConfig("standard", d_in=128, d_sae=4, metadata={"hook_name": "blocks.0.hook_resid_post"}))
@@ -90,50 +168,7 @@ def stats_path(model, sae: SAE, windows_BP: Tensor, k: int) -> Path:
         >>> path.parent == cache_directory() / "features", path.suffix
         (True, '.safetensors')
     """
-    key = json.dumps({"format": FORMAT, "model": weights_digest(model), "sae": sae_digest(sae), "k": k,
-                      "bins": [*LOG10_RANGE, N_BINS], "shape": list(windows_BP.shape),
-                      "windows": hashlib.sha256(windows_BP.cpu().long().numpy().tobytes()).hexdigest()})
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{model.cfg.model_name or 'model'}-{sae.cfg.hook_name}-{sae.cfg.d_sae}")
-    return cache_directory() / "features" / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.safetensors"
-
-
-def _read_stats(path: Path, windows_BP: Tensor, k: int, d_sae: int) -> Optional[FeatureStats]:
-    """The cached statistics, or None when the file is missing, unreadable, for other windows or not what
-    ``feature_corpus_stats`` writes (then they are recomputed and replaced): exactly its tensors, of their
-    shapes and dtypes, values finite and descending, windows and positions inside the corpus, counts
-    non-negative and at most the tokens read.
-
-    Example:
-        >>> _read_stats(Path("no/such/stats.safetensors"), torch.zeros(2, 8, dtype=torch.long), 5, 16) is None
-        True
-    """
-    try:
-        stored = load_file(str(path))
-    except (OSError, SafetensorError, ValueError):
-        return None
-    windows_BP = windows_BP.cpu().long()
-    if set(stored) != TENSORS or not torch.equal(stored["windows_BP"], windows_BP):
-        return None
-    B, P = windows_BP.shape
-    shape_WX = (min(k, B), d_sae)
-    values, windows, positions = stored["top_values_WX"], stored["top_windows_WX"], stored["top_positions_WX"]
-    histogram, n_tokens = stored["histogram_XZ"], stored["n_tokens"]
-    if tuple(values.shape) != shape_WX or values.dtype != torch.float32 or not bool(values.isfinite().all()):
-        return None
-    if values.shape[0] > 1 and bool((values[1:] > values[:-1]).any()):
-        return None
-    for tensor, bound in ((windows, B), (positions, P)):
-        if tuple(tensor.shape) != shape_WX or tensor.dtype != torch.int64:
-            return None
-        if tensor.numel() and not (int(tensor.min()) >= 0 and int(tensor.max()) < bound):
-            return None
-    if n_tokens.dtype != torch.int64 or n_tokens.numel() != 1 or int(n_tokens) < 0:
-        return None
-    if tuple(histogram.shape) != (d_sae, N_BINS) or histogram.dtype != torch.int64:
-        return None
-    if histogram.numel() and (int(histogram.min()) < 0 or int(histogram.sum(1).max()) > int(n_tokens)):
-        return None
-    return FeatureStats(windows_BP, values, windows, positions, histogram, int(n_tokens), path, True)
+    return scan_path(model, sae_source(model, sae), TopWindowsAndDensity(k, sae.cfg.d_sae), windows_BP)
 
 
 def _histogram(acts_NX: Tensor, counts_XZ: Tensor) -> None:
@@ -149,7 +184,6 @@ def _histogram(acts_NX: Tensor, counts_XZ: Tensor) -> None:
                                   torch.ones(len(bins_n), dtype=torch.int64))
 
 
-@torch.no_grad()
 def feature_corpus_stats(model, sae: SAE, n_windows: int = 256, window: int = 64, k: int = 10,
                          batch_size: int = 16, progress: ProgressArg = False, use_disk: bool = True) -> FeatureStats:
     """Every feature's ``k`` top windows (by the window's max activation, BOS left out) and its density
@@ -165,46 +199,15 @@ def feature_corpus_stats(model, sae: SAE, n_windows: int = 256, window: int = 64
         >>> stats.top_values_WX.shape, stats.histogram_XZ.shape, stats.n_tokens   # 8 windows of 15 tokens past BOS
         (torch.Size([4, 16]), torch.Size([16, 40]), 120)
     """
-    if k < 1 or batch_size < 1:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1 or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"k and batch_size must be at least 1, got k={k}, batch_size={batch_size}")
     check_feature(sae, 0)  # an SAE at all
-    windows_BP = neuron_corpus(model, n_windows, window).cpu().long()
-    path = stats_path(model, sae, windows_BP, k) if use_disk else None
-    cached = _read_stats(path, windows_BP, k, sae.cfg.d_sae) if path is not None and path.is_file() else None
-    if cached is not None:
-        return cached
-    skip = 1 if model.bos_first() else 0  # BOS's activations are outliers, not evidence
-    X = sae.cfg.d_sae
-    values_WX = torch.empty(0, X)
-    windows_WX = positions_WX = torch.empty(0, X, dtype=torch.long)
-    counts_XZ = torch.zeros(X, N_BINS, dtype=torch.int64)
-    n_tokens = 0
-    with reading_features(model, sae) as (name, stop), \
-            Progress(progress, total=windows_BP.shape[0], desc=f"SAE features at {sae.cfg.hook_name}") as bar:
-        for start in range(0, windows_BP.shape[0], batch_size):
-            chunk_BP = windows_BP[start:start + batch_size]
-            acts_BPX = run_features(model, name, stop, chunk_BP.to(model.cfg.device))[:, skip:]
-            _histogram(acts_BPX.reshape(-1, X), counts_XZ)
-            n_tokens += acts_BPX.shape[0] * acts_BPX.shape[1]
-            max_BX, where_BX = (t.cpu() for t in acts_BPX.max(dim=1))
-            # The running top-k: the kept rows and this batch's windows, the k best of them kept.
-            values_NX = torch.cat([values_WX, max_BX])
-            windows_NX = torch.cat([windows_WX, (start + torch.arange(len(chunk_BP)))[:, None].expand(-1, X)])
-            positions_NX = torch.cat([positions_WX, where_BX + skip])
-            values_WX, best_WX = values_NX.topk(min(k, len(values_NX)), dim=0)
-            windows_WX, positions_WX = windows_NX.gather(0, best_WX), positions_NX.gather(0, best_WX)
-            bar.advance(len(chunk_BP))
-    result = FeatureStats(windows_BP, values_WX.contiguous(), windows_WX.contiguous(), positions_WX.contiguous(),
-                          counts_XZ, n_tokens, path, False)
-    if path is None:
-        return result
-    try:
-        _write_atomically(path, {"windows_BP": windows_BP, "top_values_WX": result.top_values_WX,
-                                 "top_windows_WX": result.top_windows_WX, "top_positions_WX": result.top_positions_WX,
-                                 "histogram_XZ": counts_XZ, "n_tokens": torch.tensor([n_tokens])})
-    except OSError:  # a read-only or full cache directory: the result stands, it is just not kept
-        return dataclasses.replace(result, path=None)
-    return result
+    reducer = TopWindowsAndDensity(k, sae.cfg.d_sae)
+    scan = scan_corpus(model, sae_source(model, sae), reducer, n_windows, window, batch_size, progress, use_disk)
+    stored = scan.tensors
+    return FeatureStats(scan.windows_BP, stored["top_values_WX"], stored["top_windows_WX"],
+                        stored["top_positions_WX"], stored["histogram_XZ"], int(stored["n_tokens"]), scan.path,
+                        scan.from_disk)
 
 
 def feature_top_windows(model, stats: FeatureStats, feature: int, k: int = 10) -> pd.DataFrame:

@@ -1,17 +1,40 @@
-"""Where SAEs for a model come from: the ones shipped with the workbench (the one list the dashboard offers)
-and a directory on this machine."""
+"""Where SAEs and transcoders for a model come from: the ones shipped with the workbench (rows of the one table,
+``wb.shipped``: the lists the dashboard offers) and a directory on this machine."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from workbench.sae import SAE, load_sae
+from workbench.shipped import ZOO, artifacts
 
-# Folders searched for shipped SAEs: each SAELens-format directory (cfg.json + sae_weights.safetensors) under
-# ``<root>/<model name>/saes/<sae name>/`` is offered for that model. A new shipped SAE needs only its folder.
-ZOO_ROOT = Path(__file__).resolve().parents[2] / "workbench" / "zoo"
+# Folders searched for shipped dictionaries: each SAELens-format directory (cfg.json + sae_weights.safetensors)
+# under ``<root>/<model name>/saes/<sae name>/`` is offered for that model, each transcoder set under
+# ``<root>/<model name>/transcoders/<name>/`` likewise. A new shipped one needs only its folder.
+ZOO_ROOT = ZOO
 SHIPPED_ROOTS = (ZOO_ROOT,)
+
+
+def shipped_choices(kind: str, model_name: str | None) -> dict[str, Path]:
+    """The dictionaries of ``kind`` ("sae" or "transcoders") shipped for the model called ``model_name`` (a zoo
+    name such as ``toy-attn-2l``), by the label a picker shows: an SAE's name and the hook it reads, a
+    transcoder set's name; empty where none is shipped.
+
+    Example:
+        >>> shipped_choices("transcoders", "toy-moe-2l")
+        {'toy-moe-2l-clt': ..., 'toy-moe-2l-skip-transcoders': ...}
+        >>> shipped_choices("sae", "no-such-model")
+        {}
+    """
+    found: dict[str, Path] = {}
+    if not model_name:
+        return found
+    for root in SHIPPED_ROOTS:
+        for row in artifacts(root):
+            if row.kind == kind and row.model == model_name:
+                label = f"{row.name} ({row.hook_name or 'hook unknown'})" if kind == "sae" else row.name
+                found[label] = Path(row.path)
+    return found
 
 
 def shipped_saes(model_name: str | None) -> dict[str, Path]:
@@ -22,21 +45,7 @@ def shipped_saes(model_name: str | None) -> dict[str, Path]:
         >>> isinstance(shipped_saes("toy-attn-2l"), dict), shipped_saes("no-such-model")
         (True, {})
     """
-    found: dict[str, Path] = {}
-    if not model_name:
-        return found
-    for root in SHIPPED_ROOTS:
-        folder = root / model_name / "saes"
-        if not folder.is_dir():
-            continue
-        for cfg_path in sorted(folder.glob("*/cfg.json")):
-            try:
-                raw = json.loads(cfg_path.read_text())
-                hook = (raw.get("metadata") or {}).get("hook_name") or raw.get("hook_name")
-            except (OSError, ValueError, AttributeError):
-                hook = None
-            found[f"{cfg_path.parent.name} ({hook or 'hook unknown'})"] = cfg_path.parent
-    return found
+    return shipped_choices("sae", model_name)
 
 
 def open_sae(path: str | Path, device=None) -> SAE:

