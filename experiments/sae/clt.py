@@ -25,10 +25,11 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from experiments._progress import ProgressArg
-from experiments.sae.modules import JumpReLU, Step, _kaiming_uniform
+from experiments.sae.modules import _kaiming_uniform
 from experiments.sae.train import TrainSAEConfig, _config_overrides, run_training
 from experiments.sae.inputs import check_hook, hook_widths, token_rows
 from workbench.errors import InputError
+from workbench.sae import activations
 from workbench.transcoders import TranscoderSet
 
 CLT_ARCHITECTURES = ("standard", "jumprelu", "batchtopk")
@@ -74,17 +75,13 @@ class TrainingCLT(nn.Module):
     def encode(self, x: Float[Tensor, "N L D"]) -> tuple[Float[Tensor, "N L X"], Float[Tensor, "N L X"]]:
         hidden_pre = torch.einsum("nld,ldf->nlf", x, self.W_enc) + self.b_enc
         if self.architecture == "standard":
-            return hidden_pre.relu(), hidden_pre
+            return activations.relu(hidden_pre), hidden_pre
         if self.architecture == "jumprelu":
-            flat = JumpReLU.apply(hidden_pre.flatten(1), self.log_threshold.exp().flatten(), self.options.get("jumprelu_bandwidth", 0.05))
+            flat = activations.jumprelu(hidden_pre.flatten(1), self.log_threshold.exp().flatten(),
+                                        self.options.get("jumprelu_bandwidth", 0.05))
             return flat.reshape(hidden_pre.shape), hidden_pre
-        acts = hidden_pre.relu()
-        per_layer = []
-        for layer in range(self.L):  # k * N largest of each layer's batch
-            flat = acts[:, layer].flatten()
-            top = flat.topk(int(self.options["k"] * acts.shape[0]), sorted=False)
-            per_layer.append(torch.zeros_like(flat).scatter(-1, top.indices, top.values).reshape(acts.shape[0], self.F))
-        return torch.stack(per_layer, dim=1), hidden_pre
+        per_layer = [activations.batch_topk(hidden_pre[:, layer], self.options["k"]) for layer in range(self.L)]
+        return torch.stack(per_layer, dim=1), hidden_pre  # k * N largest of each layer's batch
 
     def decode(self, acts: Float[Tensor, "N L X"]) -> Float[Tensor, "N L D"]:
         out = self.b_dec.expand(acts.shape[0], -1, -1)
@@ -101,7 +98,7 @@ class TrainingCLT(nn.Module):
             losses["l1_loss"] = coefficient_scale * self.options.get("l1_coefficient", 1.0) * \
                 (acts * self.decoder_norms()).sum((-1, -2)).mean()
         elif self.architecture == "jumprelu":
-            l0 = Step.apply(hidden_pre.flatten(1), self.log_threshold.exp().flatten(), self.options.get("jumprelu_bandwidth", 0.05))
+            l0 = activations.step(hidden_pre.flatten(1), self.log_threshold.exp().flatten(), self.options.get("jumprelu_bandwidth", 0.05))
             losses["l0_loss"] = coefficient_scale * self.options.get("l0_coefficient", 1.0) * l0.sum(-1).mean()
         else:
             with torch.no_grad():
@@ -123,12 +120,13 @@ class TrainingCLT(nn.Module):
             thresholds = [torch.full((self.F,), float(t)) for t in self.topk_threshold]
         else:
             thresholds = [None] * self.L
-        return TranscoderSet(
-            W_enc=[(self.W_enc[l] * scale_in[l]).T.contiguous().float() for l in range(self.L)],
-            b_enc=[self.b_enc[l].float().clone() for l in range(self.L)], threshold=thresholds,
-            W_dec=[(W / scale_out[l:, None]).float().clone() for l, W in enumerate(self.W_dec)],
-            b_dec=(self.b_dec / scale_out[:, None]).float().clone(),
-            feature_input_hook=INPUT_HOOK, feature_output_hook=OUTPUT_HOOK, scan=scan)
+        per_layer = [{"W_enc": (self.W_enc[l] * scale_in[l]).float().clone(), "b_enc": self.b_enc[l].float().clone(),
+                      "W_dec": (W / scale_out[l:, None]).float().clone(),
+                      "b_dec": (self.b_dec[l] / scale_out[l]).float().clone()} for l, W in enumerate(self.W_dec)]
+        for tensors, threshold in zip(per_layer, thresholds):
+            if threshold is not None:
+                tensors["threshold"] = threshold.clone()
+        return TranscoderSet.from_layer_tensors(per_layer, INPUT_HOOK, OUTPUT_HOOK, scan=scan)
 
 
 def train_clt(model, data: Any, d_transcoder: int = 1024, architecture: str = "standard", k: Optional[float] = None,

@@ -35,7 +35,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from workbench.sae import SAE, SAEConfig
+from workbench.sae import SAE, SAEConfig, activations
 
 TRAINABLE = ("standard", "topk", "batchtopk", "jumprelu")
 # What each trained architecture is saved as: an SAE, a transcoder, a skip transcoder (None: no such format).
@@ -43,43 +43,6 @@ SAVED_AS = {"standard": ("standard", "transcoder", "skip_transcoder"),
             "topk": ("topk", None, None),
             "batchtopk": ("jumprelu", "jumprelu_transcoder", "jumprelu_skip_transcoder"),
             "jumprelu": ("jumprelu", "jumprelu_transcoder", "jumprelu_skip_transcoder")}
-
-
-def rectangle(x: Tensor) -> Tensor:
-    """SAELens's straight-through kernel: 1 on (-1/2, 1/2), else 0."""
-    return ((x > -0.5) & (x < 0.5)).to(x)
-
-
-class Step(torch.autograd.Function):
-    """``x > threshold`` with SAELens's pseudo-gradient for the threshold (none for ``x``)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, threshold: Tensor, bandwidth: float) -> Tensor:
-        ctx.save_for_backward(x, threshold)
-        ctx.bandwidth = bandwidth
-        return (x > threshold).to(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor, None]:
-        x, threshold = ctx.saved_tensors
-        kernel = rectangle((x - threshold) / ctx.bandwidth)
-        return None, (-(1.0 / ctx.bandwidth) * kernel * grad).sum(0), None
-
-
-class JumpReLU(torch.autograd.Function):
-    """``x * (x > threshold)``; the gradient for ``x`` where it passes, SAELens's pseudo-gradient for the threshold."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, threshold: Tensor, bandwidth: float) -> Tensor:
-        ctx.save_for_backward(x, threshold)
-        ctx.bandwidth = bandwidth
-        return x * (x > threshold).to(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
-        x, threshold = ctx.saved_tensors
-        kernel = rectangle((x - threshold) / ctx.bandwidth)
-        return (x > threshold) * grad, (-(threshold / ctx.bandwidth) * kernel * grad).sum(0), None
 
 
 class TrainingSAE(nn.Module):
@@ -133,16 +96,13 @@ class TrainingSAE(nn.Module):
         if self.rescales:
             hidden_pre = hidden_pre * self.W_dec.norm(dim=-1)
         if self.architecture == "standard":
-            acts = hidden_pre.relu()
+            acts = activations.relu(hidden_pre)
         elif self.architecture == "topk":
-            top = hidden_pre.topk(self.options["k"], dim=-1, sorted=False)
-            acts = torch.zeros_like(hidden_pre).scatter(-1, top.indices, top.values.relu())
+            acts = activations.topk(hidden_pre, self.options["k"])
         elif self.architecture == "batchtopk":
-            flat = hidden_pre.relu().flatten()
-            top = flat.topk(int(self.options["k"] * hidden_pre.shape[0]), sorted=False)
-            acts = torch.zeros_like(flat).scatter(-1, top.indices, top.values).reshape(hidden_pre.shape)
+            acts = activations.batch_topk(hidden_pre, self.options["k"])
         else:
-            acts = JumpReLU.apply(hidden_pre, self.log_threshold.exp(), self.options.get("jumprelu_bandwidth", 0.05))
+            acts = activations.jumprelu(hidden_pre, self.log_threshold.exp(), self.options.get("jumprelu_bandwidth", 0.05))
         return acts, hidden_pre
 
     def decode(self, acts: Float[Tensor, "N X"], x: Optional[Float[Tensor, "N i"]] = None) -> Float[Tensor, "N o"]:
@@ -178,7 +138,7 @@ class TrainingSAE(nn.Module):
             sparsity = weighted.norm(p=self.options.get("lp_norm", 1.0), dim=-1)
             losses["l1_loss"] = (coefficient_scale * self.options.get("l1_coefficient", 1.0) * sparsity).mean()
         elif self.architecture == "jumprelu":
-            l0 = Step.apply(hidden_pre, self.log_threshold.exp(), self.options.get("jumprelu_bandwidth", 0.05)).sum(-1)
+            l0 = activations.step(hidden_pre, self.log_threshold.exp(), self.options.get("jumprelu_bandwidth", 0.05)).sum(-1)
             losses["l0_loss"] = (coefficient_scale * self.options.get("l0_coefficient", 1.0) * l0).mean()
         else:
             losses["aux_loss"] = self._aux_k_loss(hidden_pre, target - out, dead)
