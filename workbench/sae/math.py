@@ -30,18 +30,43 @@ if TYPE_CHECKING:
 HookFn = Callable[[Tensor], Tensor]
 
 
+def _identity(tensor: Tensor) -> Tensor:
+    return tensor
+
+
 @dataclass(frozen=True)
 class Points:
-    """The hook points an encode and decode fire, in order: input, pre-activations, features, reconstruction."""
+    """The hook points an encode and decode fire, in order: input, pre-activations, features, reconstruction;
+    then, in a full reconstruction, the error term and the output."""
 
     input: HookFn
     acts_pre: HookFn
     acts_post: HookFn
     recons: HookFn
+    error: HookFn = _identity
+    output: HookFn = _identity
 
+    @classmethod
+    def of(cls, points: dict) -> "Points":
+        """The points named by SAELens's hook names (``hook_sae_input``, ...).
 
-def _identity(tensor: Tensor) -> Tensor:
-    return tensor
+        Example:
+            >>> Points.of({name: _identity for name in ("hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post",
+            ...     "hook_sae_recons", "hook_sae_error", "hook_sae_output")}).output is _identity
+            True
+        """
+        return cls(points["hook_sae_input"], points["hook_sae_acts_pre"], points["hook_sae_acts_post"],
+                   points["hook_sae_recons"], points["hook_sae_error"], points["hook_sae_output"])
+
+    def edits_possible(self) -> bool:
+        """Whether a hook on the encode's or decode's points could change what they carry.
+
+        Example:
+            >>> IDENTITY.edits_possible()
+            False
+        """
+        return any(getattr(point, "_forward_hooks", None) or getattr(point, "_forward_pre_hooks", None)
+                   for point in (self.input, self.acts_pre, self.acts_post, self.recons))
 
 
 IDENTITY = Points(_identity, _identity, _identity, _identity)
