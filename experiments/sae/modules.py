@@ -1,4 +1,9 @@
-"""The SAE being trained: SAELens 6's training definitions of each architecture, and its inference form.
+"""The SAE being trained: SAELens 6's training definitions of each architecture, as the training form of a ``wb.SAE``.
+
+The trained parameters are a ``wb.SAE``'s (``TrainingSAE.sae``: ``W_enc [d_in, d_sae]``, ``W_dec [d_sae, d_out]``,
+``b_enc``, ``b_dec``, ``W_skip [d_out, d_in]``), encoded and decoded by its arithmetic (``workbench.sae.math``) and
+the shared activations (``workbench.sae.activations``); training adds only what inference does not keep (JumpReLU's
+log-threshold, batch-top-k's running threshold, the losses), and ``to_sae`` folds the training scales in.
 
 Legend: N flattened tokens, i d_in, X d_sae, o d_out.
 
@@ -35,7 +40,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from workbench.sae import SAE, SAEConfig, activations
+from workbench.sae import SAE, SAEConfig, activations, math
 
 TRAINABLE = ("standard", "topk", "batchtopk", "jumprelu")
 # What each trained architecture is saved as: an SAE, a transcoder, a skip transcoder (None: no such format).
@@ -72,16 +77,43 @@ class TrainingSAE(nn.Module):
         if init_norm is not None:
             W_dec = W_dec / W_dec.norm(dim=-1, keepdim=True) * init_norm
         W_enc = W_dec.T.clone() if self.d_in == self.d_out else _kaiming_uniform((self.d_in, self.d_sae), generator)
-        self.W_enc, self.W_dec = nn.Parameter(W_enc.contiguous()), nn.Parameter(W_dec)
-        self.b_enc, self.b_dec = nn.Parameter(torch.zeros(d_sae)), nn.Parameter(torch.zeros(self.d_out))
-        if skip:
-            self.W_skip = nn.Parameter(torch.zeros(self.d_out, d_in))
+        # The dictionary itself: a ReLU wb.SAE (or transcoder) whose parameters are the ones trained; the training
+        # form adds the architecture's activation (and JumpReLU's log-threshold, batch-top-k's running threshold).
+        name = ("skip_transcoder" if skip else "transcoder") if transcoder else "standard"
+        self.sae = SAE(SAEConfig(name, d_in=d_in, d_sae=d_sae, d_out=self.d_out, apply_b_dec_to_input=not transcoder))
+        with torch.no_grad():
+            self.sae.W_enc.copy_(W_enc)
+            self.sae.W_dec.copy_(W_dec)
         if architecture == "jumprelu":
             init = self.options.get("jumprelu_init_threshold", 0.01)
             self.log_threshold = nn.Parameter(torch.full((d_sae,), float(torch.tensor(init).log())))
         if architecture == "batchtopk":
             # double precision, as SAELens keeps it (the EMA of small minima loses bits in float32)
             self.register_buffer("topk_threshold", torch.tensor(0.0, dtype=torch.float64))
+
+    # ---- the dictionary's parameters ---------------------------------------------------------------------------
+    @property
+    def W_enc(self) -> nn.Parameter:
+        """``[d_in, d_sae]``, the SAE's."""
+        return self.sae.W_enc
+
+    @property
+    def W_dec(self) -> nn.Parameter:
+        """``[d_sae, d_out]``, the SAE's."""
+        return self.sae.W_dec
+
+    @property
+    def b_enc(self) -> nn.Parameter:
+        return self.sae.b_enc
+
+    @property
+    def b_dec(self) -> nn.Parameter:
+        return self.sae.b_dec
+
+    @property
+    def W_skip(self) -> nn.Parameter:
+        """``[d_out, d_in]``, applied as ``x @ W_skip.T`` (the SAE's)."""
+        return self.sae.W_skip
 
     # ---- forward ---------------------------------------------------------------------------------------------
     @property
@@ -92,7 +124,7 @@ class TrainingSAE(nn.Module):
     def encode_with_hidden_pre(self, x: Float[Tensor, "N i"]) -> tuple[Float[Tensor, "N X"], Float[Tensor, "N X"]]:
         """(feature activations, pre-activations) as SAELens's ``encode_with_hidden_pre``."""
         sae_in = x if self.transcoder else x - self.b_dec  # apply_b_dec_to_input (SAEs only, as SAELens)
-        hidden_pre = sae_in @ self.W_enc + self.b_enc
+        hidden_pre = math.pre_activations(self.sae, sae_in)
         if self.rescales:
             hidden_pre = hidden_pre * self.W_dec.norm(dim=-1)
         if self.architecture == "standard":
@@ -110,8 +142,8 @@ class TrainingSAE(nn.Module):
         ``x @ W_skip.T`` when ``x`` is given."""
         if self.rescales:
             acts = acts / self.W_dec.norm(dim=-1)
-        out = acts @ self.W_dec + self.b_dec
-        return out + x @ self.W_skip.T if self.skip and x is not None else out
+        out = math.decode(self.sae, acts, math.NormState())
+        return out + math.skip_term(self.sae, x) if self.skip and x is not None else out
 
     def decode_sparse(self, indices: Tensor, values: Tensor) -> Float[Tensor, "N o"]:
         """``decode`` of activations given as (feature indices [N, k], values [N, k]) without the zeros: one
