@@ -1,7 +1,9 @@
 """The activations of a sparse dictionary, one copy each, shared by inference (``workbench.sae.math``,
 ``workbench.transcoders``) and training (``experiments.sae``).
 
-Legend: N rows (flattened tokens), X d_sae (the features; any leading axes are allowed where ``...`` is written).
+Legend: N flattened tokens, X d_sae.
+
+(Any leading axes are allowed where ``...`` is written.)
 
 - ``relu``: ``max(pre, 0)``;
 - ``jumprelu``: SAELens's ``relu(pre) * (pre > threshold)``; with a ``bandwidth`` it is differentiable in the

@@ -1,13 +1,15 @@
 """A transcoder set's layers as ``wb.SAE`` transcoders, and the one converter from circuit-tracer's layout.
 
-Legend: L n_layers, F d_transcoder (features per layer), D d_model, O the layers one layer's features write to.
+Legend: L n_layers, X d_sae, D d_model.
 
-In memory every layer is a ``wb.SAE`` in SAELens's layout: ``W_enc [D, F]``, ``b_enc [F]``, ``threshold [F]``
-(JumpReLU), ``W_dec [F, O * D]``, ``b_dec [O * D]`` and ``W_skip [D, D]`` applied as ``x @ W_skip.T`` (SAELens's and
-circuit-tracer's orientation alike). A per-layer transcoder writes its own layer (``O = 1``); a cross-layer
-transcoder's layer ``l`` writes layers ``l .. L - 1`` (``O = L - l``), its decoder's columns layer after layer and
+(``X`` is ``d_transcoder``, the features per layer; ``n_out`` the layers one layer's features write to.)
+
+In memory every layer is a ``wb.SAE`` in SAELens's layout: ``W_enc [D, X]``, ``b_enc [X]``, ``threshold [X]``
+(JumpReLU), ``W_dec [X, n_out * D]``, ``b_dec [n_out * D]`` and ``W_skip [D, D]`` applied as ``x @ W_skip.T`` (SAELens's and
+circuit-tracer's orientation alike). A per-layer transcoder writes its own layer (``n_out = 1``); a cross-layer
+transcoder's layer ``l`` writes layers ``l .. L - 1`` (``n_out = L - l``), its decoder's columns layer after layer and
 ``b_dec`` the written layer's bias in its first ``D`` entries (the others zero), so every layer encodes exactly as an
-SAE does. circuit-tracer's layout (``W_enc [F, D]``, ``W_dec [F, O, D]``, ``b_dec [L, D]``) is converted here only,
+SAE does. circuit-tracer's layout (``W_enc [X, D]``, ``W_dec [X, n_out, D]``, ``b_dec [L, D]``) is converted here only,
 for the tensor form of ``TranscoderSet(...)`` and the file readers and writers.
 """
 
@@ -24,7 +26,7 @@ from workbench.sae import SAE, SAEConfig
 
 def transcoder_sae(tensors: dict[str, Tensor], input_hook: str, output_hook: str) -> SAE:
     """A transcoder ``wb.SAE`` whose parameters are ``tensors`` themselves (SAELens's layout, shapes already
-    checked; no copy, no gradient): ``W_enc``, ``b_enc``, ``W_dec`` ``[F, O * D]``, ``b_dec``, optional
+    checked; no copy, no gradient): ``W_enc``, ``b_enc``, ``W_dec`` ``[X, n_out * D]``, ``b_dec``, optional
     ``threshold`` and ``W_skip``.
 
     Example:
@@ -47,7 +49,7 @@ def transcoder_sae(tensors: dict[str, Tensor], input_hook: str, output_hook: str
 def from_circuit_tracer_layout(W_enc: Sequence[Tensor], b_enc: Sequence[Tensor], threshold: Sequence[Optional[Tensor]],
                                W_dec: Sequence[Tensor], b_dec: Tensor, W_skip: Optional[Sequence[Tensor]],
                                hooks: Any) -> list[SAE]:
-    """Each layer's transcoder from circuit-tracer's layout (``W_enc[l] [F, D]``, ``W_dec[l] [F, O, D]``, ``b_dec
+    """Each layer's transcoder from circuit-tracer's layout (``W_enc[l] [X, D]``, ``W_dec[l] [X, n_out, D]``, ``b_dec
     [L, D]``, ``W_skip[l] [D, D]``), after checking every shape and value (an ``InputError`` naming each problem).
     ``hooks(layer)`` gives (input hook, output hook).
 
@@ -70,7 +72,7 @@ def from_circuit_tracer_layout(W_enc: Sequence[Tensor], b_enc: Sequence[Tensor],
 
 
 def transcoder_layers(per_layer: Sequence[dict[str, Tensor]], hooks: Any) -> list[SAE]:
-    """Each layer's transcoder from its tensors in SAELens's layout, the decoder as ``W_dec [F, O, D]`` and ``b_dec
+    """Each layer's transcoder from its tensors in SAELens's layout, the decoder as ``W_dec [X, n_out, D]`` and ``b_dec
     [D]`` the written layer's bias; ``hooks(layer)`` gives (input hook, output hook). Shapes are the caller's to check.
 
     Example:
@@ -89,7 +91,7 @@ def transcoder_layers(per_layer: Sequence[dict[str, Tensor]], hooks: Any) -> lis
 
 
 def _padded(b_dec: Tensor, n_out: int) -> Tensor:
-    """A layer's ``b_dec [D]`` as its transcoder's ``[O * D]``: the later layers' entries zero."""
+    """A layer's ``b_dec [D]`` as its transcoder's ``[n_out * D]``: the later layers' entries zero."""
     return b_dec if n_out == 1 else torch.cat([b_dec, b_dec.new_zeros((n_out - 1) * b_dec.shape[0])])
 
 

@@ -1,16 +1,17 @@
 """``TranscoderSet``: one transcoder per layer, or one cross-layer transcoder, as a module list of ``wb.SAE``s.
 
-Legend: L n_layers, P position, F d_transcoder (features per layer), D d_model, O the layers a layer's features
-write to.
+Legend: L n_layers, P position, X d_sae, D d_model.
 
-``layers[l]`` is layer ``l``'s transcoder, a ``wb.SAE`` in SAELens's layout (``W_enc [D, F]``, ``W_dec [F, O * D]``,
+(``X`` is ``d_transcoder``, the features per layer; ``n_out`` the layers one layer's features write to.)
+
+``layers[l]`` is layer ``l``'s transcoder, a ``wb.SAE`` in SAELens's layout (``W_enc [D, X]``, ``W_dec [X, n_out * D]``,
 ``W_skip [D, D]`` applied as ``x @ W_skip.T``; see ``workbench.transcoders.layout``), so a layer encodes exactly as
 an SAE does (``workbench.sae.math``, its activation from ``workbench.sae.activations``): ReLU, or SAELens's JumpReLU
 ``relu(x) * (x > threshold)``. A cross-layer transcoder is the same list with wider decoders (layer ``l``'s writes
 layers ``l .. L - 1``). Its parameters carry no gradient.
 
-For circuit-tracer's users the set also reads in circuit-tracer's terms: ``W_enc[l] [F, D]`` and ``W_dec[l]
-[F, O, D]`` (views of the layers' weights, no copy), ``b_enc``, ``threshold``, ``b_dec [L, D]``, ``W_skip``; and it
+For circuit-tracer's users the set also reads in circuit-tracer's terms: ``W_enc[l] [X, D]`` and ``W_dec[l]
+[X, n_out, D]`` (views of the layers' weights, no copy), ``b_enc``, ``threshold``, ``b_dec [L, D]``, ``W_skip``; and it
 is built from those tensors with ``TranscoderSet(W_enc=..., ...)`` (converted once, by ``layout``).
 """
 
@@ -67,8 +68,8 @@ class TranscoderSet(nn.Module):
     @classmethod
     def from_layer_tensors(cls, per_layer: Sequence[dict[str, Tensor]], feature_input_hook: str,
                            feature_output_hook: str, scan: Any = None) -> "TranscoderSet":
-        """A set from each layer's tensors in SAELens's layout (``W_enc [D, F]``, ``b_enc``, optional ``threshold``
-        and ``W_skip [D, D]``, ``W_dec [F, O, D]``, ``b_dec [D]``), held as they are (no copy).
+        """A set from each layer's tensors in SAELens's layout (``W_enc [D, X]``, ``b_enc``, optional ``threshold``
+        and ``W_skip [D, D]``, ``W_dec [X, n_out, D]``, ``b_dec [D]``), held as they are (no copy).
 
         Example:
             >>> tc = wb.TranscoderSet.from_layer_tensors([{"W_enc": torch.eye(2), "b_enc": torch.zeros(2),
@@ -121,22 +122,22 @@ class TranscoderSet(nn.Module):
 
     # ---- circuit-tracer's view of the weights (no copies but b_dec) -------------------------------------------
     @property
-    def W_enc(self) -> list[Float[Tensor, "F D"]]:
+    def W_enc(self) -> list[Float[Tensor, "X D"]]:
         """Each layer's encoder, a row per feature (circuit-tracer's orientation: a transposed view)."""
         return [sae.W_enc.T for sae in self.layers]
 
     @property
-    def b_enc(self) -> list[Float[Tensor, "F"]]:
+    def b_enc(self) -> list[Float[Tensor, "X"]]:
         """Each layer's encoder bias."""
         return [sae.b_enc for sae in self.layers]
 
     @property
-    def threshold(self) -> list[Optional[Float[Tensor, "F"]]]:
+    def threshold(self) -> list[Optional[Float[Tensor, "X"]]]:
         """Each layer's JumpReLU threshold (None: ReLU)."""
         return [sae.threshold if sae.spec.activation == "jumprelu" else None for sae in self.layers]
 
     @property
-    def W_dec(self) -> list[Float[Tensor, "F O D"]]:
+    def W_dec(self) -> list[Float[Tensor, "X n_out D"]]:
         """Each layer's decoder to every layer it writes (a view)."""
         return [sae.W_dec.unflatten(-1, (-1, self.d_model)) for sae in self.layers]
 
@@ -151,15 +152,15 @@ class TranscoderSet(nn.Module):
         return [sae.W_skip for sae in self.layers] if self.skip_connection else None
 
     # ---- arithmetic: each layer's SAE's -------------------------------------------------------------------------
-    def pre_activations(self, layer: int, x: Float[Tensor, "... D"]) -> Float[Tensor, "... F"]:
+    def pre_activations(self, layer: int, x: Float[Tensor, "... D"]) -> Float[Tensor, "... X"]:
         """``x @ W_enc + b_enc`` of layer ``layer``'s transcoder."""
         return math.pre_activations(self.layers[layer], x)
 
-    def activate(self, layer: int, pre: Float[Tensor, "... F"]) -> Float[Tensor, "... F"]:
+    def activate(self, layer: int, pre: Float[Tensor, "... X"]) -> Float[Tensor, "... X"]:
         """ReLU, or JumpReLU ``relu(pre) * (pre > threshold)``."""
         return math.activate(self.layers[layer], pre)
 
-    def encode(self, layer: int, x: Float[Tensor, "... D"]) -> Float[Tensor, "... F"]:
+    def encode(self, layer: int, x: Float[Tensor, "... D"]) -> Float[Tensor, "... X"]:
         """Feature activations of layer ``layer`` on input ``x`` (its SAE's encode, without hooks)."""
         return math.encode(self.layers[layer], x)[0]
 
@@ -167,7 +168,7 @@ class TranscoderSet(nn.Module):
         """The skip term ``x @ W_skip[layer].T`` (None without skip connections)."""
         return math.skip_term(self.layers[layer], x)
 
-    def reconstruct(self, acts: Sequence[Float[Tensor, "P F"]], inputs_LPD: Float[Tensor, "L P D"],
+    def reconstruct(self, acts: Sequence[Float[Tensor, "P X"]], inputs_LPD: Float[Tensor, "L P D"],
                     ) -> Float[Tensor, "L P D"]:
         """What the transcoders write at every layer: each layer's features through its decoders (to later layers
         for a cross-layer transcoder), plus ``b_dec`` and the skip terms.
