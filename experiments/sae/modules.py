@@ -50,6 +50,11 @@ SAVED_AS = {"standard": ("standard", "transcoder", "skip_transcoder"),
             "jumprelu": ("jumprelu", "jumprelu_transcoder", "jumprelu_skip_transcoder")}
 
 
+def _of_the_sae(name: str) -> property:
+    """A read-only attribute that is the trained ``wb.SAE``'s parameter ``name``."""
+    return property(lambda self: getattr(self.sae, name), doc=f"The SAE's ``{name}``.")
+
+
 class TrainingSAE(nn.Module):
     """An SAE or (skip) transcoder under training, SAELens 6's parameters; ``to_sae`` gives the ``wb.SAE``.
 
@@ -91,29 +96,8 @@ class TrainingSAE(nn.Module):
             # double precision, as SAELens keeps it (the EMA of small minima loses bits in float32)
             self.register_buffer("topk_threshold", torch.tensor(0.0, dtype=torch.float64))
 
-    # ---- the dictionary's parameters ---------------------------------------------------------------------------
-    @property
-    def W_enc(self) -> nn.Parameter:
-        """``[d_in, d_sae]``, the SAE's."""
-        return self.sae.W_enc
-
-    @property
-    def W_dec(self) -> nn.Parameter:
-        """``[d_sae, d_out]``, the SAE's."""
-        return self.sae.W_dec
-
-    @property
-    def b_enc(self) -> nn.Parameter:
-        return self.sae.b_enc
-
-    @property
-    def b_dec(self) -> nn.Parameter:
-        return self.sae.b_dec
-
-    @property
-    def W_skip(self) -> nn.Parameter:
-        """``[d_out, d_in]``, applied as ``x @ W_skip.T`` (the SAE's)."""
-        return self.sae.W_skip
+    # ---- the dictionary's parameters: the SAE's (W_skip [d_out, d_in], applied as x @ W_skip.T) ----------------
+    W_enc, W_dec, b_enc, b_dec, W_skip = (_of_the_sae(name) for name in ("W_enc", "W_dec", "b_enc", "b_dec", "W_skip"))
 
     # ---- forward ---------------------------------------------------------------------------------------------
     @property

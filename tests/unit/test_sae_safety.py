@@ -17,21 +17,10 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 import workbench as wb
-from tests.unit.helpers import make_model
-from tests.unit.test_sae_splicing import by_hand, features_by_hand, random_sae
+from tests.unit.test_sae_splicing import by_hand, features_by_hand, model, random_sae, tokens  # noqa: F401 (fixtures)
 from workbench.errors import CheckpointError, ConfigError, InputError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "attribution"
-
-
-@pytest.fixture(scope="module")
-def model():
-    return make_model("mha_learned_ln")
-
-
-@pytest.fixture(scope="module")
-def tokens(model):
-    return torch.randint(0, model.cfg.d_vocab, (2, 10), generator=torch.Generator().manual_seed(3))
 
 
 # ---- a dictionary used directly while spliced ---------------------------------------------------------------
