@@ -21,7 +21,6 @@ setters below (and ``.to``) assign the one options object all components share.
 
 from __future__ import annotations
 
-import numbers
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional, Union
 
@@ -36,6 +35,7 @@ from workbench.components.embedding import make_pos_embed
 from workbench.components.norm import make_norm
 from workbench.config import ModelConfig
 from workbench.errors import InputError
+from workbench.forward_inputs import check_layer_range, positions_and_key_mask
 from workbench.generation import KVCache, generate
 from workbench.hook_point import HookPoint, add_aliases
 from workbench.loss import next_token_loss, token_losses_from_normed
@@ -195,23 +195,12 @@ class Decoder(TokenMethods, HookMethods, SAESpliceMethods, WeightMethods, Readou
             workbench.errors.InputError: start_at_layer takes the residual stream [batch, pos, d_model=...] entering that layer as input, got a torch.int64 tensor of shape (1, 14) ...
         """
         L = self.cfg.n_layers
-        for name, value in (("start_at_layer", start_at_layer), ("stop_at_layer", stop_at_layer)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-                raise InputError(f"{name} must be an integer layer index or None, got {value!r}")
-            if value is not None and not -L <= value <= L:
-                raise InputError(f"{name}={value} is outside -{L}..{L} for a model of {L} layers")
-        if start_at_layer is not None and not (isinstance(input, Tensor) and input.is_floating_point()
-                                               and input.ndim == 3 and input.shape[-1] == self.cfg.d_model):
-            got = (f"a {input.dtype} tensor of shape {tuple(input.shape)}" if isinstance(input, Tensor)
-                   else f"a {type(input).__name__}")
-            raise InputError(f"start_at_layer takes the residual stream [batch, pos, d_model={self.cfg.d_model}] "
-                             f"entering that layer as input, got {got} (token ids or text run from the start: "
-                             "leave start_at_layer out)")
+        check_layer_range(input, start_at_layer, stop_at_layer, L, self.cfg.d_model)
         offset = kv_cache.length if kv_cache is not None else 0
         if start_at_layer is None:
             tokens, mask_BP = self.as_tokens_and_mask(input, prepend_bos, offset, attention_mask, padding_side)
             B, P = tokens.shape
-            key_mask_BS, positions = self._positions(mask_BP, kv_cache, B, P, tokens.device)
+            key_mask_BS, positions = positions_and_key_mask(mask_BP, kv_cache, B, P, tokens.device)
             resid_BPD = self.hook_embed(self.embed(tokens))
             if self.ln_embed is not None:
                 resid_BPD = self.ln_embed(resid_BPD)
@@ -221,7 +210,7 @@ class Decoder(TokenMethods, HookMethods, SAESpliceMethods, WeightMethods, Readou
             resid_BPD = input
             B, P = resid_BPD.shape[:2]
             mask_BP = None if attention_mask is None else check_attention_mask(attention_mask, (B, P), resid_BPD.device)
-            key_mask_BS, positions = self._positions(mask_BP, kv_cache, B, P, resid_BPD.device)
+            key_mask_BS, positions = positions_and_key_mask(mask_BP, kv_cache, B, P, resid_BPD.device)
 
         layers = range(L)[start_at_layer:stop_at_layer]  # Python's slice: negatives count from the end
         for layer in layers:
@@ -244,27 +233,6 @@ class Decoder(TokenMethods, HookMethods, SAESpliceMethods, WeightMethods, Readou
         if return_type == "both":
             return logits_BPV, loss
         raise InputError(f"return_type must be 'logits', 'loss', 'both' or None, got {return_type!r}")
-
-    @staticmethod
-    def _positions(mask_BP: Optional[Tensor], kv_cache: Optional[KVCache], B: int, P: int,
-                   device: torch.device) -> tuple[Optional[Tensor], Tensor]:
-        """(key mask [B, S] over every position so far, or None when nothing is padding; positions
-        [P], or [B, P] counted from each row's first real token). Keeps the KV cache's mask current."""
-        offset = kv_cache.length if kv_cache is not None else 0
-        prior_BS = kv_cache.mask_BS if kv_cache is not None else None
-        if prior_BS is None and (mask_BP is None or bool(mask_BP.all())):
-            return None, torch.arange(offset, offset + P, device=device)
-        new_BP = mask_BP if mask_BP is not None else torch.ones(B, P, dtype=torch.bool, device=device)
-        if prior_BS is None:
-            prior_BS = torch.ones(B, offset, dtype=torch.bool, device=device)
-        key_mask_BS = torch.cat([prior_BS.to(device), new_BP], dim=1)
-        if offset == 0:  # later calls extend rows that already hold a real token
-            padding_rows = (~key_mask_BS.any(dim=1)).nonzero().flatten().tolist()
-            if padding_rows:
-                raise InputError(f"row(s) {padding_rows} of attention_mask are all padding: nothing to run")
-        if kv_cache is not None:
-            kv_cache.mask_BS = key_mask_BS
-        return key_mask_BS, (key_mask_BS.long().cumsum(dim=1) - 1).clamp(min=0)[:, -P:]
 
     # ---- the output head, for experiments ------------------------------------------------------
     def apply_final_norm(

@@ -25,10 +25,11 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from experiments._progress import ProgressArg
-from experiments.sae.modules import JumpReLU, Step, _kaiming_uniform
+from experiments.sae.modules import _kaiming_uniform
 from experiments.sae.train import TrainSAEConfig, _config_overrides, run_training
 from experiments.sae.inputs import check_hook, hook_widths, token_rows
 from workbench.errors import InputError
+from workbench.sae import activations
 from workbench.transcoders import TranscoderSet
 
 CLT_ARCHITECTURES = ("standard", "jumprelu", "batchtopk")
@@ -36,7 +37,9 @@ INPUT_HOOK, OUTPUT_HOOK = "ln2.hook_normalized", "hook_mlp_out"
 
 
 class TrainingCLT(nn.Module):
-    """A cross-layer transcoder under training.
+    """A cross-layer transcoder under training: the training form of a ``wb.TranscoderSet`` (``self.transcoders``,
+    whose layers' ``W_enc``, ``b_enc`` and ``W_dec`` are trained and encode as at inference), plus the written
+    layers' biases, JumpReLU's log-threshold or batch-top-k's running thresholds and the losses.
 
     Example:
         >>> clt = TrainingCLT("standard", n_layers=2, d_model=4, d_transcoder=8, options={})
@@ -51,15 +54,20 @@ class TrainingCLT(nn.Module):
         self.architecture, self.L, self.D, self.F, self.options = architecture, n_layers, d_model, d_transcoder, options
         self.n_features = n_layers * d_transcoder
         init_norm = options.get("decoder_init_norm", 0.1)
-        self.W_enc = nn.Parameter(torch.stack([_kaiming_uniform((d_model, d_transcoder), generator) for _ in range(n_layers)]))
-        self.b_enc = nn.Parameter(torch.zeros(n_layers, d_transcoder))
-        decoders = []
+        encoders = [_kaiming_uniform((d_model, d_transcoder), generator) for _ in range(n_layers)]
+        per_layer = []
         for layer in range(n_layers):
             W = _kaiming_uniform((d_transcoder, (n_layers - layer) * d_model), generator)
             if init_norm is not None:
                 W = W / W.norm(dim=-1, keepdim=True) * init_norm
-            decoders.append(nn.Parameter(W.reshape(d_transcoder, n_layers - layer, d_model)))
-        self.W_dec = nn.ParameterList(decoders)
+            per_layer.append({"W_enc": encoders[layer], "b_enc": torch.zeros(d_transcoder),
+                              "W_dec": W.reshape(d_transcoder, n_layers - layer, d_model), "b_dec": torch.zeros(d_model)})
+        # The dictionary itself: a ReLU TranscoderSet whose layers' encoders and decoders are the trained parameters
+        # (the written layers' biases are b_dec here, folded into the set by to_transcoders).
+        self.transcoders = TranscoderSet.from_layer_tensors(per_layer, INPUT_HOOK, OUTPUT_HOOK)
+        for sae in self.transcoders.layers:
+            for name in ("W_enc", "b_enc", "W_dec"):
+                getattr(sae, name).requires_grad_(True)
         self.b_dec = nn.Parameter(torch.zeros(n_layers, d_model))
         if architecture == "jumprelu":
             init = options.get("jumprelu_init_threshold", 0.01)
@@ -69,26 +77,23 @@ class TrainingCLT(nn.Module):
 
     def decoder_norms(self) -> Float[Tensor, "L X"]:
         """Each feature's decoder norm over every layer it writes."""
-        return torch.stack([W.flatten(1).norm(dim=-1) for W in self.W_dec])
+        return torch.stack([sae.W_dec.norm(dim=-1) for sae in self.transcoders.layers])
 
     def encode(self, x: Float[Tensor, "N L D"]) -> tuple[Float[Tensor, "N L X"], Float[Tensor, "N L X"]]:
-        hidden_pre = torch.einsum("nld,ldf->nlf", x, self.W_enc) + self.b_enc
+        """(feature activations, pre-activations): each layer's transcoder's affine map, then the activation."""
+        hidden_pre = torch.stack([self.transcoders.pre_activations(layer, x[:, layer]) for layer in range(self.L)], 1)
         if self.architecture == "standard":
-            return hidden_pre.relu(), hidden_pre
+            return activations.relu(hidden_pre), hidden_pre
         if self.architecture == "jumprelu":
-            flat = JumpReLU.apply(hidden_pre.flatten(1), self.log_threshold.exp().flatten(), self.options.get("jumprelu_bandwidth", 0.05))
+            flat = activations.jumprelu(hidden_pre.flatten(1), self.log_threshold.exp().flatten(),
+                                        self.options.get("jumprelu_bandwidth", 0.05))
             return flat.reshape(hidden_pre.shape), hidden_pre
-        acts = hidden_pre.relu()
-        per_layer = []
-        for layer in range(self.L):  # k * N largest of each layer's batch
-            flat = acts[:, layer].flatten()
-            top = flat.topk(int(self.options["k"] * acts.shape[0]), sorted=False)
-            per_layer.append(torch.zeros_like(flat).scatter(-1, top.indices, top.values).reshape(acts.shape[0], self.F))
-        return torch.stack(per_layer, dim=1), hidden_pre
+        per_layer = [activations.batch_topk(hidden_pre[:, layer], self.options["k"]) for layer in range(self.L)]
+        return torch.stack(per_layer, dim=1), hidden_pre  # k * N largest of each layer's batch
 
     def decode(self, acts: Float[Tensor, "N L X"]) -> Float[Tensor, "N L D"]:
         out = self.b_dec.expand(acts.shape[0], -1, -1)
-        parts = [torch.einsum("nf,fjd->njd", acts[:, layer], W) for layer, W in enumerate(self.W_dec)]
+        parts = [torch.einsum("nf,fjd->njd", acts[:, layer], W) for layer, W in enumerate(self.transcoders.W_dec)]
         return out + torch.stack([sum(parts[l][:, j - l] for l in range(j + 1)) for j in range(self.L)], dim=1)
 
     def training_forward(self, x: Tensor, target: Tensor, dead: Tensor, coefficient_scale: float = 1.0) -> dict[str, Any]:
@@ -101,7 +106,7 @@ class TrainingCLT(nn.Module):
             losses["l1_loss"] = coefficient_scale * self.options.get("l1_coefficient", 1.0) * \
                 (acts * self.decoder_norms()).sum((-1, -2)).mean()
         elif self.architecture == "jumprelu":
-            l0 = Step.apply(hidden_pre.flatten(1), self.log_threshold.exp().flatten(), self.options.get("jumprelu_bandwidth", 0.05))
+            l0 = activations.step(hidden_pre.flatten(1), self.log_threshold.exp().flatten(), self.options.get("jumprelu_bandwidth", 0.05))
             losses["l0_loss"] = coefficient_scale * self.options.get("l0_coefficient", 1.0) * l0.sum(-1).mean()
         else:
             with torch.no_grad():
@@ -123,12 +128,14 @@ class TrainingCLT(nn.Module):
             thresholds = [torch.full((self.F,), float(t)) for t in self.topk_threshold]
         else:
             thresholds = [None] * self.L
-        return TranscoderSet(
-            W_enc=[(self.W_enc[l] * scale_in[l]).T.contiguous().float() for l in range(self.L)],
-            b_enc=[self.b_enc[l].float().clone() for l in range(self.L)], threshold=thresholds,
-            W_dec=[(W / scale_out[l:, None]).float().clone() for l, W in enumerate(self.W_dec)],
-            b_dec=(self.b_dec / scale_out[:, None]).float().clone(),
-            feature_input_hook=INPUT_HOOK, feature_output_hook=OUTPUT_HOOK, scan=scan)
+        tc = self.transcoders
+        per_layer = [{"W_enc": (tc.layers[l].W_enc * scale_in[l]).float().clone(), "b_enc": tc.b_enc[l].float().clone(),
+                      "W_dec": (W / scale_out[l:, None]).float().clone(),
+                      "b_dec": (self.b_dec[l] / scale_out[l]).float().clone()} for l, W in enumerate(tc.W_dec)]
+        for tensors, threshold in zip(per_layer, thresholds):
+            if threshold is not None:
+                tensors["threshold"] = threshold.clone()
+        return TranscoderSet.from_layer_tensors(per_layer, INPUT_HOOK, OUTPUT_HOOK, scan=scan)
 
 
 def train_clt(model, data: Any, d_transcoder: int = 1024, architecture: str = "standard", k: Optional[float] = None,

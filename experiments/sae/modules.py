@@ -1,4 +1,9 @@
-"""The SAE being trained: SAELens 6's training definitions of each architecture, and its inference form.
+"""The SAE being trained: SAELens 6's training definitions of each architecture, as the training form of a ``wb.SAE``.
+
+The trained parameters are a ``wb.SAE``'s (``TrainingSAE.sae``: ``W_enc [d_in, d_sae]``, ``W_dec [d_sae, d_out]``,
+``b_enc``, ``b_dec``, ``W_skip [d_out, d_in]``), encoded and decoded by its arithmetic (``workbench.sae.math``) and
+the shared activations (``workbench.sae.activations``); training adds only what inference does not keep (JumpReLU's
+log-threshold, batch-top-k's running threshold, the losses), and ``to_sae`` folds the training scales in.
 
 Legend: N flattened tokens, i d_in, X d_sae, o d_out.
 
@@ -35,7 +40,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from workbench.sae import SAE, SAEConfig
+from workbench.sae import SAE, SAEConfig, activations, math
 
 TRAINABLE = ("standard", "topk", "batchtopk", "jumprelu")
 # What each trained architecture is saved as: an SAE, a transcoder, a skip transcoder (None: no such format).
@@ -45,41 +50,9 @@ SAVED_AS = {"standard": ("standard", "transcoder", "skip_transcoder"),
             "jumprelu": ("jumprelu", "jumprelu_transcoder", "jumprelu_skip_transcoder")}
 
 
-def rectangle(x: Tensor) -> Tensor:
-    """SAELens's straight-through kernel: 1 on (-1/2, 1/2), else 0."""
-    return ((x > -0.5) & (x < 0.5)).to(x)
-
-
-class Step(torch.autograd.Function):
-    """``x > threshold`` with SAELens's pseudo-gradient for the threshold (none for ``x``)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, threshold: Tensor, bandwidth: float) -> Tensor:
-        ctx.save_for_backward(x, threshold)
-        ctx.bandwidth = bandwidth
-        return (x > threshold).to(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor, None]:
-        x, threshold = ctx.saved_tensors
-        kernel = rectangle((x - threshold) / ctx.bandwidth)
-        return None, (-(1.0 / ctx.bandwidth) * kernel * grad).sum(0), None
-
-
-class JumpReLU(torch.autograd.Function):
-    """``x * (x > threshold)``; the gradient for ``x`` where it passes, SAELens's pseudo-gradient for the threshold."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, threshold: Tensor, bandwidth: float) -> Tensor:
-        ctx.save_for_backward(x, threshold)
-        ctx.bandwidth = bandwidth
-        return x * (x > threshold).to(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
-        x, threshold = ctx.saved_tensors
-        kernel = rectangle((x - threshold) / ctx.bandwidth)
-        return (x > threshold) * grad, (-(threshold / ctx.bandwidth) * kernel * grad).sum(0), None
+def _of_the_sae(name: str) -> property:
+    """A read-only attribute that is the trained ``wb.SAE``'s parameter ``name``."""
+    return property(lambda self: getattr(self.sae, name), doc=f"The SAE's ``{name}``.")
 
 
 class TrainingSAE(nn.Module):
@@ -109,16 +82,22 @@ class TrainingSAE(nn.Module):
         if init_norm is not None:
             W_dec = W_dec / W_dec.norm(dim=-1, keepdim=True) * init_norm
         W_enc = W_dec.T.clone() if self.d_in == self.d_out else _kaiming_uniform((self.d_in, self.d_sae), generator)
-        self.W_enc, self.W_dec = nn.Parameter(W_enc.contiguous()), nn.Parameter(W_dec)
-        self.b_enc, self.b_dec = nn.Parameter(torch.zeros(d_sae)), nn.Parameter(torch.zeros(self.d_out))
-        if skip:
-            self.W_skip = nn.Parameter(torch.zeros(self.d_out, d_in))
+        # The dictionary itself: a ReLU wb.SAE (or transcoder) whose parameters are the ones trained; the training
+        # form adds the architecture's activation (and JumpReLU's log-threshold, batch-top-k's running threshold).
+        name = ("skip_transcoder" if skip else "transcoder") if transcoder else "standard"
+        self.sae = SAE(SAEConfig(name, d_in=d_in, d_sae=d_sae, d_out=self.d_out, apply_b_dec_to_input=not transcoder))
+        with torch.no_grad():
+            self.sae.W_enc.copy_(W_enc)
+            self.sae.W_dec.copy_(W_dec)
         if architecture == "jumprelu":
             init = self.options.get("jumprelu_init_threshold", 0.01)
             self.log_threshold = nn.Parameter(torch.full((d_sae,), float(torch.tensor(init).log())))
         if architecture == "batchtopk":
             # double precision, as SAELens keeps it (the EMA of small minima loses bits in float32)
             self.register_buffer("topk_threshold", torch.tensor(0.0, dtype=torch.float64))
+
+    # ---- the dictionary's parameters: the SAE's (W_skip [d_out, d_in], applied as x @ W_skip.T) ----------------
+    W_enc, W_dec, b_enc, b_dec, W_skip = (_of_the_sae(name) for name in ("W_enc", "W_dec", "b_enc", "b_dec", "W_skip"))
 
     # ---- forward ---------------------------------------------------------------------------------------------
     @property
@@ -129,20 +108,17 @@ class TrainingSAE(nn.Module):
     def encode_with_hidden_pre(self, x: Float[Tensor, "N i"]) -> tuple[Float[Tensor, "N X"], Float[Tensor, "N X"]]:
         """(feature activations, pre-activations) as SAELens's ``encode_with_hidden_pre``."""
         sae_in = x if self.transcoder else x - self.b_dec  # apply_b_dec_to_input (SAEs only, as SAELens)
-        hidden_pre = sae_in @ self.W_enc + self.b_enc
+        hidden_pre = math.pre_activations(self.sae, sae_in)
         if self.rescales:
             hidden_pre = hidden_pre * self.W_dec.norm(dim=-1)
         if self.architecture == "standard":
-            acts = hidden_pre.relu()
+            acts = activations.relu(hidden_pre)
         elif self.architecture == "topk":
-            top = hidden_pre.topk(self.options["k"], dim=-1, sorted=False)
-            acts = torch.zeros_like(hidden_pre).scatter(-1, top.indices, top.values.relu())
+            acts = activations.topk(hidden_pre, self.options["k"])
         elif self.architecture == "batchtopk":
-            flat = hidden_pre.relu().flatten()
-            top = flat.topk(int(self.options["k"] * hidden_pre.shape[0]), sorted=False)
-            acts = torch.zeros_like(flat).scatter(-1, top.indices, top.values).reshape(hidden_pre.shape)
+            acts = activations.batch_topk(hidden_pre, self.options["k"])
         else:
-            acts = JumpReLU.apply(hidden_pre, self.log_threshold.exp(), self.options.get("jumprelu_bandwidth", 0.05))
+            acts = activations.jumprelu(hidden_pre, self.log_threshold.exp(), self.options.get("jumprelu_bandwidth", 0.05))
         return acts, hidden_pre
 
     def decode(self, acts: Float[Tensor, "N X"], x: Optional[Float[Tensor, "N i"]] = None) -> Float[Tensor, "N o"]:
@@ -150,8 +126,8 @@ class TrainingSAE(nn.Module):
         ``x @ W_skip.T`` when ``x`` is given."""
         if self.rescales:
             acts = acts / self.W_dec.norm(dim=-1)
-        out = acts @ self.W_dec + self.b_dec
-        return out + x @ self.W_skip.T if self.skip and x is not None else out
+        out = math.decode(self.sae, acts, math.NormState())
+        return out + math.skip_term(self.sae, x) if self.skip and x is not None else out
 
     def decode_sparse(self, indices: Tensor, values: Tensor) -> Float[Tensor, "N o"]:
         """``decode`` of activations given as (feature indices [N, k], values [N, k]) without the zeros: one
@@ -178,7 +154,7 @@ class TrainingSAE(nn.Module):
             sparsity = weighted.norm(p=self.options.get("lp_norm", 1.0), dim=-1)
             losses["l1_loss"] = (coefficient_scale * self.options.get("l1_coefficient", 1.0) * sparsity).mean()
         elif self.architecture == "jumprelu":
-            l0 = Step.apply(hidden_pre, self.log_threshold.exp(), self.options.get("jumprelu_bandwidth", 0.05)).sum(-1)
+            l0 = activations.step(hidden_pre, self.log_threshold.exp(), self.options.get("jumprelu_bandwidth", 0.05)).sum(-1)
             losses["l0_loss"] = (coefficient_scale * self.options.get("l0_coefficient", 1.0) * l0).mean()
         else:
             losses["aux_loss"] = self._aux_k_loss(hidden_pre, target - out, dead)

@@ -6,6 +6,10 @@ from the source (every ``import`` statement, including those inside functions, w
 as surely, only later); only imports under ``if TYPE_CHECKING:`` are left out, since they never run, and
 those under ``if __name__ == "__main__":``, which run under another module name.
 
+The model knows no dictionary: nothing ``workbench.model`` imports when it is loaded reaches ``workbench.sae`` or
+``workbench.transcoders``; its SAELens methods (``workbench.sae_splicing``) import the dictionary package only when
+called, and splicing itself (``workbench.sae.splicing``) works over the model's public hook surface.
+
 Experiments and the app use the model's public surface only: no ``workbench.components`` import in
 any form (anywhere, ``TYPE_CHECKING`` included: a type named after a component is still a dependency on
 its internals) and no ``.blocks`` access (``model.blocks[0].mlp``, ``getattr(model, "blocks")``); what
@@ -51,7 +55,11 @@ def _never_imported_nodes(tree: ast.AST) -> set[int]:
 
 def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
     """Every module name ``path`` imports (our modules by their full name, others by their top-level name)."""
-    tree = ast.parse(path.read_text())
+    return imports_in(ast.parse(path.read_text()), modules)
+
+
+def imports_in(tree: ast.AST, modules: dict[str, Path]) -> set[str]:
+    """``imports_of`` for a parsed module."""
     skip = _never_imported_nodes(tree)
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -125,6 +133,42 @@ def test_importing_the_library_and_experiments_changes_no_global_state():
     assert done.returncode == 0, done.stderr
     changes = json.loads(done.stdout.strip().splitlines()[-1])
     assert changes["environ"] == [] and changes["threads"][0] == changes["threads"][1], changes
+
+
+DICTIONARIES = ("workbench.sae", "workbench.transcoders")
+
+
+def load_time_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Our modules ``path`` imports when it is loaded: ``imports_of`` less the imports inside functions."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):  # a function's imports run when it is called, not when the module loads
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.body = [ast.Pass()]
+    return {name for name in imports_in(tree, modules) if name in modules}
+
+
+def _is_dictionary(module: str) -> bool:
+    return any(module == package or module.startswith(package + ".") for package in DICTIONARIES)
+
+
+def test_the_model_knows_no_dictionary():
+    modules = _modules()
+
+    def closure(imports) -> set[str]:
+        reached, todo = set(), ["workbench.model"]
+        while todo:
+            module = todo.pop()
+            if module in reached or module == "workbench" or _is_dictionary(module):  # __init__ exports everything
+                continue
+            reached.add(module)
+            todo.extend(name for name in imports(modules[module], modules) if name in modules)
+        return reached
+
+    loaded = closure(load_time_imports)
+    assert not [m for m in loaded if any(_is_dictionary(t) for t in load_time_imports(modules[m], modules))], \
+        "modules the model loads import a dictionary package when loaded"
+    lazy = sorted(m for m in closure(imports_of) if any(_is_dictionary(t) for t in imports_of(modules[m], modules)))
+    assert lazy == ["workbench.sae_splicing"], f"only the forwarding layer may import the dictionary package: {lazy}"
 
 
 def _names_components(module: str) -> bool:

@@ -1,4 +1,4 @@
-"""SAEs spliced into a model (``workbench.sae_splicing``): every expected value is the model run with a
+"""SAEs spliced into a model (``workbench.sae.splicing``): every expected value is the model run with a
 hand-written hook doing the SAE's arithmetic (written out here, not through ``wb.SAE``), or the plain forward."""
 
 from concurrent.futures import ThreadPoolExecutor

@@ -1,14 +1,19 @@
 """Sparse autoencoders and transcoders in SAELens's format: ``SAEConfig``, ``SAE``, ``load_sae``.
 
+- ``activations``: relu, JumpReLU (with SAELens's straight-through estimator), top-k, batch-top-k: the one copy
+  inference and training (``experiments.sae``) share;
 - ``architectures``: the table of architectures (what each stores, its activation);
 - ``config``: ``SAEConfig`` / ``SAEMetadata`` and reading a ``cfg.json`` of SAELens 6 or earlier;
 - ``math``: encode and decode, SAELens's arithmetic;
 - ``tensors``: the one check of an SAE's tensors;
 - ``model``: ``SAE``, the ``HookedRootModule`` with SAELens's weights and hook points;
 - ``format``: the directory's files and ``save_sae``; ``files``: ``load_sae``;
-- ``shipped``: the SAEs and transcoders shipped beside the zoo models (``shipped_saes``), loadable by name.
+- ``shipped``: the SAEs and transcoders shipped beside the zoo models (``shipped_saes``), loadable by name;
+- ``splicing``: splicing SAEs into a model as hooks over its public hook surface (``model.run_with_saes`` and
+  friends forward here through ``workbench.sae_splicing``).
 
-Splicing an SAE into a model is ``workbench.sae_splicing`` (the ``Decoder``'s ``run_with_saes`` and friends).
+Weights are SAELens's layout: ``W_enc [d_in, d_sae]``, ``W_dec [d_sae, d_out]``, ``W_skip [d_out, d_in]`` applied as
+``x @ W_skip.T``; other layouts (circuit-tracer's) are converted by the file readers and writers only.
 """
 
 from workbench.sae.architectures import ARCHITECTURES

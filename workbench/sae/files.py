@@ -15,7 +15,8 @@ from safetensors import SafetensorError, safe_open
 
 from workbench.errors import CheckpointError, ConfigError
 from workbench.sae.config import DTYPES, config_from_dict
-from workbench.sae.format import CFG_FILE, WEIGHTS_FILE, inside
+from workbench.safe_files import inside
+from workbench.sae.format import CFG_FILE, WEIGHTS_FILE
 from workbench.sae.model import SAE
 from workbench.sae.shipped import shipped_path
 from workbench.sae.tensors import check_tensors
@@ -36,7 +37,8 @@ def load_sae(path: Union[str, Path], device: Any = None, dtype: Any = None) -> S
         folder = shipped_path(path)
     if not folder.is_dir():
         raise CheckpointError(f"{path}: no such directory (an SAE is a directory with {CFG_FILE} and {WEIGHTS_FILE})")
-    cfg_path, weights_path = inside(folder, CFG_FILE), inside(folder, WEIGHTS_FILE)
+    cfg_path = inside(folder, CFG_FILE, must_exist=True, what="SAE directory")
+    weights_path = inside(folder, WEIGHTS_FILE, must_exist=True, what="SAE directory")
     try:
         raw = json.loads(cfg_path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:

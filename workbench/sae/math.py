@@ -21,6 +21,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from workbench.errors import InputError
+from workbench.sae import activations
 from workbench.sae.architectures import ArchitectureSpec
 
 if TYPE_CHECKING:
@@ -29,18 +30,43 @@ if TYPE_CHECKING:
 HookFn = Callable[[Tensor], Tensor]
 
 
+def _identity(tensor: Tensor) -> Tensor:
+    return tensor
+
+
 @dataclass(frozen=True)
 class Points:
-    """The hook points an encode and decode fire, in order: input, pre-activations, features, reconstruction."""
+    """The hook points an encode and decode fire, in order: input, pre-activations, features, reconstruction;
+    then, in a full reconstruction, the error term and the output."""
 
     input: HookFn
     acts_pre: HookFn
     acts_post: HookFn
     recons: HookFn
+    error: HookFn = _identity
+    output: HookFn = _identity
 
+    @classmethod
+    def of(cls, points: dict) -> "Points":
+        """The points named by SAELens's hook names (``hook_sae_input``, ...).
 
-def _identity(tensor: Tensor) -> Tensor:
-    return tensor
+        Example:
+            >>> Points.of({name: _identity for name in ("hook_sae_input", "hook_sae_acts_pre", "hook_sae_acts_post",
+            ...     "hook_sae_recons", "hook_sae_error", "hook_sae_output")}).output is _identity
+            True
+        """
+        return cls(points["hook_sae_input"], points["hook_sae_acts_pre"], points["hook_sae_acts_post"],
+                   points["hook_sae_recons"], points["hook_sae_error"], points["hook_sae_output"])
+
+    def edits_possible(self) -> bool:
+        """Whether a hook on the encode's or decode's points could change what they carry.
+
+        Example:
+            >>> IDENTITY.edits_possible()
+            False
+        """
+        return any(getattr(point, "_forward_hooks", None) or getattr(point, "_forward_pre_hooks", None)
+                   for point in (self.input, self.acts_pre, self.acts_post, self.recons))
 
 
 IDENTITY = Points(_identity, _identity, _identity, _identity)
@@ -85,16 +111,44 @@ def _activate(sae: "SAE", spec: ArchitectureSpec, x: Tensor, points: Points) -> 
     if spec.activation == "gated":
         active = (x @ sae.W_enc + sae.b_gate > 0).to(x.dtype)
         magnitude = points.acts_pre(x @ (sae.W_enc * sae.r_mag.exp()) + sae.b_mag)
-        return active * torch.relu(magnitude)
-    hidden_pre = points.acts_pre(x @ sae.W_enc + sae.b_enc)
-    if spec.activation == "relu":
-        return torch.relu(hidden_pre)
-    if spec.activation == "jumprelu":
-        return torch.relu(hidden_pre) * (hidden_pre > sae.threshold).to(hidden_pre.dtype)
+        return active * activations.relu(magnitude)
+    return activate(sae, points.acts_pre(pre_activations(sae, x)))
+
+
+def pre_activations(sae: "SAE", x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
+    """``x W_enc + b_enc`` (``x`` already centred and normalised; a transcoder's input as it is), in the weights'
+    dtype.
+
+    Example:
+        >>> sae = wb.SAE.from_tensors(wb.SAEConfig("standard", d_in=2, d_sae=2),
+        ...     {"W_enc": torch.eye(2), "W_dec": torch.eye(2), "b_enc": torch.tensor([0., -1.]), "b_dec": torch.zeros(2)})
+        >>> pre_activations(sae, torch.tensor([3., 0.5])).detach()
+        tensor([ 3.0000, -0.5000])
+    """
+    return x.to(sae.W_enc.dtype) @ sae.W_enc + sae.b_enc
+
+
+def activate(sae: "SAE", hidden_pre: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_sae"]:
+    """The architecture's activation (``workbench.sae.activations``) of pre-activations (not gated, whose
+    activation needs the input: ``encode``); top-k with ``rescale_acts_by_decoder_norm`` chooses by pre-activation
+    times decoder norm, as SAELens.
+
+    Example:
+        >>> sae = wb.SAE.from_tensors(wb.SAEConfig("jumprelu", d_in=2, d_sae=2), {"W_enc": torch.eye(2),
+        ...     "W_dec": torch.eye(2), "b_enc": torch.zeros(2), "b_dec": torch.zeros(2), "threshold": torch.ones(2)})
+        >>> activate(sae, torch.tensor([0.5, 2.0])).detach()
+        tensor([0., 2.])
+    """
+    activation = sae.spec.activation
+    if activation == "relu":
+        return activations.relu(hidden_pre)
+    if activation == "jumprelu":
+        return activations.jumprelu(hidden_pre, sae.threshold)
+    if activation == "gated":
+        raise InputError(f"{sae!r}: a gated SAE's activation needs its input; use encode")
     if sae.cfg.rescale_acts_by_decoder_norm:  # top-k chooses by pre-activation times decoder norm
         hidden_pre = hidden_pre * sae.W_dec.norm(dim=-1)
-    values, indices = torch.topk(hidden_pre, k=sae.cfg.k, dim=-1, sorted=False)
-    return torch.zeros_like(hidden_pre).scatter_(-1, indices, values.relu())
+    return activations.topk(hidden_pre, sae.cfg.k)
 
 
 def decode(sae: "SAE", features: Float[Tensor, "... d_sae"], state: NormState, points: Points = IDENTITY,

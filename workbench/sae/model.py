@@ -8,7 +8,8 @@ Weights keep SAELens's names and shapes (``W_enc [I, F]``, ``W_dec [F, O]``, ``b
 ``workbench.sae.architectures``. Its hook points are SAELens's: ``hook_sae_input``, ``hook_sae_acts_pre``,
 ``hook_sae_acts_post``, ``hook_sae_recons`` during encode and decode, ``hook_sae_error`` (with the error term)
 and ``hook_sae_output`` in ``forward``. They are ``workbench.hook_point.HookPoint``s, so when an SAE is spliced
-into a model (``workbench.sae_splicing``) the model's one cacher and hook entry points reach them.
+into a model (``workbench.sae.splicing``) the splice fires hook points of its own, of these names, which the model's
+one cacher and hook entry points reach; the SAE's own points fire when it is used directly.
 """
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ def hook_points_markdown() -> list[str]:
     """
     lines = ["## SAE hook points", "",
              "A `wb.SAE` has SAELens's hook points. While it is spliced into a model (`model.run_with_saes`,",
-             "`add_sae`, `with model.saes(...)`: `workbench.sae_splicing`) they join the model's `hook_dict` as",
-             "`{hook_name_out}.` plus the name below, SAELens's cache keys (`blocks.3.hook_resid_post.hook_sae_acts_post`;",
+             "`add_sae`, `with model.saes(...)`: `workbench.sae.splicing`) the splice's own points of these names join",
+             "the model's `hook_dict` as `{hook_name_out}.` plus the name below, SAELens's cache keys",
+             "(`blocks.3.hook_resid_post.hook_sae_acts_post`;",
              "a transcoder's under the hook it writes); on an SAE alone they are the bare names. The hook point",
              "`{hook_name_out}` itself then carries what the SAE wrote. `d_in`, `d_sae`, `d_out` are the SAE's widths.",
              "", "| name | shape | note |", "|---|---|---|"]
@@ -92,8 +94,7 @@ class SAE(HookedRootModule):
             self.register_parameter(name, nn.Parameter(torch.zeros(shape, dtype=cfg.torch_dtype, device=cfg.device)))
         for name in HOOK_NAMES:
             setattr(self, name, HookPoint())
-        self._points = math.Points(self.hook_sae_input, self.hook_sae_acts_pre, self.hook_sae_acts_post,
-                                   self.hook_sae_recons)
+        self._points = math.Points.of({name: getattr(self, name) for name in HOOK_NAMES})
         # What the last encode leaves for a following decode (SAELens keeps it on the module too).
         self._pending = math.NormState()
         self.setup()
@@ -197,21 +198,34 @@ class SAE(HookedRootModule):
             >>> x = torch.tensor([1., -1.]); sae.reconstruct(x, target=x).detach()   # with the error term: x itself
             tensor([ 1., -1.])
         """
-        features, state = math.encode(self, x, self._points)
-        out = math.decode(self, features, state, self._points)
+        return self.reconstruct_at(self._points, x, target)
+
+    def reconstruct_at(self, points: math.Points, x: Float[Tensor, "... d_in"],
+                       target: Optional[Float[Tensor, "... d_out"]] = None) -> Float[Tensor, "... d_out"]:
+        """``reconstruct`` firing ``points`` instead of the SAE's own hook points (a splice passes its own, so a
+        direct use of the SAE in another thread never meets that run's hooks or cache). Keeps no state.
+
+        Example:
+            >>> sae = wb.SAE.from_tensors(wb.SAEConfig("standard", d_in=2, d_sae=2), {"W_enc": torch.eye(2),
+            ...     "W_dec": torch.eye(2), "b_enc": torch.zeros(2), "b_dec": torch.zeros(2)})
+            >>> sae.reconstruct_at(math.IDENTITY, torch.tensor([1., -1.])).detach()
+            tensor([1., 0.])
+        """
+        features, state = math.encode(self, x, points)
+        out = math.decode(self, features, state, points)
         skip = math.skip_term(self, x)
         if skip is not None:
             out = out + skip
         if target is not None:
             target = target.to(out.dtype)
-            edited = self._edits_possible()
+            edited = points.edits_possible()
             with torch.no_grad():
-                error = self.hook_sae_error(target - (self._clean_output(x) if edited else out))
-            if edited or self.hook_sae_error._forward_hooks:
+                error = points.error(target - (self._clean_output(x) if edited else out))
+            if edited or getattr(points.error, "_forward_hooks", None):
                 out = out + error
             else:  # nothing changed the reconstruction: the activation exactly, with gradients through the SAE
                 out = target.detach() + (out - out.detach())
-        return self.hook_sae_output(out)
+        return points.output(out)
 
     def _clean_output(self, x: Tensor) -> Tensor:
         """The output without any hook (the reference the error term is measured from)."""
@@ -219,11 +233,6 @@ class SAE(HookedRootModule):
         out = math.decode(self, features, state, math.IDENTITY)
         skip = math.skip_term(self, x)
         return out if skip is None else out + skip
-
-    def _edits_possible(self) -> bool:
-        """Whether a hook could change the encode or decode (else the hooked output is the clean one)."""
-        points = (self.hook_sae_input, self.hook_sae_acts_pre, self.hook_sae_acts_post, self.hook_sae_recons)
-        return any(point._forward_hooks or point._forward_pre_hooks for point in points)
 
     def save(self, path: Union[str, Path]) -> Path:
         """Writes ``cfg.json`` and ``sae_weights.safetensors`` into directory ``path`` (made if missing), SAELens 6's

@@ -22,12 +22,15 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import torch
-import yaml
 from safetensors import SafetensorError, safe_open
 
 from workbench.errors import CheckpointError, ConfigError, InputError
+from workbench.safe_files import inside
+from workbench.sae.files import load_sae
+from workbench.transcoders.format import FORMAT_NAME, OUR_CONFIG, OUR_WEIGHTS
 from workbench.transcoders.hooks import split_block_hook
-from workbench.transcoders.set import FORMAT_NAME, OUR_CONFIG, OUR_WEIGHTS, TranscoderSet
+from workbench.transcoders.set import TranscoderSet
+from workbench.transcoders.yaml_config import read_config
 
 PathLike = Union[str, Path]
 KINDS = ("transcoder_set", "cross_layer_transcoder")
@@ -46,7 +49,14 @@ def load_transcoders(path: Union[PathLike, Sequence[PathLike]], device: Any = "c
         workbench.errors.CheckpointError: no/such/transcoders: no such file or directory (transcoders are a circuit-tracer config.yaml or its folder, a folder written by TranscoderSet.save, or SAELens transcoder directories)
     """
     if isinstance(path, (list, tuple)):
+        if not path:
+            raise InputError("load_transcoders got an empty list: give one SAELens transcoder directory per layer, "
+                             "a folder of them, a circuit-tracer config.yaml or a folder written by TranscoderSet.save")
+        if not all(isinstance(p, (str, Path)) for p in path):
+            raise InputError(f"load_transcoders takes paths, got {[type(p).__name__ for p in path]}")
         tcs = _from_saelens([Path(p) for p in path])
+    elif not isinstance(path, (str, Path)):
+        raise InputError(f"load_transcoders takes a path or a list of paths, got {type(path).__name__}")
     else:
         tcs = _from_path(Path(path), str(path))
     return tcs.to(device=device, dtype=dtype)
@@ -73,10 +83,7 @@ def _from_path(path: Path, shown: str) -> TranscoderSet:
 
 # ---- circuit-tracer --------------------------------------------------------------------------------------------
 def _from_circuit_tracer(config_path: Path) -> TranscoderSet:
-    try:
-        config = yaml.safe_load(config_path.read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        raise CheckpointError(f"{config_path}: not a readable YAML file ({error})") from None
+    config = read_config(config_path)
     if not isinstance(config, dict):
         raise ConfigError(f"{config_path}: must be a mapping of fields, got {type(config).__name__}")
     kind = config.get("model_kind")
@@ -103,8 +110,12 @@ def _per_layer_set(config_path: Path, config: dict, hooks: dict, scan: Any) -> T
     folder = config_path.parent
     paths = config.get("transcoders")
     if paths is None:
-        files = [folder / f"layer_{i}.safetensors" for i in range(len(list(folder.glob("layer_*.safetensors"))))]
+        files = [inside(folder, f"layer_{i}.safetensors", what="transcoder folder")
+                 for i in range(len(list(folder.glob("layer_*.safetensors"))))]
     elif isinstance(paths, list) and paths and all(isinstance(p, str) for p in paths):
+        if len(paths) > len(list(folder.iterdir())):
+            raise ConfigError(f"field 'transcoders' lists {len(paths)} files, more than the {len(list(folder.iterdir()))}"
+                              " entries of the config's folder (every layer file lies inside it)")
         files = [_layer_file(folder, p, i) for i, p in enumerate(paths)]
     else:
         raise ConfigError(f"field 'transcoders' must be a non-empty list of file paths, got {paths!r}")
@@ -117,50 +128,77 @@ def _per_layer_set(config_path: Path, config: dict, hooks: dict, scan: Any) -> T
     return _build(str(folder), W_enc=[t["W_enc"] for t in layers], b_enc=[t["b_enc"] for t in layers],
                   threshold=[t["threshold"] for t in layers], W_dec=[t["W_dec"][:, None] for t in layers],
                   b_dec=_stack([t["b_dec"] for t in layers], folder, "b_dec"),
-                  W_skip=[t["W_skip"].T for t in layers] if skips == {True} else None,
+                  W_skip=[t["W_skip"] for t in layers] if skips == {True} else None,
                   feature_input_hook=hooks["feature_input_hook"], feature_output_hook=hooks["feature_output_hook"],
                   scan=scan)
 
 
 def _layer_file(folder: Path, given: str, layer: int) -> Path:
+    """The file ``given`` names, inside ``folder`` (an absolute path only when it lies inside the folder)."""
     if "://" in given:
         raise ConfigError(f"field 'transcoders'[{layer}] is {given!r}: nothing is fetched from a hub; download the "
                           "file and give its local path")
-    candidate = Path(given)
-    if not candidate.is_absolute():
-        candidate = folder / candidate
-        if not candidate.resolve().is_relative_to(folder.resolve()):
-            raise ConfigError(f"field 'transcoders'[{layer}] is {given!r}, which resolves outside the config's folder "
-                              f"({candidate.resolve()}); refusing to read it")
+    relative = Path(given)
+    if relative.is_absolute() and Path(given).resolve().is_relative_to(folder.resolve()):
+        relative = Path(given).resolve().relative_to(folder.resolve())
+    try:
+        candidate = inside(folder, relative, what="transcoder folder")
+    except CheckpointError:
+        raise ConfigError(f"field 'transcoders'[{layer}] is {given!r}, which resolves outside the config's folder "
+                          f"({(folder / given).resolve()}); refusing to read it") from None
     if not candidate.is_file():
         raise CheckpointError(f"{candidate}: missing (field 'transcoders'[{layer}] of the config)")
     return candidate
 
 
-def _read_file(path: Path) -> dict[str, torch.Tensor]:
+def _read_file(path: Path, allowed: Optional[set[str]] = None) -> dict[str, torch.Tensor]:
+    """The file's tensors; with ``allowed``, an unexpected name is refused from the header, before any is read."""
     try:
         with safe_open(str(path), framework="pt") as file:
+            extra = sorted(set(file.keys()) - allowed) if allowed is not None else []
+            if extra:
+                raise CheckpointError(f"{path}: unexpected tensor {', '.join(map(repr, extra))}")
             return {name: file.get_tensor(name) for name in file.keys()}
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:
         raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
 
 
+def _tensor_names(path: Path) -> list[str]:
+    """The names a safetensors file declares (its header only)."""
+    try:
+        with safe_open(str(path), framework="pt") as file:
+            return list(file.keys())
+    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
+
+
 def _read_per_layer(path: Path) -> dict[str, Optional[torch.Tensor]]:
-    tensors = _read_file(path)
     required = ("W_enc", "W_dec", "b_enc", "b_dec")
     optional = {"activation_function.threshold": "threshold", "W_skip": "W_skip"}
+    try:
+        tensors = _read_file(path, set(required) | set(optional))
+    except CheckpointError as error:
+        if "unexpected tensor" not in str(error):
+            raise
+        raise CheckpointError(f"{error} (a circuit-tracer layer file holds W_enc, W_dec, b_enc, b_dec, optional "
+                              "activation_function.threshold and W_skip)") from None
     missing = [name for name in required if name not in tensors]
-    extra = sorted(set(tensors) - set(required) - set(optional))
-    if missing or extra:
-        raise CheckpointError(f"{path}: " + "; ".join(
-            ([f"missing tensor {', '.join(map(repr, missing))}"] if missing else []) +
-            ([f"unexpected tensor {', '.join(map(repr, extra))}"] if extra else [])) +
-            " (a circuit-tracer layer file holds W_enc, W_dec, b_enc, b_dec, optional "
-            "activation_function.threshold and W_skip)")
+    if missing:
+        raise CheckpointError(f"{path}: missing tensor {', '.join(map(repr, missing))} (a circuit-tracer layer file "
+                              "holds W_enc, W_dec, b_enc, b_dec, optional activation_function.threshold and W_skip)")
     out: dict[str, Optional[torch.Tensor]] = {name: _float(tensors[name], path, name) for name in required}
     for stored, ours in optional.items():
         out[ours] = _float(tensors[stored], path, stored) if stored in tensors else None
+    _non_negative(out["threshold"], path, "activation_function.threshold")
     return out
+
+
+def _non_negative(threshold: Optional[torch.Tensor], path: Path, name: str) -> None:
+    """circuit-tracer's JumpReLU ``x * (x > threshold)`` is SAELens's ``relu(x) * (x > threshold)``, the one we
+    compute, only for a threshold of at least zero."""
+    if threshold is not None and bool((threshold < 0).any()):
+        raise CheckpointError(f"{path}: tensor {name!r} has negative entries; circuit-tracer's JumpReLU would pass "
+                              "negative activations there, which SAELens's rule (ours) does not")
 
 
 def _cross_layer(folder: Path, hooks: dict, scan: Any) -> TranscoderSet:
@@ -174,13 +212,14 @@ def _cross_layer(folder: Path, hooks: dict, scan: Any) -> TranscoderSet:
             if not file.is_file():
                 raise CheckpointError(f"{file}: missing (a cross-layer transcoder of {n_layers} layers needs "
                                       f"W_enc_0..{n_layers - 1} and W_dec_0..{n_layers - 1})")
-        tensors = _read_file(enc_path)
+        tensors = _read_file(enc_path, {f"{key}_{layer}" for key in ("W_enc", "b_enc", "b_dec", "threshold")})
         for name in (f"W_enc_{layer}", f"b_enc_{layer}", f"b_dec_{layer}"):
             if name not in tensors:
                 raise CheckpointError(f"{enc_path}: missing tensor {name!r}")
         enc.append({key: _float(tensors[f"{key}_{layer}"], enc_path, f"{key}_{layer}") if f"{key}_{layer}" in tensors
                     else None for key in ("W_enc", "b_enc", "b_dec", "threshold")})
-        dec_tensors = _read_file(dec_path)
+        _non_negative(enc[-1]["threshold"], enc_path, f"threshold_{layer}")
+        dec_tensors = _read_file(dec_path, {f"W_dec_{layer}"})
         if f"W_dec_{layer}" not in dec_tensors:
             raise CheckpointError(f"{dec_path}: missing tensor 'W_dec_{layer}'")
         dec.append(_float(dec_tensors[f"W_dec_{layer}"], dec_path, f"W_dec_{layer}"))
@@ -194,8 +233,6 @@ def _cross_layer(folder: Path, hooks: dict, scan: Any) -> TranscoderSet:
 
 # ---- SAELens and ours ------------------------------------------------------------------------------------------
 def _from_saelens(folders: list[Path]) -> TranscoderSet:
-    from workbench.sae.files import load_sae
-
     by_layer: dict[int, Any] = {}
     names = set()
     for folder in folders:
@@ -218,18 +255,17 @@ def _from_saelens(folders: list[Path]) -> TranscoderSet:
         raise ConfigError(f"SAELens transcoders cover layers {sorted(by_layer)}; a set needs every layer from 0")
     if len(names) > 1:
         raise ConfigError(f"SAELens transcoders read or write different hooks per layer: {sorted(names)}")
-    (name_in, name_out), saes = names.pop(), [by_layer[i] for i in range(len(by_layer))]
-    detach = [{n: p.detach() for n, p in sae.named_parameters()} for sae in saes]
-    return _build("SAELens transcoders", W_enc=[t["W_enc"].T for t in detach], b_enc=[t["b_enc"] for t in detach],
-                  threshold=[t["threshold"].clamp(min=0) if "threshold" in t else None for t in detach],
-                  W_dec=[t["W_dec"][:, None] for t in detach], b_dec=torch.stack([t["b_dec"] for t in detach]),
-                  W_skip=[t["W_skip"].T for t in detach] if "W_skip" in detach[0] else None,
-                  feature_input_hook=name_in, feature_output_hook=name_out, scan=None)
+    (name_in, name_out) = names.pop()
+    try:
+        return TranscoderSet(feature_input_hook=name_in, feature_output_hook=name_out,
+                             layers=[by_layer[i] for i in range(len(by_layer))])
+    except InputError as error:
+        raise CheckpointError(f"SAELens transcoders: {error}") from None
 
 
 def _from_ours(folder: Path) -> TranscoderSet:
     try:
-        config = json.loads((folder / OUR_CONFIG).read_text())
+        config = json.loads(inside(folder, OUR_CONFIG, what="transcoder folder").read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"{folder / OUR_CONFIG}: not a readable JSON file ({error})") from None
     if not isinstance(config, dict) or config.get("format") != FORMAT_NAME:
@@ -237,18 +273,23 @@ def _from_ours(folder: Path) -> TranscoderSet:
     n = config.get("n_layers")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ConfigError(f"{folder / OUR_CONFIG}: field 'n_layers' must be a positive integer, got {n!r}")
-    weights = folder / OUR_WEIGHTS
-    tensors = {name: _float(t, weights, name) for name, t in _read_file(weights).items()}
+    weights = inside(folder, OUR_WEIGHTS, must_exist=True, what="transcoder folder")
+    stored = sum(name.startswith("W_enc.") for name in _tensor_names(weights))
+    if n != stored:
+        raise ConfigError(f"{folder / OUR_CONFIG}: field 'n_layers' is {n}, but {OUR_WEIGHTS} holds {stored} layers")
+    allowed = {"b_dec"} | {f"{k}.{i}" for i in range(n) for k in ("W_enc", "b_enc", "W_dec", "threshold", "W_skip")}
+    tensors = {name: _float(t, weights, name) for name, t in _read_file(weights, allowed).items()}
     wanted = ["b_dec"] + [f"{k}.{i}" for i in range(n) for k in ("W_enc", "b_enc", "W_dec")]
     missing = [name for name in wanted if name not in tensors]
     if missing:
-        raise CheckpointError(f"{weights}: missing tensor {', '.join(map(repr, missing))}")
+        raise CheckpointError(f"{weights}: missing tensor {', '.join(map(repr, missing[:5]))}"
+                              f"{' and more' if len(missing) > 5 else ''} (n_layers={n} in {OUR_CONFIG})")
     skip = "W_skip.0" in tensors
     return _build(str(folder), W_enc=[tensors[f"W_enc.{i}"] for i in range(n)],
                   b_enc=[tensors[f"b_enc.{i}"] for i in range(n)],
                   threshold=[tensors.get(f"threshold.{i}") for i in range(n)],
                   W_dec=[tensors[f"W_dec.{i}"] for i in range(n)], b_dec=tensors["b_dec"],
-                  W_skip=[tensors[f"W_skip.{i}"] for i in range(n)] if skip else None,
+                  W_skip=[tensors[f"W_skip.{i}"].T for i in range(n)] if skip else None,   # the file: x @ W_skip.{i}
                   feature_input_hook=config.get("feature_input_hook"),
                   feature_output_hook=config.get("feature_output_hook"), scan=config.get("scan"))
 
