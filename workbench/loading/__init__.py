@@ -2,18 +2,22 @@
 
 ``load_model`` decides what ``source`` is and hands it to one loader; each loader builds the
 config, reads and checks every tensor, and only then returns a model, so a failure never
-leaves a half-loaded model behind. Nothing is fetched from a hub and nothing is unpickled.
+leaves a half-loaded model behind. A source that is none of those but names a Hub repo is fetched
+into the HF cache first (``workbench.hub``) and then loaded as a local checkpoint; nothing is
+unpickled but through ``torch.load(weights_only=True)``, and no remote code is run.
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Optional, Union
+from typing import Iterator, Optional, Union
 
 import pandas as pd
 import torch
 
 from workbench.config import ModelConfig
+from workbench import hub
 from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.gguf_loader import GGUF_MODELS, GGUFFile, load_gguf, model_config_from_gguf
 from workbench.loading.hf import ARCHITECTURES, hf_checkpoint_dtype, hf_model_config, is_hf_config, load_hf_directory, read_config
@@ -35,8 +39,10 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
                center_writing_weights: bool = False, center_unembed: bool = False, fold_value_biases: bool = False,
                refactor_factored_attn_matrices: bool = False, ungroup_grouped_query_attention: bool = False,
                device_map: Optional[DeviceMapSpec] = None, max_memory: MaxMemory = None,
-               offload_folder: Optional[Union[str, Path]] = None):
-    """Loads a model from a registered name, an HF directory, a .gguf file or a saved directory.
+               offload_folder: Optional[Union[str, Path]] = None, revision: Optional[str] = None,
+               cache_dir: Optional[Union[str, Path]] = None, token: Union[str, bool, None] = None,
+               local_files_only: bool = False, gguf_file: Optional[str] = None):
+    """Loads a model from a registered name, an HF directory, a .gguf file, a saved directory, or the Hub.
 
     By default the weights are as in the checkpoint (logits equal `transformers`'). The four
     processing options apply TransformerLens's weight processing after loading
@@ -47,7 +53,9 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
 
     Args:
         source: a name from ``wb.list_models()``, an HF-format directory (config.json +
-            *.safetensors), a ``.gguf`` file, or a directory written by ``model.save()``.
+            *.safetensors), a ``.gguf`` file, a directory written by ``model.save()``, or (none of
+            those) a Hub repo id ("org/name") or TransformerLens model name ("gpt2-small"): its files
+            are fetched into the HF cache (``workbench.hub``; ``model.hub_origin`` records the commit).
         attn_impl: "eager", "sdpa" or "flash".
         dtype: torch.float32, torch.bfloat16 or torch.float16; None: the checkpoint's own (an HF or
             saved directory's weights are read straight into it; a GGUF file's dequantised blocks
@@ -77,6 +85,9 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
             goes to disk.
         offload_folder: where blocks on "disk" are written (a new or empty directory, or one an
             earlier load offloaded to, which is cleared); needed when any block goes to disk.
+        revision, cache_dir, token, local_files_only: for a Hub source, as ``transformers``' (branch, tag
+            or commit; the HF cache; default ``HF_TOKEN`` or the stored login; cache only).
+        gguf_file: load this .gguf file of a Hub repo (or of the directory ``source``).
 
     Example:
         >>> import workbench as wb
@@ -95,6 +106,10 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
         ...                     offload_folder="offload")   # doctest: +SKIP
         >>> big.device_map["blocks.79"]   # doctest: +SKIP
         'cpu'
+        >>> pythia = wb.load_model("EleutherAI/pythia-70m", revision="step3000")   # doctest: +SKIP
+        >>> pythia.hub_origin.commit   # doctest: +SKIP
+        '...'
+        >>> gpt2 = wb.load_model("gpt2-small")   # TransformerLens's name for "gpt2"   # doctest: +SKIP
     """
     placement = None
     if device_map is not None:
@@ -104,7 +119,8 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
         placement = Placement(device_map, max_memory, offload_folder)
     elif max_memory is not None or offload_folder is not None:
         raise ConfigError("max_memory and offload_folder need a device_map (e.g. device_map='auto')")
-    model = _load(source, attn_impl, dtype, device, progress, placement)
+    hub_options = dict(revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only)
+    model = _load(source, attn_impl, dtype, device, progress, placement, hub_options, gguf_file)
     if ungroup_grouped_query_attention:
         model.set_ungroup_grouped_query_attention(True)
     if fold_ln or center_writing_weights or center_unembed or fold_value_biases or refactor_factored_attn_matrices:
@@ -115,15 +131,49 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
 
 
 def _load(source: Union[str, Path], attn_impl: str, dtype: Optional[torch.dtype], device: str,
-          progress: Optional[bool], placement: Optional[Placement]):
+          progress: Optional[bool], placement: Optional[Placement], hub_options: Optional[dict] = None,
+          gguf_file: Optional[str] = None):
     """The model exactly as the checkpoint holds it, by whichever loader ``source`` calls for."""
+    if _is_hub_source(source):  # fetched into the HF cache, then loaded as a local checkpoint
+        with _hub_checkpoint(source, hub.fetch_model, **(hub_options or {}), gguf_file=gguf_file,
+                             progress=progress) as fetched:
+            model = _load(fetched.path, attn_impl, dtype, device, progress, placement)
+        model.config = model.config.replace(model_name=fetched.origin.repo_id)
+        model.hub_origin = fetched.origin
+        return model
+    if gguf_file is not None:
+        source = Path(source) / gguf_file
     options = dict(attn_impl=attn_impl, dtype=dtype, device=device, placement=placement)
     path, kind = _locate(source)
     if kind == "gguf":
-        return load_gguf(path, progress=progress, **{**options, "dtype": dtype or torch.float32})
-    if kind == "native":
-        return load_native(path, **options)
-    return load_hf_directory(path, progress=progress, **options)
+        model = load_gguf(path, progress=progress, **{**options, "dtype": dtype or torch.float32})
+    elif kind == "native":
+        model = load_native(path, **options)
+    else:
+        model = load_hf_directory(path, progress=progress, **options)
+    model.hub_origin = None
+    return model
+
+
+def _is_hub_source(source: Union[str, Path]) -> bool:
+    """``source`` is for the Hub: a string that is no registered name and no existing path, shaped as a repo id
+    or a TransformerLens name (registered names and local paths win)."""
+    return isinstance(source, str) and source not in REGISTRY and not Path(source).exists() and hub.is_hub_name(source)
+
+
+@contextmanager
+def _hub_checkpoint(source: str, fetch, **options) -> Iterator[hub.Fetched]:
+    """``fetch(source, **options)``'s checkpoint; a repo the Hub (or, offline, the cache) lacks is a
+    ``CheckpointNotFoundError`` that also says ``source`` is no local path or registered name."""
+    with ExitStack() as stack:
+        try:
+            fetched = stack.enter_context(fetch(source, **options))
+        except hub.HubNotFoundError as error:
+            if not error.whole_repo:
+                raise
+            raise CheckpointNotFoundError(f"{source}: no such file or directory, and not a registered model name "
+                                          f"(registered: {sorted(REGISTRY)}), nor a Hub repo we can read: {error}") from error
+        yield fetched
 
 
 def _locate(source: Union[str, Path]) -> tuple[Path, str]:
@@ -152,20 +202,30 @@ def _locate(source: Union[str, Path]) -> tuple[Path, str]:
                           f"nor one written by model.save() (no field 'format': '{FORMAT_TAG}')")
 
 
-def model_config(source: Union[str, Path]) -> ModelConfig:
-    """The ``ModelConfig`` of a registered name, HF directory, .gguf file or saved directory, with no
-    weights read.
+def model_config(source: Union[str, Path], *, revision: Optional[str] = None,
+                 cache_dir: Optional[Union[str, Path]] = None, token: Union[str, bool, None] = None,
+                 local_files_only: bool = False) -> ModelConfig:
+    """The ``ModelConfig`` of a registered name, HF directory, .gguf file, saved directory or Hub repo, with no
+    weights read (a Hub repo: config.json and the safetensors headers, by range requests; the other
+    arguments as ``load_model``'s).
 
     Example:
         >>> wb.loading.model_config("toy-attn-2l").n_layers
         2
+        >>> wb.model_config("meta-llama/Llama-3.1-8B", token="hf_...").n_key_value_heads   # doctest: +SKIP
+        8
     """
-    return _config_and_dtype(source)[0]
+    return _config_and_dtype(source, dict(revision=revision, cache_dir=cache_dir, token=token,
+                                          local_files_only=local_files_only))[0]
 
 
-def _config_and_dtype(source: Union[str, Path]) -> tuple[ModelConfig, torch.dtype]:
+def _config_and_dtype(source: Union[str, Path], hub_options: Optional[dict] = None) -> tuple[ModelConfig, torch.dtype]:
     """The architecture, and the dtype ``load_model(source)`` would give: an HF checkpoint's own (from its
     header), a saved model's, float32 for a GGUF file's dequantised weights."""
+    if _is_hub_source(source):  # config.json and the weights' headers only
+        with _hub_checkpoint(source, hub.fetch_config, **(hub_options or {})) as fetched:
+            cfg, dtype = _config_and_dtype(fetched.path)
+        return cfg.replace(model_name=fetched.origin.repo_id), dtype
     path, kind = _locate(source)
     if kind == "gguf":
         return model_config_from_gguf(GGUFFile(path)), torch.float32
@@ -176,15 +236,19 @@ def _config_and_dtype(source: Union[str, Path]) -> tuple[ModelConfig, torch.dtyp
 
 
 def plan_memory(source: Union[str, Path], dtype: Optional[torch.dtype] = None, device_map: DeviceMapSpec = "auto",
-                max_memory: MaxMemory = None, *, batch: int = 1, pos: int = 1024, names_filter=None) -> pd.DataFrame:
+                max_memory: MaxMemory = None, *, batch: int = 1, pos: int = 1024, names_filter=None,
+                revision: Optional[str] = None, cache_dir: Optional[Union[str, Path]] = None,
+                token: Union[str, bool, None] = None, local_files_only: bool = False) -> pd.DataFrame:
     """Before loading: where ``load_model(source, dtype=dtype, device_map=..., max_memory=...)`` would put
     each block, and the bytes per device of the weights and of ``run_with_cache`` on ``batch`` x ``pos``
     tokens (every hook, or ``names_filter``'s; each activation is cached on its block's device).
 
     One row per device: ``device``, ``units`` (e.g. "embed, unembed, blocks.0-11"), ``weights_bytes``,
     ``cache_bytes``, ``cache_on`` (where a disk block's activations land: the CPU), and readable
-    ``weights``/``cache``. Nothing is read but the config (shapes come from a model on the meta device).
-    Also ``workbench plan SOURCE`` on the command line.
+    ``weights``/``cache``. Nothing is read but the config (shapes come from a model on the meta device);
+    a Hub repo's config.json and safetensors headers are fetched, never its weights (``revision``,
+    ``cache_dir``, ``token``, ``local_files_only`` as ``load_model``'s). Also ``workbench plan SOURCE`` on
+    the command line.
 
     Example:
         >>> wb.plan_memory("toy-attn-2l", device_map={"embed": "cpu", "ln_final": "cpu", "unembed": "cpu",
@@ -197,7 +261,8 @@ def plan_memory(source: Union[str, Path], dtype: Optional[torch.dtype] = None, d
     """
     if batch < 1 or pos < 1:
         raise ConfigError(f"batch and pos must be at least 1, got batch={batch}, pos={pos}")
-    cfg, stored_dtype = _config_and_dtype(source)
+    cfg, stored_dtype = _config_and_dtype(source, dict(revision=revision, cache_dir=cache_dir, token=token,
+                                                       local_files_only=local_files_only))
     return plan(cfg, Placement(device_map, max_memory), batch=batch, pos=pos, names_filter=names_filter,
                 dtype=dtype or stored_dtype)
 
