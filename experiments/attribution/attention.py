@@ -169,11 +169,10 @@ def edge_heads(model: Any, transcoders: TranscoderSet, graph: AttributionGraph, 
     indices in the adjacency's order; see the module docstring).
 
     Example (a source at position 1 reaches the logit at position 2 only through the head):
-        >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="relu"))
-        >>> tc = wb.TranscoderSet(W_enc=[tiny.W_in[0].T.detach()], b_enc=[tiny.b_in[0].detach()], threshold=[None],
-        ...     W_dec=[tiny.W_out[0][:, None].detach()], b_dec=tiny.b_out.detach(), feature_input_hook="mlp.hook_in",
-        ...     feature_output_hook="mlp.hook_out")
         >>> from experiments.attribution import attribute
+        >>> from experiments.attribution.replacement import mlp_transcoders
+        >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="relu"))
+        >>> tc = mlp_transcoders(tiny)
         >>> graph = attribute(tiny, tc, [1, 2, 3], max_n_logits=1, progress=False)
         >>> token_1, logit = graph.n_nodes - 1 - 2, graph.n_nodes - 1
         >>> split = edge_heads(tiny, tc, graph, logit, token_1)
@@ -221,11 +220,10 @@ def attention_qk(model: Any, transcoders: TranscoderSet, graph: AttributionGraph
     (the transcoders' ``b_dec`` and skip term, the whole MLP output at position 0) and ``bias``).
 
     Example:
-        >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="relu"))
-        >>> tc = wb.TranscoderSet(W_enc=[tiny.W_in[0].T.detach()], b_enc=[tiny.b_in[0].detach()], threshold=[None],
-        ...     W_dec=[tiny.W_out[0][:, None].detach()], b_dec=tiny.b_out.detach(), feature_input_hook="mlp.hook_in",
-        ...     feature_output_hook="mlp.hook_out")
         >>> from experiments.attribution import attribute
+        >>> from experiments.attribution.replacement import mlp_transcoders
+        >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="relu"))
+        >>> tc = mlp_transcoders(tiny)
         >>> graph = attribute(tiny, tc, [1, 2, 3], max_n_logits=1, progress=False)
         >>> qk = attention_qk(tiny, tc, graph, layer=0, head=1, query_pos=2, key_pos=0)
         >>> qk.query_labels, qk.key_labels, abs(qk.unexplained) < 1e-5
