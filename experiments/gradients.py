@@ -8,7 +8,8 @@ Legend: B batch, P position, D d_model.
 on it. Weights need not require gradients: an activation that is not in the graph yet (frozen weights, or the
 first captured point of a run) becomes a leaf there, which cuts no path, since nothing before it was tracked.
 With ``cut=True`` every captured activation is its own leaf: the gradient at a point then counts only the paths
-that do not pass through another captured point (direct effects, as attribution graphs take them).
+that do not pass through another captured point (direct effects, as attribution graphs take them); ``cut`` may
+also name the points to cut, the others kept in the graph as without it.
 
 Activation patching's gradient estimate (``experiments.patching.gradient_estimate``) and edge attribution
 patching (``experiments.circuits.eap``) take their gradients here.
@@ -17,7 +18,7 @@ patching (``experiments.circuits.eap``) take their gradients here.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Collection, Iterator, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -35,19 +36,36 @@ class GradientCapture:
         ...     grads = capture.gradients(value)
         >>> grads["blocks.0.hook_resid_pre"].shape == capture.activations["blocks.0.hook_resid_pre"].shape
         True
+
+    Cutting only some points (``cut`` names them): the gradient at the cut point counts no path through the other.
+        >>> names = ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post"]
+        >>> capture = GradientCapture(names, cut=["blocks.0.hook_resid_post"])
+        >>> with torch.enable_grad(), model.hooks(fwd_hooks=capture.hooks()):
+        ...     value = model(tokens, stop_at_layer=1).sum()
+        ...     grads = capture.gradients(value)
+        >>> float(grads["blocks.0.hook_resid_pre"].abs().sum()), float(grads["blocks.0.hook_resid_post"][0, 0, 0])
+        (0.0, 1.0)
     """
 
-    def __init__(self, names: Sequence[str], *, cut: bool = False):
+    def __init__(self, names: Sequence[str], *, cut: Union[bool, Collection[str]] = False):
         self.names = list(dict.fromkeys(names))
+        if not isinstance(cut, bool):
+            cut = {cut} if isinstance(cut, str) else set(cut)
+            unknown = sorted(cut - set(self.names))
+            if unknown:
+                raise InputError(f"cut names {', '.join(unknown)}, which are not among the captured points")
         self.cut = cut
         self.activations: dict[str, Tensor] = {}
 
+    def _cuts(self, name: str) -> bool:
+        return self.cut if isinstance(self.cut, bool) else name in self.cut
+
     def hooks(self) -> list[tuple[str, Callable]]:
-        """Forward hooks that keep each named activation (a leaf where it is not in the graph, or always with
+        """Forward hooks that keep each named activation (a leaf where it is not in the graph, or always where
         ``cut``); they go after any hook that edits the same point, so what they keep is what the run goes on with."""
         def keep(name: str) -> Callable:
             def hook(activation: Tensor, hook: Any) -> Tensor:
-                if self.cut or not activation.requires_grad:
+                if self._cuts(name) or not activation.requires_grad:
                     activation = activation.detach().requires_grad_(True)
                 self.activations[name] = activation
                 return activation
@@ -80,9 +98,10 @@ class GradientCapture:
 
 @contextmanager
 def capturing_gradients(model, names: Sequence[str], *, fwd_hooks: Sequence[tuple[str, Callable]] = (),
-                        cut: bool = False) -> Iterator[GradientCapture]:
+                        cut: Union[bool, Collection[str]] = False) -> Iterator[GradientCapture]:
     """A block in which runs of ``model`` keep the activations at ``names`` for ``capture.gradients``, with
-    ``fwd_hooks`` (edits such as an interpolated input) attached before the capturing hooks; gradients on, every
+    ``fwd_hooks`` (edits such as an interpolated input) attached before the capturing hooks, and ``cut`` as in
+    ``GradientCapture``; gradients on, every
     hook removed and the model's call lock released at the end, even on an error.
 
     Example:

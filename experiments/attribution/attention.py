@@ -8,7 +8,8 @@ the whole frozen model up to layer l. So ``edge_heads`` splits an edge into a ``
 zero unless source and target share a position) and one part per head, each path credited to the LAST head it
 passes: the head's output change ``Delta z_lh`` when the source is added (a frozen forward pass, exact since the
 frozen model is affine) times the target's gradient at ``hook_z`` with every head's ``hook_z`` cut from its values
-(so the gradient flows along residual and skip paths only). The parts sum to the edge.
+(so the gradient flows along residual and skip paths only; ``experiments.gradients`` captures it). The parts sum to
+the edge.
 
 ``attention_qk`` explains the pre-softmax score of one head, query position and key position: the residual stream at
 each position is a sum of parts (the token embedding, each earlier layer's attention output, each earlier layer's
@@ -32,6 +33,7 @@ from torch import Tensor
 from experiments.attribution.graph import AttributionGraph
 from experiments.attribution.replacement import ReplacementModel, Sources
 from experiments.attribution.targets import logit_directions
+from experiments.gradients import capturing_gradients
 from workbench.errors import InputError
 from workbench.transcoders import TranscoderSet
 
@@ -167,18 +169,17 @@ def edge_heads(model: Any, transcoders: TranscoderSet, graph: AttributionGraph, 
     indices in the adjacency's order; see the module docstring).
 
     Example (a source at position 1 reaches the logit at position 2 only through the head):
-        >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="relu"))
-        >>> tc = wb.TranscoderSet(W_enc=[tiny.W_in[0].T.detach()], b_enc=[tiny.b_in[0].detach()], threshold=[None],
-        ...     W_dec=[tiny.W_out[0][:, None].detach()], b_dec=tiny.b_out.detach(), feature_input_hook="mlp.hook_in",
-        ...     feature_output_hook="mlp.hook_out")
         >>> from experiments.attribution import attribute
+        >>> from experiments.attribution.replacement import mlp_transcoders
+        >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="relu"))
+        >>> tc = mlp_transcoders(tiny)
         >>> graph = attribute(tiny, tc, [1, 2, 3], max_n_logits=1, progress=False)
         >>> token_1, logit = graph.n_nodes - 1 - 2, graph.n_nodes - 1
         >>> split = edge_heads(tiny, tc, graph, logit, token_1)
         >>> split.residual, abs(split.heads.sum() - graph.adjacency_matrix[logit, token_1]) < 1e-5
         (0.0, tensor(True))
     """
-    _check_nodes(graph, target=target, source=source)
+    _check_indices("a node index", target=(target, graph.n_nodes), source=(source, graph.n_nodes))
     frozen = _Frozen(model, transcoders, graph)
     read_name, read_pos, direction = frozen.reads(target)
     add = frozen.writes(source)
@@ -189,38 +190,26 @@ def edge_heads(model: Any, transcoders: TranscoderSet, graph: AttributionGraph, 
         hooks.append((read_name, lambda acts, hook: changed.__setitem__("read", acts)))
         model.run_with_hooks(frozen.tokens[None], fwd_hooks=hooks)
         edge = float((changed["read"][0, read_pos] - frozen.clean[read_name][0, read_pos]).to(direction.dtype) @ direction)
-    # 2. the target's gradient along residual and skip paths: each hook_z a leaf, each write point a zero leaf
-    leaves: dict[str, Tensor] = {}
-
-    def leaf(acts: Tensor, hook: Any) -> Tensor:
-        leaves[hook.name] = acts.detach().requires_grad_(True)
-        return leaves[hook.name]
-
-    def zero_leaf(acts: Tensor, hook: Any) -> Tensor:
-        leaves[hook.name] = torch.zeros_like(acts, requires_grad=True)
-        return acts + leaves[hook.name]
-
+    # 2. the target's gradient along residual and skip paths: every hook_z cut from its values, at each write point
     reads: dict[str, Tensor] = {}
-    hooks = frozen.hooks({}) + [(n, leaf) for n in z_names] + [(n, zero_leaf) for n in add]
-    hooks.append((read_name, lambda acts, hook: reads.__setitem__("read", acts)))
-    with torch.enable_grad():
-        model.run_with_hooks(frozen.tokens[None], fwd_hooks=hooks)
-        target_value = reads["read"][0, read_pos].to(direction.dtype) @ direction
-        wanted = z_names + list(add)
-        grads = dict(zip(wanted, torch.autograd.grad(target_value, [leaves[n] for n in wanted], allow_unused=True)))
+    keep_read = (read_name, lambda acts, hook: reads.__setitem__("read", acts))
+    with capturing_gradients(model, z_names + list(add), fwd_hooks=frozen.hooks({}) + [keep_read],
+                             cut=z_names) as capture:
+        model(frozen.tokens[None])
+        grads = capture.gradients(reads["read"][0, read_pos].to(direction.dtype) @ direction)
     heads = torch.zeros(model.cfg.n_layers, model.cfg.n_heads, dtype=torch.float64)
     for name in z_names:
-        if grads[name] is not None:
-            delta = (changed[name] - frozen.clean[name])[0].double()              # [pos, head, d_head]
-            heads[int(name.split(".")[1])] = torch.einsum("phk,phk->h", grads[name][0].double(), delta)
-    residual = sum(float((grads[n][0].double() * add[n].double()).sum()) for n in add if grads[n] is not None)
+        delta = (changed[name] - frozen.clean[name])[0].double()              # [pos, head, d_head]
+        heads[int(name.split(".")[1])] = torch.einsum("phk,phk->h", grads[name][0].double(), delta)
+    residual = sum(float((grads[n][0].double() * add[n].double()).sum()) for n in add)
     return EdgeHeads(edge=edge, residual=residual, heads=heads.float())
 
 
-def _check_nodes(graph: AttributionGraph, **nodes: int) -> None:
-    for name, value in nodes.items():
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < graph.n_nodes:
-            raise InputError(f"{name} must be a node index in [0, {graph.n_nodes}), got {value!r}")
+def _check_indices(what: str, **bounded: tuple[Any, int]) -> None:
+    """Each ``name=(value, bound)`` an int in [0, bound), else an InputError calling it ``what``."""
+    for name, (value, bound) in bounded.items():
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < bound:
+            raise InputError(f"{name} must be {what} in [0, {bound}), got {value!r}")
 
 
 def attention_qk(model: Any, transcoders: TranscoderSet, graph: AttributionGraph, layer: int, head: int,
@@ -231,21 +220,18 @@ def attention_qk(model: Any, transcoders: TranscoderSet, graph: AttributionGraph
     (the transcoders' ``b_dec`` and skip term, the whole MLP output at position 0) and ``bias``).
 
     Example:
-        >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="relu"))
-        >>> tc = wb.TranscoderSet(W_enc=[tiny.W_in[0].T.detach()], b_enc=[tiny.b_in[0].detach()], threshold=[None],
-        ...     W_dec=[tiny.W_out[0][:, None].detach()], b_dec=tiny.b_out.detach(), feature_input_hook="mlp.hook_in",
-        ...     feature_output_hook="mlp.hook_out")
         >>> from experiments.attribution import attribute
+        >>> from experiments.attribution.replacement import mlp_transcoders
+        >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="relu"))
+        >>> tc = mlp_transcoders(tiny)
         >>> graph = attribute(tiny, tc, [1, 2, 3], max_n_logits=1, progress=False)
         >>> qk = attention_qk(tiny, tc, graph, layer=0, head=1, query_pos=2, key_pos=0)
         >>> qk.query_labels, qk.key_labels, abs(qk.unexplained) < 1e-5
         (['embedding', 'bias'], ['embedding', 'bias'], True)
     """
     cfg = model.cfg
-    for name, value, bound in (("layer", layer, cfg.n_layers), ("head", head, cfg.n_heads),
-                               ("query_pos", query_pos, graph.n_pos), ("key_pos", key_pos, graph.n_pos)):
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < bound:
-            raise InputError(f"{name} must be an integer in [0, {bound}), got {value!r}")
+    _check_indices("an integer", layer=(layer, cfg.n_layers), head=(head, cfg.n_heads),
+                   query_pos=(query_pos, graph.n_pos), key_pos=(key_pos, graph.n_pos))
     frozen = _Frozen(model, transcoders, graph)
     names = {f"blocks.{layer}.attn.hook_attn_scores", "blocks.0.hook_resid_pre", f"blocks.{layer}.hook_resid_pre"} | \
         {f"blocks.{l}.hook_attn_out" for l in range(layer)}

@@ -6,7 +6,7 @@
 transcoders' linear skip term). In that graph every path from a source to a target is linear. ``rows`` injects
 one target's read direction per batch row (an encoder row at a feature's input hook, a logit's unembedding
 direction at the final norm's output) as the gradient and contracts the gradients at each output hook and at
-``hook_embed`` with the sources' written vectors (``ReplacementModel.read_sources``): each result is the direct
+``hook_embed`` (captured by ``experiments.gradients.GradientCapture``) with the sources' written vectors (``ReplacementModel.read_sources``): each result is the direct
 effect of a source on a target.
 """
 
@@ -19,6 +19,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from experiments.attribution.replacement import ReplacementModel, Sources
+from experiments.gradients import GradientCapture
 from workbench.transcoders import TranscoderSet
 
 __all__ = ["LinearisedForward", "Sources", "read_sources"]
@@ -41,10 +42,12 @@ class LinearisedForward:
         self.n_layers, self.n_pos, self.batch = transcoders.n_layers, tokens.shape[0], batch
         self.n_features = 0 if sources is None else sources.active_features.shape[0]   # None: plan_attribution
         self.resid: dict[int, Tensor] = {}        # read points: layer -> input hook's tensor; n_layers -> final norm
-        self.written: dict[int, Tensor] = {}      # write points: layer -> the MLP output's replacement
-        self.embed: Tensor
+        # write points: each MLP output's replacement (in the graph through its skip term, else a leaf), then the
+        # token embedding, a leaf (nothing before it is a source)
+        self.write_names = [transcoders.output_hook(l) for l in range(self.n_layers)] + ["hook_embed"]
+        self.capture = GradientCapture(self.write_names, cut=["hook_embed"])
         self._blocks: dict[int, tuple[Tensor, Tensor]] = {}
-        with torch.enable_grad(), model.hooks(fwd_hooks=self._hooks()):
+        with torch.enable_grad(), model.hooks(fwd_hooks=self._hooks() + self.capture.hooks()):
             # stop before the unembedding (its [batch, pos, d_vocab] logits are never needed); the final norm's
             # output, its divisor frozen by the hooks, is where logit targets read
             resid = model(tokens[None].expand(batch, -1), stop_at_layer=self.n_layers)
@@ -52,10 +55,6 @@ class LinearisedForward:
 
     def _hooks(self) -> list:
         replacement = self.replacement
-
-        def embed(acts: Tensor, hook: Any) -> Tensor:
-            self.embed = acts.detach().requires_grad_(True)
-            return self.embed
 
         def read(layer: int):
             def hook(acts: Tensor, hook: Any) -> Tensor:
@@ -65,16 +64,11 @@ class LinearisedForward:
 
         def write(layer: int):
             def hook(acts: Tensor, hook: Any) -> Tensor:
-                out = replacement.mlp_output(layer, self.resid[layer], acts)
-                if not out.requires_grad:   # no skip term: the write point is a leaf of its own
-                    out.requires_grad_(True)
-                self.written[layer] = out
-                return out
+                return replacement.mlp_output(layer, self.resid[layer], acts)
             return hook
 
         tc = self.transcoders
-        return replacement.freeze_hooks() + [("hook_embed", embed)] + \
-            [(tc.input_hook(l), read(l)) for l in range(self.n_layers)] + \
+        return replacement.freeze_hooks() + [(tc.input_hook(l), read(l)) for l in range(self.n_layers)] + \
             [(tc.output_hook(l), write(l)) for l in range(self.n_layers)]
 
     @property
@@ -104,9 +98,8 @@ class LinearisedForward:
             grad[torch.arange(k)[mask], positions[mask]] = inject[mask].to(grad.dtype)
             outputs.append(tensor)
             grads.append(grad)
-        inputs = [self.written[l] for l in range(self.n_layers)] + [self.embed]
-        found = torch.autograd.grad(outputs, inputs, grads, retain_graph=retain_graph, allow_unused=True)
-        return self._contract(found, k)
+        found = self.capture.gradients(outputs, grads, retain_graph=retain_graph)
+        return self._contract([found[name] for name in self.write_names], k)
 
     def _decoder_blocks(self, layer: int) -> tuple[Tensor, Tensor]:
         """The decoder rows writing to ``layer`` laid out by position, ``[pos, m, d_model]`` zero-padded to the most
@@ -130,22 +123,18 @@ class LinearisedForward:
             self._blocks[layer] = (vecs, owner)
         return self._blocks[layer]
 
-    def _contract(self, grads: tuple, k: int) -> Float[Tensor, "k row"]:
+    def _contract(self, grads: list[Tensor], k: int) -> Float[Tensor, "k row"]:
         src, n_pos = self.sources, self.n_pos
         row = torch.zeros(k, self.row_size + 1, dtype=src.error_vecs.dtype, device=src.error_vecs.device)
         error_start = self.n_features
         for layer in range(self.n_layers):
-            grad = grads[layer]
-            if grad is None:
-                continue
-            grad = grad[:k].to(row.dtype)
+            grad = grads[layer][:k].to(row.dtype)
             vecs_PMD, owner_PM = self._decoder_blocks(layer)
             if owner_PM.shape[1]:
                 per_slot_PKM = torch.bmm(grad.transpose(0, 1), vecs_PMD.transpose(1, 2))
                 row.index_add_(1, owner_PM.flatten(), per_slot_PKM.permute(1, 0, 2).reshape(k, -1))
             start = error_start + layer * n_pos
             row[:, start:start + n_pos] = torch.einsum("kpd,pd->kp", grad, src.error_vecs[layer])
-        if grads[-1] is not None:
-            start = error_start + self.n_layers * n_pos
-            row[:, start:start + n_pos] = torch.einsum("kpd,pd->kp", grads[-1][:k].to(row.dtype), src.token_vecs)
+        start = error_start + self.n_layers * n_pos
+        row[:, start:start + n_pos] = torch.einsum("kpd,pd->kp", grads[-1][:k].to(row.dtype), src.token_vecs)
         return row[:, :-1]

@@ -15,7 +15,8 @@ The rest: ``record`` (one run keeping the values to freeze at), ``read_sources``
 the model), and circuit-tracer's ``from_pretrained_and_transcoders`` as ``from_model_and_transcoders``. ``attribute``
 and ``intervene`` take a replacement model in place of the model (``attribute(replacement_model, None, prompt)``);
 it has no ``attribute`` method of its own, which would make this module and theirs import each other.
-Shapes: ``L`` layers, ``P`` positions, ``F`` features per layer, ``D`` the model width, ``k`` rows.
+``mlp_transcoders`` makes a model's own ReLU MLPs its transcoders (no error: the replacement is the model), for
+examples and checks. Shapes: ``L`` layers, ``P`` positions, ``F`` features per layer, ``D`` the model width, ``k`` rows.
 """
 
 from __future__ import annotations
@@ -55,9 +56,7 @@ class ReplacementModel:
 
     Example (a one-layer model whose own MLP is its transcoder):
         >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="relu"))
-        >>> tc = wb.TranscoderSet(W_enc=[tiny.W_in[0].T.detach()], b_enc=[tiny.b_in[0].detach()], threshold=[None],
-        ...     W_dec=[tiny.W_out[0][:, None].detach()], b_dec=tiny.b_out.detach(), feature_input_hook="mlp.hook_in",
-        ...     feature_output_hook="mlp.hook_out")
+        >>> tc = mlp_transcoders(tiny)
         >>> rm = ReplacementModel.from_model_and_transcoders(tiny, tc)
         >>> tokens = torch.tensor([1, 2, 3])
         >>> torch.allclose(rm.forward(tokens), tiny(tokens[None])[0], atol=1e-5)   # a perfect transcoder: no error
@@ -116,9 +115,7 @@ class ReplacementModel:
 
         Example:
             >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="relu"))
-            >>> tc = wb.TranscoderSet(W_enc=[tiny.W_in[0].T.detach()], b_enc=[tiny.b_in[0].detach()], threshold=[None],
-            ...     W_dec=[tiny.W_out[0][:, None].detach()], b_dec=tiny.b_out.detach(), feature_input_hook="mlp.hook_in",
-            ...     feature_output_hook="mlp.hook_out")
+            >>> tc = mlp_transcoders(tiny)
             >>> clean = ReplacementModel(tiny, tc).record(torch.tensor([1, 2, 3]))
             >>> clean["blocks.0.attn.hook_pattern"].shape, clean["blocks.0.hook_mlp_out"].shape
             (torch.Size([1, 2, 3, 3]), torch.Size([1, 3, 8]))
@@ -183,9 +180,7 @@ class ReplacementModel:
 
         Example:
             >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="relu"))
-            >>> tc = wb.TranscoderSet(W_enc=[tiny.W_in[0].T.detach()], b_enc=[tiny.b_in[0].detach()], threshold=[None],
-            ...     W_dec=[tiny.W_out[0][:, None].detach()], b_dec=tiny.b_out.detach(), feature_input_hook="mlp.hook_in",
-            ...     feature_output_hook="mlp.hook_out")
+            >>> tc = mlp_transcoders(tiny)
             >>> sources = ReplacementModel(tiny, tc).read_sources(torch.tensor([1, 2, 3]))
             >>> sources.error_vecs.abs().max() < 1e-4, sources.active_features[:, 1].min().item()
             (tensor(True), 1)
@@ -319,3 +314,32 @@ class ReplacementModel:
         return self.model.run_with_hooks(tokens[None], fwd_hooks=hooks)[0]
 
     __call__ = forward
+
+
+def mlp_transcoders(model: Any) -> TranscoderSet:
+    """The model's own MLPs as a transcoder set, one feature per neuron (``W_in``, ``b_in``, ``W_out``, ``b_out``
+    copied, reading ``mlp.hook_in`` and writing ``mlp.hook_out``): exact for ReLU MLPs without a gate or experts, so
+    its replacement model has no error; for examples and checks.
+
+    Example:
+        >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=2, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="relu"))
+        >>> tc = mlp_transcoders(tiny)
+        >>> tc.n_layers, tc.W_enc[1].shape
+        (2, torch.Size([32, 8]))
+        >>> ReplacementModel(tiny, tc).read_sources(torch.tensor([1, 2, 3])).error_vecs.abs().max() < 1e-4
+        tensor(True)
+        >>> mlp_transcoders(model)
+        Traceback (most recent call last):
+        workbench.errors.InputError: mlp_transcoders needs ReLU MLPs without a gate or experts (act_fn 'relu'); this model has attn_only=True, act_fn='gelu', gated_mlp=False, num_experts=0
+    """
+    cfg = model.cfg
+    if cfg.attn_only or cfg.gated_mlp or cfg.num_experts or cfg.act_fn != "relu":
+        raise InputError(f"mlp_transcoders needs ReLU MLPs without a gate or experts (act_fn 'relu'); this model has "
+                         f"attn_only={cfg.attn_only}, act_fn={cfg.act_fn!r}, gated_mlp={cfg.gated_mlp}, "
+                         f"num_experts={cfg.num_experts}")
+    layers = range(cfg.n_layers)
+    return TranscoderSet(W_enc=[model.W_in[l].T.detach().clone() for l in layers],
+                         b_enc=[model.b_in[l].detach().clone() for l in layers], threshold=[None] * cfg.n_layers,
+                         W_dec=[model.W_out[l][:, None].detach().clone() for l in layers],
+                         b_dec=model.b_out.detach().clone(), feature_input_hook="mlp.hook_in",
+                         feature_output_hook="mlp.hook_out")

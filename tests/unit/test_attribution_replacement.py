@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 import workbench as wb
 from experiments.attribution import ReplacementModel, attention_qk, attribute, edge_heads, intervene
+from experiments.attribution.replacement import mlp_transcoders
 from workbench.errors import InputError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "attribution"
@@ -48,6 +49,21 @@ def test_a_models_own_mlp_as_its_transcoder_replaces_it_exactly():
     tokens = torch.tensor([3, 5, 7, 9, 11, 2])
     torch.testing.assert_close(ReplacementModel(model, tc).forward(tokens), model(tokens[None])[0],
                                rtol=1e-5, atol=1e-5)
+
+
+def test_mlp_transcoders_are_the_models_own_relu_mlps():
+    torch.manual_seed(0)
+    model = wb.Decoder(wb.ModelConfig(n_layers=2, d_model=16, n_heads=2, d_vocab=20, n_ctx=16, act_fn="relu", d_mlp=24))
+    tc = mlp_transcoders(model)
+    for l in range(2):   # W_enc [F, D] is W_in's transpose, W_dec [F, 1, D] is W_out: one feature per neuron
+        assert torch.equal(tc.W_enc[l], model.W_in[l].T) and torch.equal(tc.W_dec[l][:, 0], model.W_out[l])
+        assert torch.equal(tc.b_enc[l], model.b_in[l]) and tc.W_enc[l].data_ptr() != model.W_in.data_ptr()
+    tokens = torch.tensor([3, 5, 7, 9, 11, 2])
+    torch.testing.assert_close(ReplacementModel(model, tc).forward(tokens), model(tokens[None])[0],
+                               rtol=1e-5, atol=1e-5)
+    gelu = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, act_fn="gelu"))
+    with pytest.raises(InputError, match="act_fn='gelu'"):
+        mlp_transcoders(gelu)
 
 
 def _file_rows(name: str, layer: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -82,3 +82,21 @@ def test_captured_gradients_by_hand_and_cut_paths(model):
     finally:
         for p in model.parameters():
             p.requires_grad_(True)
+
+
+def test_captured_gradients_cut_only_at_named_points(model):
+    weights = torch.randn(1, 6, model.cfg.d_model, generator=torch.Generator().manual_seed(2))
+    names = ["blocks.1.hook_resid_pre", "blocks.1.hook_resid_post"]
+    with capturing_gradients(model, names) as capture:
+        through = capture.gradients((model(CLEAN[:1], stop_at_layer=2) * weights).sum())
+    with capturing_gradients(model, names, cut=[names[1]]) as capture:
+        after_cut = capture.gradients((model(CLEAN[:1], stop_at_layer=2) * weights).sum())
+    torch.testing.assert_close(after_cut[names[1]], weights)  # d (resid . w) / d resid = w
+    assert after_cut[names[0]].abs().sum() == 0  # its only path runs through the cut point
+    with capturing_gradients(model, names, cut=names[0]) as capture:
+        before_cut = capture.gradients((model(CLEAN[:1], stop_at_layer=2) * weights).sum())
+    torch.testing.assert_close(before_cut[names[0]], through[names[0]])  # a leaf keeps every path after it
+    torch.testing.assert_close(before_cut[names[1]], weights)
+    with pytest.raises(wb.InputError, match="blocks.0.hook_embed.*not among the captured points"):
+        capturing_gradients(model, names, cut=["blocks.0.hook_embed"]).__enter__()
+    assert model.attached_hooks() == {}
