@@ -21,7 +21,7 @@ from transformers import (ApertusConfig, ArceeConfig, Cohere2Config, CohereConfi
                           SeedOssConfig, VaultGemmaConfig)
 
 import workbench as wb
-import workbench.loading.hf as hf_loading
+import workbench.loading.hf.loader as hf_loading
 from tests.integration.family_parity import (KERNELS, TOLERANCE, Case, family_parity_tests, max_diff,
                                              saved_on_demand)
 from tests.integration.test_family_llama import _copy  # a saved checkpoint copied, its config.json edited

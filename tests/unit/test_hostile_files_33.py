@@ -140,7 +140,7 @@ def test_an_offload_into_the_same_folder_still_replaces_the_earlier_one(tmp_path
 
 @pytest.mark.parametrize("file_name", ["../outside.safetensors", "ABSOLUTE", "sub/../../outside.safetensors", 7])
 def test_an_hf_shard_index_pointing_outside_its_directory_is_refused(tmp_path, monkeypatch, file_name):
-    from workbench.loading import hf_checkpoint
+    from workbench.loading.hf import checkpoint as hf_checkpoint
     outside = tmp_path / "outside.safetensors"
     save_file({"w": torch.zeros(2)}, str(outside))
     directory = tmp_path / "model"
@@ -157,7 +157,7 @@ def test_an_hf_shard_index_pointing_outside_its_directory_is_refused(tmp_path, m
 
 
 def test_an_hf_shard_index_with_plain_names_still_loads(tmp_path):
-    from workbench.loading import hf_checkpoint
+    from workbench.loading.hf import checkpoint as hf_checkpoint
     save_file({"v": torch.ones(2)}, str(tmp_path / "model-00001-of-00001.safetensors"))
     (tmp_path / hf_checkpoint.INDEX_FILE).write_text(json.dumps({"weight_map": {"v": "model-00001-of-00001.safetensors"}}))
     assert hf_checkpoint.SafetensorsCheckpoint(tmp_path, progress=False).take("v").tolist() == [1.0, 1.0]

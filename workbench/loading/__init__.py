@@ -15,10 +15,10 @@ import torch
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
-from workbench.loading.gguf_loader import GGUF_MODELS, GGUFFile, load_gguf, model_config_from_gguf
-from workbench.loading.hf import ARCHITECTURES, hf_checkpoint_dtype, hf_model_config, is_hf_config, load_hf_directory, read_config
-from workbench.loading.native import FORMAT_TAG, load_native, native_config, read_native_config
+from workbench.loading.gguf.loader import GGUF_MODELS, GGUFFile, load_gguf, model_config_from_gguf
+from workbench.loading.hf.loader import ARCHITECTURES, hf_checkpoint_dtype, hf_model_config, is_hf_config, load_hf_directory, read_config
 from workbench.loading.memory_plan import plan
+from workbench.loading.native import FORMAT_TAG, load_native, native_config, read_native_config
 from workbench.loading.placement import DeviceMapSpec, MaxMemory, Placement
 from workbench.loading.registry import REGISTRY, default_model_name, list_models
 from workbench.options import RuntimeOptions

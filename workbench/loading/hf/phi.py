@@ -50,8 +50,8 @@ from torch import Tensor
 
 from workbench.config import ModelConfig
 from workbench.loading.family import Family
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig
 
 
 @dataclass(frozen=True)
@@ -269,7 +269,7 @@ def _mlp(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, variant: Variant, hf: st
     return out
 
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={
         "PhiForCausalLM": ("phi", "Phi-1, Phi-1.5, Phi-2"),

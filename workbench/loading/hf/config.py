@@ -1,6 +1,6 @@
 """Reading an HF ``config.json`` field by field, with errors that name the field and the file.
 
-Every architecture family module (``hf_gpt2``, ``hf_llama``) maps an HF config onto
+Every architecture family module (``gpt2``, ``llama``) maps an HF config onto
 ``ModelConfig`` through ``HFConfig``, so "a value we cannot honour" is reported the same way
 everywhere: ``ConfigError("<file>: field 'rope_scaling' ...")``.
 """

@@ -3,7 +3,7 @@ SwiGLU MLP in every layer, and three multipliers.
 
 What the config values mean (read off transformers 5.24's ``modeling_minicpm3.py``):
 
-    attention   as ``hf_deepseek``'s (q_lora_rank, kv_lora_rank, qk_nope_head_dim + qk_rope_head_dim,
+    attention   as ``deepseek``'s (q_lora_rank, kv_lora_rank, qk_nope_head_dim + qk_rope_head_dim,
                 v_head_dim; null: hidden_size / heads), RoPE over qk_rope_head_dim on halves; the scores'
                 scale 1/sqrt(d_head) times mscale(factor, mscale_all_dim)^2 with a scaled RoPE; latent
                 norms at RMSNorm's default eps 1e-6
@@ -12,7 +12,7 @@ What the config values mean (read off transformers 5.24's ``modeling_minicpm3.py
                 folded into W_O, b_O, W_out and b_out on loading, as Granite's residual_multiplier
     dim_model_base  the final residual times dim_model_base / hidden_size before lm_head (``logits_scale``)
 
-HF tensor names: ``hf_deepseek.latent_attention_tensors``; mlp.{gate,up,down}_proj; norms, embeddings and
+HF tensor names: ``deepseek.latent_attention_tensors``; mlp.{gate,up,down}_proj; norms, embeddings and
 lm_head (tied by default) as Llama's.
 """
 
@@ -26,9 +26,9 @@ from torch import Tensor
 
 from workbench.config import LatentAttentionConfig, ModelConfig
 from workbench.loading.family import Family
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_deepseek import LATENT_NORM_EPS, latent_decoder_tensors, mscale_squared
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig
+from workbench.loading.hf.deepseek import LATENT_NORM_EPS, latent_decoder_tensors, mscale_squared
 
 # transformers' defaults for fields missing from config.json, where they matter.
 DEFAULTS = {"kv_lora_rank": 256, "q_lora_rank": 768, "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "scale_emb": 12,
@@ -105,7 +105,7 @@ def residual_scale(hf: HFConfig, n_layers: int) -> float:
     return float(depth) / math.sqrt(n_layers)
 
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={"MiniCPM3ForCausalLM": ("minicpm3", "MiniCPM3 (latent attention, scaled embeddings and residuals)")},
     model_config=model_config,

@@ -7,7 +7,7 @@ Legend: H n_heads, G n_key_value_heads, K d_head, D d_model, M d_mlp, V d_vocab.
 GPT-BigCode is GPT-2 with multi-query attention: learned positions, LayerNorm, biased ``nn.Linear``
 maps (not GPT-2's transposed Conv1D). ``c_attn`` fuses Q, K and V: with ``multi_query`` its rows
 are all query heads, then the one key head, then the one value head; without it they are laid out
-per head as [H, 3, K]. Both are ``hf_parts.split_grouped_qkv``'s grouped layout (G = 1 and G = H).
+per head as [H, 3, K]. Both are ``parts.split_grouped_qkv``'s grouped layout (G = 1 and G = H).
 ``scale_attn_weights`` false leaves q.k unscaled. The fp32 softmax switches only change rounding.
 
 StarCoder2 is a pre-norm LayerNorm decoder with RoPE (halves, the whole head), grouped-query
@@ -34,9 +34,9 @@ from torch import Tensor
 
 from workbench.config import ModelConfig
 from workbench.loading.family import Family
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_parts import fused_qkv, layer_norm, linear, plain_mlp
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig
+from workbench.loading.hf.parts import fused_qkv, layer_norm, linear, plain_mlp
 
 
 def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
@@ -171,7 +171,7 @@ LAYOUTS = {
 }
 
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={
         "GPTBigCodeForCausalLM": ("gpt_bigcode", "StarCoder, StarCoderBase, SantaCoder (multi-query attention)"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
 
 
 def layer_norm(ckpt: SafetensorsCheckpoint, hf: str, ours: str, D: int) -> dict[str, Tensor]:

@@ -27,8 +27,8 @@ from torch import Tensor
 
 from workbench.config import MoEConfig, ModelConfig
 from workbench.loading.family import Family
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig
 
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default: DBRX's config has no field for it
 
@@ -105,7 +105,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
     return out
 
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={"DbrxForCausalLM": ("dbrx", "Databricks DBRX (fine-grained experts, clip_qkv, bias-free LayerNorms)")},
     model_config=model_config,

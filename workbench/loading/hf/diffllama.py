@@ -16,11 +16,11 @@ import re
 from torch import Tensor
 
 from workbench.config import PER_LAYER_FIELDS, ModelConfig
-from workbench.loading import hf_llama
 from workbench.loading.family import Family
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig, per_layer_config, per_layer_values
-from workbench.loading.hf_llama import Variant
+from workbench.loading.hf import llama
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig, per_layer_config, per_layer_values
+from workbench.loading.hf.llama import Variant
 
 VARIANTS = {"DiffLlamaForCausalLM": Variant(qkv_bias_field="attention_bias", norm_eps=1e-5)}
 
@@ -48,7 +48,7 @@ def model_config(hf: HFConfig, architecture: str) -> ModelConfig:
     dropout = hf.get("attention_dropout", 0.0) or 0.0
     if float(dropout) > 0:
         raise hf.refuse("attention_dropout", dropout, "differential attention defines no dropout (transformers refuses it too)")
-    cfg = hf_llama.model_config(hf, architecture, variants=VARIANTS)
+    cfg = llama.model_config(hf, architecture, variants=VARIANTS)
     if cfg.n_key_value_heads % 2:
         raise hf.refuse("num_key_value_heads", cfg.n_key_value_heads, "differential attention pairs the value heads: "
                                                                        "must be even")
@@ -65,14 +65,14 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
     Example:
         >>> tensors = convert_tensors(SafetensorsCheckpoint(Path("tiny-diffllama")), cfg, "DiffLlamaForCausalLM")  # doctest: +SKIP
     """
-    out = hf_llama.convert_tensors(ckpt, cfg, architecture, variants=VARIANTS)
+    out = llama.convert_tensors(ckpt, cfg, architecture, variants=VARIANTS)
     for layer in range(cfg.n_layers):
         for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
             out[f"blocks.{layer}.attn.{name}"] = ckpt.take(f"model.layers.{layer}.self_attn.{name}", (cfg.d_head,))
     return out
 
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={"DiffLlamaForCausalLM": ("diffllama", "DiffLlama (differential attention: two softmax maps per head)")},
     model_config=model_config,

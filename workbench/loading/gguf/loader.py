@@ -1,10 +1,10 @@
-"""GGUF files (quantised or not) of every architecture in ``gguf_architectures`` -> ``Decoder``.
+"""GGUF files (quantised or not) of every architecture in ``architectures`` -> ``Decoder``.
 
 A GGUF file is read as the transformers checkpoint llama.cpp converted it from: its metadata becomes
 that checkpoint's config.json (``hf_config``), and ``GGUFCheckpoint`` serves its tensors under
-transformers' names, each turned back into transformers' layout (``gguf_layouts``: Q/K rows
+transformers' names, each turned back into transformers' layout (``layouts``: Q/K rows
 un-permuted, Gemma's 1 + w gains, GPT-2's transposes, Falcon's QKV order, stacked experts). The
-family module of that architecture (``hf_*.py``) then maps both onto ours exactly as it does for an
+family module of that architecture (``hf/*.py``) then maps both onto ours exactly as it does for an
 HF directory, so every family's config mapping and tensor layout is written once.
 
 Metadata and tensors are read with the PyPI ``gguf`` package (``GGUFReader``), quantised blocks
@@ -29,12 +29,12 @@ from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.build import build_model, runtime_options
 from workbench.loading.common import cannot_honour, check_layer_count, show_progress
-from workbench.loading.gguf_architectures import (ARCHITECTURES, POSITIVE_KEYS, REQUIRED_KEYS, GGUFArchitecture,
+from workbench.loading.gguf.architectures import (ARCHITECTURES, POSITIVE_KEYS, REQUIRED_KEYS, GGUFArchitecture,
                                                   Metadata, heads_of, key_map, rotary_fraction)
-from workbench.loading.gguf_layouts import LAYOUTS, Heads, Layout
-from workbench.loading.gguf_tokenizer import tokenizer_from_gguf
-from workbench.loading.hf import ARCHITECTURES as HF_ARCHITECTURES
-from workbench.loading.hf_common import HFConfig
+from workbench.loading.gguf.layouts import LAYOUTS, Heads, Layout
+from workbench.loading.gguf.tokenizer import tokenizer_from_gguf
+from workbench.loading.hf.config import HFConfig
+from workbench.loading.hf.loader import ARCHITECTURES as HF_ARCHITECTURES
 from workbench.loading.placement import Placement
 
 # general.architecture values we read, and the models they cover.

@@ -23,7 +23,7 @@ values, which ``Variant`` records (read off transformers 5.23's ``modeling_*.py`
     OLMo 2    RMSNorm after each sublayer only, before the residual add (``norm_placement=
               "sublayer_output"``); QK norm over the whole q / k projection (``qk_norm="projection"``)
 
-``hf_modern`` declares more Llama-like architectures (Granite, Cohere, GLM, Nemotron ...) as a table of
+``modern`` declares more Llama-like architectures (Granite, Cohere, GLM, Nemotron ...) as a table of
 ``Variant``s of its own, read by this module's ``model_config`` and ``convert_tensors`` (their
 ``variants`` argument); the switches after ``defaults`` in ``Variant`` exist for them.
 
@@ -60,11 +60,11 @@ from torch import Tensor
 
 from workbench.config import MoEConfig, ModelConfig
 from workbench.loading.family import Family
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_experts import (MOE_KINDS, dense_gated_mlp, dense_mlp, fused_gated_mlp, moe_layer_fields,
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig
+from workbench.loading.hf.experts import (MOE_KINDS, dense_gated_mlp, dense_mlp, fused_gated_mlp, moe_layer_fields,
                                           read_experts, with_moe_layers)
-from workbench.loading.hf_llama_layers import attention_layers
+from workbench.loading.hf.llama_layers import attention_layers
 
 OLMO_LAYER_NORM_EPS = 1e-5  # OlmoLayerNorm's eps is fixed; its config has no field for it
 
@@ -77,10 +77,10 @@ class Variant:
     qkv_bias_always: bool = False  # Qwen2: q/k/v always biased
     o_proj_bias: bool = True  # False: o_proj has no bias even when q/k/v have (Qwen2, Qwen2-MoE)
     mlp_bias_field: Optional[str] = None  # config field switching the MLP biases on (Llama: mlp_bias)
-    # Which layers have a sliding window (a key of hf_llama_layers.SLIDING_RULES).
+    # Which layers have a sliding window (a key of llama_layers.SLIDING_RULES).
     sliding: str = "none"
     nope_layers: bool = False  # honours no_rope_layers (SmolLM3)
-    moe: Optional[str] = None  # the kind of mixture of experts (a key of hf_experts.MOE_KINDS)
+    moe: Optional[str] = None  # the kind of mixture of experts (a key of experts.MOE_KINDS)
     sinks: bool = False  # gpt-oss: a learned sink logit per head (self_attn.sinks)
     normalization: str = "RMS"
     norm_params: bool = True  # False: OLMo's LayerNorm has no gain or bias
@@ -91,7 +91,7 @@ class Variant:
     clip_qkv_field: Optional[str] = None  # OLMo: clip_qkv
     # transformers' defaults for fields missing from config.json, where they differ from Llama's.
     defaults: dict[str, Any] = field(default_factory=dict)
-    # ---- the modern families' switches (hf_modern) ----
+    # ---- the modern families' switches (modern) ----
     o_bias_field: Optional[str] = None  # o_proj's own bias switch (Seed-OSS); None: as q/k/v (o_proj_bias)
     rotary_adjacent_pairs: bool = False  # RoPE on adjacent pairs (Helium, ERNIE 4.5, GLM)
     qk_norm_names: tuple[str, str] = ("q_norm", "k_norm")  # the QK norms' tensor names (HunYuan's differ)
@@ -107,7 +107,7 @@ class Variant:
     prepare: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None
     # ModelConfig fields beyond the common ones, from the prepared config (Granite's multipliers).
     extra_fields: Optional[Callable[[HFConfig], dict[str, Any]]] = None
-    # ---- the mixture-of-experts families' switches (hf_moe_families) ----
+    # ---- the mixture-of-experts families' switches (moe_families) ----
     unembed_bias_field: Optional[str] = None  # config field giving lm_head a bias (Phi-3.5-MoE: lm_head_bias)
 
 
@@ -304,7 +304,7 @@ def _attention(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, variant: Variant, 
     return out
 
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={
         "LlamaForCausalLM": ("llama", "Llama 1-3 (RoPE scaling: linear, dynamic, llama3, yarn)"),

@@ -54,8 +54,8 @@ from torch import Tensor
 
 from workbench.config import ModelConfig
 from workbench.loading.family import Family
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig, per_layer_config
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig, per_layer_config
 
 _NEOX_DEFAULT_ROTARY_FACTOR = 0.25  # transformers' default when neither rope_parameters nor rotary_pct says
 _GPTJ_ROTARY_BASE = 10000.0  # GPT-J's sinusoid table has a fixed base (create_sinusoidal_positions)
@@ -318,7 +318,7 @@ def _layer_norm(ckpt: SafetensorsCheckpoint, hf: str, ours: str, D: int) -> dict
     return {f"{ours}.w": ckpt.take(f"{hf}.weight", (D,)), f"{ours}.b": ckpt.take(f"{hf}.bias", (D,))}
 
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={
         "GPTNeoXForCausalLM": ("gpt_neox", "GPT-NeoX, Pythia (partial RoPE; parallel or sequential blocks)"),

@@ -18,7 +18,7 @@ biases (``bias``, on every linear map). Its two layouts differ only in config va
 Q, K and V are fused in ``query_key_value``, whose output rows come in key/value groups: each group
 holds its query heads, then its key head, then its value head ([G, H/G + 2, K]). All three
 layouts are that one shape: the new one directly, the old multi-query one with G = 1 ([H + 2, K]) and
-the old multi-head one with G = H ([H, 3, K]). ``hf_parts.split_grouped_qkv`` reads them all.
+the old multi-head one with G = H ([H, 3, K]). ``parts.split_grouped_qkv`` reads them all.
 
 Refused: ``alibi`` true, because transformers 5.24 itself has no one answer to be at parity with: its
 eager attention adds the ALiBi bias twice (once in the mask it builds, once in the attention) and
@@ -42,9 +42,9 @@ from torch import Tensor
 
 from workbench.config import ModelConfig
 from workbench.loading.family import Family
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_parts import fused_qkv, layer_norm, linear, plain_mlp, shared_layer_norm
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig
+from workbench.loading.hf.parts import fused_qkv, layer_norm, linear, plain_mlp, shared_layer_norm
 
 
 # transformers' FalconConfig defaults for fields a config.json may leave out.
@@ -144,7 +144,7 @@ def _attention(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, hf: str, ours: str
     return out
 
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={"FalconForCausalLM": ("falcon", "Falcon-7B (multi-query), Falcon-40B/180B, Falcon2-11B "
                                                    "(grouped-query); the ALiBi variant (Falcon-RW) is refused")},

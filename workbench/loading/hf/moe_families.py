@@ -1,6 +1,6 @@
-"""More mixture-of-experts families in HF format (issue 38), as a table of ``hf_llama.Variant``s read by
-``hf_llama``'s own mapping: each is a Llama-like decoder whose router and experts are a row of
-``hf_experts.MOE_KINDS`` (read off transformers 5.24's ``modeling_*.py``):
+"""More mixture-of-experts families in HF format (issue 38), as a table of ``llama.Variant``s read by
+``llama``'s own mapping: each is a Llama-like decoder whose router and experts are a row of
+``experts.MOE_KINDS`` (read off transformers 5.24's ``modeling_*.py``):
 
     OLMoE        OLMo 2's QK norm over the whole projection (pre-norm blocks), clip_qkv; softmax top-k,
                  renormalised with norm_topk_prob
@@ -26,10 +26,11 @@ import re
 from functools import partial
 from typing import Any
 
-from workbench.loading import hf_llama, hf_modern
 from workbench.loading.family import Family
-from workbench.loading.hf_llama import Variant
-from workbench.loading.hf_modern import granite_multipliers, hunyuan_rope
+from workbench.loading.hf import llama, modern
+from workbench.loading.hf.llama import Variant
+from workbench.loading.hf.modern import granite_multipliers, hunyuan_rope
+
 
 def _minimax_rotary_dim(data: dict[str, Any]) -> dict[str, Any]:
     """Released MiniMax-M2 config.json files give partial RoPE as ``rotary_dim``; transformers reads it as
@@ -59,7 +60,7 @@ VARIANTS = {
                                             "n_routed_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True}),
     "Dots1ForCausalLM": Variant(qkv_bias_field="attention_bias", qk_norm="head", sliding="layer_types",
                                 moe="grouped_sigmoid",
-                                prepare=hf_modern._default_layer_types(
+                                prepare=modern._default_layer_types(
                                     lambda data, i: data.get("sliding_window") is not None
                                     and i >= int(data.get("max_window_layers", 62))),
                                 defaults={**_GROUPED_DEFAULTS, "n_routed_experts": 128, "num_experts_per_tok": 6,
@@ -80,14 +81,14 @@ VARIANTS = {
     "GraniteMoeSharedForCausalLM": Variant(**_GRANITE_MOE),
 }
 
-# Architectures transformers builds that this workbench refuses, and why (hf.py names the reason).
+# Architectures transformers builds that this workbench refuses, and why (loader.py names the reason).
 REFUSED = {
     "JetMoeForCausalLM": "JetMoE's attention is itself a mixture of experts (a router picks each token's query and "
                          "output projections among num_local_experts, over shared keys and values), a component the "
                          "workbench does not have",
 }
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={
         "OlmoeForCausalLM": ("olmoe", "OLMoE (QK norm over the projection, softmax top-k)"),
@@ -100,7 +101,7 @@ FAMILIES = (Family(
         "GraniteMoeForCausalLM": ("granitemoe", "IBM Granite 3.x MoE (multipliers, fused experts)"),
         "GraniteMoeSharedForCausalLM": ("granitemoeshared", "IBM Granite MoE with a shared expert"),
     },
-    model_config=partial(hf_llama.model_config, variants=VARIANTS),
-    convert_tensors=partial(hf_modern.convert_tensors, variants=VARIANTS),
+    model_config=partial(llama.model_config, variants=VARIANTS),
+    convert_tensors=partial(modern.convert_tensors, variants=VARIANTS),
     ignored_tensors=re.compile(r".*rotary_emb\.inv_freq$"),
 ),)

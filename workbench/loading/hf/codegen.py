@@ -6,7 +6,7 @@ Legend: H n_heads, K d_head, D d_model, M d_mlp, V d_vocab.
 CodeGen is GPT-J with another tensor layout: the same config fields with the same meaning (partial
 RoPE over adjacent pairs of the first ``rotary_dim`` dimensions, base 10000; a parallel block with
 ONE norm read by attention and MLP; bias-free attention, a biased MLP and a biased unembedding), so
-``hf_neox``'s GPT-J mapping gives its ``ModelConfig``. Its Q, K and V are fused in ``qkv_proj``
+``neox``'s GPT-J mapping gives its ``ModelConfig``. Its Q, K and V are fused in ``qkv_proj``
 [3D, D] as CodeGen was trained on 4 model-parallel shards: transformers views the output as
 [4 shards, 3, D/4] with the three parts in the order query, VALUE, key, and each part's 4 shards
 side by side make its D = H*K rows.
@@ -26,11 +26,11 @@ import re
 from torch import Tensor
 
 from workbench.config import ModelConfig
-from workbench.loading import hf_neox
 from workbench.loading.family import Family
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_parts import layer_norm, plain_mlp, shared_layer_norm
+from workbench.loading.hf import neox
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig
+from workbench.loading.hf.parts import layer_norm, plain_mlp, shared_layer_norm
 
 MODEL_PARALLEL_SHARDS = 4  # transformers' CodeGenAttention.mp_num: the fused rows' interleaving
 _SHARD_PARTS = "QVK"  # the order of the three parts inside each shard
@@ -49,7 +49,7 @@ def model_config(hf: HFConfig, architecture: str = "CodeGenForCausalLM") -> Mode
     d_model = int(hf.require("n_embd"))
     if d_model % MODEL_PARALLEL_SHARDS:
         raise hf.refuse("n_embd", d_model, f"CodeGen's fused qkv_proj is split into {MODEL_PARALLEL_SHARDS} shards")
-    return hf_neox.model_config(hf, "GPTJForCausalLM")
+    return neox.model_config(hf, "GPTJForCausalLM")
 
 
 def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture: str = "") -> dict[str, Tensor]:
@@ -78,7 +78,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
     return out
 
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={"CodeGenForCausalLM": ("codegen", "CodeGen 1 (mono, multi, nl)")},
     model_config=model_config,

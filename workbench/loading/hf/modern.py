@@ -1,9 +1,9 @@
 """Modern Llama-like decoders in HF format: Granite, Helium, Ministral, Ministral 3, Seed-OSS, OLMo 3,
 EXAONE 4, HunYuan (dense), ERNIE 4.5, GLM, GLM-4, Cohere, Cohere 2, Arcee, Nemotron, Apertus and InternLM3.
 
-Each is ``hf_llama``'s decoder (RMSNorm, RoPE, grouped-query attention, a SwiGLU MLP, the same tensor
-names) with different config values, so each is one ``hf_llama.Variant`` in the table below, read by
-``hf_llama``'s own ``model_config`` and ``convert_tensors`` (read off transformers 5.24's ``modeling_*.py``):
+Each is ``llama``'s decoder (RMSNorm, RoPE, grouped-query attention, a SwiGLU MLP, the same tensor
+names) with different config values, so each is one ``llama.Variant`` in the table below, read by
+``llama``'s own ``model_config`` and ``convert_tensors`` (read off transformers 5.24's ``modeling_*.py``):
 
     Granite     embedding_multiplier (embed_scale), attention_multiplier (the score scale, 1 / attn_scale),
                 logits_scaling (logits divided by it: logits_scale); residual_multiplier (each sublayer's
@@ -39,20 +39,20 @@ from typing import Any, Optional
 from torch import Tensor
 
 from workbench.config import ModelConfig
-from workbench.loading import hf_llama
 from workbench.loading.family import Family
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_llama import Variant
+from workbench.loading.hf import llama
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig
+from workbench.loading.hf.llama import Variant
 
 
 def granite_multipliers(hf: HFConfig) -> dict[str, Any]:
     """Three of Granite's multipliers as ModelConfig values (scores are q.k * attention_multiplier); the
     fourth, residual_multiplier, is folded into the weights (``convert_tensors``), checked here before any is read.
-    Shared by Granite and GraniteMoE (``hf_moe_families``).
+    Shared by Granite and GraniteMoE (``moe_families``).
 
     Example:
-        >>> from workbench.loading.hf_common import HFConfig
+        >>> from workbench.loading.hf.config import HFConfig
         >>> granite_multipliers(HFConfig({"embedding_multiplier": 12.0, "attention_multiplier": 0.5,
         ...                                "logits_scaling": 8.0}, "config.json"))
         {'embed_scale': 12.0, 'attn_scale': 2.0, 'logits_scale': 0.125}
@@ -77,14 +77,14 @@ _OUTPUT_WEIGHTS = re.compile(r"blocks\.\d+\.(attn\._W_O_lin|attn\.b_O|mlp\.(shar
 
 def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture: str,
                     variants: Optional[dict[str, Variant]] = None) -> dict[str, Tensor]:
-    """``hf_llama.convert_tensors`` over this module's table (or ``variants``: ``hf_moe_families``'s), with
+    """``llama.convert_tensors`` over this module's table (or ``variants``: ``moe_families``'s), with
     Granite's residual_multiplier folded into the sublayers' output weights and biases.
 
     Example:
         >>> tensors = convert_tensors(SafetensorsCheckpoint(Path("tiny-granite")), cfg,
         ...                           "GraniteForCausalLM")                           # doctest: +SKIP
     """
-    tensors = hf_llama.convert_tensors(ckpt, cfg, architecture, variants=variants or VARIANTS)
+    tensors = llama.convert_tensors(ckpt, cfg, architecture, variants=variants or VARIANTS)
     field = _FOLDED_OUTPUT_SCALES.get(architecture)
     if field is None:
         return tensors
@@ -123,7 +123,7 @@ def _exaone4_layers(data: dict[str, Any]) -> dict[str, Any]:
 
 def hunyuan_rope(data: dict[str, Any]) -> dict[str, Any]:
     """HunYuan's ``dynamic`` RoPE with an ``alpha`` is static: the plain RoPE of a stretched base,
-    theta * alpha ** (head_dim / (head_dim - 2)). Shared by HunYuan dense and MoE (``hf_moe_families``).
+    theta * alpha ** (head_dim / (head_dim - 2)). Shared by HunYuan dense and MoE (``moe_families``).
 
     Example:
         >>> hunyuan_rope({"hidden_size": 64, "num_attention_heads": 4,       # head_dim 16: 10000 * 2 ** (16 / 14)
@@ -228,7 +228,7 @@ VARIANTS = {
     "InternLM3ForCausalLM": Variant(qkv_bias_field="qkv_bias", o_bias_field="bias", mlp_bias_field="bias"),
 }
 
-# Architectures transformers builds that this workbench refuses, and why (hf.py names the reason).
+# Architectures transformers builds that this workbench refuses, and why (loader.py names the reason).
 REFUSED = {
     "Gemma4ForCausalLM": "Gemma 4 needs components the workbench does not have: per-layer input embeddings "
                          "(hidden_size_per_layer_input), layers reusing another layer's keys and values "
@@ -240,7 +240,7 @@ REFUSED = {
                          "input, and RMS norms on the attention output and the MLP's hidden activations",
 }
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={
         "GraniteForCausalLM": ("granite", "IBM Granite 3.x dense (embedding, attention, residual, logits multipliers)"),
@@ -261,7 +261,7 @@ FAMILIES = (Family(
         "ApertusForCausalLM": ("apertus", "Swiss AI Apertus (xIELU, QK norm, llama3 RoPE)"),
         "InternLM3ForCausalLM": ("internlm3", "InternLM3 (remote-code configs: qkv_bias, bias)"),
     },
-    model_config=partial(hf_llama.model_config, variants=VARIANTS),
+    model_config=partial(llama.model_config, variants=VARIANTS),
     convert_tensors=convert_tensors,
     ignored_tensors=re.compile(r".*rotary_emb\.inv_freq$"),
 ),)

@@ -29,9 +29,9 @@ from torch import Tensor
 from workbench.components.embedding import FAIRSEQ_POSITION_OFFSET
 from workbench.config import ModelConfig
 from workbench.loading.family import Family
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_parts import layer_norm, linear, plain_mlp
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig
+from workbench.loading.hf.parts import layer_norm, linear, plain_mlp
 
 
 # transformers' XGLMConfig defaults for fields a config.json may leave out.
@@ -92,7 +92,7 @@ def convert_tensors(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, architecture:
     return out
 
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={"XGLMForCausalLM": ("xglm", "XGLM (fairseq's sinusoidal positions)")},
     model_config=model_config,

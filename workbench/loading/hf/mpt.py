@@ -35,8 +35,8 @@ from torch import Tensor
 
 from workbench.config import ModelConfig
 from workbench.loading.family import Family
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig
 
 # attn_config fields transformers' MPT reads or ignores, and the value it behaves as if they had.
 _ATTENTION_AS_TRANSFORMERS_RUNS_IT = {"alibi": True, "alibi_bias_max": 8, "qk_ln": False, "prefix_lm": False,
@@ -114,7 +114,7 @@ def _gain_only_norm(ckpt: SafetensorsCheckpoint, hf: str, ours: str, D: int) -> 
     return {f"{ours}.w": gain, f"{ours}.b": torch.zeros(D, dtype=gain.dtype)}
 
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={"MptForCausalLM": ("mpt", "MPT-7B, MPT-30B (ALiBi, clip_qkv)")},
     model_config=model_config,

@@ -56,8 +56,8 @@ from torch import Tensor
 
 from workbench.config import ModelConfig
 from workbench.loading.family import Family
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig
 
 # transformers' config defaults for the fields a config.json may leave out (an absent field takes
 # its class default there, which is not always ours: e.g. Gemma 2 caps logits at 30 by default).
@@ -290,7 +290,7 @@ def _gain(w: Tensor) -> Tensor:
     return w.float() + 1.0
 
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={
         "GemmaForCausalLM": ("gemma", "Gemma (2B, 7B), CodeGemma"),

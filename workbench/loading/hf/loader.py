@@ -16,15 +16,14 @@ import torch
 
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError
-from workbench.loading import hf_deepseek, hf_gemma, hf_gpt2, hf_llama, hf_modern, hf_neox, hf_opt_bloom, hf_phi
-from workbench.loading import hf_codegen, hf_falcon, hf_mpt, hf_openai_gpt, hf_starcoder, hf_xglm  # issue 38, older dense families
-from workbench.loading import hf_dbrx, hf_diffllama, hf_llama4, hf_minicpm3, hf_moe_families  # issue 38, more mixtures of experts
 from workbench.loading.build import build_model, runtime_options
-from workbench.loading.family import Family, register
 from workbench.loading.common import check_layer_count
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint, tensor_names
-from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_tokenizer import tokenizer_from_hf_directory
+from workbench.loading.family import Family, register
+from workbench.loading.hf import (codegen, dbrx, deepseek, diffllama, falcon, gemma, gpt2, llama, llama4, minicpm3,
+                                  modern, moe_families, mpt, neox, openai_gpt, opt_bloom, phi, starcoder, xglm)
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint, tensor_names
+from workbench.loading.hf.config import HFConfig
+from workbench.loading.hf.tokenizer import tokenizer_from_hf_directory
 from workbench.loading.placement import Placement
 
 CONFIG_FILE = "config.json"
@@ -33,8 +32,8 @@ LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
 # The family modules, each exporting FAMILIES (workbench.loading.family.Family), in the order
 # wb.supported_architectures() lists them.
-FAMILY_MODULES = (hf_gpt2, hf_llama, hf_neox, hf_gemma, hf_phi, hf_opt_bloom, hf_deepseek,
-                  hf_falcon, hf_starcoder, hf_mpt, hf_codegen, hf_xglm, hf_openai_gpt, hf_modern, hf_moe_families, hf_llama4, hf_minicpm3, hf_dbrx, hf_diffllama)
+FAMILY_MODULES = (gpt2, llama, neox, gemma, phi, opt_bloom, deepseek, falcon, starcoder, mpt, codegen, xglm, openai_gpt,
+                  modern, moe_families, llama4, minicpm3, dbrx, diffllama)
 
 # architectures[0] in config.json -> the family that knows its config fields and tensor names
 # (every family checked against the contract here, at import).

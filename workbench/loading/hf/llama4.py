@@ -37,9 +37,9 @@ from torch import Tensor
 
 from workbench.config import MoEConfig, ModelConfig
 from workbench.loading.family import Family
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig, per_layer_config
-from workbench.loading.hf_experts import dense_gated_mlp
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig, per_layer_config
+from workbench.loading.hf.experts import dense_gated_mlp
 
 LAYER_TYPES = ("full_attention", "chunked_attention")
 # transformers' defaults for fields missing from config.json, where they matter.
@@ -174,7 +174,7 @@ def _experts(ckpt: SafetensorsCheckpoint, cfg: ModelConfig, layer: int) -> dict[
     return out
 
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={"Llama4ForCausalLM": ("llama4_text", "Llama 4 Scout / Maverick text decoder (MoE with a shared "
                                                         "expert, chunked attention, NoPE layers, QK L2 norm)")},

@@ -1,5 +1,5 @@
 """Which layers of a Llama-like HF checkpoint attend through a sliding window and which have no RoPE, read the way
-each architecture's transformers code reads them (``hf_llama.Variant.sliding`` names the rule, a key of
+each architecture's transformers code reads them (``llama.Variant.sliding`` names the rule, a key of
 ``SLIDING_RULES``; ``Variant.nope_layers`` switches SmolLM3's NoPE layers on).
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from workbench.loading.hf_common import HFConfig
+from workbench.loading.hf.config import HFConfig
 
 
 def attention_layers(hf: HFConfig, sliding: str, nope_layers: bool, n_layers: int, head_dim: int) -> dict[str, Any]:

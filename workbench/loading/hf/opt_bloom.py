@@ -49,8 +49,8 @@ from torch import Tensor
 from workbench.config import ModelConfig
 from workbench.errors import CheckpointError
 from workbench.loading.family import Family
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig
 
 # OPT looks position p up at row p + 2 of embed_positions (fairseq reserved rows for padding).
 OPT_POSITION_OFFSET = 2
@@ -256,7 +256,7 @@ VARIANTS = {
 }
 
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={
         "OPTForCausalLM": ("opt", "OPT (pre-norm and OPT-350m's post-norm with word_embed_proj_dim)"),

@@ -26,7 +26,7 @@ HF tensor names -> ours:
     self_attn.kv_a_proj_with_mqa (+bias), kv_a_layernorm, kv_b_proj
                          -> attn._W_KVA_lin (_b_KVA_lin), kv_a_norm.w, _W_KVB_lin
     self_attn.o_proj (+bias) -> attn._W_O_lin (b_O)
-    mlp.gate.weight (+ e_score_correction_bias), mlp.experts.*, mlp.shared_experts.*  (hf_experts)
+    mlp.gate.weight (+ e_score_correction_bias), mlp.experts.*, mlp.shared_experts.*  (``experts.py``)
     mlp.{gate,up,down}_proj on dense layers; norms, embeddings and lm_head as Llama's.
 """
 
@@ -41,9 +41,9 @@ from torch import Tensor
 from workbench.components.rotary import yarn_mscale
 from workbench.config import LatentAttentionConfig, MoEConfig, ModelConfig
 from workbench.loading.family import Family
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_experts import (MoEKind, dense_gated_mlp, moe_layer_fields, read_experts, router_groups,
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig
+from workbench.loading.hf.experts import (MoEKind, dense_gated_mlp, moe_layer_fields, read_experts, router_groups,
                                           with_moe_layers)
 
 LAYER_INDEX = re.compile(r"model\.layers\.(\d+)\.")
@@ -230,7 +230,7 @@ def _skip_prediction_layers(ckpt: SafetensorsCheckpoint, n_layers: int) -> None:
             ckpt.skip(name)
 
 
-# What hf.py loads through this module (the contract: workbench.loading.family.Family).
+# What loader.py loads through this module (the contract: workbench.loading.family.Family).
 FAMILIES = (Family(
     architectures={
         "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepSeek-V2, V2-Lite (latent attention, group-limited softmax routing)"),

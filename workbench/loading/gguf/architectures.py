@@ -1,7 +1,7 @@
 """The GGUF architectures we read, as a table: for each ``general.architecture`` llama.cpp writes, the
-transformers architecture whose family module (``hf_*.py``) does the real work, the metadata keys that
+transformers architecture whose family module (``hf/*.py``) does the real work, the metadata keys that
 become its ``config.json`` fields, and where each transformers tensor sits in the file (``Rule``, with
-the ``gguf_layouts`` layout that undoes what ``convert_hf_to_gguf.py`` did to it).
+the ``layouts`` layout that undoes what ``convert_hf_to_gguf.py`` did to it).
 
 So a GGUF file is read as the HF checkpoint it was converted from: ``hf_config`` rebuilds config.json
 from the metadata, ``tensor_sources`` maps every transformers tensor name onto GGUF tensors, and the
@@ -95,7 +95,7 @@ _QK_NORM = (_layer("attn_q_norm", "self_attn.q_norm"), _layer("attn_k_norm", "se
 _PRE_NORMS = (_layer("attn_norm", "input_layernorm"), _layer("ffn_norm", "post_attention_layernorm"))
 _GATED_MLP = tuple(_layer(g, f"mlp.{h}") for g, h in (("ffn_gate", "gate_proj"), ("ffn_up", "up_proj"),
                                                        ("ffn_down", "down_proj")))
-# Experts as transformers holds them in memory (hf_experts reads this "fused" spelling), shared expert beside.
+# Experts as transformers holds them in memory (hf.experts reads this "fused" spelling), shared expert beside.
 _EXPERTS = (Rule(("blk.{l}.ffn_gate_exps.weight", "blk.{l}.ffn_up_exps.weight"),
                  "model.layers.{l}.mlp.experts.gate_up_proj", "stacked_rows", suffixes=("",)),
             Rule("blk.{l}.ffn_down_exps.weight", "model.layers.{l}.mlp.experts.down_proj", suffixes=("",)),
