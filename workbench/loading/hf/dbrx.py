@@ -1,4 +1,4 @@
-"""DBRX in HF format (issue 38): a pre-norm mixture-of-experts decoder with its own config layout and tensor names.
+"""DBRX in HF format: a pre-norm mixture-of-experts decoder with its own config layout and tensor names.
 
 Legend: E num_experts, H n_heads, G n_key_value_heads, K d_head, M d_mlp, D d_model, V d_vocab.
 

@@ -1,4 +1,4 @@
-"""DiffLlama in HF format (issue 38): Llama with differential attention
+"""DiffLlama in HF format: Llama with differential attention
 (``components.differential_attention``).
 
 What differs from Llama (read off transformers 5.24's ``modeling_diffllama.py``): every layer's attention is

@@ -15,7 +15,7 @@ transformers holds them in memory (``mlp.experts.gate_up_proj`` [E, 2M, D], gate
 ``down_proj`` [E, D, M], the router at ``mlp.gate``); gpt-oss's are fused, transposed and interleaved (``gate_up_proj`` [E, D, 2M]
 with gate columns at even indices, ``down_proj`` [E, M, D], each with a bias); GraniteMoE's are fused under
 their own names (``block_sparse_moe.input_linear`` [E, 2M, D], ``output_linear`` [E, D, M], ``MoEKind.fused_names``).
-The kinds of issue 38 (OLMoE, MiniMax-M2, GLM-4.5 and dots.llm1, ERNIE 4.5, HunYuan, Phi-3.5-MoE, GraniteMoE) are
+The other Llama-like mixtures (OLMoE, MiniMax-M2, GLM-4.5 and dots.llm1, ERNIE 4.5, HunYuan, Phi-3.5-MoE, GraniteMoE) are
 rows of the same table, read by ``moe_families``.
 """
 
@@ -119,7 +119,7 @@ MOE_KINDS: dict[str, MoEKind] = {
                          sparse_layers="decoder_sparse_step"),
     "gpt_oss": MoEKind(("num_local_experts", "num_experts"), "intermediate_size", _gpt_oss_router,
                        router_tensor="mlp.router", interleaved=True),
-    # ---- issue 38, more mixtures of experts (moe_families) ----
+    # ---- the Llama-like mixtures of experts (moe_families) ----
     "olmoe": MoEKind(("num_experts",), "intermediate_size", _qwen_router),
     "minimax_m2": MoEKind(("num_local_experts",), "intermediate_size", _sigmoid_router, **_PER_EXPERT_W123,
                           correction_tensor="block_sparse_moe.e_score_correction_bias"),

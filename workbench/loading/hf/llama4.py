@@ -1,4 +1,4 @@
-"""Llama 4's text decoder in HF format (``Llama4ForCausalLM``, model_type ``llama4_text``; issue 38).
+"""Llama 4's text decoder in HF format (``Llama4ForCausalLM``, model_type ``llama4_text``).
 
 Legend: E num_experts, H n_heads, G n_key_value_heads, K d_head, M d_mlp, D d_model, V d_vocab.
 

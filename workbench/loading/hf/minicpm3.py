@@ -1,4 +1,4 @@
-"""MiniCPM3 in HF format (issue 38): DeepSeek-V2's multi-head latent attention with RoPE on halves, a dense
+"""MiniCPM3 in HF format: DeepSeek-V2's multi-head latent attention with RoPE on halves, a dense
 SwiGLU MLP in every layer, and three multipliers.
 
 What the config values mean (read off transformers 5.24's ``modeling_minicpm3.py``):

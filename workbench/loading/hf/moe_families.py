@@ -1,4 +1,4 @@
-"""More mixture-of-experts families in HF format (issue 38), as a table of ``llama.Variant``s read by
+"""More mixture-of-experts families in HF format, as a table of ``llama.Variant``s read by
 ``llama``'s own mapping: each is a Llama-like decoder whose router and experts are a row of
 ``experts.MOE_KINDS`` (read off transformers 5.24's ``modeling_*.py``):
 

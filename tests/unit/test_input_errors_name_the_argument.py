@@ -1,4 +1,4 @@
-"""Issue 33: each unclear error is an InputError / CheckpointError naming the argument, tensor or file;
+"""Each unclear error is an InputError / CheckpointError naming the argument, tensor or file;
 NaN in a query propagates under every attention kernel as it does under eager."""
 
 import pytest

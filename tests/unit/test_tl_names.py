@@ -1,9 +1,9 @@
-"""Issue 34: TransformerLens's names on our models (absent biases as zeros, TL-named parameters, the bridge's
+"""TransformerLens's names on our models (absent biases as zeros, TL-named parameters, the bridge's
 ``hook_in``/``hook_out`` block hooks, every ``utils.get_act_name`` name, "did you mean" by meaning).
 
 Expected names come from TransformerLens itself (``transformer_lens.utilities.get_act_name``); values from the
 hand calculation (zeros, the stored weights they are views of). Parity with TransformerBridge on the same weights
-is in tests/integration/test_tl_demos_34.py.
+is in tests/integration/test_tl_demos.py.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def test_did_you_mean_ranks_the_same_meaning_first(wrong, meant):
 def test_refactor_matches_transformer_lens_weights_and_keeps_log_probs(name):
     from transformer_lens.weight_processing import ProcessWeights
 
-    from tests.unit.test_weight_processing import build, transformer_lens_state
+    from tests.unit.processing_variants import build, transformer_lens_state
 
     model = build(name)
     before = model(TOKENS).log_softmax(-1)

@@ -2,7 +2,7 @@
 ``demos/Exploratory_Analysis_Demo.ipynb``), cell by cell, as functions of a model.
 
 The same code runs on our model and on a TransformerLens ``TransformerBridge`` of the same weights (the tests in
-test_tl_demos_34.py compare what they return). Only what the notebooks cannot know about a tiny model changes:
+test_tl_demos.py compare what they return). Only what the notebooks cannot know about a tiny model changes:
 prompts are words of the test tokenizer ("t5 t6 ..."), and GPT-2's layer/head numbers become this model's.
 Every TransformerLens API the notebooks call on a model or a cache appears here; plotting and circuitsvis do not.
 """

@@ -1,4 +1,4 @@
-"""Issue 34: TransformerLens's demo notebooks' computations (tests/integration/demo_recipes_34.py) give the same
+"""TransformerLens's demo notebooks' computations (tests/integration/demo_recipes.py) give the same
 values on our model as on TransformerLens's ``TransformerBridge`` of the same weights.
 
 Reference: TransformerLens 4.3's ``TransformerBridge.boot_transformers(hf_model=...)`` over the very `transformers`
@@ -19,7 +19,7 @@ import transformer_lens.utilities as utils
 from transformers import PreTrainedTokenizerFast
 
 import workbench as wb
-from tests.integration.demo_recipes_34 import CLEAN, CORRUPTED, exploratory_demo, main_demo
+from tests.integration.demo_recipes import CLEAN, CORRUPTED, exploratory_demo, main_demo
 from tests.integration.hf_tiny import build_and_save
 
 TOL = 1e-4

@@ -1,4 +1,4 @@
-"""Issue 34: ``set_ungroup_grouped_query_attention`` (TransformerLens 3's ``ungroup_grouped_query_attention``).
+"""``set_ungroup_grouped_query_attention`` (TransformerLens 3's ``ungroup_grouped_query_attention``).
 
 A grouped-query model's key/value hooks then carry one head per query head, so MHA notebooks' per-head loops
 run; unedited, the logits are exactly the grouped ones; an edit to query head h's value reaches head h only

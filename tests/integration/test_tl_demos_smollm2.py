@@ -1,4 +1,4 @@
-"""Issue 34 on the real SmolLM2-135M (9 query heads over 3 key/value heads, RMSNorm, rotary): the demo
+"""TransformerLens's demo notebooks on the real SmolLM2-135M (9 query heads over 3 key/value heads, RMSNorm, rotary): the demo
 notebooks' boot lines and their per-head cells, against TransformerLens's ``TransformerBridge`` of the same
 weights (`transformers` loading the same GGUF, as tests/integration/test_smollm2.py does). Few and slow-marked:
 the model is 135M parameters on shared cores.
@@ -44,7 +44,7 @@ def test_boot_lines_give_transformer_lens_weights_and_names(booted):
     assert worst < 1e-4
     assert ours.unembed.b_U.sort(descending=True)[0].shape == (ours.cfg.d_vocab,)  # Main_Demo cell 26
     # Exploratory_Analysis_Demo's boot asks for the refactor, which TransformerLens refuses on a rotary model
-    # (test_tl_demos_34.py shows the bridge's refusal), and so do we, naming why.
+    # (test_tl_demos.py shows the bridge's refusal), and so do we, naming why.
     with pytest.raises(wb.ConfigError, match="rotary positions"):
         ours.enable_compatibility_mode(disable_warnings=True, refactor_factored_attn_matrices=True)
 

@@ -1,4 +1,4 @@
-"""What a dashboard link can do (issue 33): a model path in ``?model=`` is only offered (a click opens it,
+"""What a dashboard link can do: a model path in ``?model=`` is only offered (a click opens it,
 nothing retries it), a registered name opens at once, and no query value can put a markdown link, an
 image or an autolink into any rendered message (``app.safe_text.quoted``).
 

@@ -1,4 +1,4 @@
-"""Issue 33: files the workbench reads or deletes are checked, and stay inside their directory.
+"""Files the workbench reads or deletes are checked, and stay inside their directory.
 
 Each test writes a hostile file itself (in tmp_path) and checks it is refused, or not trusted, with
 an error naming the field, and that nothing outside the directory is read or deleted.

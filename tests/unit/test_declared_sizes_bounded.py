@@ -1,4 +1,4 @@
-"""Issue 33: a checkpoint's declared sizes never allocate or compute beyond what its file holds.
+"""A checkpoint's declared sizes never allocate or compute beyond what its file holds.
 
 Each hostile file is written by the test itself and opened in a subprocess whose address space is capped a
 little above what the imports use (``CAP``) and whose run is bounded by a timeout: a layer count the weights

@@ -1,4 +1,4 @@
-"""Issue 33: token text never becomes markup in a chart. plotly renders tags in labels, titles, cell texts and
+"""Token text never becomes markup in a chart. plotly renders tags in labels, titles, cell texts and
 hovers (an ``<a href>`` in a tick label is a working link), so every figure that shows tokens shows them escaped.
 
 Each figure is drawn from the toy model's real results with the token texts replaced by hostile ones, and its

@@ -1,4 +1,4 @@
-"""Issue 38's new math, each against a hand calculation or transformers' own function: the chunked
+"""The math of the chunked-attention, longrope and newer routing families, each against a hand calculation or transformers' own function: the chunked
 attention mask, longrope's frequencies and attention factor, and the routing rows (top-k sigmoid,
 renormalising with a floor, the weight on the expert's input)."""
 
