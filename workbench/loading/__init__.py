@@ -3,6 +3,12 @@
 ``load_model`` decides what ``source`` is and hands it to one loader; each loader builds the
 config, reads and checks every tensor, and only then returns a model, so a failure never
 leaves a half-loaded model behind. Nothing is fetched from a hub and nothing is unpickled.
+
+``registry`` (registered names), ``hf`` (HF-format directories: the loader and one module per family, checked
+against the contract in ``family``), ``gguf`` (GGUF files, through the same family modules), ``native`` (our own
+format); what they share: ``common`` (progress bars, refusing a value, the layer-count check), ``weights``
+(named tensors into a ``Decoder``, every name and shape checked first), ``build`` (every loader's last step),
+``placement`` (device maps and offload folders) and ``memory_plan`` (``plan_memory``'s table).
 """
 
 from __future__ import annotations
