@@ -8,7 +8,20 @@ Modules: ``attention`` (patterns, per-head statistics), ``induction`` (repeated-
 induction scores and loss), ``detectors`` (TransformerLens-style head detectors), ``ablation``
 (zero / mean / resample ablation, batched head sweeps), ``patching`` (activation and
 attribution patching), ``lens`` (logit lens, direct logit attribution), ``heads`` (every
-per-head score in one table, composition scores), ``router`` (mixture-of-experts routing).
+per-head score in one table, composition scores), ``router`` (mixture-of-experts routing),
+``ioi`` (indirect object identification over a dataset), ``flow`` (information flow routes),
+``continuations`` (a continuation with and without an ablation), ``token_view`` (what a token view
+colours by), ``metrics`` (per-row metrics at each row's answer position), ``sites`` (where an
+experiment writes into a run), ``zoo`` (the circuit facts a zoo model's card reports).
+
+Packages: ``circuits`` (edge graphs, EAP, exact edge patching), ``attribution`` (attribution graphs
+through transcoders), ``sae`` (training and evaluating sparse autoencoders and transcoders),
+``features`` (SAE features on a prompt and over a corpus), ``neurons`` (MLP neurons over the corpus),
+``datasets`` (IOI prompts, repeated tokens, corpus windows), ``distributed`` (experiments sharded over
+Ray workers), ``plots`` (the figures), ``cli`` (the command lines).
+
+Shared plumbing: ``_batched`` (many single-layer edits in few batched passes), ``_cli`` (the commands'
+arguments and outputs), ``_progress`` (progress reporting), ``_tokens`` (token ids as labels).
 
 Example:
     >>> from experiments.induction import induction_scores

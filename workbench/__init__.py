@@ -1,5 +1,27 @@
 """workbench: a hookable decoder-only transformer for mechanistic interpretability.
 
+The model and its description:
+    ``model`` (``Decoder``), ``config`` (``ModelConfig``), ``config_checks`` (its allowed values and checks),
+    ``sub_configs`` (``MoEConfig``, ``LatentAttentionConfig``), ``options`` (``RuntimeOptions``), ``host`` (what
+    the ``Decoder``'s mixins rely on), ``components`` (attention, MLPs, norms, embeddings ...), ``kernels``
+    (optional fused GPU kernels), ``errors`` (``InputError``, ``ConfigError``, ``CheckpointError``).
+The model's surface, one mixin or helper module per side:
+    ``hooking`` (hook contexts), ``hook_point`` (hook points and observing them), ``call_lock`` (one model,
+    many threads), ``tokens_api`` (text <-> ids), ``tokenizer`` (the tokenizer wrapper), ``weights_api``
+    (TransformerLens's weight views), ``readouts`` (per-layer reads experiments use), ``processing`` (weight
+    processing), ``factored_attn`` (``refactor_factored_attn_matrices``), ``generation`` (KV-cached sampling),
+    ``loss`` (next-token cross-entropy), ``cache_batches`` and ``cache_store`` (caches over datasets, on disk),
+    ``memory`` (keeping freed memory in the process).
+Checkpoints and training:
+    ``loading`` (``load_model``: registered names, HF directories, GGUF files, our format), ``saving`` (our
+    format), ``safe_files`` (the one folder-bound save and path check), ``zoo`` (the repository's small models),
+    ``train`` (training a ``Decoder``), ``corpus`` (the training corpus), ``bpe`` (the zoo's tokenizer trainer),
+    ``cli`` (the ``workbench`` command), ``extras`` (optional dependencies).
+Sparse dictionaries:
+    ``sae`` (SAELens-format SAEs), ``transcoders`` (transcoder sets), ``sae_splicing`` (splicing SAEs into a run).
+The generated hook table:
+    ``hook_table`` (docs/hooks.md) and ``hook_table_models`` (the models it is generated from).
+
 Example:
     >>> import workbench as wb
     >>> model = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=16, n_heads=2, d_vocab=10, n_ctx=8))

@@ -53,7 +53,7 @@ class MoEConfig:
     # out = (up + 1) * gate * sigmoid(swiglu_alpha * gate). None: the plain gated MLP.
     swiglu_limit: Optional[float] = None
     swiglu_alpha: float = 1.0
-    # ---- issue 38, more mixtures of experts (fam-rest) ----
+    # ---- the Llama-like mixtures of experts (OLMoE, ERNIE 4.5 MoE, Phi-3.5-MoE, Llama 4 ...) ----
     # The renormalising sum clamped below at this value instead of adding a tiny epsilon (ERNIE 4.5's
     # moe_norm_min); None: the sum plus 1e-20.
     router_renormalize_floor: Optional[float] = None

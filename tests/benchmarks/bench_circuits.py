@@ -1,4 +1,4 @@
-"""Circuits (issue 37): EAP over a dataset against TransformerLens's ``attribution_patch``, and batched exact edge
+"""Circuits: EAP over a dataset against TransformerLens's ``attribution_patch``, and batched exact edge
 patching against one forward pass per edge.
 
 1. EAP over 64 IOI-shaped pairs (16 tokens, two positions corrupted): ``edge_attribution_patching`` (padded batches

@@ -4,7 +4,7 @@ Cold start: from launching `streamlit run` to the first attention heatmap drawn 
 (server start, imports, loading the model, the first forward pass and the browser's drawing;
 the browser itself is already open, as a user's would be). Re-render: from the key press that
 applies a new prompt (Ctrl+Enter) or moves the layer slider (an arrow key) until the new
-figures are drawn and Streamlit is idle, for prompts of up to 64 tokens. Goals (issue 17): cold
+figures are drawn and Streamlit is idle, for prompts of up to 64 tokens. Goals: cold
 start within 10 s, re-render within 1 s (the median).
 
     python tests/benchmarks/bench_dashboard.py [--quick]

@@ -1,4 +1,4 @@
-"""On a CUDA GPU: forward, cache-all and greedy generation, workbench against transformers (issue 39's GPU section).
+"""On a CUDA GPU: forward, cache-all and greedy generation, workbench against transformers.
 
 The same weights on one GPU in float32 (PyTorch's defaults: no TF32), every contender with its defaults: a random
 Llama-shaped model saved once by `transformers` and SmolLM2-135M from its GGUF when it is installed. Each call is

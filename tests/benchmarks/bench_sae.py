@@ -9,7 +9,7 @@ Contenders, timed in interleaved rounds on the same batch (8 x 128 tokens of Eng
   ``names_filter`` and ``stop_at_layer``); ``SAE step``: one top-k training step (forward, backward, Adam) on
   the batch's 1,024 activation rows, at the shipped SAE's size.
 
-Goals (issue 35): the splice at most 1.1x the plain forward; the training activations no more than the forward
+Goals: the splice at most 1.1x the plain forward; the training activations no more than the forward
 to the hooked layer, and the SAE step no more than that forward.
 
     python tests/benchmarks/bench_sae.py [--quick]

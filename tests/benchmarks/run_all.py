@@ -34,7 +34,7 @@ COMPARISONS = [
      "tokens/s at least transformers' generate (SmolLM2, prompt 32, 128 new, batch 1 and 8); a hook on every "
      "hook_resid_post at most 1.2x the unhooked time; TransformerBridge reported"),
     ("bench_head_sweep", "3. Head-ablation sweep over every head",
-     "batched head_sweep at least 5x faster than one run_with_hooks per head (issue 4: at least 3x), identical results; "
+     "batched head_sweep at least 5x faster than one run_with_hooks per head, identical results; "
      "at least 90% of the FLOP bound (share_of_flop_bound >= 0.9) at 11, 41 and 128 tokens"),
     ("bench_attention_memory", "4. Attention memory and time vs sequence length", "flash at 8,192 tokens under 10% of eager's peak memory"),
     ("bench_load", "5. Loading SmolLM2-135M from its GGUF", "under 5 s and faster than transformers"),
@@ -50,7 +50,7 @@ COMPARISONS = [
     ("bench_sae", "11. SAEs: splice with the error term, training throughput (SmolLM2-135M)",
      "run_with_saes(use_error_term=True) at most 1.1x the plain forward (batch 8 x 128); the training activations "
      "no more than the forward to the hooked layer (stop_at_layer), the SAE step no more than that forward"),
-    ("bench_attribution", "12. Attribution graphs against circuit-tracer 0.5 (issue 36)",
+    ("bench_attribution", "12. Attribution graphs against circuit-tracer 0.5",
      "attribute at most 1.0x circuit-tracer's time on the same model, transcoders and prompt (32, 128 and 512 "
      "tokens), its peak memory reported beside circuit-tracer's"),
     ("bench_circuits", "13. Circuits: EAP over IOI pairs, exact edge patching",

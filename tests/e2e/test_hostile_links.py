@@ -1,4 +1,4 @@
-"""Hostile links in a real browser (issue 33): every page opened with markdown and HTML links and images in
+"""Hostile links in a real browser: every page opened with markdown and HTML links and images in
 its query values draws no link or image to the attacker's host and makes no request to it; a model path
 in the link is offered with a button, not opened.
 """

@@ -1,4 +1,4 @@
-"""A device map across the GPU and the CPU (issue 19; skipped without CUDA).
+"""A device map across the GPU and the CPU (skipped without CUDA).
 
 SmolLM2-135M with its first 15 blocks, the embedding and the unembedding tied to it on the GPU, and the last 15
 blocks and the final norm on the CPU, against the model whole on the CPU: logits and every cached activation

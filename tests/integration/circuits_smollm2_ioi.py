@@ -1,5 +1,5 @@
-"""SmolLM2-135M's IOI circuit (issue 37): too slow for the suite on a CPU (minutes), so a script whose printed
-output the README and the issue's closing note report.
+"""SmolLM2-135M's IOI circuit: too slow for the suite on a CPU (minutes), so a script whose printed
+output the README reports.
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python -m tests.integration.circuits_smollm2_ioi [--n 16] [--sample 60]
 

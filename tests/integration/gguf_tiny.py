@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
-from workbench.loading.gguf_tokenizer import bytes_to_unicode
+from workbench.loading.gguf.tokenizer import bytes_to_unicode
 
 D_MODEL, N_HEADS, N_KV, D_MLP, N_LAYERS = 64, 4, 2, 96, 2
 MERGES = ["Ġ t", "h e", "Ġt he", "i n"]

@@ -1,6 +1,6 @@
 """`transformers`' own load of SmolLM2-135M from its GGUF (tokenizer and model), made once per test run.
 
-The test files that compare against it (test_smollm2.py, test_tl_demos_smollm2_34.py) run on different
+The test files that compare against it (test_smollm2.py, test_tl_demos_smollm2.py) run on different
 xdist workers. `transformers` converting the GGUF took 30-50 s of a loaded `make test` per file; the first
 file to ask converts it and saves the result in the run's shared temporary folder, and the other reads
 that folder back (3 s). What is saved is exactly what `transformers` made from the file, so every expected

@@ -1,4 +1,4 @@
-"""Models across devices (issue 19): a device map splitting a model between the CPU and disk offload
+"""Models across devices: a device map splitting a model between the CPU and disk offload
 gives what the in-memory model gives, for logits, caches, hooks, patching, ablation and generation.
 
 The expected values are the same checkpoint loaded whole into memory (SmolLM2-135M from its GGUF; a

@@ -68,7 +68,7 @@ def _assert_close(sharded: pd.DataFrame, expected: pd.DataFrame, columns, atol: 
                                    err_msg=column)
 
 
-# ---- SmolLM2-135M: the two sweeps of the issue, on one pool of two workers ---------------------------
+# ---- SmolLM2-135M: IOI patching and a head sweep, on one pool of two workers ------------------------
 def test_ioi_patching_and_head_sweep_on_two_workers_equal_one_process(cluster, smollm2):
     data = ioi_dataset(smollm2, 2, seed=0)
     texts = ["The cat sat on the mat.", "Mary gave John a drink"]  # texts of two lengths: each shard pads its own

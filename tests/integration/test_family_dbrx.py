@@ -1,4 +1,4 @@
-"""DBRX loads at parity with transformers (``family_parity``, issue 38): its nested attn_config / ffn_config,
+"""DBRX loads at parity with transformers (``family_parity``): its nested attn_config / ffn_config,
 fused Wqkv clamped by clip_qkv, bias-free LayerNorms, experts stored as [E * M, D] blocks and the softmax
 top-k renormalised by its 1-norm (or not at all).
 

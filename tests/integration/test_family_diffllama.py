@@ -1,4 +1,4 @@
-"""DiffLlama loads at parity with transformers (``family_parity``, issue 38): differential attention (two
+"""DiffLlama loads at parity with transformers (``family_parity``): differential attention (two
 softmax maps per head pair, a learned lambda per layer, the paired heads' values RMS-normed), with its own
 hook points for each map.
 

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, GemmaConfig
 
 import workbench as wb
-import workbench.loading.hf as hf_loading
+import workbench.loading.hf.loader as hf_loading
 import workbench.loading.build as build
 from tests.integration.family_parity import TOLERANCE, Case, build_and_save, family_parity_tests, max_diff
 

@@ -24,12 +24,12 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, Olmo2Config, OlmoCo
                           SmolLM3Config)
 
 import workbench as wb
-import workbench.loading.hf as hf_loading
+import workbench.loading.hf.loader as hf_loading
 from tests.integration.family_parity import (TOLERANCE, Case, build_and_save, family_parity_tests, max_diff,
                                              saved_on_demand)
 from workbench.generation import generate_tokens
-from workbench.loading.hf_common import HFConfig
-from workbench.loading.hf_llama import model_config
+from workbench.loading.hf.config import HFConfig
+from workbench.loading.hf.llama import model_config
 
 TINY = dict(vocab_size=101, hidden_size=48, num_attention_heads=6, num_key_value_heads=2, num_hidden_layers=2,
             intermediate_size=80, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=2)

@@ -1,4 +1,4 @@
-"""Llama 4's text decoder loads at parity with transformers (``family_parity``, issue 38): MoE layers (the
+"""Llama 4's text decoder loads at parity with transformers (``family_parity``): MoE layers (the
 top k of the router logits, each expert's input times its sigmoid, a shared expert) and dense layers,
 chunked attention on the RoPE layers, NoPE layers with attention temperature tuning, the QK L2 norm,
 RoPE on adjacent pairs with llama3 scaling.

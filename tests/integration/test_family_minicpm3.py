@@ -1,4 +1,4 @@
-"""MiniCPM3 loads at parity with transformers (``family_parity``, issue 38): DeepSeek-V2's latent attention
+"""MiniCPM3 loads at parity with transformers (``family_parity``): DeepSeek-V2's latent attention
 with RoPE on halves (with and without the query bottleneck, YaRN with mscale), scaled embeddings, residual
 branches scaled by scale_depth / sqrt(layers) (folded into the output weights) and logits scaled by
 dim_model_base / hidden_size.

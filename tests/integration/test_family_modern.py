@@ -21,7 +21,7 @@ from transformers import (ApertusConfig, ArceeConfig, Cohere2Config, CohereConfi
                           SeedOssConfig, VaultGemmaConfig)
 
 import workbench as wb
-import workbench.loading.hf as hf_loading
+import workbench.loading.hf.loader as hf_loading
 from tests.integration.family_parity import (KERNELS, TOLERANCE, Case, family_parity_tests, max_diff,
                                              saved_on_demand)
 from tests.integration.test_family_llama import _copy  # a saved checkpoint copied, its config.json edited
@@ -218,7 +218,7 @@ def test_gemma4_is_refused_naming_the_components_it_needs(saved, tmp_path):
     ("BitNetForCausalLM", "bitnet", "ternary BitLinear weights"),
 ])
 def test_components_we_lack_are_refused_by_architecture(saved, tmp_path, architecture, model_type, reason):
-    """BitNet (issue 38): refused by name with the component they need, not as unknown."""
+    """BitNet: refused by name with the component they need, not as unknown."""
     directory = _copy(saved("granite_tied").directory, tmp_path,
                       lambda c: c.update(architectures=[architecture], model_type=model_type))
     with pytest.raises(wb.CheckpointError, match=f"'{architecture}' is not supported: .*{reason}"):

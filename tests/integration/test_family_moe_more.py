@@ -1,4 +1,4 @@
-"""More mixture-of-experts families load at parity with transformers (``family_parity``, issue 38): OLMoE
+"""More mixture-of-experts families load at parity with transformers (``family_parity``): OLMoE
 (QK norm over the projection, clip_qkv), MiniMax-M2 (sigmoid routing with a correction bias, partial
 rotary, the hub's ``rotary_dim`` spelling), GLM-4.5 and dots.llm1 (DeepSeek-V3's grouped sigmoid routing,
 shared experts, dense first layers), ERNIE 4.5 MoE (softmax plus correction bias, experts every other

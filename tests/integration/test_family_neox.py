@@ -13,7 +13,7 @@ import pytest
 from transformers import GPTJConfig, GPTNeoConfig, GPTNeoXConfig
 
 import workbench as wb
-import workbench.loading.hf as hf_loading
+import workbench.loading.hf.loader as hf_loading
 from tests.integration.family_parity import Case, build_and_save, family_parity_tests
 
 _TOKENS = dict(vocab_size=101, bos_token_id=1, eos_token_id=2)

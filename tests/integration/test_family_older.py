@@ -19,7 +19,7 @@ from transformers import (CodeGenConfig, FalconConfig, GPTBigCodeConfig, MptConf
                           XGLMConfig)
 
 import workbench as wb
-import workbench.loading.hf as hf_loading
+import workbench.loading.hf.loader as hf_loading
 from tests.integration.family_parity import Case, build_and_save, family_parity_tests
 from tests.integration.hf_tiny import N_CTX, VOCAB
 from tests.integration.test_padding_parity import padded_batch

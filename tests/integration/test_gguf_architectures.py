@@ -89,7 +89,7 @@ def test_a_tensor_nothing_reads_is_named(sources, tmp_path):
 def test_a_misshapen_tensor_is_named_in_its_stored_layout_before_anything_is_dequantised(sources, tmp_path, monkeypatch):
     """GPT-2's MLP width read as 97: transformers' c_fc [64, 97] is stored transposed, so the file's
     ffn_up must be (97, 64); the message gives both in the stored layout."""
-    from workbench.loading import gguf_loader
+    from workbench.loading.gguf import loader as gguf_loader
 
     file = gguf_loader.GGUFFile(write("gpt2", sources["gpt2"], tmp_path / "gpt2.gguf", quant=Q.Q8_0))
     real_field = file.field
@@ -107,7 +107,7 @@ def test_a_misshapen_tensor_is_named_in_its_stored_layout_before_anything_is_deq
      r"field 'falcon\.block_count' declares 1000000000000 layers, but the weights hold tensors for 2"),
 ])
 def test_hostile_metadata_is_refused_naming_the_field(sources, tmp_path, monkeypatch, key, value, error, message):
-    from workbench.loading import gguf_loader
+    from workbench.loading.gguf import loader as gguf_loader
 
     file = gguf_loader.GGUFFile(write("falcon", sources["falcon"], tmp_path / "falcon.gguf"))
     real_field = file.field
@@ -132,8 +132,8 @@ def test_sentencepiece_vocabularies_tokenize_as_transformers_builds_them_for_the
     prefix space, merges by position; Phi-3: the prefix space from a normalizer); others Llama's."""
     from transformers import AutoTokenizer
 
-    from workbench.loading.gguf_loader import GGUFFile
-    from workbench.loading.gguf_tokenizer import tokenizer_from_gguf
+    from workbench.loading.gguf.loader import GGUFFile
+    from workbench.loading.gguf.tokenizer import tokenizer_from_gguf
 
     path = write(name, build(name), tmp_path / f"{name}.gguf", tokenizer="llama")
     ours = tokenizer_from_gguf(GGUFFile(path).field, str(path))

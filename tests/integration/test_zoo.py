@@ -90,7 +90,7 @@ def test_checkpoint_is_small_registered_and_loads_in_well_under_a_second(name):
 
 
 @pytest.mark.parametrize("name", ["toy-attn-2l", "toy-moe-2l"])
-def test_model_card_reports_what_the_issue_asks_for(name):
+def test_model_card_reports_how_to_reproduce_the_corpus_split_and_held_out_loss(name):
     directory = _installed(name)
     card = (directory / "MODEL_CARD.md").read_text()
     metrics = json.loads((directory / "metrics.json").read_text())

@@ -1,4 +1,4 @@
-"""Issue 37: circuits on the zoo's toy-attn-2l (previous-token head L0H0, induction heads in layer 1: its model
+"""Circuits on the zoo's toy-attn-2l (previous-token head L0H0, induction heads in layer 1: its model
 card), faithfulness by construction, ACDC.
 
 The induction task's corrupted prompts repeat a different first copy, so only the clean run can predict the

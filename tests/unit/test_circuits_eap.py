@@ -1,4 +1,4 @@
-"""Issue 37: the circuit graph, ``blocks.{l}.hook_mlp_in`` and edge attribution patching (EAP, EAP-IG).
+"""The circuit graph, ``blocks.{l}.hook_mlp_in`` and edge attribution patching (EAP, EAP-IG).
 
 Expected values come from hand counts (the graph), the model's own unedited activations (hook_mlp_in is a copy
 of the MLP's input) or gradients the test takes itself with autograd (GQA); TransformerLens's scores are in

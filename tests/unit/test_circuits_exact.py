@@ -1,4 +1,4 @@
-"""Issue 37: exact edge patching, batched, against the model's own hooks; EAP-IG's convergence on a linear edge.
+"""Exact edge patching, batched, against the model's own hooks; EAP-IG's convergence on a linear edge.
 
 Expected values: runs of the model with its reader input (``hook_k_input``, ``hook_mlp_in``, the last
 ``hook_resid_post``) replaced wholesale by the clean run's (TransformerLens-style hooks the test writes itself),

@@ -1,4 +1,4 @@
-"""Issue 37: path patching, checked by hand.
+"""Path patching, checked by hand.
 
 Into the logits: the corrupted final residual stream plus the sender's clean - corrupted output, unembedded.
 Into a head's value: the receiver's pattern is the corrupted run's (only its values move), so its output moves by

@@ -11,7 +11,9 @@ import torch
 import workbench as wb
 from tests.integration.gguf_tiny import tiny_llama, write_gguf
 from tests.integration.hf_tiny import build_and_save
-from workbench.loading import build, gguf_loader, hf, native
+from workbench.loading import build, native
+from workbench.loading.gguf import loader as gguf_loader
+from workbench.loading.hf import loader as hf_loader
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +25,7 @@ def sources(tmp_path_factory) -> dict[str, Path]:
 
 
 # Where each loader reads its tensors: a bad option must fail before that.
-READERS = {"hf": (hf, "SafetensorsCheckpoint"), "gguf": (gguf_loader, "read_tensors"), "native": (native, "load_file")}
+READERS = {"hf": (hf_loader, "SafetensorsCheckpoint"), "gguf": (gguf_loader, "read_tensors"), "native": (native, "load_file")}
 
 
 @pytest.mark.parametrize("kind", sorted(READERS))
@@ -53,7 +55,7 @@ def test_a_bad_option_fails_before_any_tensor_is_read(sources, kind, monkeypatch
 
 
 def test_an_hf_load_keeps_the_checkpoint_dtype_unless_told(sources):
-    assert wb.load_model(sources["hf"]).cfg.dtype == hf.hf_checkpoint_dtype(sources["hf"])
+    assert wb.load_model(sources["hf"]).cfg.dtype == hf_loader.hf_checkpoint_dtype(sources["hf"])
     assert wb.load_model(sources["hf"], dtype=torch.float16).cfg.dtype == torch.float16
 
 

@@ -8,7 +8,7 @@ from types import ModuleType
 
 import pytest
 
-from workbench.loading import hf, hf_gpt2, hf_llama
+from workbench.loading.hf import gpt2 as hf_gpt2, llama as hf_llama, loader as hf_loader
 from workbench.loading.family import Family, FamilyError, check_family, register
 
 
@@ -35,13 +35,13 @@ def good(**changes) -> Family:
 
 
 def test_every_family_module_declares_its_families():
-    assert set(hf.ARCHITECTURES) == {arch for module in hf.FAMILY_MODULES
+    assert set(hf_loader.ARCHITECTURES) == {arch for module in hf_loader.FAMILY_MODULES
                                      for family in module.FAMILIES for arch in family.architectures}
-    for module in hf.FAMILY_MODULES:
+    for module in hf_loader.FAMILY_MODULES:
         for family in module.FAMILIES:
             assert check_family(family, module.__name__) is family
-    assert hf.ARCHITECTURES["MixtralForCausalLM"] is hf_llama.FAMILIES[0]
-    assert hf.MODEL_TYPES["gpt2"] == "GPT2LMHeadModel"
+    assert hf_loader.ARCHITECTURES["MixtralForCausalLM"] is hf_llama.FAMILIES[0]
+    assert hf_loader.MODEL_TYPES["gpt2"] == "GPT2LMHeadModel"
 
 
 def test_a_family_is_frozen_all_the_way_down():
@@ -91,13 +91,13 @@ def test_a_module_without_families_is_refused():
 
 
 def test_two_families_claiming_one_architecture_are_refused():
-    clash = family_module("workbench.loading.hf_clash", good(architectures={"LlamaForCausalLM": ("toy", "Toy")}))
-    with pytest.raises(FamilyError, match=r"^workbench\.loading\.hf_clash: LlamaForCausalLM is already loaded by "
-                                          r"workbench\.loading\.hf_llama"):
-        register([*hf.FAMILY_MODULES, clash])
+    clash = family_module("workbench.loading.hf.clash", good(architectures={"LlamaForCausalLM": ("toy", "Toy")}))
+    with pytest.raises(FamilyError, match=r"^workbench\.loading\.hf\.clash: LlamaForCausalLM is already loaded by "
+                                          r"workbench\.loading\.hf\.llama"):
+        register([*hf_loader.FAMILY_MODULES, clash])
 
 
 def test_two_architectures_claiming_one_model_type_are_refused():
-    clash = family_module("workbench.loading.hf_clash", good(architectures={"ToyForCausalLM": ("llama", "Toy")}))
-    with pytest.raises(FamilyError, match=r"hf_clash: model_type 'llama' is already loaded by workbench\.loading\.hf_llama"):
+    clash = family_module("workbench.loading.hf.clash", good(architectures={"ToyForCausalLM": ("llama", "Toy")}))
+    with pytest.raises(FamilyError, match=r"hf\.clash: model_type 'llama' is already loaded by workbench\.loading\.hf\.llama"):
         register([hf_llama, clash])

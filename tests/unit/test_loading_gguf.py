@@ -11,10 +11,10 @@ import torch
 
 import workbench as wb
 from tests.integration.gguf_tiny import D_MLP, tiny_llama, write_gguf
-from workbench.loading import gguf_loader
+from workbench.loading.gguf import loader as gguf_loader
 from workbench.loading.build import empty_model
-from workbench.loading.gguf_loader import GGUFCheckpoint, GGUFFile, describe, model_config_from_gguf, read_tensors
-from workbench.loading.hf import ARCHITECTURES
+from workbench.loading.gguf.loader import GGUFCheckpoint, GGUFFile, describe, model_config_from_gguf, read_tensors
+from workbench.loading.hf.loader import ARCHITECTURES
 
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory) -> Path:

@@ -1,5 +1,5 @@
 """Without autograd, RMSNorm, the gated MLP and the residual adds write into tensors they made themselves
-(issue 39: fewer allocations in a head sweep). The reference is the same model with autograd on, where
+(fewer allocations in a head sweep). The reference is the same model with autograd on, where
 every step makes a new tensor: logits, cached activations and hook edits must be the same bits, and no
 cached or hooked tensor may be changed afterwards by a later in-place step."""
 

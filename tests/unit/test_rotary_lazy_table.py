@@ -1,4 +1,4 @@
-"""RoPE's table is built for the positions a model uses, not for its whole declared context (issue 33: a config's
+"""RoPE's table is built for the positions a model uses, not for its whole declared context (a config's
 ``max_position_embeddings`` alone must never allocate gigabytes)."""
 
 import time

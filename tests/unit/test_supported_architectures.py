@@ -29,8 +29,8 @@ def test_each_hf_architecture_is_transformers_causal_lm_of_its_model_type():
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     hf = wb.supported_architectures().query("format == 'HF directory'")
-    # issue 38: 7 older families (fama), 19 modern Llama-like ones (famb), 9 more MoE families, Llama 4, MiniCPM3, DBRX,
-    # DiffLlama
+    # 25 families, then 7 older dense ones, 19 modern Llama-like ones, and 9 more MoE families, Llama 4, MiniCPM3,
+    # DBRX, DiffLlama
     assert len(hf) == 25 + 7 + 19 + 13
     remote_code = {"InternLM3ForCausalLM"}  # hub configs for remote code transformers does not ship
     for architecture, model_type in zip(hf.architecture, hf.model_type):

@@ -22,8 +22,8 @@ import workbench as wb
 from tests.unit.helpers import make_model
 from workbench.bpe import train_bpe
 from workbench.errors import InputError
-from workbench.loading.gguf_tokenizer import tokenizer_from_gguf
-from workbench.loading.hf_tokenizer import tokenizer_from_hf_directory
+from workbench.loading.gguf.tokenizer import tokenizer_from_gguf
+from workbench.loading.hf.tokenizer import tokenizer_from_hf_directory
 from workbench.tokenizer import SpecialTokens, Tokenizer
 
 WORDS = ["<bos>", "<eos>"] + [f"w{i}" for i in range(59)]  # 61 ids: w<i> is i + 2

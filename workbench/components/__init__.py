@@ -1,4 +1,11 @@
-"""The decoder's building blocks, one module each."""
+"""The decoder's building blocks, one module each.
+
+``block`` (one transformer block on the residual stream), ``attention`` (multi-head, grouped- and multi-query
+self-attention), ``attention_kernels`` (eager, sdpa and flash inner functions), ``latent_attention`` (DeepSeek's
+multi-head latent attention), ``differential_attention`` (DiffLlama's), ``mlp`` (dense and gated MLPs), ``moe``
+(mixtures of experts and their routers), ``norm`` (LayerNorm, RMSNorm), ``embedding`` (token and position
+embeddings, the unembedding), ``rotary`` (RoPE and ALiBi slopes), ``zero_biases`` (absent biases read as zeros).
+"""
 
 from workbench.components.attention import Attention, LayerKVCache
 from workbench.components.block import TransformerBlock

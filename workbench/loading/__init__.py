@@ -5,6 +5,12 @@ config, reads and checks every tensor, and only then returns a model, so a failu
 leaves a half-loaded model behind. A source that is none of those but names a Hub repo is fetched
 into the HF cache first (``workbench.hub``) and then loaded as a local checkpoint; nothing is
 unpickled but through ``torch.load(weights_only=True)``, and no remote code is run.
+
+``registry`` (registered names), ``hf`` (HF-format directories: the loader and one module per family, checked
+against the contract in ``family``), ``gguf`` (GGUF files, through the same family modules), ``native`` (our own
+format); what they share: ``common`` (progress bars, refusing a value, the layer-count check), ``weights``
+(named tensors into a ``Decoder``, every name and shape checked first), ``build`` (every loader's last step),
+``placement`` (device maps and offload folders) and ``memory_plan`` (``plan_memory``'s table).
 """
 
 from __future__ import annotations
@@ -19,10 +25,10 @@ import torch
 from workbench.config import ModelConfig
 from workbench import hub
 from workbench.errors import CheckpointError, ConfigError
-from workbench.loading.gguf_loader import GGUF_MODELS, GGUFFile, load_gguf, model_config_from_gguf
-from workbench.loading.hf import ARCHITECTURES, hf_checkpoint_dtype, hf_model_config, is_hf_config, load_hf_directory, read_config
-from workbench.loading.native import FORMAT_TAG, load_native, native_config, read_native_config
+from workbench.loading.gguf.loader import GGUF_MODELS, GGUFFile, load_gguf, model_config_from_gguf
+from workbench.loading.hf.loader import ARCHITECTURES, hf_checkpoint_dtype, hf_model_config, is_hf_config, load_hf_directory, read_config
 from workbench.loading.memory_plan import plan
+from workbench.loading.native import FORMAT_TAG, load_native, native_config, read_native_config
 from workbench.loading.placement import DeviceMapSpec, MaxMemory, Placement
 from workbench.loading.registry import REGISTRY, default_model_name, list_models
 from workbench.options import RuntimeOptions

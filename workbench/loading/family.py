@@ -1,9 +1,9 @@
-"""The contract between ``hf.py`` and a family module (``hf_gpt2``, ``hf_llama`` ...), and its registration.
+"""The contract between ``hf/loader.py`` and a family module (``hf.gpt2``, ``hf.llama`` ...), and its registration.
 
 A family module exports ``FAMILIES = (Family(...), ...)``: the architectures it loads, how it maps their
 ``config.json`` onto ``ModelConfig``, how it reads and renames their tensors, and which checkpoint tensors
-are buffers to pass over. ``register`` checks every module against this contract when ``hf.py`` builds
-its table (when ``hf.py`` is imported), so a family module that forgets a field, gives one of the wrong
+are buffers to pass over. ``register`` checks every module against this contract when ``hf/loader.py`` builds
+its table (when ``hf/loader.py`` is imported), so a family module that forgets a field, gives one of the wrong
 kind or claims an architecture another module already loads is a ``FamilyError`` naming the module and
 the field, not an ``AttributeError`` at the first load of that architecture.
 """
@@ -19,8 +19,8 @@ from typing import Callable, Iterable, Mapping
 from torch import Tensor
 
 from workbench.config import ModelConfig
-from workbench.loading.hf_checkpoint import SafetensorsCheckpoint
-from workbench.loading.hf_common import HFConfig
+from workbench.loading.hf.checkpoint import SafetensorsCheckpoint
+from workbench.loading.hf.config import HFConfig
 
 # What a family needs to say about each architecture: transformers' model_type and the models it covers.
 ArchitectureInfo = tuple[str, str]
@@ -34,7 +34,7 @@ class FamilyError(TypeError):
 
 @dataclass(frozen=True)
 class Family:
-    """What ``hf.py`` reads from a family module, declared once.
+    """What ``hf/loader.py`` reads from a family module, declared once.
 
     Attributes:
         architectures: {architecture as config.json names it: (model_type, the models it covers)}.
@@ -46,8 +46,8 @@ class Family:
             inverse frequencies): left unread without being reported as unexpected.
 
     Example:
-        >>> from workbench.loading import hf_gpt2
-        >>> family = hf_gpt2.FAMILIES[0]
+        >>> from workbench.loading.hf import gpt2
+        >>> family = gpt2.FAMILIES[0]
         >>> dict(family.architectures), bool(family.ignored_tensors.fullmatch("h.0.attn.bias"))
         ({'GPT2LMHeadModel': ('gpt2', 'GPT-2')}, True)
     """
@@ -70,8 +70,8 @@ def check_family(family: object, module: str) -> Family:
     """``family`` if it meets the contract; otherwise a ``FamilyError`` naming ``module`` and the field.
 
     Example:
-        >>> from workbench.loading import hf_gpt2
-        >>> check_family(hf_gpt2.FAMILIES[0], "hf_gpt2") is hf_gpt2.FAMILIES[0]
+        >>> from workbench.loading.hf import gpt2
+        >>> check_family(gpt2.FAMILIES[0], "workbench.loading.hf.gpt2") is gpt2.FAMILIES[0]
         True
         >>> check_family(Family({"XForCausalLM": ("x", "X")}, model_config=None, convert_tensors=len), "hf_x")
         Traceback (most recent call last):
@@ -122,8 +122,8 @@ def register(modules: Iterable[ModuleType]) -> dict[str, Family]:
     model_type claimed twice is a ``FamilyError`` naming the module(s) and what is wrong.
 
     Example:
-        >>> from workbench.loading import hf_gpt2, hf_opt_bloom
-        >>> sorted(register([hf_gpt2, hf_opt_bloom]))
+        >>> from workbench.loading.hf import gpt2, opt_bloom
+        >>> sorted(register([gpt2, opt_bloom]))
         ['BloomForCausalLM', 'GPT2LMHeadModel', 'OPTForCausalLM']
     """
     table: dict[str, Family] = {}

@@ -18,7 +18,7 @@ from workbench.config import ModelConfig
 from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.build import build_model, runtime_options
 from workbench.loading.common import check_layer_count
-from workbench.loading.hf_checkpoint import tensor_names
+from workbench.loading.hf.checkpoint import tensor_names
 from workbench.loading.placement import Placement
 from workbench.model import Decoder
 from workbench.options import RuntimeOptions, split_saved_config
