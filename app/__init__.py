@@ -2,7 +2,9 @@
 
 Pages live in ``app/pages/`` and only lay out. The shared helpers, each importing only those
 listed after it: ``widgets`` (page setup, error and model guards, prompt box, head and layer
-pickers, progress bar), ``downloads`` (CSV / HTML / PNG buttons), ``results`` (the one cache
+pickers, progress bar), ``artifact_picker`` (the one SAE / transcoder picker), ``ablation_picker`` (the
+ablation page's head picker), ``token_widgets`` (token pickers), ``feature_card`` (one SAE feature's card),
+``url_state`` (what a link may set, checked), ``safe_text`` (user and link values shown as literal text), ``downloads`` (CSV / HTML / PNG buttons), ``results`` (the one cache
 layer: the loaded models and every cached call into ``experiments``), ``state`` (which model
 the session has chosen) and ``runtime`` (process settings, applied when a page starts, never on
 import). The app only draws: every number and figure on a page comes from ``experiments``.

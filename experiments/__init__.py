@@ -12,7 +12,9 @@ per-head score in one table, composition scores), ``router`` (mixture-of-experts
 ``ioi`` (indirect object identification over a dataset), ``flow`` (information flow routes),
 ``continuations`` (a continuation with and without an ablation), ``token_view`` (what a token view
 colours by), ``metrics`` (per-row metrics at each row's answer position), ``sites`` (where an
-experiment writes into a run), ``zoo`` (the circuit facts a zoo model's card reports).
+experiment writes into a run), ``zoo`` (the circuit facts a zoo model's card reports), ``gradients`` (the one
+gradient-capturing hook), ``corpus_windows`` (the one corpus-window engine and its disk cache, for neurons
+and features).
 
 Packages: ``circuits`` (edge graphs, EAP, exact edge patching), ``attribution`` (attribution graphs
 through transcoders), ``sae`` (training and evaluating sparse autoencoders and transcoders),

@@ -10,10 +10,11 @@ The model's surface, one mixin or helper module per side:
     many threads), ``tokens_api`` (text <-> ids), ``tokenizer`` (the tokenizer wrapper), ``weights_api``
     (TransformerLens's weight views), ``readouts`` (per-layer reads experiments use), ``processing`` (weight
     processing), ``factored_attn`` (``refactor_factored_attn_matrices``), ``generation`` (KV-cached sampling),
-    ``loss`` (next-token cross-entropy), ``cache_batches`` and ``cache_store`` (caches over datasets, on disk),
+    ``loss`` (next-token cross-entropy), ``forward_inputs`` (the forward's argument checks and positions), ``cache_batches`` and ``cache_store`` (caches over datasets, on disk),
     ``memory`` (keeping freed memory in the process).
 Checkpoints and training:
-    ``loading`` (``load_model``: registered names, HF directories, GGUF files, our format), ``saving`` (our
+    ``loading`` (``load_model``: registered names, HF directories, GGUF files, our format), ``hub`` (models
+    from the Hugging Face Hub by repo id), ``shipped`` (``wb.shipped``: the one table of shipped artifacts), ``saving`` (our
     format), ``safe_files`` (the one folder-bound save and path check), ``zoo`` (the repository's small models),
     ``train`` (training a ``Decoder``), ``corpus`` (the training corpus), ``bpe`` (the zoo's tokenizer trainer),
     ``cli`` (the ``workbench`` command), ``extras`` (optional dependencies).

@@ -3,6 +3,9 @@
 
 Legend: B batch, P position, D d_model, M d_mlp, V d_vocab, N flattened tokens.
 
+Modules: ``units`` (where a neuron lives and its activation and logit effect), ``windows`` (its top windows
+over the corpus).
+
 Where a neuron lives (an ``MLPUnit``) and where its activation is read:
   dense MLP      blocks.{l}.mlp.hook_post [B, P, M] (the input to W_out)
   routed expert  no hook has it: computed here from the MLP's input and expert e's weights (W_gate / W_in

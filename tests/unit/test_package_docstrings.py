@@ -11,9 +11,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("workbench", "experiments", "app")
-# TEMPORARY allow-list, docstrings completed by their owners at merge (the packages being rebuilt in parallel);
-# the coordinator removes it then.
-COMPLETED_BY_THEIR_OWNERS_AT_MERGE = {"app", "experiments/neurons"}
 
 
 def packages() -> list[Path]:
@@ -37,13 +34,7 @@ def test_every_package_docstring_names_its_modules():
     missing = {}
     for package in packages():
         name = package.relative_to(ROOT).as_posix()
-        if name in COMPLETED_BY_THEIR_OWNERS_AT_MERGE:
-            continue
         if gaps := missing_from_docstring(package):
             missing[name] = gaps
     assert not missing, f"package docstrings that do not name these modules: {missing}"
 
-
-def test_the_allow_list_names_only_packages_still_missing_modules():
-    for name in COMPLETED_BY_THEIR_OWNERS_AT_MERGE:
-        assert missing_from_docstring(ROOT / name), f"{name}'s docstring is complete: drop it from the allow-list"
