@@ -1,18 +1,15 @@
 """Token ids as labels: each token's text, position-prefixed axis labels, and per-token values as floats.
 
-Experiments take text or ids (``TokensLike``) and turn them into checked [batch, pos] ids with
-the model's own ``Decoder.as_tokens``.
+Experiments take text or ids (``workbench.tokens_api.TextOrTokens``, the one tokens type) and turn them into
+checked [batch, pos] ids with the model's own ``Decoder.as_tokens``.
 """
 
 from __future__ import annotations
 
 import html
-from typing import Union
 
 from jaxtyping import Int
 from torch import Tensor
-
-TokensLike = Union[str, list[str], Int[Tensor, "batch pos"], Int[Tensor, "pos"]]
 
 
 def str_tokens(model, tokens_P: Int[Tensor, "pos"]) -> list[str]:

@@ -17,12 +17,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from experiments._tokens import TokensLike
+from workbench.tokens_api import TextOrTokens
 from workbench.errors import InputError
 
 
 @torch.no_grad()
-def attention_patterns(model, tokens: TokensLike) -> Float[Tensor, "n_layers n_heads pos key_pos"]:
+def attention_patterns(model, tokens: TextOrTokens) -> Float[Tensor, "n_layers n_heads pos key_pos"]:
     """Every head's attention pattern on one prompt (batch item 0), stacked over layers.
 
     Layers whose pattern is hooked run the eager kernel, so this works under every attn_impl.
@@ -56,7 +56,7 @@ def previous_token_attention(pattern_PS: Float[Tensor, "... pos key_pos"]) -> Fl
 
 
 @torch.no_grad()
-def prev_token_share(model, tokens: TokensLike) -> Float[Tensor, "n_layers n_heads"]:
+def prev_token_share(model, tokens: TextOrTokens) -> Float[Tensor, "n_layers n_heads"]:
     """``head_statistics``' prev_token_share over a batch: mean attention to the previous position
     over every query q >= 1 of every row of ``tokens``.
 

@@ -27,7 +27,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from experiments._tokens import TokensLike, str_tokens
+from experiments._tokens import str_tokens
+from workbench.tokens_api import TextOrTokens
 from experiments.ablation import AblationTarget, ablation_hooks
 from experiments.metrics import prompt_batch
 from workbench.errors import InputError
@@ -153,7 +154,7 @@ def _label(target: AblationTarget) -> str:
     return f"{target.kind} L{target.layer}{letter}{target.index}" if letter else f"{target.kind} {target.layer}"
 
 
-def _check_reference(model, reference_tokens: Optional[TokensLike], method: str, need: int) -> None:
+def _check_reference(model, reference_tokens: Optional[TextOrTokens], method: str, need: int) -> None:
     """Mean and resample ablation read the reference at every position a generation step runs."""
     if method == "zero":
         return
@@ -170,9 +171,9 @@ def _check_reference(model, reference_tokens: Optional[TokensLike], method: str,
                          f"reference has {have}. Give a longer reference or fewer new tokens.")
 
 
-def continue_with_ablation(model, prompt: TokensLike, targets: Sequence[TargetLike], method: str = "zero",
+def continue_with_ablation(model, prompt: TextOrTokens, targets: Sequence[TargetLike], method: str = "zero",
                            max_new_tokens: int = 20, temperature: float = 0.0, top_k: Optional[int] = None,
-                           seed: Optional[int] = 0, reference_tokens: Optional[TokensLike] = None) -> Continuations:
+                           seed: Optional[int] = 0, reference_tokens: Optional[TextOrTokens] = None) -> Continuations:
     """The clean continuation of ``prompt`` and the one with ``targets`` ablated, same settings and seed.
 
     ``targets``: ``AblationTarget``s or (kind, layer, index) tuples; ``method`` "zero", "mean" or

@@ -23,7 +23,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from experiments._tokens import TokensLike
+from workbench.tokens_api import TextOrTokens
 from workbench.errors import InputError
 
 HeadKind = Literal["previous_token", "duplicate_token", "induction"]
@@ -81,7 +81,7 @@ def score_patterns(
 @torch.no_grad()
 def head_detector_scores(
     model,
-    tokens: TokensLike,
+    tokens: TextOrTokens,
     kinds: Sequence[HeadKind] = HEAD_KINDS,
     exclude_bos: bool = False,
     exclude_current_token: bool = False,
@@ -109,7 +109,7 @@ def head_detector_scores(
     return scores
 
 
-def previous_token_scores(model, tokens: TokensLike, exclude_bos: bool = False,
+def previous_token_scores(model, tokens: TextOrTokens, exclude_bos: bool = False,
                           exclude_current_token: bool = False) -> Float[Tensor, "n_layers n_heads"]:
     """How much of each head's attention goes to the previous token ("mul" metric).
 
@@ -121,7 +121,7 @@ def previous_token_scores(model, tokens: TokensLike, exclude_bos: bool = False,
     return head_detector_scores(model, tokens, ("previous_token",), exclude_bos, exclude_current_token)["previous_token"]
 
 
-def duplicate_token_scores(model, tokens: TokensLike, exclude_bos: bool = False,
+def duplicate_token_scores(model, tokens: TextOrTokens, exclude_bos: bool = False,
                            exclude_current_token: bool = False) -> Float[Tensor, "n_layers n_heads"]:
     """How much of each head's attention goes to earlier copies of the current token.
 
@@ -133,7 +133,7 @@ def duplicate_token_scores(model, tokens: TokensLike, exclude_bos: bool = False,
     return head_detector_scores(model, tokens, ("duplicate_token",), exclude_bos, exclude_current_token)["duplicate_token"]
 
 
-def induction_head_scores(model, tokens: TokensLike, exclude_bos: bool = False,
+def induction_head_scores(model, tokens: TextOrTokens, exclude_bos: bool = False,
                           exclude_current_token: bool = False) -> Float[Tensor, "n_layers n_heads"]:
     """How much of each head's attention goes to tokens that followed earlier copies of the current token.
 

@@ -43,7 +43,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from experiments._progress import Progress, ProgressArg
-from experiments._tokens import TokensLike, str_tokens
+from experiments._tokens import str_tokens
+from workbench.tokens_api import TextOrTokens
 from experiments.lens import promoted_and_suppressed
 from workbench.errors import InputError
 
@@ -125,14 +126,14 @@ def _require_flow_model(model) -> None:
                          "other than the sum of its parts")
 
 
-def _one_prompt(model, tokens: TokensLike) -> Tensor:
+def _one_prompt(model, tokens: TextOrTokens) -> Tensor:
     tokens_BP = model.as_tokens(tokens)
     if tokens_BP.shape[0] != 1:
         raise InputError(f"information flow reads one prompt; got a batch of {tokens_BP.shape[0]}")
     return tokens_BP
 
 
-def run_flow_cache(model, tokens: TokensLike):
+def run_flow_cache(model, tokens: TextOrTokens):
     """One forward pass caching what the contributions need (``_hook_names``); returns the ActivationCache.
 
     Example:
@@ -210,7 +211,7 @@ def _layer_importance(model, cache, layer: int) -> dict[str, Optional[Tensor]]:
 
 
 @torch.no_grad()
-def flow_contributions(model, tokens: TokensLike, *, progress: ProgressArg = False) -> FlowContributions:
+def flow_contributions(model, tokens: TextOrTokens, *, progress: ProgressArg = False) -> FlowContributions:
     """The importance of every attention edge (per head), residual, bias and MLP of one prompt, layer by layer.
 
     One forward pass with a names filter (``_hook_names``); then each layer's attention output is
@@ -352,7 +353,7 @@ def edge_heads(contributions: FlowContributions, layer: int, target_position: in
 
 # ---- what a block writes, in vocabulary terms ---------------------------------------------------------------
 @torch.no_grad()
-def vocab_projection(model, tokens: TokensLike, layer: int, position: int, block: str = "mlp",
+def vocab_projection(model, tokens: TextOrTokens, layer: int, position: int, block: str = "mlp",
                      k: int = 10) -> pd.DataFrame:
     """The ``k`` tokens that ``block``'s output at (layer, position) promotes most and suppresses most.
 

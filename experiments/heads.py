@@ -25,14 +25,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 from experiments._progress import ProgressArg
-from experiments._tokens import TokensLike
+from workbench.tokens_api import TextOrTokens
 from experiments.attention import head_statistics
 from experiments.detectors import HEAD_KINDS, detection_patterns, score_patterns
 from workbench.errors import InputError
 
 
 @torch.no_grad()
-def pattern_scores(model, tokens: TokensLike, exclude_bos: bool = False) -> dict[str, Float[Tensor, "n_layers n_heads"]]:
+def pattern_scores(model, tokens: TextOrTokens, exclude_bos: bool = False) -> dict[str, Float[Tensor, "n_layers n_heads"]]:
     """Induction, previous-token and duplicate-token ("mul") scores and mean entropy, from one forward pass.
 
     Example:
@@ -55,7 +55,7 @@ def pattern_scores(model, tokens: TokensLike, exclude_bos: bool = False) -> dict
     return scores
 
 
-def head_scores_table(model, tokens: TokensLike, include_ablation: bool = True, progress: ProgressArg = True,
+def head_scores_table(model, tokens: TextOrTokens, include_ablation: bool = True, progress: ProgressArg = True,
                       exclude_bos: bool = False) -> pd.DataFrame:
     """DataFrame[layer, head, induction, previous_token, duplicate_token, entropy, ablation_delta].
 

@@ -35,7 +35,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from experiments._batched import metric_from_final_resid
-from experiments._tokens import TokensLike, str_tokens
+from experiments._tokens import str_tokens
+from workbench.tokens_api import TextOrTokens
 from experiments.metrics import (MetricLike, PositionSelector, TokenIds, as_metric, per_prompt_table, prompt_batch,
                                  token_ids)
 from workbench.errors import InputError
@@ -43,7 +44,7 @@ from workbench.errors import InputError
 LOGITS_BYTES_PER_CHUNK = 2**28
 
 
-def _prompt_alone(model, tokens: TokensLike, row: int, attention_mask: Optional[Tensor],
+def _prompt_alone(model, tokens: TextOrTokens, row: int, attention_mask: Optional[Tensor],
                   padding_side: str) -> Int[Tensor, "1 pos"]:
     """Prompt ``row`` of a (padded) batch as its real tokens only, [1, n]: run alone, it gives that row's values."""
     batch = prompt_batch(model, tokens, attention_mask, padding_side)
@@ -54,7 +55,7 @@ def _prompt_alone(model, tokens: TokensLike, row: int, attention_mask: Optional[
 
 
 @torch.no_grad()
-def residual_snapshots(model, tokens: TokensLike, row: int = 0, *, attention_mask: Optional[Tensor] = None,
+def residual_snapshots(model, tokens: TextOrTokens, row: int = 0, *, attention_mask: Optional[Tensor] = None,
                        padding_side: str = "right") -> Float[Tensor, "snapshots pos d_model"]:
     """The residual stream of prompt ``row`` entering each layer, then after the last: [L + 1, P, D].
 
@@ -75,7 +76,7 @@ def residual_snapshots(model, tokens: TokensLike, row: int = 0, *, attention_mas
 
 
 @torch.no_grad()
-def logit_lens_logits(model, tokens: TokensLike, row: int = 0, *, attention_mask: Optional[Tensor] = None,
+def logit_lens_logits(model, tokens: TextOrTokens, row: int = 0, *, attention_mask: Optional[Tensor] = None,
                       padding_side: str = "right") -> Float[Tensor, "snapshots pos d_vocab"]:
     """Every snapshot of prompt ``row`` through the final norm and unembedding: [L + 1, P, V]; the last is the model's logits.
 
@@ -90,7 +91,7 @@ def logit_lens_logits(model, tokens: TokensLike, row: int = 0, *, attention_mask
 
 
 @torch.no_grad()
-def logit_lens(model, tokens: TokensLike, top_k: int = 5, row: int = 0, *, attention_mask: Optional[Tensor] = None,
+def logit_lens(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, attention_mask: Optional[Tensor] = None,
                padding_side: str = "right") -> pd.DataFrame:
     """Top-k tokens of each layer's residual stream at each position of prompt ``row``.
 
@@ -130,7 +131,7 @@ def logit_lens(model, tokens: TokensLike, top_k: int = 5, row: int = 0, *, atten
 
 
 @torch.no_grad()
-def logit_lens_metric(model, tokens: TokensLike, metric: MetricLike, *, position: Optional[PositionSelector] = None,
+def logit_lens_metric(model, tokens: TextOrTokens, metric: MetricLike, *, position: Optional[PositionSelector] = None,
                       per_prompt: bool = False, attention_mask: Optional[Tensor] = None,
                       padding_side: str = "right") -> pd.DataFrame:
     """A metric read through the final norm and unembedding from every snapshot: DataFrame[layer, metric].
@@ -198,7 +199,7 @@ def promoted_and_suppressed(model, effect_V: Float[Tensor, "d_vocab"], k: int = 
 
 
 @torch.no_grad()
-def direct_logit_attribution(model, tokens: TokensLike, target_token: TokenIds, baseline_token: Optional[TokenIds] = None,
+def direct_logit_attribution(model, tokens: TextOrTokens, target_token: TokenIds, baseline_token: Optional[TokenIds] = None,
                              position: PositionSelector = "last", *, per_prompt: bool = False,
                              attention_mask: Optional[Tensor] = None, padding_side: str = "right") -> pd.DataFrame:
     """Each component's direct contribution to logit[target] (minus logit[baseline]) at ``position``.

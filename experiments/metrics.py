@@ -33,7 +33,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from experiments._tokens import TokensLike
+from workbench.tokens_api import TextOrTokens
 from workbench.errors import InputError
 
 PositionSelector = Union[int, Literal["last", "all"], Int[Tensor, "batch"]]
@@ -98,7 +98,7 @@ class PromptBatch:
         return PromptBatch(self.tokens.repeat(n, 1), None if self.mask is None else self.mask.repeat(n, 1))
 
 
-def prompt_batch(model, tokens: TokensLike, attention_mask: Optional[Tensor] = None,
+def prompt_batch(model, tokens: TextOrTokens, attention_mask: Optional[Tensor] = None,
                  padding_side: str = "right") -> PromptBatch:
     """Checked token ids and mask of ``tokens``: a list of texts pads on ``padding_side`` and builds its mask.
 

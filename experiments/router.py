@@ -20,7 +20,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from experiments._tokens import TokensLike, str_tokens
+from experiments._tokens import str_tokens
+from workbench.tokens_api import TextOrTokens
 from workbench.errors import InputError
 
 
@@ -37,7 +38,7 @@ def _experts_of(cfg, layer: int) -> int:
 
 
 @torch.no_grad()
-def routing(model, tokens: TokensLike) -> dict[str, dict[int, Tensor]]:
+def routing(model, tokens: TextOrTokens) -> dict[str, dict[int, Tensor]]:
     """Per MoE layer (keyed by layer index): router logits [B, P, E], chosen experts and their weights [B, P, k].
 
     Dense layers of a model that mixes them with MoE layers (DeepSeek's first layers) have no
@@ -59,7 +60,7 @@ def routing(model, tokens: TokensLike) -> dict[str, dict[int, Tensor]]:
     return {kind: {l: cache[f"blocks.{l}.mlp.{hook}"] for l in layers} for kind, hook in kinds.items()}
 
 
-def expert_load(model, tokens: TokensLike) -> pd.DataFrame:
+def expert_load(model, tokens: TextOrTokens) -> pd.DataFrame:
     """How much each expert is used per MoE layer: DataFrame[layer, expert, count, fraction, token_fraction].
 
     ``count``: the (token, slot) assignments the expert received. ``fraction``: its share of all
@@ -85,7 +86,7 @@ def expert_load(model, tokens: TokensLike) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["layer", "expert", "count", "fraction", "token_fraction"])
 
 
-def router_entropy(model, tokens: TokensLike) -> pd.DataFrame:
+def router_entropy(model, tokens: TextOrTokens) -> pd.DataFrame:
     """Entropy (nats) of the router's distribution over all experts, per MoE layer and position (batch mean).
 
     The distribution is read from ``hook_router_logits`` as the router scores them: for softmax
@@ -109,7 +110,7 @@ def router_entropy(model, tokens: TokensLike) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["layer", "position", "entropy"])
 
 
-def token_expert_choices(model, tokens: TokensLike) -> pd.DataFrame:
+def token_expert_choices(model, tokens: TextOrTokens) -> pd.DataFrame:
     """Which experts each token of batch item 0 was sent to, with their weights: DataFrame[position, token, layer, experts, weights].
 
     One row per (position, MoE layer); the weights are the final ones (after renormalising and
@@ -135,7 +136,7 @@ def token_expert_choices(model, tokens: TokensLike) -> pd.DataFrame:
 
 
 @torch.no_grad()
-def top_expert_predictability(model, tokens: TokensLike) -> dict[str, list]:
+def top_expert_predictability(model, tokens: TextOrTokens) -> dict[str, list]:
     """How well the token id, vs the position alone, predicts each MoE layer's top-1 expert on unseen rows.
 
     The first half of the rows fits a lookup table (the most common top expert for each token
@@ -198,7 +199,7 @@ def _require_shared(model) -> list[int]:
 
 
 @torch.no_grad()
-def shared_vs_routed(model, tokens: TokensLike) -> pd.DataFrame:
+def shared_vs_routed(model, tokens: TextOrTokens) -> pd.DataFrame:
     """What the shared and the routed experts each write to the residual stream, per layer and position of row 0.
 
     DataFrame[layer, position, routed_norm, shared_norm, shared_fraction]: ``shared_norm`` is the
@@ -231,7 +232,7 @@ def shared_vs_routed(model, tokens: TokensLike) -> pd.DataFrame:
 
 
 @torch.no_grad()
-def expert_ablation_effect(model, tokens: TokensLike, layer: int, expert: int) -> dict[str, float]:
+def expert_ablation_effect(model, tokens: TextOrTokens, layer: int, expert: int) -> dict[str, float]:
     """Mean loss with and without expert ``expert`` of MoE layer ``layer`` (its router weight zeroed where chosen).
 
     Goes through ``experiments.ablation`` (``AblationTarget("expert", layer, expert)``): a dense

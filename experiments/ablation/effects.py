@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from experiments._batched import metric_from_final_resid
-from experiments._tokens import TokensLike, str_tokens
+from experiments._tokens import str_tokens
+from workbench.tokens_api import TextOrTokens
 from experiments.ablation.hooks import Hook, hooks_for_input
 from experiments.ablation.targets import AblationTarget, Method, check_method
 from experiments.metrics import (Metric, MetricLike, PositionSelector, PromptBatch, as_metric, prompt_batch,
@@ -32,8 +33,8 @@ def _one_row(batch: PromptBatch, row: int) -> tuple[int, Tensor]:
 
 
 @torch.no_grad()
-def per_token_loss_change(model, tokens: TokensLike, targets: Sequence[AblationTarget], method: Method = "zero",
-                          reference_tokens: Optional[TokensLike] = None, *, row: int = 0,
+def per_token_loss_change(model, tokens: TextOrTokens, targets: Sequence[AblationTarget], method: Method = "zero",
+                          reference_tokens: Optional[TextOrTokens] = None, *, row: int = 0,
                           attention_mask: Optional[Tensor] = None, padding_side: str = "right",
                           reference_mask: Optional[Tensor] = None,
                           reference_means: Optional[dict] = None) -> pd.DataFrame:
@@ -69,8 +70,8 @@ def per_token_loss_change(model, tokens: TokensLike, targets: Sequence[AblationT
 
 
 @torch.no_grad()
-def top_predictions_change(model, tokens: TokensLike, targets: Sequence[AblationTarget], method: Method = "zero",
-                           k: int = 5, reference_tokens: Optional[TokensLike] = None,
+def top_predictions_change(model, tokens: TextOrTokens, targets: Sequence[AblationTarget], method: Method = "zero",
+                           k: int = 5, reference_tokens: Optional[TextOrTokens] = None,
                            position: Union[int, Literal["last"]] = "last", *, row: int = 0,
                            attention_mask: Optional[Tensor] = None, padding_side: str = "right",
                            reference_mask: Optional[Tensor] = None,
@@ -130,8 +131,8 @@ def _metric_of_run(model, batch: PromptBatch, metric: Metric, hooks: list[Hook])
 
 
 @torch.no_grad()
-def ablation_effect(model, tokens: TokensLike, targets: Sequence[AblationTarget], metric: MetricLike = "loss",
-                    method: Method = "zero", reference_tokens: Optional[TokensLike] = None, *,
+def ablation_effect(model, tokens: TextOrTokens, targets: Sequence[AblationTarget], metric: MetricLike = "loss",
+                    method: Method = "zero", reference_tokens: Optional[TextOrTokens] = None, *,
                     position: Optional[PositionSelector] = None, per_prompt: bool = False,
                     attention_mask: Optional[Tensor] = None, padding_side: str = "right",
                     reference_mask: Optional[Tensor] = None,

@@ -14,7 +14,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from experiments._tokens import TokensLike
+from workbench.tokens_api import TextOrTokens
 from experiments.ablation.references import reference_values, token_positions
 from experiments.ablation.targets import AblationTarget, Method, check_method
 from experiments.metrics import PromptBatch, prompt_batch
@@ -46,7 +46,7 @@ def _expert_hooks(layer: int, experts: set[int]) -> list[Hook]:
 
 @torch.no_grad()
 def ablation_hooks(model, targets: Sequence[AblationTarget], method: Method = "zero",
-                   reference_tokens: Optional[TokensLike] = None, *, resample_shift: int = 0,
+                   reference_tokens: Optional[TextOrTokens] = None, *, resample_shift: int = 0,
                    reference_mask: Optional[Tensor] = None, reference_means: Optional[dict] = None,
                    attention_mask: Optional[Tensor] = None, padding_side: str = "right") -> list[Hook]:
     """Forward hooks (name, fn) that ablate ``targets``; pass them to ``model.run_with_hooks``.
@@ -146,8 +146,8 @@ def hooks_for_input(model, batch: PromptBatch, targets, method: str, reference_t
                           reference_means=reference_means, attention_mask=batch.mask, padding_side=padding_side)
 
 
-def run_ablated(model, tokens: TokensLike, targets: Sequence[AblationTarget], method: Method = "zero",
-                reference_tokens: Optional[TokensLike] = None, return_type: Optional[str] = "logits", *,
+def run_ablated(model, tokens: TextOrTokens, targets: Sequence[AblationTarget], method: Method = "zero",
+                reference_tokens: Optional[TextOrTokens] = None, return_type: Optional[str] = "logits", *,
                 attention_mask: Optional[Tensor] = None, padding_side: str = "right",
                 reference_mask: Optional[Tensor] = None, reference_means: Optional[dict] = None):
     """Runs the model with ``targets`` ablated; returns what ``model(..., return_type=)`` returns.

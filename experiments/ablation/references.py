@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from experiments._progress import ProgressArg
-from experiments._tokens import TokensLike
+from workbench.tokens_api import TextOrTokens
 from experiments.ablation.targets import AblationTarget
 from experiments.datasets import mean_activations
 from experiments.metrics import PromptBatch, prompt_batch
@@ -59,7 +59,7 @@ def _hook_names(hook_names) -> list[str]:
 
 
 @torch.no_grad()
-def mean_reference(model, reference_tokens: TokensLike, hook_names: Union[str, AblationTarget, Sequence],
+def mean_reference(model, reference_tokens: TextOrTokens, hook_names: Union[str, AblationTarget, Sequence],
                    reference_mask: Optional[Tensor] = None, padding_side: str = "right", batch_size: int = 8,
                    progress: ProgressArg = False) -> dict[str, Tensor]:
     """The mean activation at each position over reference prompts, pads excluded: {hook name: [1, P, ...]}.
@@ -143,7 +143,7 @@ def _resample_value(act_RP_: Tensor, lengths_R: Tensor, shift: int) -> ValueOf:
     return value
 
 
-def reference_values(model, hook_names: set[str], method: str, reference_BP: Optional[TokensLike],
+def reference_values(model, hook_names: set[str], method: str, reference_BP: Optional[TextOrTokens],
                      resample_shift: int = 0, *, reference_mask: Optional[Tensor] = None,
                      reference_means: Optional[dict] = None, padding_side: str = "right") -> dict[str, ValueOf]:
     """For each hook: a function ``(batch, pos, positions=None)`` -> replacement activation [batch or 1, pos, ...].

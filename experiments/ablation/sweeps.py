@@ -18,7 +18,7 @@ from torch import Tensor
 
 from experiments._batched import DEFAULT_TOKENS_PER_PASS, Edit, score_edits, unedited_run
 from experiments._progress import ProgressArg
-from experiments._tokens import TokensLike
+from workbench.tokens_api import TextOrTokens
 from experiments.ablation.references import reference_values, token_positions
 from experiments.ablation.targets import AblationTarget, Method, check_method
 from experiments.datasets import IOIDataset
@@ -26,8 +26,8 @@ from experiments.metrics import LogitDiff, MetricLike, PositionSelector, as_metr
 from workbench.errors import InputError
 
 
-def head_sweep(model, tokens: TokensLike, metric: MetricLike = "loss", method: Method = "zero",
-               reference_tokens: Optional[TokensLike] = None, progress: ProgressArg = True,
+def head_sweep(model, tokens: TextOrTokens, metric: MetricLike = "loss", method: Method = "zero",
+               reference_tokens: Optional[TextOrTokens] = None, progress: ProgressArg = True,
                tokens_per_pass: int = DEFAULT_TOKENS_PER_PASS, *, position: Optional[PositionSelector] = None,
                per_prompt: bool = False, attention_mask: Optional[Tensor] = None,
                padding_side: str = "right", reference_mask: Optional[Tensor] = None,

@@ -11,7 +11,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from experiments._tokens import TokensLike, str_tokens
+from experiments._tokens import str_tokens
+from workbench.tokens_api import TextOrTokens
 from workbench.errors import InputError
 from workbench.sae import SAE
 
@@ -87,7 +88,7 @@ def run_features(model, name: str, stop: int | None, tokens_BP: Tensor) -> Float
 
 
 @torch.no_grad()
-def feature_activations(model, sae: SAE, tokens: TokensLike) -> Float[Tensor, "batch pos d_sae"]:
+def feature_activations(model, sae: SAE, tokens: TextOrTokens) -> Float[Tensor, "batch pos d_sae"]:
     """Every feature of ``sae`` on every token (float32): ``hook_sae_acts_post`` with the SAE spliced in
     (SAELens's ``run_with_cache_with_saes``), running only the blocks up to the SAE's hook.
 
@@ -104,7 +105,7 @@ def feature_activations(model, sae: SAE, tokens: TokensLike) -> Float[Tensor, "b
         return run_features(model, name, stop, tokens_BP)
 
 
-def active_features(model, sae: SAE, tokens: TokensLike, k: int = 5) -> pd.DataFrame:
+def active_features(model, sae: SAE, tokens: TextOrTokens, k: int = 5) -> pd.DataFrame:
     """The ``k`` most active features at each token of the prompt (batch row 0), features at zero left out:
     DataFrame[position, token, rank, feature, activation], by position then rank.
 
@@ -128,7 +129,7 @@ def active_features(model, sae: SAE, tokens: TokensLike, k: int = 5) -> pd.DataF
     return pd.DataFrame(rows, columns=["position", "token", "rank", "feature", "activation"])
 
 
-def feature_on_prompt(model, sae: SAE, tokens: TokensLike, feature: int) -> pd.DataFrame:
+def feature_on_prompt(model, sae: SAE, tokens: TextOrTokens, feature: int) -> pd.DataFrame:
     """One feature on each token of the prompt (batch row 0): DataFrame[position, token, activation].
 
     Example:

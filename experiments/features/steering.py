@@ -16,7 +16,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from experiments._tokens import TokensLike, str_tokens
+from experiments._tokens import str_tokens
+from workbench.tokens_api import TextOrTokens
 from experiments.continuations import Continuations, continue_under_hooks, first_divergence
 from experiments.features.activations import acts_hook_name, check_feature, check_fits
 from experiments.metrics import prompt_batch
@@ -135,7 +136,7 @@ class FeatureEdit:
 
 
 @torch.no_grad()
-def continue_with_feature(model, sae: SAE, prompt: TokensLike, edit: FeatureEdit, max_new_tokens: int = 20,
+def continue_with_feature(model, sae: SAE, prompt: TextOrTokens, edit: FeatureEdit, max_new_tokens: int = 20,
                           temperature: float = 0.0, top_k: Optional[int] = None, seed: Optional[int] = 0) -> Continuations:
     """The clean continuation of ``prompt`` beside the one with ``edit`` applied at every step (same settings
     and seed; the KV cache on, as the edit does not depend on the position). A clamp runs with the SAE spliced

@@ -12,7 +12,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from experiments._tokens import TokensLike, str_tokens
+from experiments._tokens import str_tokens
+from workbench.tokens_api import TextOrTokens
 from experiments.lens import promoted_and_suppressed
 from workbench.errors import InputError
 from workbench.readouts import mlp_width
@@ -89,7 +90,7 @@ def _hook_names(cfg, unit: MLPUnit) -> list[str]:
 
 
 @torch.no_grad()
-def unit_activations(model, tokens: TokensLike, unit: MLPUnit
+def unit_activations(model, tokens: TextOrTokens, unit: MLPUnit
                      ) -> tuple[Float[Tensor, "batch pos d_mlp"], Bool[Tensor, "batch pos"]]:
     """Every neuron of ``unit`` on every token (float32), and which tokens ran it (all, but for a routed
     expert: those the router sent to it; the others' activations are NaN). Runs the blocks up to ``unit.layer``.
@@ -121,7 +122,7 @@ def unit_activations(model, tokens: TokensLike, unit: MLPUnit
     return acts_BPM.masked_fill(~routed_BP[..., None], math.nan), routed_BP
 
 
-def neuron_activation(model, tokens: TokensLike, unit: MLPUnit, neuron: int) -> pd.DataFrame:
+def neuron_activation(model, tokens: TextOrTokens, unit: MLPUnit, neuron: int) -> pd.DataFrame:
     """One neuron on each token of the prompt (batch row 0): DataFrame[position, token, activation, routed].
 
     ``activation`` is NaN where a routed expert did not run (``routed`` False).

@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from experiments._tokens import TokensLike
+from workbench.tokens_api import TextOrTokens
 from experiments.datasets import IOIDataset
 from experiments.metrics import (LogitDiff, Metric, MetricLike, PositionSelector, PromptBatch, TokenIds, as_metric,
                                  logit_diff, prompt_batch)
@@ -143,7 +143,7 @@ def _chosen_metric(model, rows: int, answers: Optional[TokenIds], wrong: Optiona
     return patching_metric(model, rows, answers, wrong, metric, position)
 
 
-def patch_pair(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, clean_mask: Optional[Tensor] = None,
+def patch_pair(model, clean_tokens: TextOrTokens, corrupt_tokens: TextOrTokens, clean_mask: Optional[Tensor] = None,
                corrupt_mask: Optional[Tensor] = None, padding_side: str = "right") -> tuple[PromptBatch, PromptBatch]:
     """Clean and corrupted prompts aligned by padding to one width, each with its own mask.
 
@@ -168,7 +168,7 @@ def patch_pair(model, clean_tokens: TokensLike, corrupt_tokens: TokensLike, clea
     return _pad_to(model, clean, width, padding_side), _pad_to(model, corrupt, width, padding_side)
 
 
-def _is_text_list(tokens: TokensLike) -> bool:
+def _is_text_list(tokens: TextOrTokens) -> bool:
     return isinstance(tokens, (list, tuple)) and bool(tokens) and all(isinstance(t, str) for t in tokens)
 
 
