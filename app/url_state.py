@@ -8,12 +8,14 @@ the Ablation page's choice reaches the Generate page).
 
 Values go into the URL as text: strings as they are, anything else as JSON (tuples as lists). A
 value from a link that does not fit the widget here (a layer the model does not have, an option
-that does not exist) is dropped with a warning, and the widget starts at its default.
+that does not exist, a number out of range, NaN or infinite) is dropped with a warning, and the widget starts at
+its default.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Callable, Optional
 
 import streamlit as st
@@ -57,17 +59,22 @@ def _number(raw: str, like: Any) -> Any:
         return tuple(_number(json.dumps(v), like[0] if isinstance(like, (tuple, list)) else like) for v in value)
     if isinstance(like, bool) or not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ValueError(raw)
+    if not math.isfinite(value):  # NaN passes every bound check (each comparison is False): never a widget's value
+        raise ValueError(f"{raw} is not a finite number")
     return int(value) if isinstance(like, int) and float(value).is_integer() else float(value)
 
 
 def decode(kind: str, raw: str, args: tuple, kwargs: dict) -> Any:
     """The widget value URL text ``raw`` stands for, checked against the widget's options or bounds.
 
-    Raises ValueError when it does not fit (an unknown option, a number out of range, bad JSON).
+    Raises ValueError when it does not fit (an unknown option, a number out of range or not finite, bad JSON).
 
     Example:
         >>> decode("selectbox", "2", (), {"options": [0, 1, 2]})
         2
+        >>> decode("number_input", "NaN", (), {"min_value": 0.0, "max_value": 1.0})
+        Traceback (most recent call last):
+        ValueError: NaN is not a finite number
         >>> decode("multiselect", "[[0, 1]]", (), {"options": [(0, 0), (0, 1)]})
         [(0, 1)]
     """

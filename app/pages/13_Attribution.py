@@ -10,8 +10,9 @@ from typing import Optional
 
 import streamlit as st
 
+import workbench as wb
 from app import downloads, feature_card, results, url_state
-from app.results.attribution import LoadedTranscoders, Settings
+from app.results.attribution import LoadedTranscoders, Settings, attribution_plan
 from app.safe_text import quoted
 from app.state import LoadedModel
 from app.url_state import linked
@@ -81,6 +82,29 @@ def _settings() -> tuple[Settings, float, float]:
         edge_threshold = linked(st.slider, "Edge threshold", min_value=0.1, max_value=1.0, value=0.98, step=0.01,
                                 key="attribution_edge_threshold")
     return (int(n_logits), float(prob), int(max_features), 256), float(node_threshold), float(edge_threshold)
+
+
+def _within_budget(loaded, loaded_tc, prompt: Prompt, settings: Settings) -> bool:
+    """Whether the graph of these settings fits the page's budget (``results.attribution_plan``, before anything is
+    allocated); over it, says so and offers the largest "Feature nodes" setting that fits."""
+    try:
+        plan = attribution_plan(loaded, loaded_tc, prompt.ids, settings)
+    except wb.InputError as error:
+        st.error(f"Cannot attribute this prompt: {quoted(error, limit=400)}")
+        return False
+    if plan.within:
+        return True
+    planned, budget = plan.sizes()
+    over = (f"This graph could take {planned} (its adjacency and the forward pass's copies of the prompt, if every "
+            f"transcoder feature fired), over the page's budget of {budget}; it is not built.")
+    if not plan.feature_nodes:
+        st.warning(f"{over} Shorten the prompt: even one feature node does not fit.")
+        return False
+    st.warning(f"{over} At most {plan.feature_nodes} feature nodes fit (only the most influential become nodes).")
+    if st.button(f"Use {plan.feature_nodes} feature nodes", key="attribution_fit_budget"):
+        url_state.choose("attribution_max_features", plan.feature_nodes)
+        st.rerun()
+    return False
 
 
 def _graph_view(loaded, loaded_tc, prompt: Prompt, settings: Settings, thresholds: tuple[float, float],
@@ -157,6 +181,8 @@ def main() -> None:
     if prompt is None:
         return
     settings, node_threshold, edge_threshold = _settings()
+    if not _within_budget(loaded, loaded_tc, prompt, settings):
+        return
     graph = results.attribution_graph(loaded, loaded_tc, prompt.ids, settings, bar=progress_callback)
     _, (replacement, completeness) = results.pruned_graph(loaded, loaded_tc, prompt.ids, settings, node_threshold,
                                                           edge_threshold)

@@ -24,12 +24,42 @@ from app.results.long_runs import LongRun, ProgressBar
 from app.results.models import BY_MODEL_KEY
 from app.state import LoadedModel
 from experiments.attribution import (AttributionGraph, PruneResult, attribute, compute_graph_scores, edge_heads,
-                                     intervene, prompt_tokens, prune_graph)
+                                     intervene, plan_attribution, prompt_tokens, prune_graph)
+from experiments.attribution.plan import feature_nodes_within
 from experiments.features.sources import SHIPPED_ROOTS
 from experiments.plots.attribution import GraphDrawing, graph_figure, node_kind, node_labels, node_place
+from workbench.memory import readable_bytes
 
 # (max_n_logits, desired_logit_prob, max_feature_nodes or 0 for all, batch_size): what a graph is built with
 Settings = tuple[int, float, int, int]
+# The most a graph the page builds may hold in its adjacency (with the edge buffer) and its forward copies, as
+# plan_attribution counts them for the worst case (every transcoder feature active): a link can set the prompt and
+# the settings, so it must not be able to make the page allocate more than this.
+ATTRIBUTION_BUDGET = 1 * 2**30
+
+
+@dataclass(frozen=True)
+class AttributionPlan:
+    """What a graph of these settings would hold (``bytes``: its adjacency and forward copies) against ``budget``;
+    ``feature_nodes``: the most feature nodes that fit when it does not (0: none do; shorten the prompt)."""
+
+    bytes: int
+    budget: int
+    feature_nodes: Optional[int]
+
+    @property
+    def within(self) -> bool:
+        """Whether the page may build the graph."""
+        return self.bytes <= self.budget
+
+    def sizes(self) -> tuple[str, str]:
+        """The planned bytes and the budget, readable ("1.5 GiB").
+
+        Example:
+            >>> AttributionPlan(3 * 2**29, 2**30, 100).sizes()
+            ('1.5 GiB', '1.0 GiB')
+        """
+        return readable_bytes(self.bytes), readable_bytes(self.budget)
 
 
 @dataclass(frozen=True)
@@ -111,6 +141,33 @@ def fit_transcoders_error(loaded: LoadedModel, loaded_tc: LoadedTranscoders) -> 
     except (wb.ConfigError, wb.InputError) as error:
         return str(error)
     return None
+
+
+def attribution_plan(loaded: LoadedModel, loaded_tc: LoadedTranscoders, ids: tuple[int, ...], settings: Settings,
+                     budget: Optional[int] = None) -> AttributionPlan:
+    """The bytes the prompt's graph built with ``settings`` would hold in its adjacency and forward copies
+    (``plan_attribution`` on the tokens ``attribute`` sees, every feature assumed active: nothing is allocated), and
+    when over ``budget`` (default ``ATTRIBUTION_BUDGET``) the largest "Feature nodes" setting that fits. A prompt
+    past the model's context is an ``InputError``. Not cached: it allocates nothing (a pass on the meta device).
+
+    Example:
+        >>> tc = wb.TranscoderSet(W_enc=[torch.zeros(512, 128)] * 2, b_enc=[torch.zeros(512)] * 2,
+        ...     threshold=[None] * 2, W_dec=[torch.zeros(512, 1, 128)] * 2, b_dec=torch.zeros(2, 128),
+        ...     feature_input_hook="mlp.hook_in", feature_output_hook="mlp.hook_out")
+        >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=2, d_model=128, n_heads=2, d_vocab=300, n_ctx=256, act_fn="relu"))
+        >>> plan = attribution_plan(LoadedModel(tiny, "doctest-tiny|eager"), LoadedTranscoders(tc, "doctest-plan"),
+        ...                         tuple(range(1, 200)), (10, 0.95, 0, 256))
+        >>> plan.within, plan.bytes > ATTRIBUTION_BUDGET, 0 < plan.feature_nodes < 2 * 512 * 199
+        (False, True, True)
+    """
+    budget = ATTRIBUTION_BUDGET if budget is None else budget
+    max_n_logits, _, max_feature_nodes, batch_size = settings
+    n_tokens = len(prompt_tokens(loaded.model, list(ids)))   # as attribute sees them (BOS first)
+    plan = plan_attribution(loaded.model, loaded_tc.transcoders, n_tokens, max_n_logits=max_n_logits,
+                            max_feature_nodes=max_feature_nodes or None, batch_size=batch_size)
+    parts = plan.set_index("part")["bytes"]
+    planned = int(parts["adjacency"] + parts["forward"])
+    return AttributionPlan(planned, budget, None if planned <= budget else feature_nodes_within(plan, budget))
 
 
 def _attribute(model, loaded_tc: LoadedTranscoders, ids: tuple[int, ...], settings: Settings,

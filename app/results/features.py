@@ -27,6 +27,10 @@ from experiments.continuations import Continuations
 from experiments.plots.neurons import top_windows_html
 
 SAE_FILES = ("cfg.json", "sae_weights.safetensors")
+# The corpus sizes a pass runs over: any requested number of windows (a link can carry any) becomes the next of
+# these, so the passes a page can start, and the cache files they write, are at most these times the window
+# lengths per SAE.
+CORPUS_WINDOW_COUNTS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
 @dataclass(frozen=True)
@@ -150,15 +154,29 @@ def _corpus_stats(model, loaded_sae: LoadedSAE, n_windows: int, window: int, pro
 _CORPUS_STATS = LongRun("Finding every feature's top windows and density in the corpus", _corpus_stats)
 
 
+def corpus_window_count(n_windows: int) -> int:
+    """The corpus size a pass asked for ``n_windows`` windows runs over: the smallest of ``CORPUS_WINDOW_COUNTS``
+    that is at least ``n_windows`` (the largest past them).
+
+    Example:
+        >>> corpus_window_count(16), corpus_window_count(300), corpus_window_count(10**9), corpus_window_count(-5)
+        (16, 512, 4096, 8)
+    """
+    return next((count for count in CORPUS_WINDOW_COUNTS if count >= n_windows), CORPUS_WINDOW_COUNTS[-1])
+
+
 def feature_corpus_stats(loaded: LoadedModel, loaded_sae: LoadedSAE, n_windows: int, window: int,
                          bar: ProgressBar) -> features.FeatureStats:
-    """Every feature's top corpus windows and density histogram: from this process's store, the disk cache, or
-    computed with a progress bar (then saved to disk).
+    """Every feature's top corpus windows and density histogram over ``corpus_window_count(n_windows)`` windows of
+    ``window`` tokens (at most the model's context): from this process's store, the disk cache, or computed with a
+    progress bar (then saved to disk). Whatever a link asks, the passes and cache files per SAE stay within
+    ``CORPUS_WINDOW_COUNTS`` times the window lengths.
 
     Example (on a page: it draws a bar and writes the disk cache):
         >>> stats = feature_corpus_stats(loaded, loaded_sae, 256, 64, bar=app.widgets.progress_callback)   # doctest: +SKIP
     """
-    return _CORPUS_STATS(loaded, loaded_sae, n_windows, window, bar=bar)
+    return _CORPUS_STATS(loaded, loaded_sae, corpus_window_count(int(n_windows)),
+                         min(int(window), loaded.model.cfg.n_ctx), bar=bar)
 
 
 def feature_top_windows(loaded: LoadedModel, stats: features.FeatureStats, feature: int,

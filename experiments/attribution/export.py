@@ -16,8 +16,11 @@ from typing import Any, Optional, Union
 from experiments.attribution.graph import AttributionGraph
 from experiments.attribution.influence import prune_graph
 from workbench.errors import InputError
+from workbench.safe_files import inside, save_files
 
 SCHEMA_VERSION = 1
+INDEX_FILE = "graph-metadata.json"  # the viewer's list of the folder's graphs
+MAX_INDEX_BYTES = 64 * 2**20
 
 
 def _node(node_id: str, feature: int, layer: str, ctx_idx: int, feature_type: str, js_node_id: str,
@@ -115,6 +118,10 @@ def write_graph_files(graph: AttributionGraph, slug: str, output_path: Union[str
     """Writes ``{slug}.json`` into folder ``output_path`` and adds its metadata to ``graph-metadata.json`` there
     (replacing a graph of the same slug), as circuit-tracer's ``create_graph_files`` does. Returns the JSON's path.
 
+    Both files are written through ``workbench.safe_files.save_files`` (temporary names renamed into place, no
+    link written through): a failed write leaves the folder as it was. A slug naming the index itself, or a path,
+    is refused.
+
     Example:
         >>> import tempfile, torch
         >>> g = AttributionGraph("a", torch.tensor([1]), torch.zeros(0, 3, dtype=torch.long), torch.zeros(0),
@@ -127,19 +134,37 @@ def write_graph_files(graph: AttributionGraph, slug: str, output_path: Union[str
     folder = Path(output_path)
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{output_path}: exists and is not a directory")
-    if not slug or "/" in slug or "\\" in slug or slug.startswith("."):
+    if (not isinstance(slug, str) or not slug or "/" in slug or "\\" in slug or slug.startswith(".")
+            or "\0" in slug):
         raise InputError(f"slug must be a plain file name (no path separators, not starting with '.'), got {slug!r}")
-    folder.mkdir(parents=True, exist_ok=True)
+    graph_name = f"{slug}.json"
+    if graph_name == INDEX_FILE:
+        raise InputError(f"slug {slug!r} would write over the viewer's index {INDEX_FILE}; choose another")
+    index = _read_index(folder)
     data = graph_json(graph, slug, node_threshold, edge_threshold, scan)
-    path = folder / f"{slug}.json"
-    path.write_text(json.dumps(data, indent=2))
-    index_path = folder / "graph-metadata.json"
-    index = {"graphs": []}
-    if index_path.exists():
-        try:
-            index = json.loads(index_path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise InputError(f"{index_path}: not a readable graph index ({error})") from None
-    graphs = [g for g in index.get("graphs", []) if isinstance(g, dict) and g.get("slug") != slug]
-    index_path.write_text(json.dumps({**index, "graphs": graphs + [data["metadata"]]}, indent=2))
-    return path
+    graphs = [g for g in index["graphs"] if isinstance(g, dict) and g.get("slug") != slug]
+    index = {**index, "graphs": graphs + [data["metadata"]]}
+    # The graph is renamed into place before the index that lists it.
+    save_files(folder, {graph_name: lambda file: file.write_text(json.dumps(data, indent=2)),
+                        INDEX_FILE: lambda file: file.write_text(json.dumps(index, indent=2))},
+               what="graph files folder")
+    return folder / graph_name
+
+
+def _read_index(folder: Path) -> dict[str, Any]:
+    """The folder's ``graph-metadata.json`` (``{"graphs": []}`` when there is none), read inside the folder only;
+    an unreadable or malformed one is an ``InputError`` naming it (it is never silently replaced)."""
+    index_path = inside(folder, INDEX_FILE, what="graph files folder")
+    if not index_path.exists():
+        return {"graphs": []}
+    try:
+        if index_path.stat().st_size > MAX_INDEX_BYTES:
+            raise InputError(f"{index_path}: more than {MAX_INDEX_BYTES} bytes; not a graph index")
+        index = json.loads(index_path.read_text())
+    except RecursionError:
+        raise InputError(f"{index_path}: not a readable graph index (nested too deeply)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InputError(f"{index_path}: not a readable graph index ({error})") from None
+    if not isinstance(index, dict) or not isinstance(index.get("graphs", []), list):
+        raise InputError(f"{index_path}: not a graph index (an object whose 'graphs' is a list)")
+    return {**index, "graphs": index.get("graphs", [])}

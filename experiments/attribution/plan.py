@@ -95,16 +95,56 @@ def plan_attribution(model: Union[Any, ModelConfig], transcoders: TranscoderSet,
     saved, scores = _forward_bytes(cfg, transcoders, P, copies, dtype)
     gradients = size * (L + 3) * copies * P * D
     transient = max(scores, gradients)
-    adjacency = 4 * n_nodes * n_nodes
-    if n_selected < n_active:
-        adjacency += 4 * (n_selected + n_logits) * (n_active + (L + 1) * P + n_logits)
+    adjacency = _adjacency_bytes(n_active, n_selected, (L + 1) * P, n_logits)
     parts = {"sources": kept, "reading": reading, "forward": saved, "transient": transient, "adjacency": adjacency}
     table = pd.DataFrame({"part": list(parts), "bytes": list(parts.values())})
     table["size"] = table["bytes"].map(readable_bytes)
     peak = max(kept + reading, kept + saved + transient + adjacency)
     table.attrs.update(peak_bytes=peak, peak=readable_bytes(peak), n_active=n_active, n_nodes=n_nodes,
-                       batch_size=batch_size, copies=copies, n_tokens=n_tokens)
+                       batch_size=batch_size, copies=copies, n_tokens=n_tokens, n_logits=n_logits,
+                       n_other_nodes=(L + 1) * P)
     return table
+
+
+def _adjacency_bytes(n_active: int, n_selected: int, n_other_nodes: int, n_logits: int) -> int:
+    """The graph [n_nodes, n_nodes] float32, and with fewer nodes than active features the edge buffer it is
+    copied from ([selected + logits, active + errors + tokens + logits])."""
+    n_nodes = n_selected + n_other_nodes + n_logits
+    adjacency = 4 * n_nodes * n_nodes
+    if n_selected < n_active:
+        adjacency += 4 * (n_selected + n_logits) * (n_active + n_other_nodes + n_logits)
+    return adjacency
+
+
+def feature_nodes_within(plan: pd.DataFrame, budget: int) -> Optional[int]:
+    """The most feature nodes (``max_feature_nodes``) for which the graph of ``plan`` (``plan_attribution``'s
+    table, its settings otherwise kept) holds at most ``budget`` bytes in its adjacency and forward copies: None
+    when every active feature fits (no limit needed), 0 when not even one feature does (a shorter prompt is needed).
+
+    Example:
+        >>> tiny = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=64, act_fn="relu"))
+        >>> tc = wb.TranscoderSet(W_enc=[torch.zeros(4, 8)], b_enc=[torch.zeros(4)], threshold=[None],
+        ...     W_dec=[torch.zeros(4, 1, 8)], b_dec=torch.zeros(1, 8), feature_input_hook="mlp.hook_in",
+        ...     feature_output_hook="mlp.hook_out")
+        >>> plan = plan_attribution(tiny, tc, 32, features_per_token=2, batch_size=16)
+        >>> budget = int(plan.set_index("part").loc[["adjacency", "forward"], "bytes"].sum())
+        >>> feature_nodes_within(plan, budget), feature_nodes_within(plan, budget - 1), feature_nodes_within(plan, 0)
+        (None, 36, 0)
+    """
+    parts = plan.set_index("part")["bytes"]
+    n_active, other, logits = plan.attrs["n_active"], plan.attrs["n_other_nodes"], plan.attrs["n_logits"]
+    room = budget - int(parts["forward"])
+
+    def fits(n_selected: int) -> bool:
+        return _adjacency_bytes(n_active, n_selected, other, logits) <= room
+
+    if fits(n_active):
+        return None
+    low, high = 0, n_active   # fits(low) or low == 0; not fits(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low if fits(low) else 0
 
 
 def forward_copies(model: Union[Any, ModelConfig], transcoders: TranscoderSet, n_tokens: int, batch_size: int,

@@ -6,6 +6,7 @@
 - ``evaluate``: ``evaluate_sae`` (L0, explained variance, CE loss recovered, dead and dense fractions);
 - ``modules``: the SAE under training (SAELens 6's definitions) and its inference form;
 - ``activations``: activations streamed from the model or a disk cache, and the shuffling buffer;
+- ``checkpoints``: training checkpoints, saved atomically and checked against the resuming run;
 - ``inputs``: argument checks.
 
 ``python -m experiments.sae train|evaluate`` is the command line (``experiments.cli.sae``).

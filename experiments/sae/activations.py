@@ -10,24 +10,25 @@ stands for that width.
 passes), the activations of the hooks asked for at the positions kept (special tokens, e.g. BOS with its huge
 norm, left out as SAELens's ``exclude_special_tokens``). From the model it is ``run_with_cache`` with a
 ``names_filter`` and ``stop_at_layer`` (only the layers up to the deepest hook run); from a cache it reads the
-shards that ``model.run_with_cache(..., cache_dir=...)`` wrote, a chunk at a time. ``ShuffleBuffer`` is SAELens's
+shards that ``model.run_with_cache(..., cache_dir=...)`` wrote, a chunk at a time, each directory first opened
+with ``workbench.load_cache`` (the checked reader: index, shard headers, model sizes). ``ShuffleBuffer`` is SAELens's
 mixing buffer: fill to ``capacity`` rows, shuffle, serve half, keep half; its state (the rows it holds, the token
 rows consumed, the generator) is what a checkpoint saves, so a resumed run serves the same batches.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
 from jaxtyping import Float, Int
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from workbench.cache_store import INDEX_NAME
+from workbench.cache_store import SAFETENSORS_DTYPES, load_cache
 from workbench.errors import InputError
+from workbench.safe_files import inside
 
 
 def special_token_ids(model) -> list[int]:
@@ -76,7 +77,7 @@ def activation_chunks(model, tokens: Int[Tensor, "B P"], hook_names: Sequence[st
     """
     n_rows = tokens.shape[0]
     keep = kept_positions(tokens, exclude)
-    shards = _shard_table(cache_dirs, hook_names, n_rows) if cache_dirs else None
+    shards = _shard_table(model, cache_dirs, hook_names, tuple(tokens.shape)) if cache_dirs else None
     row = start_row
     while True:
         rows = [(row + i) % n_rows for i in range(batch_size)]
@@ -106,41 +107,63 @@ def not_outliers(acts: Float[Tensor, "N i"], ratio: float) -> Tensor:
     return norms <= ratio * norms.median()
 
 
-def _shard_table(cache_dirs: Sequence[Union[str, Path]], hook_names: Sequence[str], n_rows: int) -> list[tuple[int, int, Path]]:
-    """(first row, stop row, file) of every shard of the cache directories, rows numbered across them in order."""
+def _shard_table(model, cache_dirs: Sequence[Union[str, Path]], hook_names: Sequence[str],
+                 tokens_shape: tuple[int, int]) -> list[tuple[int, int, Path, dict[str, tuple[list[int], torch.dtype]]]]:
+    """(first row, stop row, file, each hook's [rows, ...] shape and dtype there) of every shard of the cache
+    directories, rows numbered across them in order. Each directory is opened with ``workbench.load_cache``, the
+    checked reader (index fields, shard names inside the directory, every shard's header against the index, the
+    model's sizes), before any activation is read; shards linked from outside the directory are refused."""
     table, offset = [], 0
     for directory in map(Path, cache_dirs):
-        index_path = directory / INDEX_NAME
-        if not index_path.is_file():
-            raise InputError(f"activation_cache: {directory} is not an activation cache (no {INDEX_NAME}; write one with "
-                             "model.run_with_cache(tokens, names_filter=..., cache_dir=...))")
-        index = json.loads(index_path.read_text())
+        try:
+            stored = load_cache(directory, model, device="cpu").cache_dict
+        except InputError as error:
+            raise InputError(f"activation_cache: {error}") from None
+        index = stored.index
         missing = [name for name in hook_names if name not in index["names"]]
         if missing:
             raise InputError(f"activation_cache: {directory} holds no activations of {missing} (it has {index['names']})")
+        for name in hook_names:
+            shape = index["shapes"][name]
+            if len(shape) != 3 or shape[1] != tokens_shape[1]:
+                raise InputError(f"activation_cache: {directory}'s {name!r} is {shape}; training needs [rows, "
+                                 f"pos={tokens_shape[1]}, width] (data's positions)")
         for shard in index["shards"]:
             start, stop = shard["rows"]
-            table.append((offset + start, offset + stop, directory / shard["file"]))
+            path = inside(directory, shard["file"], must_exist=True, what="activation cache")
+            held = {name: ([stop - start, *index["shapes"][name][1:]], getattr(torch, index["dtypes"][name]))
+                    for name in hook_names}
+            table.append((offset + start, offset + stop, path, held))
         offset += index["rows"]
-    if offset != n_rows:
-        raise InputError(f"activation_cache holds {offset} rows but data has {n_rows} token rows (the cache must be of "
-                         "exactly these rows, in order)")
+    if offset != tokens_shape[0]:
+        raise InputError(f"activation_cache holds {offset} rows but data has {tokens_shape[0]} token rows (the cache "
+                         "must be of exactly these rows, in order)")
     return table
 
 
-def _read_rows(shards: list[tuple[int, int, Path]], hook_names: Sequence[str], rows: list[int]) -> list[Tensor]:
-    """Each hook's activations [len(rows), P, D] for the given rows, reading only the shards that hold them."""
+def _read_rows(shards: list[tuple[int, int, Path, dict[str, Any]]], hook_names: Sequence[str],
+               rows: list[int]) -> list[Tensor]:
+    """Each hook's activations [len(rows), P, D] for the given rows, reading only the shards that hold them (a
+    shard changed since it was checked is refused before its rows are read)."""
     parts: dict[int, list[Tensor]] = {}
     wanted = sorted(set(rows))
-    for start, stop, path in shards:
-        inside = [r for r in wanted if start <= r < stop]
-        if not inside:
+    for start, stop, path, held in shards:
+        inside_rows = [r for r in wanted if start <= r < stop]
+        if not inside_rows:
             continue
-        with safe_open(str(path), framework="pt") as file:
-            for name_index, name in enumerate(hook_names):
-                block = file.get_slice(name)[inside[0] - start:inside[-1] - start + 1]
-                for r in inside:
-                    parts.setdefault(r, [None] * len(hook_names))[name_index] = block[r - inside[0]].float()
+        try:
+            with safe_open(str(path), framework="pt") as file:
+                for name_index, name in enumerate(hook_names):
+                    view = file.get_slice(name)
+                    found = (list(view.get_shape()), SAFETENSORS_DTYPES.get(view.get_dtype()))
+                    if found != held[name]:
+                        raise InputError(f"activation_cache: {path}: tensor {name!r} is {found[1]} {found[0]}, but "
+                                         f"its index said {held[name][1]} {held[name][0]} (the file changed)")
+                    block = view[inside_rows[0] - start:inside_rows[-1] - start + 1]
+                    for r in inside_rows:
+                        parts.setdefault(r, [None] * len(hook_names))[name_index] = block[r - inside_rows[0]].float()
+        except (SafetensorError, OSError) as error:
+            raise InputError(f"activation_cache: {path}: unreadable shard ({error})") from None
     return [torch.stack([parts[r][i] for r in rows]) for i in range(len(hook_names))]
 
 

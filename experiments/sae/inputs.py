@@ -5,18 +5,24 @@ Legend: B batch, P position.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from experiments.sae.activations import kept_positions, special_token_ids
 from experiments.sae.modules import SAVED_AS, TRAINABLE
 from workbench.errors import InputError
 
 B_DEC_INITS = ("mean", "geometric_median", "zeros")
+# TrainSAEConfig's counts and their least values (a float or NaN size would never fill the buffer or step).
+WHOLE_NUMBERS = {"training_tokens": 1, "train_batch_size_tokens": 1, "buffer_tokens": 1, "store_batch_size_prompts": 1,
+                 "dead_feature_window": 1, "log_every": 1, "checkpoint_every": 0, "lr_warm_up_steps": 0,
+                 "lr_decay_steps": 0, "l1_warm_up_steps": 0, "l0_warm_up_steps": 0, "seed": 0}
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 
 
@@ -86,20 +92,48 @@ def check_train_inputs(model, hook_name: Any, hook_name_out: Any, architecture: 
             raise InputError(f"k must be a number of features from 1 to d_sae={d_sae} for a {architecture} SAE, got {k!r}")
         if architecture == "topk" and k != int(k):
             raise InputError(f"k must be an integer for a topk SAE, got {k!r}")
+    check_train_config(cfg, tokens, special_token_ids(model) if cfg.exclude_special_tokens else [])
+    if tokens.max() >= model.cfg.d_vocab or tokens.min() < 0:
+        raise InputError(f"data holds token ids outside the vocabulary [0, {model.cfg.d_vocab})")
+    return hook_widths(model, [hook_name] + ([hook_name_out] if hook_name_out else []), tokens)
+
+
+def check_train_config(cfg: Any, tokens: Tensor, exclude: Sequence[int]) -> None:
+    """An ``InputError`` naming the first ``TrainSAEConfig`` field that is of the wrong type or would keep training
+    from progressing: sizes that are not whole numbers (a NaN buffer never fills), a buffer smaller than a batch,
+    an ``outlier_norm_ratio`` under 1 or not finite (it could leave every row out: the median row's norm is 1x the
+    median), or data whose every position is a special token left out (no row would ever reach the buffer).
+
+    Example:
+        >>> from experiments.sae.train import TrainSAEConfig
+        >>> check_train_config(TrainSAEConfig(outlier_norm_ratio=0.0), torch.tensor([[5, 6]]), [0])
+        Traceback (most recent call last):
+        workbench.errors.InputError: outlier_norm_ratio must be a finite number of at least 1 (rows with a norm above that many times the median are left out), or None; got 0.0
+    """
+    for name, least in WHOLE_NUMBERS.items():
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise InputError(f"{name} must be a whole number of at least {least}, got {value!r}")
     if cfg.total_steps < 1:
         raise InputError(f"training_tokens={cfg.training_tokens} is less than one batch of "
                          f"train_batch_size_tokens={cfg.train_batch_size_tokens}")
     if cfg.buffer_tokens < cfg.train_batch_size_tokens:
         raise InputError(f"buffer_tokens={cfg.buffer_tokens} must be at least train_batch_size_tokens="
                          f"{cfg.train_batch_size_tokens}")
+    ratio = cfg.outlier_norm_ratio
+    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float))
+                              or not math.isfinite(ratio) or ratio < 1):
+        raise InputError("outlier_norm_ratio must be a finite number of at least 1 (rows with a norm above that "
+                         f"many times the median are left out), or None; got {ratio!r}")
     if cfg.b_dec_init not in B_DEC_INITS:
         raise InputError(f"b_dec_init must be one of {B_DEC_INITS}, got {cfg.b_dec_init!r}")
-    for name in ("lr", "store_batch_size_prompts", "dead_feature_window", "log_every"):
-        if not getattr(cfg, name) > 0:
-            raise InputError(f"{name} must be positive, got {getattr(cfg, name)!r}")
-    if tokens.max() >= model.cfg.d_vocab or tokens.min() < 0:
-        raise InputError(f"data holds token ids outside the vocabulary [0, {model.cfg.d_vocab})")
-    return hook_widths(model, [hook_name] + ([hook_name_out] if hook_name_out else []), tokens)
+    for name in ("lr", "adam_beta1", "adam_beta2"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise InputError(f"{name} must be a positive finite number, got {value!r}")
+    if not kept_positions(tokens, exclude).any():
+        raise InputError(f"data holds only special tokens {list(exclude)}, which exclude_special_tokens leaves out: "
+                         "no activation would reach the training buffer")
 
 
 def hook_widths(model, hook_names: list[str], tokens: Tensor) -> tuple[int, int]:

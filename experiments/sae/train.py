@@ -15,7 +15,6 @@ every ``checkpoint_every`` steps ``checkpoint_dir/step-{n}/`` receives the full 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +27,12 @@ from torch import Tensor
 
 from experiments._progress import Progress, ProgressArg
 from experiments.sae.activations import ShuffleBuffer, activation_chunks, special_token_ids
-from experiments.sae.inputs import check_train_inputs, hook_layer, token_rows
+from experiments.sae.checkpoints import load_checkpoint, run_identity, save_checkpoint
+from experiments.sae.inputs import check_train_config, check_train_inputs, hook_layer, token_rows
 from experiments.sae.modules import TrainingSAE
-from workbench.errors import CheckpointError, InputError
+from workbench.errors import InputError
 from workbench.sae import SAE
-
-STATE_FILE = "training_state.pt"
-LOG_FILE = "training_log.csv"
+LOG_FILE = "training_log.csv"  # checkpoints' files: experiments.sae.checkpoints
 LOG_COLUMNS = ("step", "tokens", "loss", "mse_loss", "sparsity_loss", "l0", "explained_variance", "dead_fraction", "lr")
 
 
@@ -149,7 +147,12 @@ def run_training(model, module, tokens: Tensor, input_hooks: list[str], target_h
     hooks = input_hooks + target_hooks
     optimizer = torch.optim.Adam(module.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2))
     exclude = special_token_ids(model) if cfg.exclude_special_tokens else []
-    state = _load_state(resume_from) if resume_from is not None else None
+    check_train_config(cfg, tokens, exclude)
+    run = run_identity(module, input_hooks, target_hooks, cfg, tokens)
+    state = None
+    if resume_from is not None:  # checked whole, then loaded into the module and the optimizer
+        state = load_checkpoint(resume_from, run, module, optimizer, cfg.total_steps, scale_groups,
+                                chunk_rows=cfg.store_batch_size_prompts * tokens.shape[1])
     stop_at = max(hook_layer(model, h) for h in hooks) + 1
     chunks = activation_chunks(model, tokens, hooks, cfg.store_batch_size_prompts, stop_at, exclude,
                                start_row=state["buffer"]["rows_consumed"] if state else 0, cache_dirs=activation_cache,
@@ -158,8 +161,6 @@ def run_training(model, module, tokens: Tensor, input_hooks: list[str], target_h
                            state=state["buffer"] if state else None)
     tracker = _Tracker(module.n_features)
     if state:
-        module.load_state_dict(state["sae"])
-        optimizer.load_state_dict(state["optimizer"])
         tracker.load(state["tracker"])
         scales, step, log_rows = state["scales"], state["step"], state["log"]
     else:
@@ -188,7 +189,8 @@ def run_training(model, module, tokens: Tensor, input_hooks: list[str], target_h
             if step % cfg.log_every == 0 or step == cfg.total_steps:
                 log_rows.append(_log_row(step, cfg, out, target, tracker, lr))
             if checkpoint_dir is not None and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                _save_state(Path(checkpoint_dir) / f"step-{step}", module, optimizer, buffer, tracker, scales, step, log_rows)
+                save_checkpoint(Path(checkpoint_dir) / f"step-{step}", run, module, optimizer, buffer.state(),
+                                tracker.steps_since_fired, scales, step, log_rows)
     return TrainingResult(scales=(list(scales[0]), list(scales[1])), log=pd.DataFrame(log_rows, columns=list(LOG_COLUMNS)))
 
 
@@ -288,21 +290,3 @@ def _log_row(step: int, cfg: TrainSAEConfig, out: dict[str, Any], target: Tensor
                 "l0": float((out["feature_acts"] > 0).sum(-1).float().mean()),
                 "explained_variance": float(1 - residual / variance),
                 "dead_fraction": float(tracker.dead(cfg.dead_feature_window).float().mean()), "lr": lr}
-
-
-def _save_state(folder: Path, module, optimizer, buffer: ShuffleBuffer, tracker: _Tracker, scales, step: int, log) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.save({"sae": module.state_dict(), "optimizer": optimizer.state_dict(), "buffer": buffer.state(),
-                "tracker": {"steps_since_fired": tracker.steps_since_fired}, "scales": list(scales), "step": step,
-                "log": list(log)}, folder / STATE_FILE)
-    (folder / "step.json").write_text(json.dumps({"step": step}))
-
-
-def _load_state(folder: Union[str, Path]) -> dict[str, Any]:
-    path = Path(folder) / STATE_FILE
-    if not path.is_file():
-        raise CheckpointError(f"resume_from: {folder} holds no {STATE_FILE} (a checkpoint_dir/step-N folder)")
-    try:
-        return torch.load(path, weights_only=True)
-    except Exception as error:  # a truncated or foreign file
-        raise CheckpointError(f"resume_from: {path} is not a readable training state ({error})") from None

@@ -29,6 +29,8 @@ METADATA_KEYS = ("model_name", "hook_name", "model_class_name", "hook_head_index
                  "prepend_bos", "exclude_special_tokens", "neuronpedia_id", "context_size", "seqpos_slice",
                  "dataset_path", "sae_lens_version", "sae_lens_training_version", "hook_name_out",
                  "hook_head_index_out", "hf_hook_name", "hf_hook_name_out")
+# How deeply a config may nest (SAELens's nest two or three levels): deeper is refused before anything recurses.
+MAX_CONFIG_DEPTH = 32
 _PRE_6_RENAMES = {"hook_point": "hook_name", "hook_point_head_index": "hook_head_index",
                   "activation_fn_str": "activation_fn"}
 
@@ -129,6 +131,11 @@ class SAEConfig:
         for name in ("hook_name", "hook_name_out"):
             if not isinstance(self.metadata[name], (str, type(None))):
                 raise ConfigError(f"SAEConfig.metadata.{name} must be a hook point name, got {self.metadata[name]!r}")
+        for name in ("hook_head_index", "hook_head_index_out"):
+            head = self.metadata[name]
+            if head is not None and (isinstance(head, bool) or not isinstance(head, int) or head < 0):
+                raise ConfigError(f"SAEConfig.metadata.{name} must be a head number (an integer from 0) or null, "
+                                  f"got {head!r}")
         if not isinstance(self.dtype, str) or self.dtype.removeprefix("torch.") not in DTYPES:
             raise ConfigError(f"SAEConfig.dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
         self.dtype = self.dtype.removeprefix("torch.")
@@ -211,6 +218,7 @@ def config_from_dict(raw: Mapping[str, Any], dtype: Optional[str] = None, device
     """
     if not isinstance(raw, Mapping):
         raise ConfigError(f"an SAE config is a JSON object, got {type(raw).__name__}")
+    _check_depth(raw)
     values = dict(raw)
     if not isinstance(values.get("metadata") or {}, Mapping):
         raise ConfigError(f"SAE config field 'metadata' must be an object, got {values['metadata']!r}")
@@ -236,6 +244,20 @@ def config_from_dict(raw: Mapping[str, Any], dtype: Optional[str] = None, device
     return SAEConfig(values["architecture"], metadata=SAEMetadata(**dict(metadata)), **kwargs)
 
 
+def _check_depth(raw: Any) -> None:
+    """A ``ConfigError`` naming the field that nests deeper than ``MAX_CONFIG_DEPTH`` (walked without recursion, so
+    a hostile config cannot raise ``RecursionError`` here or in the deep copies made later)."""
+    pending = [(raw, "", 1)]
+    while pending:
+        value, where, depth = pending.pop()
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"SAE config field {where.lstrip('.')!r} nests deeper than {MAX_CONFIG_DEPTH} levels")
+        if isinstance(value, Mapping):
+            pending.extend((item, f"{where}.{key}", depth + 1) for key, item in value.items())
+        elif isinstance(value, (list, tuple)):
+            pending.extend((item, f"{where}[{index}]", depth + 1) for index, item in enumerate(value))
+
+
 def _is_pre_6(values: Mapping[str, Any]) -> bool:
     """SAELens's test: no ``sae_lens_version`` (top level or metadata) or one before 6.0.0-rc.0."""
     version = values.get("sae_lens_version")
@@ -253,6 +275,10 @@ def _pre_6_to_6(values: dict[str, Any]) -> dict[str, Any]:
     """SAELens's ``handle_pre_6_0_config``: renamed keys, defaults, top-k from ``activation_fn``, metadata
     gathered from the top level. An activation it would silently replace by ReLU is an error here."""
     new = {_PRE_6_RENAMES.get(key, key): value for key, value in values.items()}
+    if not isinstance(new.get("hook_name") or "", str):
+        raise ConfigError(f"SAE config field 'hook_point' (hook_name) must be a hook point name, got {new['hook_name']!r}")
+    if not isinstance(new.get("activation_fn_kwargs") or {}, Mapping):
+        raise ConfigError(f"SAE config field 'activation_fn_kwargs' must be an object, got {new['activation_fn_kwargs']!r}")
     new.setdefault("apply_b_dec_to_input", True)
     new.setdefault("architecture", "standard")
     new.setdefault("reshape_activations", "hook_z" if "hook_z" in (new.get("hook_name") or "") else "none")

@@ -1,7 +1,9 @@
 """``load_sae``: an SAE from a SAELens directory (``cfg.json`` and ``sae_weights.safetensors``).
 
-It reads SAELens 6 and earlier configs (``workbench.sae.config``) and checks every tensor
-(``workbench.sae.tensors``) before building anything. Writing is ``workbench.sae.format``.
+It reads SAELens 6 and earlier configs (``workbench.sae.config``) and checks what the weights file declares (its
+safetensors header: names, shapes, dtypes) against the config before reading any tensor, then the values
+(``workbench.sae.tensors``), before building anything. Paths stay inside the directory
+(``workbench.safe_files.inside``). Writing is ``workbench.sae.format``.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from workbench.errors import CheckpointError, ConfigError
-from workbench.sae.config import DTYPES, config_from_dict
 from workbench.safe_files import inside
+from workbench.sae.config import DTYPES, SAEConfig, config_from_dict
 from workbench.sae.format import CFG_FILE, WEIGHTS_FILE
 from workbench.sae.model import SAE
 from workbench.sae.shipped import shipped_path
-from workbench.sae.tensors import check_tensors
+from workbench.sae.tensors import check_declared, check_tensors
+
+# A cfg.json is a few kilobytes; a larger one is not an SAE config (and is not read into memory).
+MAX_CONFIG_BYTES = 16 * 2**20
 
 
 def load_sae(path: Union[str, Path], device: Any = None, dtype: Any = None) -> SAE:
@@ -39,25 +44,48 @@ def load_sae(path: Union[str, Path], device: Any = None, dtype: Any = None) -> S
         raise CheckpointError(f"{path}: no such directory (an SAE is a directory with {CFG_FILE} and {WEIGHTS_FILE})")
     cfg_path = inside(folder, CFG_FILE, must_exist=True, what="SAE directory")
     weights_path = inside(folder, WEIGHTS_FILE, must_exist=True, what="SAE directory")
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{cfg_path}: not a readable JSON file ({error})") from None
+    raw = _read_config(cfg_path)
     dtype_name = _dtype_name(dtype)
     try:
         cfg = config_from_dict(raw, dtype=dtype_name, device=str(torch.device(device)) if device is not None else "cpu")
     except ConfigError as error:
         raise ConfigError(f"{cfg_path}: {error}") from None
-    tensors = _read_tensors(weights_path)
+    tensors = _read_tensors(weights_path, cfg)
     check_tensors(cfg, tensors, str(weights_path), CheckpointError)
     return SAE.from_tensors(cfg, {name: tensor.to(cfg.torch_dtype) for name, tensor in tensors.items()})
 
 
-def _read_tensors(weights_path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the file, with SAELens's handling of a pre-6.0 ``scaling_factor`` (all ones: dropped)."""
+def _read_config(cfg_path: Path) -> Any:
+    """The parsed ``cfg.json``: too large a file, invalid JSON or nesting too deep to parse is a ``CheckpointError``."""
     try:
-        with safe_open(str(weights_path), framework="pt") as file:
+        size = cfg_path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise CheckpointError(f"{cfg_path}: {size} bytes, more than an SAE config's {MAX_CONFIG_BYTES}; "
+                                  "refusing to read it")
+        return json.loads(cfg_path.read_text())
+    except RecursionError:
+        raise CheckpointError(f"{cfg_path}: not a readable JSON file (nested too deeply to parse)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{cfg_path}: not a readable JSON file ({error})") from None
+
+
+def _read_tensors(weights_path: Path, cfg: SAEConfig) -> dict[str, torch.Tensor]:
+    """The file's tensors, read only once its header's names, shapes and dtypes match ``cfg`` (so an extra or
+    oversized tensor is refused unread), with SAELens's handling of a pre-6.0 ``scaling_factor`` (all ones:
+    dropped)."""
+    source = str(weights_path)
+    try:
+        with safe_open(source, framework="pt") as file:
+            declared = {name: (tuple(file.get_slice(name).get_shape()), file.get_slice(name).get_dtype())
+                        for name in file.keys()}
+            scale_declared = declared.pop("scaling_factor", None)
+            if scale_declared is not None and scale_declared[0] != (cfg.d_sae,):
+                raise CheckpointError(f"{source}: tensor 'scaling_factor' has shape {scale_declared[0]}, expected "
+                                      f"[d_sae] = ({cfg.d_sae},)")
+            check_declared(cfg, declared, source, CheckpointError)
             tensors = {name: file.get_tensor(name) for name in file.keys()}
+    except CheckpointError:
+        raise
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:
         raise CheckpointError(f"{weights_path}: not a readable safetensors file ({error})") from None
     scale = tensors.pop("scaling_factor", None)
