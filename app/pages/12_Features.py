@@ -10,48 +10,28 @@ from typing import Optional
 import streamlit as st
 
 from app import downloads, feature_card, results
+from app.artifact_picker import open_artifact
 from app.results.features import LoadedSAE
 from app.safe_text import quoted
 from app.state import LoadedModel
 from app.url_state import linked
-from app.widgets import LOAD_ERRORS, Prompt, page_setup, prompt_box, require_model, run_page
+from app.widgets import Prompt, page_setup, prompt_box, require_model, run_page
 from experiments.plots.continuations import highlighted_html
 from experiments.plots.features import active_features_figure
 
-A_PATH = "A path on this machine"
 PREFIX = "features"  # the feature card's widget keys (app.feature_card)
 PER_TOKEN = 5  # features shown per token in the prompt's overview
 STEER_MODES = {"Add to the residual direction": "add", "Clamp the activation": "clamp"}
 MAX_NEW_TOKENS = 64
 _SHOWN = "_features_shown"  # the settings of the continuations on screen
-_OPENED = "_features_sae_opened"  # the SAE path this session chose to open (by a click)
 
 
 def _choose_sae(loaded: LoadedModel) -> Optional[LoadedSAE]:
     """The SAE chosen (a shipped one or a path), loaded and checked against the model; None after saying why not."""
-    choices = results.sae_choices(loaded)
-    source = linked(st.selectbox, "SAE", options=[*choices, A_PATH], index=0, key="features_sae_source",
-                    help="SAEs shipped for this model, or any directory in SAELens's format (cfg.json and "
-                         "sae_weights.safetensors).")
-    if source == A_PATH:
-        path = linked(st.text_input, "SAE directory", value="", key="features_sae_path",
-                      placeholder="/path/to/sae (cfg.json + sae_weights.safetensors)").strip()
-        if not path:
-            st.info("Enter the directory of an SAE trained on this model (SAELens's format: `cfg.json` and "
-                    "`sae_weights.safetensors`; `wb.SAE.save` writes it).")
-            return None
-        if st.session_state.get(_OPENED) != path:  # a link may name any directory: only a click reads it
-            st.info(f"The SAE directory {quoted(path, limit=300)} is read only when you open it.")
-            if not st.button("Open this SAE", key="features_open_sae"):
-                return None
-            st.session_state[_OPENED] = path
-    else:
-        path = str(choices[source])
-    try:
-        loaded_sae = results.load_sae(loaded, path)
-    except LOAD_ERRORS as error:
-        st.error(f"Could not load the SAE at {quoted(path, limit=300)}: {quoted(error, limit=400)}")
+    held = open_artifact(loaded, "sae")  # the one picker: shipped SAEs first, a path only after a click
+    if held is None:
         return None
+    loaded_sae = LoadedSAE(held.artifact, held.key)
     problem = results.fit_error(loaded, loaded_sae)
     if problem is not None:
         st.error(f"This SAE does not fit the open model: {quoted(problem, limit=400)}")

@@ -12,49 +12,28 @@ import streamlit as st
 
 import workbench as wb
 from app import downloads, feature_card, results, url_state
+from app.artifact_picker import open_artifact
 from app.results.attribution import LoadedTranscoders, Settings, attribution_plan
 from app.safe_text import quoted
 from app.state import LoadedModel
 from app.url_state import linked
-from app.widgets import (LOAD_ERRORS, Prompt, click_keeper, page_setup, progress_callback, prompt_box, require_model,
+from app.widgets import (Prompt, click_keeper, page_setup, progress_callback, prompt_box, require_model,
                          run_page)
 
-A_PATH = "A path on this machine"
 PREFIX = "attribution"  # the feature card's widget keys (app.feature_card)
 NODE_KEY, PIN_KEY, CHART_KEY = "attribution_node", "attribution_pinned", "attribution_graph"
 MAX_NODES, MAX_EDGES = 150, 400  # what the drawing sends the browser, whatever the graph's size
 TOP_LOGITS = 10
 INTERVENTIONS = {"Scale the activation by": "scale", "Set the activation to": "set"}
-_OPENED = "_attribution_tc_opened"  # the transcoder path this session chose to open (by a click)
 _CLICKED = "_attribution_clicked"   # the node clicked last, applied to the select box on the next run
 
 
 def _choose_transcoders(loaded: LoadedModel) -> Optional[LoadedTranscoders]:
     """The transcoder set chosen (a shipped one or a path read only after a click), loaded and checked."""
-    choices = results.transcoder_choices(loaded)
-    source = linked(st.selectbox, "Transcoders", options=[*choices, A_PATH], index=0, key="attribution_tc_source",
-                    help="Transcoder sets shipped for this model, or a path in circuit-tracer's formats (a "
-                         "config.yaml with per-layer files, a cross-layer transcoder's folder), SAELens transcoder "
-                         "directories or a folder written by TranscoderSet.save.")
-    if source == A_PATH:
-        path = linked(st.text_input, "Transcoder path", value="", key="attribution_tc_path",
-                      placeholder="/path/to/transcoders (config.yaml or a folder)").strip()
-        if not path:
-            st.info("Enter the path of transcoders for this model (`wb.load_transcoders` reads circuit-tracer's "
-                    "formats, SAELens transcoders and `TranscoderSet.save` folders).")
-            return None
-        if st.session_state.get(_OPENED) != path:  # a link may name any path: only a click reads it
-            st.info(f"The transcoders at {quoted(path, limit=300)} are read only when you open them.")
-            if not st.button("Open these transcoders", key="attribution_open_tc"):
-                return None
-            st.session_state[_OPENED] = path
-    else:
-        path = str(choices[source])
-    try:
-        loaded_tc = results.load_transcoders(loaded, path)
-    except LOAD_ERRORS as error:
-        st.error(f"Could not load the transcoders at {quoted(path, limit=300)}: {quoted(error, limit=400)}")
+    held = open_artifact(loaded, "transcoders")  # the one picker: shipped sets first, a path only after a click
+    if held is None:
         return None
+    loaded_tc = LoadedTranscoders(held.artifact, held.key)
     problem = results.fit_transcoders_error(loaded, loaded_tc)
     if problem is not None:
         st.error(f"These transcoders do not fit the open model: {quoted(problem, limit=400)}")

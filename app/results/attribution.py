@@ -9,7 +9,6 @@ what is derived from it reads it back from that store.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -19,6 +18,7 @@ import streamlit as st
 import torch
 
 import workbench as wb
+from app.results.artifacts import artifact_choices, load_artifact
 from app.results.features import LoadedSAE
 from app.results.long_runs import LongRun, ProgressBar
 from app.results.models import BY_MODEL_KEY
@@ -26,7 +26,6 @@ from app.state import LoadedModel
 from experiments.attribution import (AttributionGraph, PruneResult, attribute, compute_graph_scores, edge_heads,
                                      intervene, plan_attribution, prompt_tokens, prune_graph)
 from experiments.attribution.plan import feature_nodes_within
-from experiments.features.sources import SHIPPED_ROOTS
 from experiments.plots.attribution import GraphDrawing, graph_figure, node_kind, node_labels, node_place
 from workbench.memory import readable_bytes
 
@@ -82,47 +81,27 @@ BY_KEYS = {**BY_MODEL_KEY, LoadedTranscoders: lambda loaded_tc: loaded_tc.key}
 
 
 def transcoder_choices(loaded: LoadedModel) -> dict[str, Path]:
-    """The transcoder sets shipped for the open model (each directory under ``<zoo>/<model name>/transcoders/``),
-    by name: the one list the page offers before "a path on this machine".
+    """The transcoder sets shipped for the open model (``app.results.artifacts``: rows of ``wb.shipped``), by
+    name: the one list the page offers before "a path on this machine".
 
     Example:
         >>> transcoder_choices(LoadedModel(model, "no-such-model|sdpa"))
         {}
     """
-    found: dict[str, Path] = {}
-    for name in dict.fromkeys([loaded.model.cfg.model_name, loaded.key.rsplit("|", 1)[0]]):
-        for root in SHIPPED_ROOTS:
-            folder = root / str(name) / "transcoders"
-            if folder.is_dir():
-                found.update({path.name: path for path in sorted(folder.iterdir()) if path.is_dir()})
-    return found
-
-
-def _stamp(path: str) -> tuple:
-    """Sizes and modification times of the files directly in ``path`` (or of the file itself)."""
-    target = Path(path)
-    try:
-        files = sorted(target.iterdir()) if target.is_dir() else [target]
-        return tuple((f.name, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files[:200] if f.is_file())
-    except OSError:
-        return ()
-
-
-@st.cache_resource(show_spinner="Loading the transcoders …", max_entries=4)
-def _load(path: str, stamp: tuple, model_key: str, device: str) -> LoadedTranscoders:
-    return LoadedTranscoders(wb.load_transcoders(path, device=device), f"{path}|{hash(stamp)}|{model_key}")
+    return artifact_choices(loaded, "transcoders")
 
 
 def load_transcoders(loaded: LoadedModel, path: str) -> LoadedTranscoders:
     """The transcoder set at ``path`` (``wb.load_transcoders``'s formats) on the model's device, loaded once per
-    process and again when its files change; load errors propagate.
+    process and again when its files change (``app.results.artifacts``, the one holder); load errors propagate.
 
     Example:
         >>> load_transcoders(LoadedModel(model, "toy-attn-2l|sdpa"), "/no/such/set")
         Traceback (most recent call last):
         workbench.errors.CheckpointError: /no/such/set: no such file or directory (transcoders are a circuit-tracer config.yaml or its folder, a folder written by TranscoderSet.save, or SAELens transcoder directories)
     """
-    return _load(str(path), _stamp(str(path)), loaded.key, str(loaded.model.cfg.device))
+    held = load_artifact(loaded, "transcoders", path)
+    return LoadedTranscoders(held.artifact, held.key)
 
 
 @st.cache_data(show_spinner=False, max_entries=32, hash_funcs=BY_KEYS)

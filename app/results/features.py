@@ -9,7 +9,6 @@ SAE is read again) and the model it is for; results are cached on the model's ke
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -19,6 +18,7 @@ import streamlit as st
 import torch
 
 import workbench as wb
+from app.results.artifacts import artifact_choices, load_artifact
 from app.results.long_runs import LongRun, ProgressBar
 from app.results.models import BY_MODEL_KEY
 from app.state import LoadedModel
@@ -26,7 +26,6 @@ from experiments import features
 from experiments.continuations import Continuations
 from experiments.plots.neurons import top_windows_html
 
-SAE_FILES = ("cfg.json", "sae_weights.safetensors")
 # The corpus sizes a pass runs over: any requested number of windows (a link can carry any) becomes the next of
 # these, so the passes a page can start, and the cache files they write, are at most these times the window
 # lengths per SAE.
@@ -51,44 +50,28 @@ BY_KEYS = {**BY_MODEL_KEY, LoadedSAE: lambda loaded_sae: loaded_sae.key}
 
 
 def sae_choices(loaded: LoadedModel) -> dict[str, Path]:
-    """The SAEs shipped for the open model (``experiments.features.shipped_saes``, by its registered name),
-    by label: the one list the page offers before "a path on this machine".
+    """The SAEs shipped for the open model (``app.results.artifacts``: rows of ``wb.shipped``), by label: the one
+    list the page offers before "a path on this machine".
 
     Example:
         >>> list(sae_choices(LoadedModel(model, "no-such-model|sdpa")))   # the model is toy-attn-2l, which ships one
         ['toy-attn-2l-resid1-topk (blocks.1.hook_resid_post)']
     """
-    source = loaded.key.rsplit("|", 1)[0]
-    return {**features.shipped_saes(loaded.model.cfg.model_name), **features.shipped_saes(source)}
-
-
-def _stamp(path: str) -> tuple:
-    """The SAE files' sizes and modification times (None for a missing one)."""
-    stamps = []
-    for name in SAE_FILES:
-        try:
-            info = os.stat(Path(path) / name)
-            stamps.append((info.st_size, info.st_mtime_ns))
-        except OSError:
-            stamps.append(None)
-    return tuple(stamps)
-
-
-@st.cache_resource(show_spinner="Loading the SAE …", max_entries=4)
-def _load_sae(path: str, stamp: tuple, model_key: str, device: str) -> LoadedSAE:
-    return LoadedSAE(features.open_sae(path, device=device), f"{path}|{stamp}|{model_key}")
+    return artifact_choices(loaded, "sae")
 
 
 def load_sae(loaded: LoadedModel, path: str) -> LoadedSAE:
     """The SAE at ``path`` (a SAELens-format directory) on the model's device, loaded once per process and
-    again when its files change. Load errors (``wb.CheckpointError``, ``wb.ConfigError``) propagate.
+    again when its files change (``app.results.artifacts``, the one holder). Load errors (``wb.CheckpointError``,
+    ``wb.ConfigError``) propagate.
 
     Example:
         >>> load_sae(LoadedModel(model, "toy-attn-2l|sdpa"), "/no/such/sae")
         Traceback (most recent call last):
         workbench.errors.CheckpointError: /no/such/sae: no such directory (an SAE is a directory with cfg.json and sae_weights.safetensors)
     """
-    return _load_sae(str(path), _stamp(str(path)), loaded.key, str(loaded.model.cfg.device))
+    held = load_artifact(loaded, "sae", path)
+    return LoadedSAE(held.artifact, held.key)
 
 
 @st.cache_data(show_spinner=False, max_entries=32, hash_funcs=BY_KEYS)

@@ -100,10 +100,9 @@ def test_only_results_caches():
     caching = sorted(name for name, text in sources.items() if "cache_data" in text or "cache_resource" in text)
     assert caching and all(name.startswith("results/") for name in caching), caching
     results = "".join(text for name, text in sources.items() if name.startswith("results/"))
-    # the models, the long-run store, the SAEs (app.results.features), the transcoder sets and their layers seen as
-    # SAEs (app.results.attribution) and the one artifact holder (app.results.artifacts) are resources; every
-    # cached result is data
-    assert results.count("@st.cache_resource") == 6 and results.count("@st.cache_data") >= 7
+    # the models, the long-run store, the opened SAEs and transcoder sets (the one holder, app.results.artifacts)
+    # and a transcoder set's layers seen as SAEs (app.results.attribution) are resources; every cached result is data
+    assert results.count("@st.cache_resource") == 4 and results.count("@st.cache_data") >= 7
     assert "def load_model(" in sources["results/models.py"]
 
 
