@@ -10,7 +10,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import downloads, results
-from app.results.features import LoadedSAE
+from app.results.features import CORPUS_WINDOW_COUNTS, LoadedSAE
 from app.safe_text import quoted
 from app.state import LoadedModel
 from app.token_widgets import token_text
@@ -63,8 +63,9 @@ def corpus(loaded: LoadedModel, loaded_sae: LoadedSAE, feature: int, prefix: str
         search = linked(st.toggle, "Search the corpus", value=True, key=f"{prefix}_corpus",
                         help="Computed once for every feature of this SAE, then read from the disk cache.")
     with middle:
-        n_windows = linked(st.number_input, "Windows", min_value=8, max_value=4096, value=256, step=8,
-                           key=f"{prefix}_windows")
+        # one of the bounded corpus sizes: a pass, and the cache file it writes, is one of a fixed few per SAE
+        n_windows = linked(st.selectbox, "Windows", options=CORPUS_WINDOW_COUNTS,
+                           index=CORPUS_WINDOW_COUNTS.index(256), key=f"{prefix}_windows")
     lengths = [w for w in WINDOW_LENGTHS if w <= loaded.model.cfg.n_ctx] or [loaded.model.cfg.n_ctx]
     with right:
         window = linked(st.selectbox, "Tokens per window", options=lengths, index=min(1, len(lengths) - 1),

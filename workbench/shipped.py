@@ -138,6 +138,23 @@ def find_shipped(name: object, kind: Optional[str] = None, zoo: Union[str, Path]
     return None
 
 
+def shipped_folder(name: object, kind: str) -> Optional[Path]:
+    """The folder of the artifact of ``kind`` shipped as ``name``; None when there is none or when ``name`` is a path
+    rather than a plain name (the caller then reads it as a path, never through the zoo).
+
+    Example:
+        >>> shipped_folder("toy-moe-2l-clt", "transcoders").parent.name
+        'transcoders'
+        >>> shipped_folder("runs/my-sae", "sae") is None
+        True
+    """
+    try:
+        check_name(name)
+    except ValueError:
+        return None
+    return find_shipped(name, kind, ZOO)
+
+
 def check_name(name: object) -> str:
     """``name`` when it is a plain artifact name, else a ``CheckpointError`` (a lookup never leaves the zoo).
 

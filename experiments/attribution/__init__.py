@@ -3,6 +3,7 @@
 - ``attribute``: ``attribute(model, transcoders, prompt, ...)`` -> ``AttributionGraph``;
 - ``replacement``: ``ReplacementModel``, the model with transcoders for MLPs (circuit-tracer's name), the one place
   patterns and norm divisors are frozen: ``attribute``, ``intervene`` and the attention explanations all use it;
+  ``mlp_transcoders``, a model's own ReLU MLPs as an exact transcoder set;
 - ``linearised``: the frozen, linearised forward pass whose gradients are the edges;
 - ``targets``: the logit nodes; ``influence``: influence, ``prune_graph``, ``compute_graph_scores``;
 - ``graph``: ``AttributionGraph`` (circuit-tracer's field names; saved as safetensors + JSON);
@@ -21,11 +22,11 @@ from experiments.attribution.export import graph_json, write_graph_files
 from experiments.attribution.graph import AttributionGraph
 from experiments.attribution.intervention import InterventionResult, intervene
 from experiments.attribution.plan import forward_copies, plan_attribution
-from experiments.attribution.replacement import ReplacementModel
+from experiments.attribution.replacement import ReplacementModel, mlp_transcoders
 from experiments.attribution.influence import (PruneResult, compute_graph_scores, compute_influence, graph_scores,
                                                normalize_matrix, prune_graph)
 
 __all__ = ["attribute", "prompt_tokens", "AttributionGraph", "PruneResult", "prune_graph", "compute_graph_scores",
            "graph_scores", "compute_influence", "normalize_matrix", "graph_json", "write_graph_files", "intervene", "InterventionResult",
            "plan_attribution", "forward_copies", "edge_heads", "EdgeHeads", "attention_qk", "QKAttribution",
-           "ReplacementModel"]
+           "ReplacementModel", "mlp_transcoders"]

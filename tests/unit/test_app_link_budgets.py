@@ -110,8 +110,9 @@ def test_a_link_over_the_budget_builds_nothing_and_offers_a_setting_that_fits(tr
 
 
 def test_links_start_corpus_passes_only_over_a_bounded_set_of_corpus_sizes(monkeypatch):
-    """Every "Windows" value the card's widget accepts (8..4096 in steps of 8) and every window length: the passes
-    run, each of which writes one cache file, use at most CORPUS_WINDOW_COUNTS x the lengths."""
+    """Every "Windows" value a link could ask for (8..4096 in steps of 8; the card's widget offers only
+    CORPUS_WINDOW_COUNTS) and every window length: the passes run, each of which writes one cache file, use at most
+    CORPUS_WINDOW_COUNTS x the lengths."""
     passes = set()
 
     def record(model, sae, n_windows, window, progress):

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 import workbench as wb
 from workbench.errors import CheckpointError, InputError
@@ -97,3 +98,12 @@ def test_a_card_or_config_linked_out_of_its_folder_is_not_read(tmp_path):
     secret.write_text("# s: read through a link\n")
     (folder / "CARD.md").symlink_to(secret)
     assert [row.description for row in artifacts(zoo)] == [""]
+
+
+def test_a_shipped_transcoder_set_loads_by_its_name_as_by_its_path():
+    for row in wb.shipped(kind="transcoders").itertuples():
+        by_name, by_path = wb.load_transcoders(row.name), wb.load_transcoders(row.path)
+        assert by_name.n_layers == by_path.n_layers and by_name.d_transcoder == by_path.d_transcoder
+        assert all(torch.equal(a, b) for a, b in zip(by_name.state_dict().values(), by_path.state_dict().values()))
+    with pytest.raises(CheckpointError, match="no such file"):
+        wb.load_transcoders("no-such-transcoders")

@@ -15,7 +15,7 @@ from typing import Optional
 
 import pandas as pd
 
-from workbench.shipped import ZOO, check_name, find_shipped, shipped
+from workbench.shipped import shipped, shipped_folder
 
 COLUMNS = ["name", "kind", "model", "hook_name", "architecture", "d_sae", "path"]
 
@@ -43,8 +43,4 @@ def shipped_path(name: object) -> Optional[Path]:
         >>> shipped_path("toy-attn-2l-resid1-topk").parent.name
         'saes'
     """
-    try:
-        check_name(name)
-    except ValueError:  # a path (or nothing at all): the caller reads it as a path, never through the zoo
-        return None
-    return find_shipped(name, "sae", ZOO)
+    return shipped_folder(name, "sae")

@@ -27,6 +27,7 @@ from safetensors import SafetensorError, safe_open
 from workbench.errors import CheckpointError, ConfigError, InputError
 from workbench.safe_files import inside
 from workbench.sae.files import load_sae
+from workbench.shipped import shipped_folder
 from workbench.transcoders.format import FORMAT_NAME, OUR_CONFIG, OUR_WEIGHTS
 from workbench.transcoders.hooks import split_block_hook
 from workbench.transcoders.set import TranscoderSet
@@ -39,7 +40,8 @@ KINDS = ("transcoder_set", "cross_layer_transcoder")
 def load_transcoders(path: Union[PathLike, Sequence[PathLike]], device: Any = "cpu",
                      dtype: Any = torch.float32) -> TranscoderSet:
     """The transcoders at ``path`` (a circuit-tracer ``config.yaml`` or its folder, a folder written by
-    ``TranscoderSet.save``, a folder of SAELens transcoder directories, or a list of those directories), on
+    ``TranscoderSet.save``, a folder of SAELens transcoder directories, a list of those directories, or the name of
+    a shipped transcoder set, ``wb.shipped(kind="transcoders")``), on
     ``device`` in ``dtype``. Bad files are a ``CheckpointError`` naming the file and tensor, bad config values a
     ``ConfigError`` naming the field.
 
@@ -58,7 +60,10 @@ def load_transcoders(path: Union[PathLike, Sequence[PathLike]], device: Any = "c
     elif not isinstance(path, (str, Path)):
         raise InputError(f"load_transcoders takes a path or a list of paths, got {type(path).__name__}")
     else:
-        tcs = _from_path(Path(path), str(path))
+        folder = Path(path)
+        if not folder.exists() and (shipped := shipped_folder(path, "transcoders")) is not None:
+            folder = shipped  # a name from wb.shipped(kind="transcoders")
+        tcs = _from_path(folder, str(path))
     return tcs.to(device=device, dtype=dtype)
 
 
