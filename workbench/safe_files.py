@@ -2,6 +2,8 @@
 
 - ``inside(folder, name)``: ``folder / name``, refused when it is absolute, climbs out with ``..`` or resolves
   outside the folder through a link;
+- ``read_json(path, max_bytes, what)``: a small JSON file of a folder, its size bounded before it is read and
+  nesting too deep to parse refused like bad JSON;
 - ``save_files(folder, writers)``: writes several files of one folder so that a failure at any point leaves the
   previous contents as they were (each file goes to a temporary name first; only when every file is written are
   they renamed over the old ones, so a reader sees either the old set or the new one, file by file).
@@ -12,9 +14,10 @@ leave a truncated ``safetensors`` file beside an old ``cfg.json``, which loads a
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Callable, Mapping, Union
+from typing import Any, Callable, Mapping, Type, Union
 
 from workbench.errors import CheckpointError
 
@@ -48,6 +51,33 @@ def inside(folder: Union[str, Path], name: Union[str, Path], must_exist: bool = 
     if must_exist and not target.is_file():
         raise CheckpointError(f"{target}: missing from the {what}")
     return target
+
+
+def read_json(path: Union[str, Path], max_bytes: int, what: str, error: Type[Exception] = CheckpointError) -> Any:
+    """The parsed JSON file at ``path``; a file over ``max_bytes`` (``what`` names what it should be), unreadable,
+    invalid or nested too deeply to parse is an ``error`` naming the file (the size is checked before a byte is read).
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "cfg.json"
+        >>> _ = path.write_text('{"d_in": 2}')
+        >>> read_json(path, max_bytes=1024, what="an SAE config")
+        {'d_in': 2}
+        >>> _ = path.write_text("[" * 100_000 + "]" * 100_000)
+        >>> read_json(path, max_bytes=1024, what="an SAE config")
+        Traceback (most recent call last):
+        workbench.errors.CheckpointError: .../cfg.json: 200000 bytes, more than an SAE config's 1024; refusing to read it
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise error(f"{path}: {size} bytes, more than {what}'s {max_bytes}; refusing to read it")
+        return json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise error(f"{path}: not a readable JSON file (nested too deeply to parse)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as problem:
+        raise error(f"{path}: not a readable JSON file ({problem})") from None
 
 
 def save_files(folder: Union[str, Path], writers: Mapping[str, Writer], what: str = "folder") -> Path:

@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 from experiments.attribution.graph import AttributionGraph
 from experiments.attribution.influence import prune_graph
 from workbench.errors import InputError
-from workbench.safe_files import inside, save_files
+from workbench.safe_files import inside, read_json, save_files
 
 SCHEMA_VERSION = 1
 INDEX_FILE = "graph-metadata.json"  # the viewer's list of the folder's graphs
@@ -157,14 +157,7 @@ def _read_index(folder: Path) -> dict[str, Any]:
     index_path = inside(folder, INDEX_FILE, what="graph files folder")
     if not index_path.exists():
         return {"graphs": []}
-    try:
-        if index_path.stat().st_size > MAX_INDEX_BYTES:
-            raise InputError(f"{index_path}: more than {MAX_INDEX_BYTES} bytes; not a graph index")
-        index = json.loads(index_path.read_text())
-    except RecursionError:
-        raise InputError(f"{index_path}: not a readable graph index (nested too deeply)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise InputError(f"{index_path}: not a readable graph index ({error})") from None
+    index = read_json(index_path, MAX_INDEX_BYTES, what="a graph index", error=InputError)
     if not isinstance(index, dict) or not isinstance(index.get("graphs", []), list):
         raise InputError(f"{index_path}: not a graph index (an object whose 'graphs' is a list)")
     return {**index, "graphs": index.get("graphs", [])}

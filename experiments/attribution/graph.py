@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from workbench.errors import CheckpointError, InputError
-from workbench.safe_files import inside, save_files
+from workbench.safe_files import inside, read_json, save_files
 
 TENSORS = ("input_tokens", "active_features", "activation_values", "selected_features", "adjacency_matrix",
            "logit_token_ids", "logit_probabilities")
@@ -134,14 +134,7 @@ class AttributionGraph:
 
 def _read_meta(config_path: Path) -> dict[str, Any]:
     """graph.json's fields, each of its type: a ``CheckpointError`` naming the file and the field otherwise."""
-    try:
-        if config_path.stat().st_size > MAX_META_BYTES:
-            raise CheckpointError(f"{config_path}: more than {MAX_META_BYTES} bytes; not a saved attribution graph")
-        meta = json.loads(config_path.read_text())
-    except RecursionError:
-        raise CheckpointError(f"{config_path}: not a saved attribution graph (nested too deeply)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{config_path}: not a saved attribution graph ({error})") from None
+    meta = read_json(config_path, MAX_META_BYTES, what="a saved attribution graph's graph.json")
     if not isinstance(meta, dict):
         raise CheckpointError(f"{config_path}: not a saved attribution graph (a JSON object expected)")
     missing = [name for name in ("input_string", "n_layers", "vocab_size") if name not in meta]

@@ -106,7 +106,7 @@ def test_a_missing_field_is_named(saved):
 
 def test_a_graph_json_nested_100k_deep_is_a_checkpoint_error(saved):
     (saved / "graph.json").write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(CheckpointError, match="graph.json: not a saved attribution graph"):
+    with pytest.raises(CheckpointError, match=r"graph\.json: not a readable JSON file \(nested too deeply"):
         AttributionGraph.load(saved)
 
 

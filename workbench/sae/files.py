@@ -8,7 +8,6 @@ safetensors header: names, shapes, dtypes) against the config before reading any
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -16,7 +15,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from workbench.errors import CheckpointError, ConfigError
-from workbench.safe_files import inside
+from workbench.safe_files import inside, read_json
 from workbench.sae.config import DTYPES, SAEConfig, config_from_dict
 from workbench.sae.format import CFG_FILE, WEIGHTS_FILE
 from workbench.sae.model import SAE
@@ -44,7 +43,7 @@ def load_sae(path: Union[str, Path], device: Any = None, dtype: Any = None) -> S
         raise CheckpointError(f"{path}: no such directory (an SAE is a directory with {CFG_FILE} and {WEIGHTS_FILE})")
     cfg_path = inside(folder, CFG_FILE, must_exist=True, what="SAE directory")
     weights_path = inside(folder, WEIGHTS_FILE, must_exist=True, what="SAE directory")
-    raw = _read_config(cfg_path)
+    raw = read_json(cfg_path, MAX_CONFIG_BYTES, what="an SAE config")
     dtype_name = _dtype_name(dtype)
     try:
         cfg = config_from_dict(raw, dtype=dtype_name, device=str(torch.device(device)) if device is not None else "cpu")
@@ -53,20 +52,6 @@ def load_sae(path: Union[str, Path], device: Any = None, dtype: Any = None) -> S
     tensors = _read_tensors(weights_path, cfg)
     check_tensors(cfg, tensors, str(weights_path), CheckpointError)
     return SAE.from_tensors(cfg, {name: tensor.to(cfg.torch_dtype) for name, tensor in tensors.items()})
-
-
-def _read_config(cfg_path: Path) -> Any:
-    """The parsed ``cfg.json``: too large a file, invalid JSON or nesting too deep to parse is a ``CheckpointError``."""
-    try:
-        size = cfg_path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise CheckpointError(f"{cfg_path}: {size} bytes, more than an SAE config's {MAX_CONFIG_BYTES}; "
-                                  "refusing to read it")
-        return json.loads(cfg_path.read_text())
-    except RecursionError:
-        raise CheckpointError(f"{cfg_path}: not a readable JSON file (nested too deeply to parse)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{cfg_path}: not a readable JSON file ({error})") from None
 
 
 def _read_tensors(weights_path: Path, cfg: SAEConfig) -> dict[str, torch.Tensor]:
