@@ -87,9 +87,9 @@ class FlowContributions:
         return self.attn_LPSH.shape[1]
 
 
-def _proximity(parts_nXD: Tensor, whole_XD: Tensor) -> Tensor:
+def _proximity(parts: Tensor, whole: Tensor) -> Tensor:
     """Un-normalised proximity of each part to the whole: max(||whole||_1 - ||whole - part||_1, EPS)."""
-    return (whole_XD.abs().sum(-1) - (whole_XD - parts_nXD).abs().sum(-1)).clamp(min=EPS)
+    return (whole.abs().sum(-1) - (whole - parts).abs().sum(-1)).clamp(min=EPS)
 
 
 def importance(parts: Float[Tensor, "parts *cases d_model"], whole: Float[Tensor, "*cases d_model"]

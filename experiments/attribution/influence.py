@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from experiments.attribution.graph import AttributionGraph
 
 
-def normalize_matrix(matrix: Float[Tensor, "n m"]) -> Float[Tensor, "n m"]:
+def normalize_matrix(matrix: Float[Tensor, "row col"]) -> Float[Tensor, "row col"]:
     """``|matrix|`` with each row summing to one (rows of zeros stay zero).
 
     Example:
@@ -33,8 +33,8 @@ def normalize_matrix(matrix: Float[Tensor, "n m"]) -> Float[Tensor, "n m"]:
     return normalized / normalized.sum(dim=1, keepdim=True).clamp(min=1e-10)
 
 
-def compute_influence(A: Float[Tensor, "n n"], logit_weights: Float[Tensor, "n"], max_iter: int = 1000,
-                      ) -> Float[Tensor, "n"]:
+def compute_influence(A: Float[Tensor, "node node"], logit_weights: Float[Tensor, "node"], max_iter: int = 1000,
+                      ) -> Float[Tensor, "node"]:
     """``w A + w A^2 + ...`` until the products vanish; an ``InputError`` if they never do (a cyclic matrix).
 
     Example:
@@ -52,8 +52,8 @@ def compute_influence(A: Float[Tensor, "n n"], logit_weights: Float[Tensor, "n"]
     raise InputError(f"influence did not converge in {max_iter} iterations: the adjacency is not acyclic")
 
 
-def compute_partial_influences(edge_matrix: Float[Tensor, "rows n"], logit_p: Float[Tensor, "k"],
-                               row_to_node_index: Int[Tensor, "rows"], max_iter: int = 128) -> Float[Tensor, "n"]:
+def compute_partial_influences(edge_matrix: Float[Tensor, "rows node"], logit_p: Float[Tensor, "logit"],
+                               row_to_node_index: Int[Tensor, "rows"], max_iter: int = 128) -> Float[Tensor, "node"]:
     """Influence of every node through the rows computed so far (circuit-tracer orders features by it).
 
     Example:
@@ -72,14 +72,14 @@ def compute_partial_influences(edge_matrix: Float[Tensor, "rows n"], logit_p: Fl
     raise InputError(f"partial influences did not converge in {max_iter} iterations")
 
 
-def _find_threshold(scores: Float[Tensor, "n"], threshold: float) -> Tensor:
+def _find_threshold(scores: Float[Tensor, "node"], threshold: float) -> Tensor:
     sorted_scores = torch.sort(scores, descending=True).values
     cumulative = torch.cumsum(sorted_scores, dim=0) / torch.sum(sorted_scores)
     index = min(int(torch.searchsorted(cumulative, threshold).item()), len(cumulative) - 1)
     return sorted_scores[index]
 
 
-def _logit_weights(graph: "AttributionGraph") -> Float[Tensor, "n"]:
+def _logit_weights(graph: "AttributionGraph") -> Float[Tensor, "node"]:
     weights = torch.zeros(graph.adjacency_matrix.shape[0])
     weights[-len(graph.logit_token_ids):] = graph.logit_probabilities
     return weights
@@ -88,9 +88,9 @@ def _logit_weights(graph: "AttributionGraph") -> Float[Tensor, "n"]:
 class PruneResult(NamedTuple):
     """Which nodes and edges ``prune_graph`` keeps, and each node's cumulative influence score."""
 
-    node_mask: Bool[Tensor, "n"]
-    edge_mask: Bool[Tensor, "n n"]
-    cumulative_scores: Float[Tensor, "n"]
+    node_mask: Bool[Tensor, "node"]
+    edge_mask: Bool[Tensor, "node node"]
+    cumulative_scores: Float[Tensor, "node"]
 
 
 def prune_graph(graph: "AttributionGraph", node_threshold: float = 0.8, edge_threshold: float = 0.98) -> PruneResult:

@@ -76,8 +76,8 @@ class LinearisedForward:
         """Columns of a row: features, errors (layer-major), tokens."""
         return self.n_features + (self.n_layers + 1) * self.n_pos
 
-    def rows(self, layers: Int[Tensor, "k"], positions: Int[Tensor, "k"], inject: Float[Tensor, "k d_model"],
-             retain_graph: bool = True) -> Float[Tensor, "k row"]:
+    def rows(self, layers: Int[Tensor, "target"], positions: Int[Tensor, "target"], inject: Float[Tensor, "target d_model"],
+             retain_graph: bool = True) -> Float[Tensor, "target row"]:
         """The direct effects on ``k`` targets (read at ``layers`` — ``n_layers`` for a logit — and ``positions``
         along ``inject``) of every source: one backward pass per ``batch`` targets, one batch row per target."""
         k = layers.shape[0]
@@ -86,8 +86,8 @@ class LinearisedForward:
                   for start in range(0, k, self.batch)]
         return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
-    def _rows(self, layers: Int[Tensor, "k"], positions: Int[Tensor, "k"], inject: Float[Tensor, "k d_model"],
-              retain_graph: bool) -> Float[Tensor, "k row"]:
+    def _rows(self, layers: Int[Tensor, "target"], positions: Int[Tensor, "target"], inject: Float[Tensor, "target d_model"],
+              retain_graph: bool) -> Float[Tensor, "target row"]:
         k = layers.shape[0]
         layers, positions = layers.cpu(), positions.cpu()   # CPU indices serve tensors on any device
         outputs, grads = [], []
@@ -123,7 +123,7 @@ class LinearisedForward:
             self._blocks[layer] = (vecs, owner)
         return self._blocks[layer]
 
-    def _contract(self, grads: list[Tensor], k: int) -> Float[Tensor, "k row"]:
+    def _contract(self, grads: list[Tensor], k: int) -> Float[Tensor, "target row"]:
         src, n_pos = self.sources, self.n_pos
         row = torch.zeros(k, self.row_size + 1, dtype=src.error_vecs.dtype, device=src.error_vecs.device)
         error_start = self.n_features

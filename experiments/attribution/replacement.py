@@ -16,7 +16,9 @@ the model), and circuit-tracer's ``from_pretrained_and_transcoders`` as ``from_m
 and ``intervene`` take a replacement model in place of the model (``attribute(replacement_model, None, prompt)``);
 it has no ``attribute`` method of its own, which would make this module and theirs import each other.
 ``mlp_transcoders`` makes a model's own ReLU MLPs its transcoders (no error: the replacement is the model), for
-examples and checks. Shapes: ``L`` layers, ``P`` positions, ``F`` features per layer, ``D`` the model width, ``k`` rows.
+examples and checks.
+
+Legend: L n_layers, P position, D d_model, X d_sae.
 """
 
 from __future__ import annotations
@@ -39,15 +41,15 @@ class Sources:
     """What ``ReplacementModel.read_sources`` reads. ``F`` the active features, ``R`` their decoder rows (one per
     feature and layer it writes to), ``L`` layers, ``P`` positions."""
 
-    active_features: Int[Tensor, "F 3"]            # (layer, position, feature), lexicographic
-    activation_values: Float[Tensor, "F"]
-    encoder_vecs: Float[Tensor, "F d_model"]
-    decoder_vecs: Float[Tensor, "R d_model"]        # activation times W_dec row
-    decoder_source: Int[Tensor, "R"]                # which feature each decoder row belongs to
-    decoder_layer: Int[Tensor, "R"]                 # the layer it writes to
-    decoder_pos: Int[Tensor, "R"]
-    error_vecs: Float[Tensor, "L P d_model"]
-    token_vecs: Float[Tensor, "P d_model"]
+    active_features: Int[Tensor, "active 3"]            # (layer, position, feature), lexicographic
+    activation_values: Float[Tensor, "active"]
+    encoder_vecs: Float[Tensor, "active d_model"]
+    decoder_vecs: Float[Tensor, "decoder_row d_model"]        # activation times W_dec row
+    decoder_source: Int[Tensor, "decoder_row"]                # which feature each decoder row belongs to
+    decoder_layer: Int[Tensor, "decoder_row"]                 # the layer it writes to
+    decoder_pos: Int[Tensor, "decoder_row"]
+    error_vecs: Float[Tensor, "n_layers pos d_model"]
+    token_vecs: Float[Tensor, "pos d_model"]
     logits: Float[Tensor, "d_vocab"]                # at the last position
 
 
@@ -195,9 +197,9 @@ class ReplacementModel:
             layer_acts = tc.encode(layer, inputs_LPD[layer])
             layer_acts[0] = 0  # circuit-tracer zeroes the first position's features (and its errors below)
             acts.append(layer_acts)
-        acts_LPF = torch.stack(acts)
-        active = acts_LPF.nonzero()
-        values = acts_LPF[active[:, 0], active[:, 1], active[:, 2]]
+        acts_LPX = torch.stack(acts)
+        active = acts_LPX.nonzero()
+        values = acts_LPX[active[:, 0], active[:, 1], active[:, 2]]
         encoder = torch.cat([self.encoder_rows(l, active[active[:, 0] == l, 2]) for l in range(n_layers)])
         dec_vecs, dec_source, dec_layer, dec_pos = [], [], [], []
         for layer in range(n_layers):  # each feature's rows, one per layer it writes to, scaled by its activation
@@ -218,7 +220,7 @@ class ReplacementModel:
                        token_vecs=cache["hook_embed"][0].to(errors.dtype), logits=logits[0, -1].float())
 
     # ---- the weights, read through the transcoders' arithmetic ---------------------------------------------------
-    def encoder_rows(self, layer: int, features: Int[Tensor, "k"]) -> Float[Tensor, "k d_model"]:
+    def encoder_rows(self, layer: int, features: Int[Tensor, "feature"]) -> Float[Tensor, "feature d_model"]:
         """The encoder rows of ``features`` of ``layer`` (each feature's pre-activation gradient, exact: the
         pre-activation is affine), a block of rows at a time.
 
@@ -243,7 +245,7 @@ class ReplacementModel:
             blocks.append(pull(one_hot)[0])
         return torch.cat(blocks)
 
-    def decode(self, layer: int, acts: Float[Tensor, "k d_transcoder"]) -> Float[Tensor, "n_layers k d_model"]:
+    def decode(self, layer: int, acts: Float[Tensor, "row d_transcoder"]) -> Float[Tensor, "n_layers row d_model"]:
         """What activations ``acts`` of ``layer``'s features write to every layer (zero outside
         ``output_layers(layer)``), without ``b_dec`` or skip terms (the reconstruction's derivative along ``acts``,
         exact: it is linear in them), a block of rows at a time.

@@ -18,9 +18,9 @@ from torch import Tensor
 class LogitTargets:
     """The chosen tokens, their probabilities and their read directions ``[k, d_model]``."""
 
-    token_ids: Int[Tensor, "k"]
-    probabilities: Float[Tensor, "k"]
-    vectors: Float[Tensor, "k d_model"]
+    token_ids: Int[Tensor, "logit"]
+    probabilities: Float[Tensor, "logit"]
+    vectors: Float[Tensor, "logit d_model"]
 
 
 def salient_logits(logits: Float[Tensor, "d_vocab"], W_U: Float[Tensor, "d_model d_vocab"], max_n_logits: int,
@@ -39,7 +39,7 @@ def salient_logits(logits: Float[Tensor, "d_vocab"], W_U: Float[Tensor, "d_model
     return LogitTargets(token_ids=ids, probabilities=probs[ids], vectors=logit_directions(W_U, ids))
 
 
-def logit_directions(W_U: Float[Tensor, "d_model d_vocab"], token_ids: Int[Tensor, "k"]) -> Float[Tensor, "k d_model"]:
+def logit_directions(W_U: Float[Tensor, "d_model d_vocab"], token_ids: Int[Tensor, "logit"]) -> Float[Tensor, "logit d_model"]:
     """Where the logit nodes of ``token_ids`` read: each unembedding column minus the mean column.
 
     Example:

@@ -1,6 +1,9 @@
 """Every feature of an SAE over the bundled corpus in one pass: its top-activating windows (a running top-k per
 feature, so memory stays bounded by ``k`` x ``d_sae`` plus one batch) and its activation-density histogram,
-cached on disk and distrusted on the way back (the package docstring, ``experiments.features``, says how)."""
+cached on disk and distrusted on the way back (the package docstring, ``experiments.features``, says how).
+
+Legend: W windows kept per feature, X d_sae.
+"""
 
 from __future__ import annotations
 
@@ -51,9 +54,9 @@ class FeatureStats:
     """
 
     windows_BP: Int[Tensor, "batch pos"]
-    top_values_WX: Float[Tensor, "k d_sae"]
-    top_windows_WX: Int[Tensor, "k d_sae"]
-    top_positions_WX: Int[Tensor, "k d_sae"]
+    top_values_WX: Float[Tensor, "W X"]
+    top_windows_WX: Int[Tensor, "W X"]
+    top_positions_WX: Int[Tensor, "W X"]
     histogram_XZ: Int[Tensor, "d_sae n_bins"]
     n_tokens: int
     path: Optional[Path]
