@@ -39,9 +39,10 @@ from workbench.loading import default_model_name, list_models, load_model, model
 from workbench.model import Decoder
 from workbench.options import ATTN_IMPLS, ConfigView, RuntimeOptions
 from workbench.sae import SAE, SAEConfig, SAEMetadata, load_sae, shipped_saes
+from workbench.hub.sae_releases import pretrained_saes
 from workbench.shipped import shipped
 from workbench.transcoders import TranscoderSet, load_transcoders
 
 __all__ = ["ModelConfig", "MoEConfig", "LatentAttentionConfig", "RuntimeOptions", "ConfigView", "ATTN_IMPLS", "Decoder", "load_model", "model_config", "plan_memory", "keep_freed_memory", "list_models", "default_model_name", "supported_architectures",
            "ConfigError", "InputError", "CheckpointError", "cache_size", "load_cache", "CacheTooLargeError",
-           "SAE", "SAEConfig", "SAEMetadata", "load_sae", "shipped_saes", "shipped", "TranscoderSet", "load_transcoders"]
+           "SAE", "SAEConfig", "SAEMetadata", "load_sae", "pretrained_saes", "shipped_saes", "shipped", "TranscoderSet", "load_transcoders"]

@@ -6,7 +6,9 @@ registered name or an existing path but has the shape of a repo id or is a Trans
 yields a local checkpoint; ``fetch_config`` yields config.json and the weights' headers only
 (``headers``). The Hub switches are read at each call (``settings``); huggingface_hub's errors become
 ours, naming the repo and what to do (``errors``). Pickled weights are read with
-``torch.load(weights_only=True)`` only (``pickled``); remote code is never fetched or run.
+``torch.load(weights_only=True)`` only (``pickled``); remote code is never fetched or run. SAEs by SAELens
+release name (``wb.load_sae(release, sae_id)``, ``wb.pretrained_saes()``) are ``sae_releases``, its registry
+SAELens's ``pretrained_saes.yaml`` as data (``sae_releases.json``).
 """
 
 from workbench.hub.download import Fetched, HubOrigin, fetch_model

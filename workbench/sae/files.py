@@ -26,16 +26,23 @@ from workbench.sae.tensors import check_declared, check_tensors
 MAX_CONFIG_BYTES = 16 * 2**20
 
 
-def load_sae(path: Union[str, Path], device: Any = None, dtype: Any = None) -> SAE:
+def load_sae(path: Union[str, Path], sae_id: Optional[str] = None, device: Any = None, dtype: Any = None) -> SAE:
     """The SAE saved in SAELens directory ``path`` (or shipped under that name: ``shipped_saes()``), on ``device`` (default CPU, as SAELens's ``load_from_disk``)
     in ``dtype`` (default the config's). A missing, unreadable, mis-shaped or non-finite file or tensor is a
     ``CheckpointError`` naming it; a config value we cannot honour a ``ConfigError`` naming the field.
+
+    ``load_sae(release, sae_id)`` (a second argument) is SAELens's ``SAE.from_pretrained(release, sae_id)``: the SAE
+    of a SAELens release, fetched from the Hub (``workbench.hub.sae_releases``; ``wb.pretrained_saes()`` lists them).
 
     Example:
         >>> wb.load_sae("no/such/sae")
         Traceback (most recent call last):
         workbench.errors.CheckpointError: no/such/sae: no such directory (an SAE is a directory with cfg.json and sae_weights.safetensors)
     """
+    if sae_id is not None:
+        from workbench.hub.sae_releases import load_pretrained_sae  # the Hub only when asked for
+
+        return load_pretrained_sae(str(path), sae_id, device=device, dtype=dtype)
     folder = Path(path)
     if not folder.is_dir() and shipped_path(path) is not None:
         folder = shipped_path(path)
@@ -43,7 +50,22 @@ def load_sae(path: Union[str, Path], device: Any = None, dtype: Any = None) -> S
         raise CheckpointError(f"{path}: no such directory (an SAE is a directory with {CFG_FILE} and {WEIGHTS_FILE})")
     cfg_path = inside(folder, CFG_FILE, must_exist=True, what="SAE directory")
     weights_path = inside(folder, WEIGHTS_FILE, must_exist=True, what="SAE directory")
+    return load_sae_files(cfg_path, weights_path, device, dtype)
+
+
+def load_sae_files(cfg_path: Path, weights_path: Path, device: Any = None, dtype: Any = None,
+                   cfg_overrides: Optional[dict[str, Any]] = None) -> SAE:
+    """The SAE of one ``cfg.json`` and its ``sae_weights.safetensors`` (paths already checked by the caller), with
+    ``cfg_overrides`` laid over the config's top level first, as SAELens's ``get_sae_lens_config_from_disk`` does.
+
+    Example:
+        >>> load_sae_files(Path("no/cfg.json"), Path("no/sae_weights.safetensors"))
+        Traceback (most recent call last):
+        workbench.errors.CheckpointError: no/cfg.json: ...
+    """
     raw = read_json(cfg_path, MAX_CONFIG_BYTES, what="an SAE config")
+    if cfg_overrides and isinstance(raw, dict):
+        raw = {**raw, **cfg_overrides}
     dtype_name = _dtype_name(dtype)
     try:
         cfg = config_from_dict(raw, dtype=dtype_name, device=str(torch.device(device)) if device is not None else "cpu")

@@ -100,6 +100,20 @@ class SAE(HookedRootModule):
         self.setup()
 
     @classmethod
+    def from_pretrained(cls, release: str, sae_id: str, device: Any = None, dtype: Any = None) -> "SAE":
+        """SAELens's ``SAE.from_pretrained(release, sae_id)``: the SAE ``sae_id`` of a SAELens release, fetched from
+        the Hub (``wb.pretrained_saes()`` lists the releases); the same as ``wb.load_sae(release, sae_id)``.
+
+        Example:
+            >>> wb.SAE.from_pretrained("gpt2-small-res-jb", "blocks.99.hook_resid_pre")
+            Traceback (most recent call last):
+            workbench.errors.InputError: release 'gpt2-small-res-jb' has no SAE 'blocks.99.hook_resid_pre' (13 SAEs); did you mean ...
+        """
+        from workbench.hub.sae_releases import load_pretrained_sae  # the Hub only when asked for
+
+        return load_pretrained_sae(release, sae_id, device=device, dtype=dtype)
+
+    @classmethod
     def from_tensors(cls, cfg: SAEConfig, tensors: Mapping[str, Tensor], device: Any = None,
                      dtype: Any = None) -> "SAE":
         """An SAE of ``cfg`` holding ``tensors`` (SAELens's names and shapes; each checked: missing, extra,
