@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import difflib
 import json
-import warnings
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
 from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -28,7 +26,9 @@ from workbench.errors import ConfigError, InputError
 from workbench.hub import settings
 from workbench.hub.errors import HubNotFoundError, hub_error
 from workbench.hub.resolve import CONNECTION_ERRORS, LIBRARY
-from workbench.sae.format import CFG_FILE, WEIGHTS_FILE
+
+# SAELens's file names in a release's folder (workbench.sae.format's, which this package does not import).
+CFG_FILE, WEIGHTS_FILE = "cfg.json", "sae_weights.safetensors"
 
 # Every conversion kind SAELens 6.54.12 names (its NAMED_PRETRAINED_SAE_LOADERS), and those loaded here so far.
 CONVERSION_KINDS = ("sae_lens", "connor_rob_hook_z", "gemma_2", "gemma_3", "llama_scope", "llama_scope_r1_distill",
@@ -95,16 +95,16 @@ def lookup(release: str, sae_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return row, saes[sae_id]
 
 
-def load_pretrained_sae(release: str, sae_id: str, device: Any = None, dtype: Any = None):
-    """The SAE ``sae_id`` of SAELens release ``release``, fetched from its Hub repo into the HF cache.
+def fetch_pretrained(release: str, sae_id: str) -> tuple[Path, Path, dict[str, Any], dict[str, Any]]:
+    """The cached ``cfg.json`` and ``sae_weights.safetensors`` of SAE ``sae_id`` of SAELens release ``release``
+    (downloaded if need be), the config overrides SAELens lays over it (the release's ``config_overrides`` and
+    the ``neuronpedia_id``) and the SAE's registry entry. ``wb.load_sae(release, sae_id)`` loads them.
 
     Example:
-        >>> load_pretrained_sae("gemma-scope-2b-pt-res-canonical", "layer_12/width_16k/canonical")
+        >>> fetch_pretrained("gemma-scope-2b-pt-res-canonical", "layer_12/width_16k/canonical")
         Traceback (most recent call last):
         workbench.errors.ConfigError: release 'gemma-scope-2b-pt-res-canonical' is stored in SAELens's 'gemma_2' form, which is not loaded yet (loaded: 'sae_lens'; SAELens's kinds: ...)
     """
-    from workbench.sae.files import load_sae_files
-
     row, entry = lookup(release, sae_id)
     if row["conversion"] not in SUPPORTED_KINDS:
         raise ConfigError(f"release {release!r} is stored in SAELens's {row['conversion']!r} form, which is not loaded "
@@ -115,12 +115,7 @@ def load_pretrained_sae(release: str, sae_id: str, device: Any = None, dtype: An
         overrides["neuronpedia_id"] = entry["neuronpedia"]
     cfg_path, weights_path = fetch_files(row["repo_id"], [f"{entry['path']}/{CFG_FILE}",
                                                           f"{entry['path']}/{WEIGHTS_FILE}"])
-    sae = load_sae_files(cfg_path, weights_path, device=device, dtype=dtype, cfg_overrides=overrides)
-    if "neuronpedia_id" in overrides:  # SAELens keeps it in metadata for pre-6.0 configs; here for every config
-        sae.cfg.metadata["neuronpedia_id"] = overrides["neuronpedia_id"]
-    if sae.cfg.normalize_activations == "expected_average_only_in":
-        _fold_norm_scaling_factor(sae, entry.get("norm_scaling_factor"), release, sae_id)
-    return sae
+    return cfg_path, weights_path, overrides, entry
 
 
 def fetch_files(repo_id: str, names: list[str], revision: str = "main") -> list[Path]:
@@ -152,19 +147,6 @@ def fetch_files(repo_id: str, names: list[str], revision: str = "main") -> list[
         raise HubNotFoundError(f"{repo_id} (revision {revision!r}): {reason}, and the cache {cache} holds no copy of "
                                f"{missing}", whole_repo=len(missing) == len(names))
     return paths
-
-
-def _fold_norm_scaling_factor(sae, factor: Optional[float], release: str, sae_id: str) -> None:
-    """SAELens's ``fold_activation_norm_scaling_factor``: W_enc times the factor, W_dec and b_dec divided by it."""
-    if factor is None:
-        warnings.warn(f"norm_scaling_factor not found for {release} and {sae_id}, but normalize_activations is "
-                      "'expected_average_only_in'. Skipping normalization folding.", stacklevel=3)
-        return
-    with torch.no_grad():
-        sae.W_enc.mul_(factor)
-        sae.W_dec.div_(factor)
-        sae.b_dec.div_(factor)
-    sae.cfg.normalize_activations = "none"
 
 
 def _close(name: Any, known) -> str:

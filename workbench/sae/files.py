@@ -8,6 +8,7 @@ safetensors header: names, shapes, dtypes) against the config before reading any
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -40,9 +41,7 @@ def load_sae(path: Union[str, Path], sae_id: Optional[str] = None, device: Any =
         workbench.errors.CheckpointError: no/such/sae: no such directory (an SAE is a directory with cfg.json and sae_weights.safetensors)
     """
     if sae_id is not None:
-        from workbench.hub.sae_releases import load_pretrained_sae  # the Hub only when asked for
-
-        return load_pretrained_sae(str(path), sae_id, device=device, dtype=dtype)
+        return _load_pretrained(str(path), sae_id, device, dtype)
     folder = Path(path)
     if not folder.is_dir() and shipped_path(path) is not None:
         folder = shipped_path(path)
@@ -74,6 +73,29 @@ def load_sae_files(cfg_path: Path, weights_path: Path, device: Any = None, dtype
     tensors = _read_tensors(weights_path, cfg)
     check_tensors(cfg, tensors, str(weights_path), CheckpointError)
     return SAE.from_tensors(cfg, {name: tensor.to(cfg.torch_dtype) for name, tensor in tensors.items()})
+
+
+def _load_pretrained(release: str, sae_id: str, device: Any, dtype: Any) -> SAE:
+    """SAELens's ``SAE.from_pretrained`` for a release's SAE: its files from the Hub, the release's overrides laid
+    over the config, the Neuronpedia id in the metadata (SAELens keeps it there for pre-6.0 configs; here for
+    every config) and a registry ``norm_scaling_factor`` folded in when the config says
+    ``expected_average_only_in`` (SAELens's ``fold_activation_norm_scaling_factor``; warned about when absent)."""
+    from workbench.hub.sae_releases import fetch_pretrained  # the Hub only when asked for
+
+    cfg_path, weights_path, overrides, entry = fetch_pretrained(release, sae_id)
+    sae = load_sae_files(cfg_path, weights_path, device=device, dtype=dtype, cfg_overrides=overrides)
+    if "neuronpedia_id" in overrides:
+        sae.cfg.metadata["neuronpedia_id"] = overrides["neuronpedia_id"]
+    if sae.cfg.normalize_activations == "expected_average_only_in":
+        factor = entry.get("norm_scaling_factor")
+        if factor is None:
+            warnings.warn(f"norm_scaling_factor not found for {release} and {sae_id}, but normalize_activations is "
+                          "'expected_average_only_in'. Skipping normalization folding.", stacklevel=3)
+        else:
+            with torch.no_grad():
+                sae.W_enc.mul_(factor), sae.W_dec.div_(factor), sae.b_dec.div_(factor)
+            sae.cfg.normalize_activations = "none"
+    return sae
 
 
 def _read_tensors(weights_path: Path, cfg: SAEConfig) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
@@ -109,9 +110,8 @@ class SAE(HookedRootModule):
             Traceback (most recent call last):
             workbench.errors.InputError: release 'gpt2-small-res-jb' has no SAE 'blocks.99.hook_resid_pre' (13 SAEs); did you mean ...
         """
-        from workbench.hub.sae_releases import load_pretrained_sae  # the Hub only when asked for
-
-        return load_pretrained_sae(release, sae_id, device=device, dtype=dtype)
+        # The reader (workbench.sae.files) builds SAEs from this module; it is looked up at call time, not imported.
+        return importlib.import_module("workbench.sae.files").load_sae(release, sae_id, device=device, dtype=dtype)
 
     @classmethod
     def from_tensors(cls, cfg: SAEConfig, tensors: Mapping[str, Tensor], device: Any = None,
