@@ -122,10 +122,9 @@ def fetch_files(repo_id: str, names: list[str], revision: str = "main") -> list[
     """These files of the repo in the HF cache (downloaded if need be; offline, from the cache only).
 
     Example:
-        >>> import os; os.environ["HF_HUB_CACHE"] = "/tmp/empty-cache"
-        >>> fetch_files("org/saes", ["layer_0/cfg.json"])
+        >>> fetch_files("org/no-such-saes", ["layer_0/cfg.json"])   # the suite runs offline
         Traceback (most recent call last):
-        workbench.hub.errors.HubNotFoundError: org/saes (revision 'main'): the Hub is switched off (HF_HUB_OFFLINE=1), and the cache /tmp/empty-cache holds no copy of ['layer_0/cfg.json']
+        workbench.hub.errors.HubNotFoundError: org/no-such-saes (revision 'main'): the Hub is switched off (HF_HUB_OFFLINE=1), and the cache ... holds no copy of ['layer_0/cfg.json']
     """
     endpoint, cache = settings.endpoint(), settings.cache_dir()
     paths, missing, reason = [], [], "the Hub is switched off (HF_HUB_OFFLINE=1)"
