@@ -97,8 +97,16 @@ def test_layers_only_look_down(graph):
     assert not wrong, f"imports against the layering (module, what it imports): {wrong}"
 
 
+# Imports inside a function, run when it is called, that close a loop on purpose; each with its reason.
+CALL_TIME_IMPORTS = {
+    # SAELens's constructor SAE.from_pretrained calls the reader, which builds SAEs of workbench.sae.model
+    ("workbench.sae.model", "workbench.sae.files"),
+}
+
+
 def test_no_import_cycles(graph):
-    ours = {name: {t for t in targets if t in graph and t != name} for name, targets in graph.items()}
+    ours = {name: {t for t in targets if t in graph and t != name and (name, t) not in CALL_TIME_IMPORTS}
+            for name, targets in graph.items()}
     # A package's __init__ runs before its submodules, so "pkg.sub imports pkg" is no cycle of ours to
     # avoid; only edges between real modules count (an __init__ that imports a submodule is one).
     visiting, done, cycles = [], set(), []

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
@@ -110,8 +109,9 @@ class SAE(HookedRootModule):
             Traceback (most recent call last):
             workbench.errors.InputError: release 'gpt2-small-res-jb' has no SAE 'blocks.99.hook_resid_pre' (13 SAEs); did you mean ...
         """
-        # The reader (workbench.sae.files) builds SAEs from this module; it is looked up at call time, not imported.
-        return importlib.import_module("workbench.sae.files").load_sae(release, sae_id, device=device, dtype=dtype)
+        from workbench.sae.files import load_sae  # the reader builds SAEs of this module: imported when called
+
+        return load_sae(release, sae_id, device=device, dtype=dtype)
 
     @classmethod
     def from_tensors(cls, cfg: SAEConfig, tensors: Mapping[str, Tensor], device: Any = None,
