@@ -122,12 +122,22 @@ def click_points_until_heading_changes(page, chart_key: str, heading: Union[str,
         if box is None:
             continue
         page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-        page.wait_for_timeout(500)   # the rerun starts
+        _wait_for_rerun_to_start(page, card, before)
         wait_idle(page)
         now = card.inner_text()
         if now != before:
             break
     return before, now
+
+
+def _wait_for_rerun_to_start(page, card, before: str, limit_s: float = 15.0) -> None:
+    """Waits until a click's rerun has begun (Streamlit busy, or the card already changed), at most ``limit_s``: on a
+    loaded machine the rerun can start seconds after the click, and a fixed pause then read the old card as final."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if card.inner_text() != before or not page.evaluate(IDLE_JS):
+            return
+        page.wait_for_timeout(100)
 
 
 def open_page(page, name: str, heading: str, timeout_ms: float = 60_000) -> None:
