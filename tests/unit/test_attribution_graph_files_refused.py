@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 import experiments.attribution.graph as graph_module
 from experiments.attribution import AttributionGraph, write_graph_files
 from workbench.errors import CheckpointError, InputError
+from tests.unit.tensor_reads import count_tensor_reads
 
 
 def small_graph(n_active: int = 2, n_logits: int = 1) -> AttributionGraph:
@@ -43,32 +44,7 @@ def edit_tensors(folder, edit):
 
 @pytest.fixture
 def tensor_reads(monkeypatch):
-    reads = []
-    real_safe_open = graph_module.safe_open
-
-    class CountingFile:
-        def __init__(self, *args, **kwargs):
-            self._file = real_safe_open(*args, **kwargs)
-
-        def __enter__(self):
-            self._inner = self._file.__enter__()
-            return self
-
-        def __exit__(self, *exc):
-            return self._file.__exit__(*exc)
-
-        def keys(self):
-            return self._inner.keys()
-
-        def get_slice(self, name):
-            return self._inner.get_slice(name)
-
-        def get_tensor(self, name):
-            reads.append(name)
-            return self._inner.get_tensor(name)
-
-    monkeypatch.setattr(graph_module, "safe_open", CountingFile)
-    return reads
+    return count_tensor_reads(monkeypatch, graph_module)
 
 
 def test_a_saved_graph_loads_back_field_for_field(saved):

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 import workbench as wb
 import workbench.sae.files as sae_files
+from tests.unit.tensor_reads import count_tensor_reads
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sae"
 
@@ -27,32 +28,7 @@ def sae_dir(tmp_path):
 @pytest.fixture
 def tensor_reads(monkeypatch):
     """Counts the tensors ``load_sae`` reads from a safetensors file (the header alone is not a read)."""
-    reads = []
-    real_safe_open = sae_files.safe_open
-
-    class CountingFile:
-        def __init__(self, *args, **kwargs):
-            self._file = real_safe_open(*args, **kwargs)
-
-        def __enter__(self):
-            self._inner = self._file.__enter__()
-            return self
-
-        def __exit__(self, *exc):
-            return self._file.__exit__(*exc)
-
-        def keys(self):
-            return self._inner.keys()
-
-        def get_slice(self, name):
-            return self._inner.get_slice(name)
-
-        def get_tensor(self, name):
-            reads.append(name)
-            return self._inner.get_tensor(name)
-
-    monkeypatch.setattr(sae_files, "safe_open", CountingFile)
-    return reads
+    return count_tensor_reads(monkeypatch, sae_files)
 
 
 def edit_config(folder: Path, edit):
