@@ -107,7 +107,19 @@ def wait_chart(page, key: str, title: Optional[str] = None, timeout_ms: float = 
           " if (!root || !root.querySelector('.main-svg')) return false;"
           " if (!title) return true;"
           " const t = root.querySelector('.gtitle'); return !!t && t.textContent.includes(title); }")
-    page.wait_for_function(js, arg=[key, title or ""], timeout=timeout_ms)
+    try:
+        page.wait_for_function(js, arg=[key, title or ""], timeout=timeout_ms)
+    except Exception as error:  # a timeout says only "timeout": say what the page showed instead
+        raise AssertionError(f"chart {key!r} not drawn within {timeout_ms / 1000:.0f} s; the page shows:\n"
+                             f"{page_messages(page)}") from error
+
+
+def page_messages(page) -> str:
+    """The texts of the page's alerts (info, warning, error) and exceptions, one per line: what a person looking at
+    a failed test's page would read first."""
+    texts = page.locator('[data-testid="stAlert"], [data-testid="stException"]').all_inner_texts()
+    busy = "" if page.evaluate(IDLE_JS) else "(a script is still running)\n"
+    return busy + ("\n".join(text.strip()[:500] for text in texts) or "(no alert or exception)")
 
 
 def click_points_until_heading_changes(page, chart_key: str, heading: Union[str, Pattern]) -> tuple[str, str]:

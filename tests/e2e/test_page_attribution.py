@@ -27,7 +27,11 @@ def test_a_linked_graph_draws_and_a_click_opens_a_feature(browser, server_url, s
     page.set_default_timeout(180_000)   # a limit, not a rate: ~30 s alone, 100 s on a loaded 2-core machine
     try:
         page.goto(f"{server_url}/Attribution?{query}")
+        # One click, then wait for its rerun to finish, as a user would: a second click while the first rerun runs
+        # stops that rerun, and Streamlit drops the first button's press if it had not yet been read.
         page.get_by_role("button", name="Open the linked model").click()
+        page.get_by_role("button", name="Open the linked model").wait_for(state="detached")
+        wait_idle(page, 180_000)
         page.get_by_role("button", name="Open these transcoders").click()
         wait_chart(page, "attribution_graph", timeout_ms=180_000)
         wait_idle(page)
