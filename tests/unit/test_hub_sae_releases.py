@@ -131,7 +131,7 @@ def test_unknown_release_or_sae_id_names_it_with_close_matches(fake_release):
 
 
 def test_a_conversion_kind_not_loaded_yet_is_a_config_error_naming_it(fake_release):
-    with pytest.raises(wb.ConfigError, match="'gemma_2' form.*loaded: 'sae_lens'"):
+    with pytest.raises(wb.ConfigError, match="SAELens's 'gemma_2' form is not loaded yet.*loaded: 'sae_lens'"):
         wb.load_sae("tiny-gemma", "l0")
     assert fake_release.file_requests("GET") == []
 

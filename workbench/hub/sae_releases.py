@@ -2,12 +2,12 @@
 
 The registry is SAELens 6.54.12's ``pretrained_saes.yaml`` carried over as data (``sae_releases.json``, MIT
 licence noted in it; ``tools/refresh_sae_releases.py`` regenerates it): per release its Hub repo, model and
-conversion kind, per SAE its folder in the repo, Neuronpedia id and activation-norm scaling factor. A
-``sae_lens``-kind SAE is exactly two files of its folder, ``cfg.json`` and ``sae_weights.safetensors``, fetched
-through ``huggingface_hub`` into the standard cache (``HF_ENDPOINT`` and ``HF_HUB_OFFLINE`` read at the call:
-``workbench.hub.settings``) and read by ``workbench.sae.files``, as SAELens's ``SAE.from_pretrained`` does:
-the release's ``config_overrides`` and the Neuronpedia id laid over the config, and a ``norm_scaling_factor``
-folded into the weights when the config says ``expected_average_only_in``.
+conversion kind, per SAE its folder in the repo, Neuronpedia id and activation-norm scaling factor. The files an
+SAE needs (``cfg.json`` and ``sae_weights.safetensors`` for the ``sae_lens`` kind; each other kind names its own in
+``workbench.sae.foreign``) are fetched through ``huggingface_hub`` into the standard cache (``HF_ENDPOINT`` and
+``HF_HUB_OFFLINE`` read at the call: ``workbench.hub.settings``) and read by ``workbench.sae.files``, as SAELens's
+``SAE.from_pretrained`` does: the release's ``config_overrides`` and the Neuronpedia id laid over the config, and a
+``norm_scaling_factor`` folded into the weights when the config says ``expected_average_only_in``.
 """
 
 from __future__ import annotations
@@ -22,19 +22,16 @@ from typing import Any, Optional
 from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import LocalEntryNotFoundError
 
-from workbench.errors import ConfigError, InputError
+from workbench.errors import InputError
 from workbench.hub import settings
 from workbench.hub.errors import HubNotFoundError, hub_error
 from workbench.hub.resolve import CONNECTION_ERRORS, LIBRARY
 
-# SAELens's file names in a release's folder (workbench.sae.format's, which this package does not import).
-CFG_FILE, WEIGHTS_FILE = "cfg.json", "sae_weights.safetensors"
-
-# Every conversion kind SAELens 6.54.12 names (its NAMED_PRETRAINED_SAE_LOADERS), and those loaded here so far.
+# Every conversion kind SAELens 6.54.12 names (its NAMED_PRETRAINED_SAE_LOADERS); those loaded here besides
+# ``sae_lens`` are ``workbench.sae.foreign.KINDS``.
 CONVERSION_KINDS = ("sae_lens", "connor_rob_hook_z", "gemma_2", "gemma_3", "llama_scope", "llama_scope_r1_distill",
                     "dictionary_learning_1", "deepseek_r1", "qwen_scope", "sparsify", "gemma_2_transcoder",
                     "mwhanna_transcoder", "mntss_clt_layer_transcoder", "temporal", "goodfire")
-SUPPORTED_KINDS = ("sae_lens",)
 
 # The table, read from the JSON when first asked for (tests put a table of their own here).
 _RELEASES: Optional[dict[str, dict[str, Any]]] = None
@@ -95,27 +92,18 @@ def lookup(release: str, sae_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return row, saes[sae_id]
 
 
-def fetch_pretrained(release: str, sae_id: str) -> tuple[Path, Path, dict[str, Any], dict[str, Any]]:
-    """The cached ``cfg.json`` and ``sae_weights.safetensors`` of SAE ``sae_id`` of SAELens release ``release``
-    (downloaded if need be), the config overrides SAELens lays over it (the release's ``config_overrides`` and
-    the ``neuronpedia_id``) and the SAE's registry entry. ``wb.load_sae(release, sae_id)`` loads them.
+def overrides_of(row: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """The config values SAELens lays over an SAE's own config: the release's ``config_overrides`` and the SAE's
+    ``neuronpedia_id``.
 
     Example:
-        >>> fetch_pretrained("gemma-scope-2b-pt-res-canonical", "layer_12/width_16k/canonical")
-        Traceback (most recent call last):
-        workbench.errors.ConfigError: release 'gemma-scope-2b-pt-res-canonical' is stored in SAELens's 'gemma_2' form, which is not loaded yet (loaded: 'sae_lens'; SAELens's kinds: ...)
+        >>> overrides_of(*lookup("gpt2-small-res-jb", "blocks.8.hook_resid_pre"))["neuronpedia_id"]
+        'gpt2-small/8-res-jb'
     """
-    row, entry = lookup(release, sae_id)
-    if row["conversion"] not in SUPPORTED_KINDS:
-        raise ConfigError(f"release {release!r} is stored in SAELens's {row['conversion']!r} form, which is not loaded "
-                          f"yet (loaded: {', '.join(map(repr, SUPPORTED_KINDS))}; SAELens's kinds: "
-                          f"{', '.join(CONVERSION_KINDS)})")
     overrides = dict(row.get("config_overrides") or {})
     if entry.get("neuronpedia") is not None:
         overrides["neuronpedia_id"] = entry["neuronpedia"]
-    cfg_path, weights_path = fetch_files(row["repo_id"], [f"{entry['path']}/{CFG_FILE}",
-                                                          f"{entry['path']}/{WEIGHTS_FILE}"])
-    return cfg_path, weights_path, overrides, entry
+    return overrides
 
 
 def fetch_files(repo_id: str, names: list[str], revision: str = "main") -> list[Path]:

@@ -8,6 +8,7 @@
 - ``tensors``: the one check of an SAE's tensors;
 - ``model``: ``SAE``, the ``HookedRootModule`` with SAELens's weights and hook points;
 - ``format``: the directory's files and ``save_sae``; ``files``: ``load_sae``;
+- ``foreign``: SAEs in other libraries' layouts (SAELens's conversion kinds), converted at the file boundary;
 - ``shipped``: the SAEs and transcoders shipped beside the zoo models (``shipped_saes``), loadable by name;
 - ``splicing``: splicing SAEs into a model as hooks over its public hook surface (``model.run_with_saes`` and
   friends forward here through ``workbench.sae_splicing``).

@@ -65,13 +65,35 @@ def load_sae_files(cfg_path: Path, weights_path: Path, device: Any = None, dtype
     raw = read_json(cfg_path, MAX_CONFIG_BYTES, what="an SAE config")
     if cfg_overrides and isinstance(raw, dict):
         raw = {**raw, **cfg_overrides}
-    dtype_name = _dtype_name(dtype)
-    try:
-        cfg = config_from_dict(raw, dtype=dtype_name, device=str(torch.device(device)) if device is not None else "cpu")
-    except ConfigError as error:
-        raise ConfigError(f"{cfg_path}: {error}") from None
+    cfg = _config(raw, str(cfg_path), dtype, device)
     tensors = _read_tensors(weights_path, cfg)
-    check_tensors(cfg, tensors, str(weights_path), CheckpointError)
+    return _built(cfg, tensors, str(weights_path))
+
+
+def sae_from_parts(raw: dict[str, Any], tensors: dict[str, torch.Tensor], source: str, device: Any = None,
+                   dtype: Any = None) -> SAE:
+    """The SAE of a SAELens config (a parsed ``cfg.json``) and SAELens-named tensors another format was converted
+    to (``workbench.sae.foreign``), with the same checks as a SAELens directory; errors are prefixed by ``source``.
+
+    Example:
+        >>> sae_from_parts({"architecture": "standard", "d_in": 2, "d_sae": 3}, {}, "params.npz")
+        Traceback (most recent call last):
+        workbench.errors.CheckpointError: params.npz: missing 'W_dec', 'W_enc', 'b_dec', 'b_enc' (a standard SAE stores ...
+    """
+    cfg = _config(raw, source, dtype, device)
+    return _built(cfg, tensors, source)
+
+
+def _config(raw: Any, source: str, dtype: Any, device: Any) -> SAEConfig:
+    try:
+        return config_from_dict(raw, dtype=_dtype_name(dtype),
+                                device=str(torch.device(device)) if device is not None else "cpu")
+    except ConfigError as error:
+        raise ConfigError(f"{source}: {error}") from None
+
+
+def _built(cfg: SAEConfig, tensors: dict[str, torch.Tensor], source: str) -> SAE:
+    check_tensors(cfg, tensors, source, CheckpointError)
     return SAE.from_tensors(cfg, {name: tensor.to(cfg.torch_dtype) for name, tensor in tensors.items()})
 
 
@@ -80,10 +102,21 @@ def _load_pretrained(release: str, sae_id: str, device: Any, dtype: Any) -> SAE:
     over the config, the Neuronpedia id in the metadata (SAELens keeps it there for pre-6.0 configs; here for
     every config) and a registry ``norm_scaling_factor`` folded in when the config says
     ``expected_average_only_in`` (SAELens's ``fold_activation_norm_scaling_factor``; warned about when absent)."""
-    from workbench.hub.sae_releases import fetch_pretrained  # the Hub only when asked for
+    from workbench.hub.sae_releases import fetch_files, lookup, overrides_of  # the Hub only when asked for
+    from workbench.sae.foreign import foreign_kind
 
-    cfg_path, weights_path, overrides, entry = fetch_pretrained(release, sae_id)
-    sae = load_sae_files(cfg_path, weights_path, device=device, dtype=dtype, cfg_overrides=overrides)
+    row, entry = lookup(release, sae_id)
+    overrides = overrides_of(row, entry)
+    if row["conversion"] == "sae_lens":
+        cfg_path, weights_path = fetch_files(row["repo_id"], [f"{entry['path']}/{CFG_FILE}",
+                                                              f"{entry['path']}/{WEIGHTS_FILE}"])
+        sae = load_sae_files(cfg_path, weights_path, device=device, dtype=dtype, cfg_overrides=overrides)
+    else:  # another library's layout: its files, converted at the file boundary, then the same checks
+        kind = foreign_kind(row["conversion"])  # a kind not loaded is refused before any download
+        names = kind.files(entry["path"], row, entry)
+        paths = dict(zip(names, fetch_files(row["repo_id"], names)))
+        raw, tensors = kind.convert(paths, row, entry)
+        sae = sae_from_parts({**raw, **overrides}, tensors, f"{row['repo_id']}/{entry['path']}", device, dtype)
     if "neuronpedia_id" in overrides:
         sae.cfg.metadata["neuronpedia_id"] = overrides["neuronpedia_id"]
     if sae.cfg.normalize_activations == "expected_average_only_in":
