@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 import workbench as wb
 from tests.hub_server import files_of, hub  # noqa: F401  (the fixture)
