@@ -224,3 +224,14 @@ def test_folder_arguments_are_checked_before_the_hub_is_asked(hub):  # noqa: F81
 def test_a_missing_repo_is_an_error_naming_it(hub):  # noqa: F811
     with pytest.raises(wb.CheckpointError, match="someone/no-such-repo"):
         wb.load_sae("someone/no-such-repo", folder="layers.1")
+
+
+def test_sparsify_names_embed_tokens_and_a_zero_num_latents_as_sparsify_does():
+    from workbench.sae.foreign.sparsify import sparsify_config
+
+    cfg = sparsify_config({"d_in": 8, "num_latents": 0, "expansion_factor": 2, "k": 3}, {}, "org/sae-tiny",
+                          "embed_tokens", "cfg.json")
+    # hand-worked: num_latents 0 means d_in * expansion_factor (sparsify's SparseCoder); no run config: the repo name
+    assert (cfg["hook_name"], cfg["d_sae"], cfg["model_name"], cfg["context_size"]) == ("hook_embed", 16, "sae-tiny", 2048)
+    nested = sparsify_config({"d_in": 8, "num_latents": 16, "k": 3}, {}, "org/sae-tiny", "run-a/layers_7", "cfg.json")
+    assert (nested["hook_name"], nested["model_name"]) == ("blocks.7.hook_resid_post", "run-a")
