@@ -8,7 +8,8 @@ yields a local checkpoint; ``fetch_config`` yields config.json and the weights' 
 ours, naming the repo and what to do (``errors``). Pickled weights are read with
 ``torch.load(weights_only=True)`` only (``pickled``); remote code is never fetched or run. SAEs by SAELens
 release name (``wb.load_sae(release, sae_id)``, ``wb.pretrained_saes()``) are ``sae_releases``, its registry
-SAELens's ``pretrained_saes.yaml`` as data (``sae_releases.json``).
+SAELens's ``pretrained_saes.yaml`` as data (``sae_releases.json``). An SAE in a folder of any repo
+(``wb.load_sae("org/repo", folder="path")``: SAELens's layout or EleutherAI sparsify's) is ``sae_folders``.
 """
 
 from workbench.hub.download import Fetched, HubOrigin, fetch_model

@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 import torch
 from safetensors import SafetensorError, safe_open
 
-from workbench.errors import CheckpointError, ConfigError
+from workbench.errors import CheckpointError, ConfigError, InputError
 from workbench.safe_files import inside, read_json
 from workbench.sae.config import DTYPES, SAEConfig, config_from_dict
 from workbench.sae.format import CFG_FILE, WEIGHTS_FILE
@@ -27,7 +27,8 @@ from workbench.sae.tensors import check_declared, check_tensors
 MAX_CONFIG_BYTES = 16 * 2**20
 
 
-def load_sae(path: Union[str, Path], sae_id: Optional[str] = None, device: Any = None, dtype: Any = None) -> SAE:
+def load_sae(path: Union[str, Path], sae_id: Optional[str] = None, device: Any = None, dtype: Any = None, *,
+             folder: Optional[str] = None, revision: Optional[str] = None) -> SAE:
     """The SAE saved in SAELens directory ``path`` (or shipped under that name: ``shipped_saes()``), on ``device`` (default CPU, as SAELens's ``load_from_disk``)
     in ``dtype`` (default the config's). A missing, unreadable, mis-shaped or non-finite file or tensor is a
     ``CheckpointError`` naming it; a config value we cannot honour a ``ConfigError`` naming the field.
@@ -35,11 +36,22 @@ def load_sae(path: Union[str, Path], sae_id: Optional[str] = None, device: Any =
     ``load_sae(release, sae_id)`` (a second argument) is SAELens's ``SAE.from_pretrained(release, sae_id)``: the SAE
     of a SAELens release, fetched from the Hub (``workbench.hub.sae_releases``; ``wb.pretrained_saes()`` lists them).
 
+    ``load_sae(repo_id, folder="path", revision=None)`` (``folder=`` given: ``path`` is a Hub repo id, never a local
+    directory or a release) is the SAE in that folder of the repo, in SAELens's layout or EleutherAI sparsify's
+    (``workbench.hub.sae_folders``); ``folder=""`` is the repo's root.
+
     Example:
         >>> wb.load_sae("no/such/sae")
         Traceback (most recent call last):
         workbench.errors.CheckpointError: no/such/sae: no such directory (an SAE is a directory with cfg.json and sae_weights.safetensors)
     """
+    if folder is not None:
+        if sae_id is not None:
+            raise InputError(f"load_sae takes a release's sae_id or a repo's folder=, not both (got {sae_id!r} and "
+                             f"folder={folder!r})")
+        return _load_repo_folder(str(path), folder, revision, device, dtype)
+    if revision is not None:
+        raise InputError("load_sae's revision= is for a Hub repo's folder (load_sae(repo_id, folder=..., revision=...))")
     if sae_id is not None:
         return _load_pretrained(str(path), sae_id, device, dtype)
     folder = Path(path)
@@ -129,6 +141,16 @@ def _load_pretrained(release: str, sae_id: str, device: Any, dtype: Any) -> SAE:
                 sae.W_enc.mul_(factor), sae.W_dec.div_(factor), sae.b_dec.div_(factor)
             sae.cfg.normalize_activations = "none"
     return sae
+
+
+def _load_repo_folder(repo_id: str, folder: str, revision: Optional[str], device: Any, dtype: Any) -> SAE:
+    """The SAE of a Hub repo's folder (SAELens's or sparsify's layout), with a local directory's checks."""
+    from workbench.hub.sae_folders import fetch_sae_folder  # the Hub only when asked for
+
+    fetched = fetch_sae_folder(repo_id, folder, revision)
+    if fetched.layout == "sae_lens":
+        return load_sae_files(fetched.cfg_path, fetched.weights_path, device=device, dtype=dtype)
+    return sae_from_parts(fetched.raw, fetched.tensors, fetched.source, device, dtype)
 
 
 def _read_tensors(weights_path: Path, cfg: SAEConfig) -> dict[str, torch.Tensor]:

@@ -8,16 +8,30 @@ the Hub, runs remote code or unpickles anything but through ``torch.load(weights
 
 Modules:
 - ``kinds``: ``ForeignKind`` and the checked readers the kinds share (bounded JSON, safetensors, ``.npz``, ``.pt``).
+- ``state_dicts``: the named tensors a kind needs from a weights-only ``.pt`` state dict.
+- ``deepseek_qwen``: ``deepseek_r1`` and ``qwen_scope`` (one ``.pt`` per SAE; the config from the names).
+- ``goodfire``: ``goodfire`` (Goodfire's two Llama SAEs).
+- ``hook_z``: ``connor_rob_hook_z`` (GPT-2 small attention-output SAEs reading ``hook_z``).
+- ``sparsify``: ``sparsify`` (EleutherAI sparsify top-k folders; also read by ``wb.load_sae(repo, folder=...)``).
 """
 
 from __future__ import annotations
 
 from workbench.errors import ConfigError
+from workbench.sae.foreign import deepseek_qwen
+from workbench.sae.foreign import goodfire
+from workbench.sae.foreign import hook_z
+from workbench.sae.foreign import sparsify
 from workbench.sae.foreign.kinds import ForeignKind
 
 # Every kind loaded natively, by SAELens's name (its NAMED_PRETRAINED_SAE_LOADERS key). ``sae_lens`` itself is
 # SAELens's own directory layout, read by ``workbench.sae.files`` directly.
-KINDS: dict[str, ForeignKind] = {kind.name: kind for kind in ()}
+KINDS: dict[str, ForeignKind] = {kind.name: kind for kind in (
+    deepseek_qwen.DEEPSEEK_R1, deepseek_qwen.QWEN_SCOPE,
+    goodfire.GOODFIRE,
+    hook_z.CONNOR_ROB_HOOK_Z,
+    sparsify.SPARSIFY,
+)}
 
 
 def foreign_kind(name: str) -> ForeignKind:
