@@ -279,6 +279,7 @@ def _pre_6_to_6(values: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"SAE config field 'hook_point' (hook_name) must be a hook point name, got {new['hook_name']!r}")
     if not isinstance(new.get("activation_fn_kwargs") or {}, Mapping):
         raise ConfigError(f"SAE config field 'activation_fn_kwargs' must be an object, got {new['activation_fn_kwargs']!r}")
+    new.setdefault("prepend_bos", True)
     new.setdefault("apply_b_dec_to_input", True)
     new.setdefault("architecture", "standard")
     new.setdefault("reshape_activations", "hook_z" if "hook_z" in (new.get("hook_name") or "") else "none")

@@ -119,6 +119,7 @@ def _load_pretrained(release: str, sae_id: str, device: Any, dtype: Any) -> SAE:
 
     row, entry = lookup(release, sae_id)
     overrides = overrides_of(row, entry)
+    dtype = "float32" if dtype is None else dtype  # SAELens's from_pretrained default, whatever the config says
     if row["conversion"] == "sae_lens":
         cfg_path, weights_path = fetch_files(row["repo_id"], [f"{entry['path']}/{CFG_FILE}",
                                                               f"{entry['path']}/{WEIGHTS_FILE}"])

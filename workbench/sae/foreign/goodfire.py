@@ -59,9 +59,7 @@ def _convert(paths: Mapping[str, Path], row: Mapping[str, Any],
     tensors = {"W_enc": state["encoder_linear.weight"].T.contiguous(),
                "W_dec": state["decoder_linear.weight"].T.contiguous(),
                "b_enc": state["encoder_linear.bias"], "b_dec": state["decoder_linear.bias"]}
-    # prepend_bos: SAELens's handle_pre_6_0_config defaults it to true in every pre-6.0 config (this one has none),
-    # which workbench.sae.config's reading of such configs does not do yet.
-    return {**cfg, "dtype": "float32", "prepend_bos": True}, tensors
+    return {**cfg, "dtype": "float32"}, tensors  # a pre-6.0 config: prepend_bos defaults to true when it is read
 
 
 GOODFIRE = ForeignKind("goodfire", _files, _convert)
