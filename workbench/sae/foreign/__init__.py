@@ -8,16 +8,28 @@ the Hub, runs remote code or unpickles anything but through ``torch.load(weights
 
 Modules:
 - ``kinds``: ``ForeignKind`` and the checked readers the kinds share (bounded JSON, safetensors, ``.npz``, ``.pt``).
+- ``gemma_scope``: ``gemma_2`` (Gemma Scope's ``params.npz``; sizes and hooks from the repo id and folder, embedding
+  SAEs rescaled) and ``gemma_3`` (Gemma Scope 2's ``params.safetensors``, its ``config.json`` or the one SAELens
+  infers; transcoders, affine ones with ``W_skip``).
+- ``llama_scope``: ``llama_scope`` (one threshold, rescaled for the folded norm scaling) and ``llama_scope_r1_distill``.
+- ``dictionary_learning``: ``dictionary_learning_1`` (``config.json`` + ``ae.pt``; standard, top-k, gated, JumpReLU).
 """
 
 from __future__ import annotations
 
 from workbench.errors import ConfigError
+from workbench.sae.foreign import dictionary_learning
+from workbench.sae.foreign import gemma_scope
+from workbench.sae.foreign import llama_scope
 from workbench.sae.foreign.kinds import ForeignKind
 
 # Every kind loaded natively, by SAELens's name (its NAMED_PRETRAINED_SAE_LOADERS key). ``sae_lens`` itself is
 # SAELens's own directory layout, read by ``workbench.sae.files`` directly.
-KINDS: dict[str, ForeignKind] = {kind.name: kind for kind in ()}
+KINDS: dict[str, ForeignKind] = {kind.name: kind for kind in (
+    gemma_scope.GEMMA_2, gemma_scope.GEMMA_3,
+    llama_scope.LLAMA_SCOPE, llama_scope.LLAMA_SCOPE_R1_DISTILL,
+    dictionary_learning.DICTIONARY_LEARNING_1,
+)}
 
 
 def foreign_kind(name: str) -> ForeignKind:
