@@ -52,7 +52,7 @@ def kinds_hub(hub, monkeypatch):  # noqa: F811
 
 
 def _add_release(monkeypatch, hub, name: str, conversion: str, repo_id: str, files: dict[str, bytes], path: str,
-                 **row) -> None:  # noqa: F811
+                 **row) -> None:
     hub.add(repo_id, files)
     table = dict(sae_releases.releases())
     table[name] = {"repo_id": repo_id, "model": "toy", "conversion": conversion,
@@ -204,3 +204,12 @@ def test_a_dictionary_learning_config_without_its_sizes_is_a_config_error(hub, m
                  {f"{folder}/config.json": config, f"{folder}/ae.pt": b"unread"}, folder)
     with pytest.raises(wb.ConfigError, match="'trainer.activation_dim' must be an integer, got None"):
         wb.load_sae("sizeless-dl", "sae")
+
+
+def test_a_params_npz_of_complex_numbers_is_refused(hub, monkeypatch, tmp_path):  # noqa: F811
+    path = tmp_path / "params.npz"
+    np.savez(path, W_enc=np.ones((16, 32), dtype=np.complex64))
+    _add_release(monkeypatch, hub, "complex-gemma", "gemma_2", "google/gemma-scope-2b-pt-res",
+                 {"layer_0/width_16k/x/params.npz": path.read_bytes()}, "layer_0/width_16k/x")
+    with pytest.raises(wb.CheckpointError, match=r"params.npz: arrays \['W_enc'\] are not real numbers"):
+        wb.load_sae("complex-gemma", "sae")

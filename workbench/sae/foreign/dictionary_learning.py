@@ -34,7 +34,8 @@ def dictionary_learning_config(config: Mapping[str, Any], source: str = "config.
 
     Example:
         >>> cfg = dictionary_learning_config({"trainer": {"dict_class": "AutoEncoderTopK", "k": 4, "layer": 3,
-        ...     "activation_dim": 16, "dict_size": 32, "lm_name": "EleutherAI/pythia-70m-deduped"}, "buffer": {"ctx_len": 128}})
+        ...     "activation_dim": 16, "dict_size": 32, "lm_name": "EleutherAI/pythia-70m-deduped"},
+        ...     "buffer": {"ctx_len": 128}})
         >>> cfg["architecture"], cfg["activation_fn_kwargs"], cfg["model_name"], cfg["hook_name"], cfg["context_size"]
         ('standard', {'k': 4}, 'pythia-70m-deduped', 'blocks.3.hook_resid_post', 128)
     """
@@ -67,8 +68,9 @@ def dictionary_learning_tensors(state: Mapping[str, Any], architecture: str, sou
     JumpReLU's scalar threshold broadcast to every feature.
 
     Example:
-        >>> state = {"encoder.weight": torch.ones(3, 2), "encoder.bias": torch.zeros(3), "decoder.weight": torch.ones(2, 3),
-        ...          "b_dec": torch.zeros(2), "threshold": torch.tensor(0.5), "k": torch.tensor(2)}
+        >>> state = {"encoder.weight": torch.ones(3, 2), "encoder.bias": torch.zeros(3),
+        ...          "decoder.weight": torch.ones(2, 3), "b_dec": torch.zeros(2), "threshold": torch.tensor(0.5),
+        ...          "k": torch.tensor(2)}
         >>> out = dictionary_learning_tensors(state, "jumprelu", "ae.pt")
         >>> sorted(out), tuple(out["W_enc"].shape), out["threshold"].tolist()
         (['W_dec', 'W_enc', 'b_dec', 'b_enc', 'threshold'], (2, 3), [0.5, 0.5, 0.5])

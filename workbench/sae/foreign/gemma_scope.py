@@ -93,6 +93,9 @@ def gemma_2_tensors(arrays: Mapping[str, Tensor], d_in: int, embedding: bool, so
         >>> out["W_enc"][0, 0].item(), out["W_dec"][0, 0].item(), sorted(out)
         (0.5, 2.0, ['W_dec', 'W_enc', 'threshold'])
     """
+    odd = sorted(name for name, array in arrays.items() if array.is_complex() or array.dtype == torch.bool)
+    if odd:  # SAELens casts every array to float32; a complex one would lose its imaginary part unnoticed
+        raise CheckpointError(f"{source}: arrays {odd} are not real numbers (Gemma Scope stores float32 weights)")
     tensors = {("W_" + name[2:] if name.startswith("w_") else name): array.to(torch.float32)
                for name, array in arrays.items()}
     scale = tensors.pop("scaling_factor", None)

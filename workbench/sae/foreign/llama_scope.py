@@ -39,14 +39,16 @@ def llama_scope_config(hyperparams: Mapping[str, Any], source: str = "hyperparam
 
     Example:
         >>> cfg = llama_scope_config({"d_model": 16, "d_sae": 32, "jump_relu_threshold": 0.5,
-        ...                           "dataset_average_activation_norm": {"in": 2.0}, "hook_point_in": "blocks.3.hook_resid_post"})
+        ...                           "dataset_average_activation_norm": {"in": 2.0},
+        ...                           "hook_point_in": "blocks.3.hook_resid_post"})
         >>> cfg["d_in"], cfg["d_sae"], cfg["jump_relu_threshold"], cfg["hook_name"], cfg["normalize_activations"]
         (16, 32, 1.0, 'blocks.3.hook_resid_post', 'expected_average_only_in')
     """
     d_in = _number(hyperparams, "d_model", source, int)
     norms = hyperparams.get("dataset_average_activation_norm")
     if not isinstance(norms, Mapping):
-        raise ConfigError(f"{source}: field 'dataset_average_activation_norm' must be an object with 'in', got {norms!r}")
+        raise ConfigError(f"{source}: field 'dataset_average_activation_norm' must be an object with 'in', got "
+                          f"{norms!r}")
     norm_in = _number(norms, "in", source, float)
     if norm_in <= 0:
         raise ConfigError(f"{source}: field 'dataset_average_activation_norm.in' must be positive, got {norm_in!r}")
@@ -61,7 +63,8 @@ def llama_scope_r1_distill_config(config: Mapping[str, Any], source: str = "conf
     ``expansion_factor``).
 
     Example:
-        >>> cfg = llama_scope_r1_distill_config({"d_model": 16, "expansion_factor": 2, "hook_point_in": "blocks.0.hook_resid_post"})
+        >>> cfg = llama_scope_r1_distill_config({"d_model": 16, "expansion_factor": 2,
+        ...                                      "hook_point_in": "blocks.0.hook_resid_post"})
         >>> cfg["d_in"], cfg["d_sae"], cfg["model_name"], cfg["dtype"]
         (16, 32, 'meta-llama/Llama-3.1-8B', 'float32')
     """
@@ -75,7 +78,8 @@ def linear_layout_tensors(loaded: Mapping[str, Tensor], source: str) -> dict[str
 
     Example:
         >>> out = linear_layout_tensors({"encoder.weight": torch.ones(3, 2), "decoder.weight": torch.ones(2, 3),
-        ...                              "encoder.bias": torch.zeros(3), "decoder.bias": torch.zeros(2)}, "final.safetensors")
+        ...                              "encoder.bias": torch.zeros(3), "decoder.bias": torch.zeros(2)},
+        ...                             "final.safetensors")
         >>> {name: tuple(tensor.shape) for name, tensor in out.items()}
         {'W_enc': (2, 3), 'W_dec': (3, 2), 'b_enc': (3,), 'b_dec': (2,)}
     """
