@@ -76,6 +76,8 @@ def test_each_kind_encodes_decodes_and_configures_as_saelens(kinds_hub, case):
     for key, value in theirs["metadata"].items():
         if key != "sae_lens_version":  # SAELens stamps its own version on what it builds
             assert sae.cfg.metadata[key] == value, key
+    fetched = {r.path.split("/resolve/main/", 1)[-1] for r in kinds_hub.file_requests("GET")}
+    assert fetched == set(files_of(FIXTURES / case / "repo"))  # what the kind reads, nothing else
 
 
 def test_gemma_scope_names_are_read_as_saelens_reads_them():

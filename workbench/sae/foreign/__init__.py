@@ -3,8 +3,9 @@
 Each kind is one module holding a ``ForeignKind``: the files of a release's SAE folder it reads (``files``) and the
 conversion of those local files into SAELens's config and tensors (``convert``). ``workbench.hub.sae_releases``
 fetches the files and ``workbench.sae.files`` builds the checked ``SAE`` from what ``convert`` returns, so every kind
-gets the same checks (config fields, tensor names, shapes, finiteness) as a SAELens directory. Nothing here reaches
-the Hub, runs remote code or unpickles anything but through ``torch.load(weights_only=True)``.
+gets the same checks (config fields, tensor names, shapes, finiteness) as a SAELens directory. Nothing here runs
+remote code or unpickles anything but through ``torch.load(weights_only=True)``, and nothing reaches the Hub but
+through ``workbench.hub.sae_releases.fetch_files`` (``gemma_3`` asks for a ``config.json`` a folder may lack).
 
 Modules:
 - ``kinds``: ``ForeignKind`` and the checked readers the kinds share (bounded JSON, safetensors, ``.npz``, ``.pt``).
