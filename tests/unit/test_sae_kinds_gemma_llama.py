@@ -140,7 +140,7 @@ def test_gemma_scope_2_without_config_json_loads_offline_once_cached(kinds_hub, 
 def test_gemma_scope_2_offline_with_nothing_cached_names_the_repo_and_file(kinds_hub, monkeypatch):
     expected = _expected("gemma_3_res")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(wb.CheckpointError, match="google/gemma-scope-2-270m-pt.*HF_HUB_OFFLINE.*config.json"):
+    with pytest.raises(wb.CheckpointError, match="google/gemma-scope-2-270m-pt.*HF_HUB_OFFLINE.*params.safetensors"):
         wb.load_sae(expected["release"], expected["row"]["saes"][0]["id"])
 
 

@@ -136,6 +136,31 @@ def fetch_files(repo_id: str, names: list[str], revision: str = "main") -> list[
     return paths
 
 
+def fetch_optional(repo_id: str, names: list[str], revision: str = "main") -> dict[str, Path]:
+    """Those of these files the repo has, in the HF cache (downloaded if need be), by name: only the Hub's "no such
+    file" (or the cache's record of that answer) counts as absent; offline with nothing cached, an unknown repo or a
+    refused token stay errors naming the repo.
+
+    Example:
+        >>> fetch_optional("org/no-such-saes", ["layer_0/config.json"])   # the suite runs offline
+        Traceback (most recent call last):
+        workbench.hub.errors.HubNotFoundError: org/no-such-saes (revision 'main'): the Hub is switched off ...
+    """
+    from huggingface_hub import _CACHED_NO_EXIST, try_to_load_from_cache
+
+    found = {}
+    for name in names:
+        try:
+            found[name] = fetch_files(repo_id, [name], revision)[0]
+        except HubNotFoundError as error:
+            if not error.whole_repo:  # the repo answered: no such file
+                continue
+            cached = try_to_load_from_cache(repo_id, name, cache_dir=str(settings.cache_dir()), revision=revision)
+            if cached is not _CACHED_NO_EXIST:  # offline, and no earlier answer of "no such file" is cached
+                raise
+    return found
+
+
 def _close(name: Any, known) -> str:
     matches = difflib.get_close_matches(str(name), list(known), n=3, cutoff=0.6)
     matches += sorted(k for k in known if str(name) in k and k not in matches)[:3]

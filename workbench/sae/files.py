@@ -114,7 +114,7 @@ def _load_pretrained(release: str, sae_id: str, device: Any, dtype: Any) -> SAE:
     over the config, the Neuronpedia id in the metadata (SAELens keeps it there for pre-6.0 configs; here for
     every config) and a registry ``norm_scaling_factor`` folded in when the config says
     ``expected_average_only_in`` (SAELens's ``fold_activation_norm_scaling_factor``; warned about when absent)."""
-    from workbench.hub.sae_releases import fetch_files, lookup, overrides_of  # the Hub only when asked for
+    from workbench.hub.sae_releases import fetch_files, fetch_optional, lookup, overrides_of  # when asked for
     from workbench.sae.foreign import foreign_kind
 
     row, entry = lookup(release, sae_id)
@@ -128,6 +128,7 @@ def _load_pretrained(release: str, sae_id: str, device: Any, dtype: Any) -> SAE:
         kind = foreign_kind(row["conversion"])  # a kind not loaded is refused before any download
         names = kind.files(entry["path"], row, entry)
         paths = dict(zip(names, fetch_files(row["repo_id"], names)))
+        paths.update(fetch_optional(row["repo_id"], kind.optional(entry["path"], row, entry)))
         raw, tensors = kind.convert(paths, row, entry)
         sae = sae_from_parts({**raw, **overrides}, tensors, f"{row['repo_id']}/{entry['path']}", device, dtype)
     if "neuronpedia_id" in overrides:

@@ -214,8 +214,11 @@ def gemma_3_params_file(folder: str) -> str:
 
 
 def _gemma_3_files(folder: str, row: Mapping[str, Any], entry: Mapping[str, Any]) -> list[str]:
-    config = f"{folder}/config.json"
-    return ([config] if _on_hub(row["repo_id"], config) else []) + [gemma_3_params_file(folder)]
+    return [gemma_3_params_file(folder)]
+
+
+def _gemma_3_optional(folder: str, row: Mapping[str, Any], entry: Mapping[str, Any]) -> list[str]:
+    return [f"{folder}/config.json"]  # SAELens tries it, and infers the config from the names where it is absent
 
 
 def _gemma_3_convert(paths: Mapping[str, Path], row: Mapping[str, Any],
@@ -247,26 +250,5 @@ def _gemma_3_layer(repo_id: str, folder: str) -> int:
     return int(match.group(1))
 
 
-def _on_hub(repo_id: str, name: str) -> bool:
-    """Whether the repo has this optional file (fetched into the cache if so), as SAELens's try of ``config.json``:
-    only "no such file in the repo" (or the cache's record of that) is an answer of no; offline with nothing cached,
-    an unknown repo or a refused token stay errors naming the repo."""
-    from huggingface_hub import _CACHED_NO_EXIST, try_to_load_from_cache
-
-    from workbench.hub import settings  # the Hub only when a release is loaded
-    from workbench.hub.errors import HubNotFoundError
-    from workbench.hub.sae_releases import fetch_files
-
-    try:
-        fetch_files(repo_id, [name])
-    except HubNotFoundError as error:
-        if not error.whole_repo:  # the repo answered: no such file
-            return False
-        if try_to_load_from_cache(repo_id, name, cache_dir=str(settings.cache_dir())) is _CACHED_NO_EXIST:
-            return False  # offline, but an earlier answer of "no such file" is cached
-        raise
-    return True
-
-
 GEMMA_2 = ForeignKind("gemma_2", _gemma_2_files, _gemma_2_convert)
-GEMMA_3 = ForeignKind("gemma_3", _gemma_3_files, _gemma_3_convert)
+GEMMA_3 = ForeignKind("gemma_3", _gemma_3_files, _gemma_3_convert, _gemma_3_optional)

@@ -31,7 +31,8 @@ Convert = Callable[[Mapping[str, Path], Mapping[str, Any], Mapping[str, Any]], t
 
 @dataclass(frozen=True)
 class ForeignKind:
-    """One SAELens conversion kind: its ``name`` (SAELens's key), the ``files`` it reads and how it ``convert``s them.
+    """One SAELens conversion kind: its ``name`` (SAELens's key), the ``files`` it reads, the ``optional`` ones it reads
+    where the repo has them, and how it ``convert``s them (``paths`` holds an optional file only when it exists).
 
     Example:
         >>> kind = ForeignKind("example", lambda folder, row, entry: [f"{folder}/params.npz"], lambda paths, row, entry: ({}, {}))
@@ -42,6 +43,7 @@ class ForeignKind:
     name: str
     files: FilesOf
     convert: Convert
+    optional: FilesOf = lambda folder, row, entry: []  # files read when the repo has them (absent is no error)
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -83,7 +85,7 @@ def read_npz(path: Path) -> dict[str, Tensor]:
     try:
         with np.load(str(path), allow_pickle=False) as arrays:
             return {name: torch.from_numpy(np.array(arrays[name])) for name in arrays.files}
-    except (OSError, ValueError, EOFError) as error:
+    except (OSError, ValueError, EOFError, TypeError) as error:  # TypeError: an array of strings or objects
         raise CheckpointError(f"{path}: not a readable .npz file ({error})") from None
 
 
