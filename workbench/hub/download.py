@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from workbench.errors import CheckpointError
 from workbench.hub import settings
-from workbench.hub.disk import check_disk_space
+from workbench.hub.disk import check_disk_space, remove_stale_partials
 from workbench.hub.errors import HubError, hub_error
 from workbench.hub.files import PICKLE_SINGLE, SAFETENSORS_SINGLE, Wanted, wanted_files
 from workbench.hub.names import repo_id_for
@@ -129,6 +129,7 @@ def _cached(state: RepoState, wanted: Wanted) -> Path:
 
 def _download(state: RepoState, wanted: Wanted, progress: Optional[bool]) -> Path:
     """Every wanted file in the cache (after the disk check), the snapshot checked whole."""
+    remove_stale_partials(state.repo_id, state.cache)  # a killed download's leftovers: not resumable, only in the way
     to_download = {name: state.sizes.get(name) or 0 for name in wanted.files if not state.cached(name)}
     check_disk_space(state.repo_id, to_download, state.cache)
     try:
