@@ -18,21 +18,8 @@ from filelock import FileLock, Timeout
 from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
 
 from workbench.hub.errors import HubDiskSpaceError, hub_error
+from workbench.memory import readable_bytes
 from workbench.hub.resolve import CONNECTION_ERRORS, LIBRARY
-
-
-def readable_bytes(n_bytes: float) -> str:
-    """A byte count in binary units.
-
-    Example:
-        >>> readable_bytes(1536), readable_bytes(3 * 2**30)
-        ('1.5 KiB', '3.0 GiB')
-    """
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n_bytes < 1024 or unit == "TiB":
-            return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
-        n_bytes /= 1024
-    raise AssertionError("unreachable")
 
 
 def check_disk_space(repo_id: str, to_download: dict[str, int], cache: Path) -> None:
