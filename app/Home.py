@@ -1,4 +1,5 @@
-"""Home: pick the model every page works on, and see its card (config, size, hook points, kernel).
+"""Home: pick the model every page works on (registered, a path, or from the Hugging Face Hub), and see its card
+(config, size, hook points, kernel).
 
 Run with ``make run`` or ``streamlit run app/Home.py``; the other pages are in ``app/pages/``.
 """
@@ -9,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 import workbench as wb
-from app import state
+from app import hub_picker, state
 from app.safe_text import quoted
 from app.widgets import open_model, page_setup, run_page
 
@@ -17,7 +18,8 @@ REGISTERED, PATH = "Registered model", "Path on this machine"
 
 
 def _picker() -> None:
-    """Registered name or a path, plus the attention kernel; "Open" makes it the session's model."""
+    """Registered name or a path, plus the attention kernel; "Open" makes it the session's model. Below it, a Hub
+    repo id (downloaded on a click) or a model of the HF cache (``app.hub_picker``)."""
     models = wb.list_models()
     names = models["name"].tolist()
     installed = dict(zip(models["name"], models["installed"]))
@@ -42,6 +44,7 @@ def _picker() -> None:
                 state.choose_model(source, impl)
     with st.expander("Registered models"):
         st.dataframe(models, hide_index=True)
+    hub_picker.picker(state.attn_impl())
 
 
 def _card(loaded: state.LoadedModel, description: str = "") -> None:

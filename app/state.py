@@ -17,7 +17,7 @@ import workbench as wb
 
 SOURCE_KEY = "model_source"  # a registered name or a path (HF dir, .gguf, saved dir)
 IMPL_KEY = "attn_impl"
-OFFER_KEY = "linked_model_offer"  # a path named by a link, waiting for the user's click
+OFFER_KEY = "linked_model_offer"  # a path or Hub repo id named by a link, waiting for the user's click
 FAILURE_KEY = "model_load_failure"  # ((source, kernel), message) of the last load that failed in this session
 DEFAULT_IMPL = "sdpa"
 # The model's kernels (``workbench.ATTN_IMPLS``), the default first: the order the Home page offers them in.
@@ -70,9 +70,9 @@ def open_linked_model() -> None:
     """Opens the registered model a link names (``?model=...&impl=...``) when this session has not chosen one yet.
 
     Called by every page before anything else, so a copied link reopens its model on any page. A link
-    naming anything else (a path on the server) opens nothing: it is kept as an offer
+    naming anything else (a path on the server, a Hub repo id) opens nothing: it is kept as an offer
     (``linked_model_offer``) that the page shows with a button, so only a click loads a file a link
-    names, and a path that fails is not tried again on every rerun.
+    names or downloads (``app.hub_picker``), and a path that fails is not tried again on every rerun.
 
     Example:
         >>> open_linked_model()   # doctest: +SKIP
@@ -90,7 +90,7 @@ def open_linked_model() -> None:
 
 
 def linked_model_offer() -> Optional[tuple[str, Optional[str]]]:
-    """The (path, kernel) a link offered and the user has neither opened nor replaced, else None.
+    """The (path or Hub repo id, kernel) a link offered and the user has neither opened nor replaced, else None.
 
     Example:
         >>> linked_model_offer()   # doctest: +SKIP

@@ -16,7 +16,7 @@ import streamlit as st
 import torch
 
 import workbench as wb
-from app import results, state, url_state
+from app import hub_picker, results, state, url_state
 from app.runtime import leave_a_core_free
 from app.safe_text import quoted
 from app.state import LoadedModel
@@ -67,7 +67,8 @@ def page_setup(title: str) -> None:
 
 
 def linked_model_offer() -> None:
-    """Shows the model path a link named, with a button: the path is loaded only when the user clicks.
+    """Shows the model path (or Hub repo id) a link named, with a button: it is loaded (downloaded) only when the
+    user clicks.
 
     A link can point at any file on the server; opening it is the user's decision, not the link's.
 
@@ -78,6 +79,9 @@ def linked_model_offer() -> None:
     if offer is None:
         return
     source, impl = offer
+    if hub_picker.is_hub_source(source):  # a repo id: downloaded (with its progress) only on the click
+        hub_picker.linked_offer(source, impl)
+        return
     slot = st.empty()
     with slot.container():
         st.info(f"This link names a model path on this machine: {quoted(source, limit=300)}. It is not opened "

@@ -7,7 +7,8 @@ Read from huggingface_hub's source (``hf_api.model_info``, ``list_repo_tree``, `
 ``Range`` (206). Errors carry the ``X-Error-Code`` huggingface_hub reads: ``RepoNotFound`` (404),
 ``RevisionNotFound``, ``EntryNotFound``, ``GatedRepo`` (401 without the repo's token). No ``X-Xet-*``
 header is ever sent, so downloads stay plain HTTP. Every request is recorded (``requests``) so tests
-can say what was, and was not, fetched.
+can say what was, and was not, fetched. ``stall(file, after_bytes)`` makes the next GET of a file stop mid-way
+(an interrupted transfer: the process reading it can be killed there).
 """
 
 from __future__ import annotations
@@ -53,12 +54,22 @@ def commit_sha(files: dict[str, bytes], salt: str = "") -> str:
     return digest.hexdigest()
 
 
+@dataclass
+class Stall:
+    """A transfer cut after ``after_bytes``: ``reached`` once they are sent, ``release`` ends the hang."""
+
+    after_bytes: int
+    reached: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+
 class FakeHub:
     """The server and its repos. ``add(repo_id, files)`` publishes a commit on "main" (and returns its sha)."""
 
     def __init__(self) -> None:
         self.repos: dict[str, FakeRepo] = {}
         self.requests: list[Request] = []
+        self.stalls: dict[str, Stall] = {}
         self._lock = threading.Lock()
         hub = self
 
@@ -95,7 +106,16 @@ class FakeHub:
         return [r for r in self.file_requests("GET") if r.range is None
                 and r.path.endswith((".safetensors", ".bin", ".gguf"))]
 
+    def stall(self, filename: str, after_bytes: int) -> "Stall":
+        """The next GET of ``filename`` (a path in any repo) sends its first ``after_bytes`` bytes, then hangs until
+        ``release`` is set (or the hub stops) and closes the connection, the rest unsent. ``reached`` is set once
+        those bytes are sent."""
+        stall = self.stalls[filename] = Stall(after_bytes)
+        return stall
+
     def stop(self) -> None:
+        for stall in self.stalls.values():
+            stall.release.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -165,6 +185,14 @@ class _Handler(BaseHTTPRequestHandler):
                            **headers}.items():
             self.send_header(key, value)
         self.end_headers()
+        stall = None if head else self.fake.stalls.pop(filename, None)
+        if stall is not None:  # an interrupted transfer: part of the body, a hang, then the connection dropped
+            self.wfile.write(body[:stall.after_bytes])
+            self.wfile.flush()
+            stall.reached.set()
+            stall.release.wait(timeout=300)
+            self.close_connection = True
+            return
         if not head:
             self.wfile.write(body)
 

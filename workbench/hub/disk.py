@@ -1,29 +1,25 @@
 """Refusing a download that would not fit, before any byte of it is fetched (huggingface_hub only warns).
 
 Counted: the files still to download (those already in the cache cost nothing), against the free
-space of the disk that holds the cache.
+space of the disk that holds the cache. A model's sizes come from its repo listing (``resolve``);
+single files (an SAE's config and weights) are sized by one ``HEAD`` each (``files_to_download``).
+A download that was killed leaves its partial blob behind (huggingface_hub writes each file to a
+``<etag>.<random>.incomplete`` of its own process and cannot resume another's); ``remove_stale_partials``
+deletes those no running download holds, so they neither fill the disk nor count against the check.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from shutil import disk_usage
+from typing import Optional
 
-from workbench.hub.errors import HubDiskSpaceError
+from filelock import FileLock, Timeout
+from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
 
-
-def readable_bytes(n_bytes: float) -> str:
-    """A byte count in binary units.
-
-    Example:
-        >>> readable_bytes(1536), readable_bytes(3 * 2**30)
-        ('1.5 KiB', '3.0 GiB')
-    """
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n_bytes < 1024 or unit == "TiB":
-            return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
-        n_bytes /= 1024
-    raise AssertionError("unreachable")
+from workbench.hub.errors import HubDiskSpaceError, hub_error
+from workbench.memory import readable_bytes
+from workbench.hub.resolve import CONNECTION_ERRORS, LIBRARY
 
 
 def check_disk_space(repo_id: str, to_download: dict[str, int], cache: Path) -> None:
@@ -54,3 +50,50 @@ def _existing_ancestor(path: Path) -> Path:
     while not path.exists() and path != path.parent:
         path = path.parent
     return path
+
+
+def files_to_download(repo_id: str, names: list[str], revision: str, endpoint: str,
+                      cache: Path) -> Optional[dict[str, int]]:
+    """File -> bytes of the ``names`` the cache lacks at ``revision``, each sized by a ``HEAD`` on the Hub (no
+    body fetched); None when the Hub cannot be reached (the download that follows says so, naming the files).
+
+    Example:
+        >>> files_to_download("org/name", [], "main", "https://huggingface.co", Path("/tmp/empty-cache"))
+        {}
+    """
+    sizes: dict[str, int] = {}
+    for name in names:
+        if isinstance(try_to_load_from_cache(repo_id, name, cache_dir=str(cache), revision=revision), str):
+            continue  # cached: costs nothing
+        url = hf_hub_url(repo_id, name, revision=revision, endpoint=endpoint)
+        try:
+            sizes[name] = get_hf_file_metadata(url, library_name=LIBRARY, endpoint=endpoint).size or 0
+        except CONNECTION_ERRORS:
+            return None
+        except Exception as error:
+            raise (hub_error(error, repo_id, revision, endpoint, name) or error) from error
+    return sizes
+
+
+def remove_stale_partials(repo_id: str, cache: Path) -> list[str]:
+    """Deletes the repo's ``*.incomplete`` blobs that no download holds (each download holds its blob's lock in
+    ``.locks``); returns their names. A partial is never loaded either way: only whole files are linked
+    into a snapshot.
+
+    Example:
+        >>> remove_stale_partials("org/name", Path("/tmp/empty-cache"))
+        []
+    """
+    folder = f"models--{repo_id.replace('/', '--')}"
+    blobs, locks = Path(cache) / folder / "blobs", Path(cache) / ".locks" / folder
+    removed = []
+    for partial in sorted(blobs.glob("*.incomplete")) if blobs.is_dir() else []:
+        lock = FileLock(str(locks / f"{partial.name.split('.', 1)[0]}.lock"), timeout=0)
+        try:
+            locks.mkdir(parents=True, exist_ok=True)
+            with lock:
+                partial.unlink(missing_ok=True)
+        except (Timeout, OSError):  # being downloaded now, or not ours to delete: left alone
+            continue
+        removed.append(partial.name)
+    return removed

@@ -5,7 +5,9 @@ config.json is fetched (a small file, into the cache) and each safetensors file'
 huggingface_hub's range requests (``parse_safetensors_file_metadata``: the first 100 kB, and the rest
 of a longer header); the tensor names and dtypes are written into a temporary skeleton checkpoint,
 one ``model.safetensors`` whose tensors have no elements, which the config readers open like any
-other: they read names (the layer count check) and dtypes, never values.
+other: they read names (the layer count check) and dtypes, never values. Pickled weights have no header: a
+repo holding only those is refused until they are cached, then their names and dtypes are read from the
+memory-mapped files (``pickled.header_dtypes``), with no copy written.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from workbench.hub.download import Fetched, HubOrigin, wanted_of
 from workbench.hub.errors import HubError, hub_error
 from workbench.hub.files import SAFETENSORS_INDEX, SAFETENSORS_SINGLE
 from workbench.hub.names import repo_id_for
-from workbench.hub.pickled import as_safetensors
+from workbench.hub.pickled import header_dtypes
 from workbench.hub.resolve import RepoState, check_access, repo_state
 
 
@@ -53,14 +55,14 @@ def fetch_config(source: str, *, revision: Optional[str] = None, cache_dir: Opti
             raise state.missing_error([name for name in ("config.json", *wanted.weights) if not state.cached(name)])
         elif wanted.pickled:
             raise HubError(f"{state.where}: its weights are pickles ({', '.join(wanted.weights)}), which have no header "
-                           "to read tensor names from without downloading them; load_model() it once (that fetches "
-                           "them), then model_config() reads the cached copy")
+                           "to read tensor names and dtypes from without downloading them (a memory plan from "
+                           "config.json alone could not check its layer count or know the stored dtype); "
+                           "load_model() it once (that fetches them): model_config() and plan_memory() then read "
+                           "the cached copy")
         else:
             skeleton = _skeleton(state, [name for name in wanted.weights if name != SAFETENSORS_INDEX])
-    if skeleton is None and wanted.pickled:  # cached pickles: their names come from the (local) weights
-        with as_safetensors(state.snapshot(), wanted.weights, ["config.json"]) as directory:
-            yield Fetched(directory, origin)
-        return
+    if skeleton is None and wanted.pickled:  # cached pickles: names and dtypes from the memory-mapped files
+        skeleton = (str(state.snapshot() / "config.json"), header_dtypes(state.snapshot(), wanted.weights))
     if skeleton is None:
         yield Fetched(state.snapshot(), origin)
         return

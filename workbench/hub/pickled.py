@@ -4,7 +4,9 @@ Each file is opened with ``torch.load(weights_only=True)`` and nothing else: PyT
 unpickler, which builds tensors and plain containers and refuses any other class, so a hostile
 pickle cannot run code. The tensors are written once as safetensors into a temporary directory beside
 the repo's config and tokenizer files, which the HF loader then reads as any other checkpoint (its
-readers open only safetensors); the directory is removed when the load ends.
+readers open only safetensors); the directory is removed when the load ends. ``model_config`` and
+``plan_memory`` read only the tensors' names and dtypes (``header_dtypes``: the file memory-mapped, no
+tensor copied).
 """
 
 from __future__ import annotations
@@ -66,6 +68,32 @@ def read_pickled_weights(path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         raise CheckpointError(f"{path}: expected a dict of tensor name -> tensor, got {type(state).__name__}")
     return state
+
+
+def header_dtypes(snapshot: Path, weights: Sequence[str]) -> dict[str, str]:
+    """Tensor name -> safetensors dtype name ("F32", "BF16" ...) over the pickled ``weights``, as a safetensors
+    header would say: each file memory-mapped by ``torch.load(weights_only=True, mmap=True)``, no tensor read.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> torch.save({"w": torch.ones(2, dtype=torch.bfloat16), "n": torch.zeros(1)}, folder / "pytorch_model.bin")
+        >>> header_dtypes(folder, ["pytorch_model.bin"])
+        {'w': 'BF16', 'n': 'F32'}
+    """
+    from workbench.cache_store import SAFETENSORS_DTYPES
+
+    names = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
+    dtypes = {}
+    for name in weights:
+        if name == PICKLE_INDEX:
+            continue
+        for tensor_name, tensor in read_pickled_weights(snapshot / name).items():
+            if tensor.dtype not in names:
+                raise CheckpointError(f"{snapshot / name}: tensor {tensor_name!r} has dtype {tensor.dtype}, which no "
+                                      f"checkpoint we read holds ({', '.join(map(str, names))})")
+            dtypes[tensor_name] = names[tensor.dtype]
+    return dtypes
 
 
 def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -107,16 +107,23 @@ def overrides_of(row: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def fetch_files(repo_id: str, names: list[str], revision: str = "main") -> list[Path]:
-    """These files of the repo in the HF cache (downloaded if need be; offline, from the cache only).
+    """These files of the repo in the HF cache (downloaded if need be, after their sizes were checked against the
+    free disk: ``HubDiskSpaceError``; offline, from the cache only).
 
     Example:
         >>> fetch_files("org/no-such-saes", ["layer_0/cfg.json"])   # the suite runs offline
         Traceback (most recent call last):
         workbench.hub.errors.HubNotFoundError: org/no-such-saes (revision 'main'): the Hub is switched off (HF_HUB_OFFLINE=1), and the cache ... holds no copy of ['layer_0/cfg.json']
     """
+    from workbench.hub.disk import check_disk_space, files_to_download
+
     endpoint, cache = settings.endpoint(), settings.cache_dir()
     paths, missing, reason = [], [], "the Hub is switched off (HF_HUB_OFFLINE=1)"
     with settings.online_switch():
+        # As a model's download: every file's size (one HEAD each) against the free disk before any byte is fetched.
+        sizes = None if settings.offline() else files_to_download(repo_id, names, revision, endpoint, cache)
+        if sizes:
+            check_disk_space(repo_id, sizes, cache)
         for name in names:
             try:
                 paths.append(Path(hf_hub_download(repo_id, name, revision=revision, cache_dir=str(cache),

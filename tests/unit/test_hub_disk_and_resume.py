@@ -1,0 +1,95 @@
+"""Before and after a download from the (fake, loopback) Hub: an SAE's files are checked against the free disk as a
+model's are, and a download killed mid-way in another process is completed by the next load, never loaded half.
+
+Expected values: transformers' own load of the same files (``tests/unit/hub_repos.py``); the request log of the
+fake hub for what was fetched.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+import torch
+
+import workbench as wb
+from tests.hub_server import files_of, hub  # noqa: F401  (the fixture)
+from tests.unit.hub_repos import hf_repo, tokens
+from workbench.hub import HubDiskSpaceError, HubNotFoundError, sae_releases
+
+ROOT = Path(__file__).resolve().parents[2]
+SAE = ROOT / "tests" / "fixtures" / "sae" / "jumprelu"  # a SAELens-format folder written by SAELens 6.54.12
+REPO = "tiny-org/tiny-saes"
+Usage = namedtuple("usage", "total used free")
+
+
+@pytest.fixture
+def release(hub, monkeypatch):  # noqa: F811
+    hub.add(REPO, {f"layer_0/{name}": data for name, data in files_of(SAE).items() if name != "expected.safetensors"})
+    monkeypatch.setattr(sae_releases, "_RELEASES", {"tiny-release": {
+        "repo_id": REPO, "model": "toy", "conversion": "sae_lens", "saes": [{"id": "l0", "path": "layer_0"}]}})
+    return hub
+
+
+def test_an_sae_that_does_not_fit_on_the_disk_is_refused_before_any_byte(release, monkeypatch):
+    weights = (SAE / "sae_weights.safetensors").stat().st_size
+    monkeypatch.setattr("workbench.hub.disk.disk_usage", lambda path: Usage(10**6, 10**6 - 1000, 1000))
+    with pytest.raises(HubDiskSpaceError, match=rf"{REPO}: its files to download \(layer_0/cfg.json, "
+                                                r"layer_0/sae_weights.safetensors\) take .*1000 B free; nothing was downloaded"):
+        wb.load_sae("tiny-release", "l0")
+    assert release.file_requests("GET") == []  # sized by HEAD requests only
+    assert weights > 1000
+    monkeypatch.setattr("workbench.hub.disk.disk_usage", lambda path: Usage(10**9, 0, 10**9))
+    fetched = wb.load_sae("tiny-release", "l0")
+    monkeypatch.setattr("workbench.hub.disk.disk_usage", lambda path: Usage(10**6, 10**6, 0))
+    again = wb.load_sae("tiny-release", "l0")  # cached files cost nothing: no disk needed
+    assert torch.equal(again.W_enc, fetched.W_enc) and torch.equal(fetched.W_enc, wb.load_sae(SAE).W_enc)
+
+
+def test_fetch_files_keeps_its_signature_and_returns_the_cached_paths(release):
+    paths = sae_releases.fetch_files(REPO, ["layer_0/cfg.json", "layer_0/sae_weights.safetensors"], revision="main")
+    assert [path.read_bytes() for path in paths] == [(SAE / "cfg.json").read_bytes(),
+                                                     (SAE / "sae_weights.safetensors").read_bytes()]
+
+
+LOAD = "import sys, workbench as wb; wb.load_model(sys.argv[1])"
+
+
+def test_a_download_killed_mid_way_is_fetched_again_whole_by_the_next_process(hub, tmp_path):
+    """huggingface_hub 2.4 writes each file to a ``*.incomplete`` of its own process, so a later process cannot
+    resume it: the next load fetches the file again from byte 0 (the fake hub's log shows no ``Range``), deletes
+    the dead partial, and the half-written file is never loaded."""
+    repo = hf_repo(tmp_path / "llama", "llama", seed=1)
+    sha = hub.add("tiny-org/tiny-llama", repo.files())
+    size = len(repo.files()["model.safetensors"])
+    stall = hub.stall("model.safetensors", after_bytes=size // 2)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the fixture's HF_ENDPOINT and cache, online
+    process = subprocess.Popen([sys.executable, "-c", LOAD, "tiny-org/tiny-llama"], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert stall.reached.wait(timeout=180), process.stderr.read().decode() if process.poll() is not None else ""
+        time.sleep(0.5)  # the first half is on its way into the partial file
+    finally:
+        process.kill()
+        process.wait()
+    stall.release.set()
+    blobs = hub.cache / "models--tiny-org--tiny-llama" / "blobs"
+    assert list(blobs.glob("*.incomplete")), "the killed process left no partial file"
+    snapshot = hub.cache / "models--tiny-org--tiny-llama" / "snapshots" / sha
+    assert (snapshot / "config.json").is_file() and not (snapshot / "model.safetensors").exists()
+    with pytest.raises(HubNotFoundError, match=r"tiny-org/tiny-llama.*local_files_only=True.*missing: \['model.safetensors'\]"):
+        wb.load_model("tiny-org/tiny-llama", local_files_only=True)  # the partial file is not a model
+
+    model = wb.load_model("tiny-org/tiny-llama", attn_impl="eager")  # this process never saw the first download
+    weight_reads = [r for r in hub.file_requests("GET") if r.path.endswith("/model.safetensors")]
+    assert [r.range for r in weight_reads] == [None, None]  # re-fetched whole, not resumed
+    assert not list(blobs.glob("*.incomplete"))  # the dead process's partial is gone
+    ids = tokens(model.cfg.d_vocab)
+    with torch.no_grad():
+        assert (model(ids) - repo.reference(ids).logits).abs().max() < 1e-4
+    assert model.hub_origin.commit == sha
