@@ -16,6 +16,7 @@ from typing import Optional
 
 from filelock import FileLock, Timeout
 from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+from huggingface_hub.errors import RemoteEntryNotFoundError
 
 from workbench.hub.errors import HubDiskSpaceError, hub_error
 from workbench.memory import readable_bytes
@@ -70,6 +71,8 @@ def files_to_download(repo_id: str, names: list[str], revision: str, endpoint: s
             sizes[name] = get_hf_file_metadata(url, library_name=LIBRARY, endpoint=endpoint).size or 0
         except CONNECTION_ERRORS:
             return None
+        except RemoteEntryNotFoundError:
+            continue  # no such file: the download that follows says so, and the cache records the answer
         except Exception as error:
             raise (hub_error(error, repo_id, revision, endpoint, name) or error) from error
     return sizes
