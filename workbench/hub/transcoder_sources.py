@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 from urllib.parse import parse_qs, urlsplit
 
+from huggingface_hub import try_to_load_from_cache
+
 from workbench.errors import ConfigError
+from workbench.hub import settings
 from workbench.hub.disk import check_disk_space
 from workbench.hub.errors import HubNotFoundError
 from workbench.hub.names import is_repo_id
@@ -263,13 +266,29 @@ def fetch_from(state: RepoState, names: list[str], named_by: str) -> list[Path]:
     return fetch_files(state.repo_id, names, revision=state.revision)  # by name: the cache records the ref
 
 
+def files_held(repo_id: str, names: Sequence[str], revision: Optional[str] = None) -> list[str]:
+    """Which of ``names`` the repo holds: online, by its listing; offline, those in the cache (SAELens finds out
+    by trying each download).
+
+    Example:
+        >>> files_held("org/not-cached", ["wandb-config.yaml", "config.yaml"])   # the suite runs offline
+        []
+    """
+    state = _state(repo_id, revision, names[0])
+    if state.online:
+        return [name for name in names if name in state.sizes]
+    return [name for name in names if isinstance(try_to_load_from_cache(repo_id, name, cache_dir=str(state.cache),
+                                                                        revision=state.revision), str)]
+
+
 def _state(repo_id: str, revision: Optional[str], anchor: str) -> RepoState:
     """The repo as the Hub lists it (the commit ``revision`` points to now), or offline as the cache holds it (the
     snapshot holding ``anchor``); a gated repo with no token refused here."""
-    state = repo_state(repo_id, revision, None, None, local_files_only=False, anchor=anchor)
+    with settings.online_switch():  # huggingface_hub's own offline flag, as the environment holds it now
+        state = repo_state(repo_id, revision, None, None, local_files_only=False, anchor=anchor)
     check_access(state, None)
     return state
 
 
 __all__ = ["PRESETS", "HubAddress", "HubTranscoders", "is_transcoder_reference", "reference", "address",
-           "fetch_transcoder_config", "fetch_addresses", "fetch_from"]
+           "fetch_transcoder_config", "fetch_addresses", "fetch_from", "files_held"]

@@ -8,16 +8,20 @@ the Hub, runs remote code or unpickles anything but through ``torch.load(weights
 
 Modules:
 - ``kinds``: ``ForeignKind`` and the checked readers the kinds share (bounded JSON, safetensors, ``.npz``, ``.pt``).
+- ``transcoders``: ``gemma_2_transcoder``, ``mwhanna_transcoder``, ``mntss_clt_layer_transcoder``.
 """
 
 from __future__ import annotations
 
 from workbench.errors import ConfigError
 from workbench.sae.foreign.kinds import ForeignKind
+from workbench.sae.foreign.transcoders import TRANSCODER_KINDS
 
 # Every kind loaded natively, by SAELens's name (its NAMED_PRETRAINED_SAE_LOADERS key). ``sae_lens`` itself is
 # SAELens's own directory layout, read by ``workbench.sae.files`` directly.
-KINDS: dict[str, ForeignKind] = {kind.name: kind for kind in ()}
+KINDS: dict[str, ForeignKind] = {kind.name: kind for kind in (
+    *TRANSCODER_KINDS,
+)}
 
 
 def foreign_kind(name: str) -> ForeignKind:
