@@ -75,6 +75,11 @@ def gemma_2_transcoder_config(repo_id: str, folder: str) -> dict[str, Any]:
             "context_size": 1024, "apply_b_dec_to_input": False}
 
 
+def _gemma_2_files(folder: str, row: Mapping[str, Any], entry: Mapping[str, Any]) -> list[str]:
+    gemma_2_transcoder_config(row["repo_id"], folder)  # names it cannot read sizes from: refused before a download
+    return [f"{folder}/params.npz"]
+
+
 def _gemma_2_convert(paths: Mapping[str, Path], row: Mapping[str, Any], entry: Mapping[str, Any]):
     cfg = gemma_2_transcoder_config(row["repo_id"], entry["path"])
     tensors = {GEMMA_NAMES[name.lower()]: array.to(torch.float32)
@@ -87,6 +92,7 @@ def _gemma_2_convert(paths: Mapping[str, Path], row: Mapping[str, Any], entry: M
 def _mwhanna_files(folder: str, row: Mapping[str, Any], entry: Mapping[str, Any]) -> list[str]:
     from workbench.hub.transcoder_sources import files_held  # which config files this repo holds
 
+    _layer_of(row["repo_id"], folder)  # a file name without a layer: refused before a download
     held = files_held(row["repo_id"], [*WANDB_CONFIGS, BASE_CONFIG])
     wandb = WANDB_CONFIGS[1] if WANDB_CONFIGS[1] in held and WANDB_CONFIGS[0] not in held else WANDB_CONFIGS[0]
     return [wandb, *([BASE_CONFIG] if BASE_CONFIG in held else []), folder]
@@ -102,11 +108,7 @@ def mwhanna_transcoder_config(repo_id: str, folder: str, wandb: Any, base: Optio
         >>> cfg["model_name"], cfg["d_sae"], cfg["hook_name"], cfg["hook_name_out"]
         ('Qwen/Qwen3-14B', 32, 'blocks.5.mlp.hook_in', 'blocks.5.hook_mlp_out')
     """
-    try:
-        layer = int(folder.replace(".safetensors", "").split("_")[-1])
-    except ValueError:
-        raise ConfigError(f"{repo_id}/{folder}: no layer index at the end of the file name (layer_N.safetensors)") \
-            from None
+    layer = _layer_of(repo_id, folder)
     if base is None:
         size = re.search(r"qwen3-(\d+(?:\.\d+)?)b", repo_id)
         if not size:
@@ -122,6 +124,14 @@ def mwhanna_transcoder_config(repo_id: str, folder: str, wandb: Any, base: Optio
             "hook_name": f"blocks.{layer}.mlp.hook_in", "hook_name_out": f"blocks.{layer}.hook_mlp_out",
             "dataset_path": "monology/pile-uncopyrighted", "context_size": _field(wandb, ("batch_size", "value"), where),
             "apply_b_dec_to_input": False, "model_from_pretrained_kwargs": {"fold_ln": False}}
+
+
+def _layer_of(repo_id: str, folder: str) -> int:
+    try:
+        return int(folder.replace(".safetensors", "").split("_")[-1])
+    except ValueError:
+        raise ConfigError(f"{repo_id}/{folder}: no layer index at the end of the file name (layer_N.safetensors)") \
+            from None
 
 
 def _mwhanna_convert(paths: Mapping[str, Path], row: Mapping[str, Any], entry: Mapping[str, Any]):
@@ -204,8 +214,7 @@ def _field(config: Any, keys: tuple[str, ...], where: str) -> Any:
     return value
 
 
-GEMMA_2_TRANSCODER = ForeignKind("gemma_2_transcoder", lambda folder, row, entry: [f"{folder}/params.npz"],
-                                 _gemma_2_convert)
+GEMMA_2_TRANSCODER = ForeignKind("gemma_2_transcoder", _gemma_2_files, _gemma_2_convert)
 MWHANNA_TRANSCODER = ForeignKind("mwhanna_transcoder", _mwhanna_files, _mwhanna_convert)
 MNTSS_CLT_LAYER_TRANSCODER = ForeignKind("mntss_clt_layer_transcoder", _clt_layer_files, _clt_layer_convert)
 TRANSCODER_KINDS = (GEMMA_2_TRANSCODER, MWHANNA_TRANSCODER, MNTSS_CLT_LAYER_TRANSCODER)
