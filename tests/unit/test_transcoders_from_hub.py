@@ -66,13 +66,17 @@ def test_the_gemma_preset_reads_gemma_scope_npz_files_from_the_repo_its_config_n
     assert fetched(tc_hub, repos.GEMMA_WEIGHTS) == {f"{folder}/params.npz" for folder in repos.GEMMA_FOLDERS}
 
 
-def test_a_repo_folder_without_a_transcoders_list_counts_its_layer_files(tc_hub):
+def test_a_repo_folder_without_a_transcoders_list_counts_its_layer_files(tc_hub, monkeypatch):
     tc = wb.load_transcoders("fake-org/tc-sets/plt")
     assert_matches_circuit_tracer(tc, "plt_listed")
     assert fetched(tc_hub, repos.SETS) == {"plt/config.yaml"} | {f"plt/layer_{i}.safetensors" for i in range(3)}
+    as_address = wb.load_transcoders("hf://fake-org/tc-sets/plt?revision=main")  # circuit-tracer's hf:// spelling
+    assert all(torch.equal(a, b) for a, b in zip(tc.state_dict().values(), as_address.state_dict().values()))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the cached snapshot's own files are counted
+    assert wb.load_transcoders("fake-org/tc-sets/plt").n_layers == 3
 
 
-def test_a_cross_layer_transcoder_at_a_revision_fetches_its_encoder_and_decoder_files_only(tc_hub):
+def test_a_cross_layer_transcoder_at_a_revision_fetches_its_encoder_and_decoder_files_only(tc_hub, monkeypatch):
     tc = wb.load_transcoders("fake-org/tc-sets/clt@main")
     assert tc.cross_layer
     assert_matches_circuit_tracer(tc, "clt")
@@ -80,6 +84,9 @@ def test_a_cross_layer_transcoder_at_a_revision_fetches_its_encoder_and_decoder_
                                                                  for kind in ("W_enc", "W_dec")}
     with pytest.raises(HubNotFoundError, match="fake-org/tc-sets: no revision 'v9'"):
         wb.load_transcoders("fake-org/tc-sets/clt@v9")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    offline = wb.load_transcoders("fake-org/tc-sets/clt@main")
+    assert all(torch.equal(a, b) for a, b in zip(tc.state_dict().values(), offline.state_dict().values()))
 
 
 def _local_config(folder: Path, entries: list[str]) -> Path:

@@ -232,6 +232,9 @@ def fetch_addresses(entries: Sequence[str]) -> dict[str, Path]:
         Traceback (most recent call last):
         workbench.hub.errors.HubNotFoundError: org/tc (revision 'main'): ... holds no snapshot of it (missing: ['layer_0.safetensors'])
     """
+    if len(entries) > MAX_LAYERS:
+        raise ConfigError(f"field 'transcoders' names {len(entries)} hf:// files, more than the {MAX_LAYERS} layers "
+                          "any model has")
     addresses = {entry: address(entry) for entry in entries}  # every entry checked before anything is fetched
     by_repo: dict[tuple[str, Optional[str]], list[str]] = {}
     for entry, where in addresses.items():
