@@ -123,7 +123,8 @@ def test_an_hf_entry_leaving_its_repo_is_refused_before_anything_is_asked(tc_hub
 
 def test_an_entry_of_a_hub_config_leaving_its_repo_is_refused(tc_hub):
     tc_hub.add("fake-org/escape", {"config.yaml": b"model_kind: transcoder_set\nfeature_input_hook: mlp.hook_in\n"
-                                                  b"feature_output_hook: mlp.hook_out\ntranscoders:\n- ../x.safetensors\n"})
+                                                  b"feature_output_hook: mlp.hook_out\n"
+                                                  b"transcoders:\n- ../x.safetensors\n"})
     with pytest.raises(ConfigError, match=r"fake-org/escape/config.yaml: field 'transcoders'\[0\].*'\.\.' step"):
         wb.load_transcoders("fake-org/escape")
     assert fetched(tc_hub, "fake-org/escape") == {"config.yaml"}
@@ -133,7 +134,8 @@ def test_a_config_naming_a_file_the_repo_lacks_names_it(tc_hub, tmp_path):
     tc_hub.add("fake-org/broken", {"config.yaml": b"model_kind: transcoder_set\nfeature_input_hook: mlp.hook_in\n"
                                                   b"feature_output_hook: mlp.hook_out\ntranscoders:\n"
                                                   b"- layer_0.safetensors\n- layer_9.safetensors\n",
-                                   "layer_0.safetensors": (FIXTURES / "attribution/plt/layer_0.safetensors").read_bytes()})
+                                   "layer_0.safetensors": (FIXTURES / "attribution" / "plt" /
+                                                           "layer_0.safetensors").read_bytes()})
     with pytest.raises(HubNotFoundError, match=r"fake-org/broken .*no file 'layer_9.safetensors' in the repo"):
         wb.load_transcoders("fake-org/broken")
     assert fetched(tc_hub, "fake-org/broken") == {"config.yaml"}  # refused before any layer was fetched

@@ -55,12 +55,22 @@ class HubAddress:
     revision: Optional[str]
 
     def file(self, name: str) -> str:
-        """``name`` inside this address's folder."""
+        """``name`` inside this address's folder.
+
+        Example:
+            >>> HubAddress("org/tc", None, None).file("config.yaml")
+            'config.yaml'
+        """
         return f"{self.path}/{name}" if self.path else name
 
     @property
     def scan(self) -> str:
-        """circuit-tracer's ``scan`` for a set loaded from here: ``repo[//folder][@revision]``."""
+        """circuit-tracer's ``scan`` for a set loaded from here: ``repo[//folder][@revision]``.
+
+        Example:
+            >>> HubAddress("org/tc", "clt", "v1").scan
+            'org/tc//clt@v1'
+        """
         where = self.repo_id if self.path is None else f"{self.repo_id}//{self.path}"
         return f"{where}@{self.revision}" if self.revision else where
 
@@ -146,7 +156,12 @@ class HubTranscoders:
 
     @property
     def shown(self) -> str:
-        """How messages name the config: ``org/repo/folder/config.yaml``."""
+        """How messages name the config: ``org/repo/folder/config.yaml``.
+
+        Example:
+            >>> HubTranscoders(HubAddress("org/tc", "clt", None), None, Path("config.yaml")).shown
+            'org/tc/clt/config.yaml'
+        """
         return f"{self.where.repo_id}/{self.where.file(CONFIG_FILE)}"
 
     def layer_files(self, entries: Optional[Sequence[str]]) -> list[Path]:
@@ -186,7 +201,15 @@ class HubTranscoders:
 
     def cross_layer_folder(self) -> Path:
         """The local folder holding this cross-layer transcoder's ``W_enc_{i}`` and ``W_dec_{i}`` files (only
-        those: the number of ``W_enc_*.safetensors`` beside the config gives the layers)."""
+        those: the number of ``W_enc_*.safetensors`` beside the config gives the layers).
+
+        Example:
+            >>> state = repo_state("org/tc", None, "/tmp/empty-cache", None, local_files_only=True)
+            >>> empty = HubTranscoders(HubAddress("org/tc", None, None), state, Path("/no/such/config.yaml"))
+            >>> empty.cross_layer_folder()
+            Traceback (most recent call last):
+            workbench.hub.errors.HubNotFoundError: org/tc: a cross-layer transcoder needs W_enc_{i}.safetensors beside config.yaml; the repo holds none
+        """
         count = len(self._listed("W_enc_*.safetensors"))
         if count == 0:
             raise HubNotFoundError(f"{self.where.scan}: a cross-layer transcoder needs W_enc_{{i}}.safetensors beside "

@@ -165,8 +165,9 @@ def _per_layer_set(config_path: Path, config: dict, hooks: dict, scan: Any, hub:
     else:
         local = {i: p for i, p in enumerate(paths) if not p.startswith("hf://")}
         if len(local) > len(list(folder.iterdir())):
-            raise ConfigError(f"field 'transcoders' lists {len(local)} files, more than the {len(list(folder.iterdir()))}"
-                              " entries of the config's folder (every local layer file lies inside it)")
+            raise ConfigError(f"field 'transcoders' lists {len(local)} files, more than the "
+                              f"{len(list(folder.iterdir()))} entries of the config's folder (every local layer file "
+                              "lies inside it)")
         files_of = {i: _layer_file(folder, p, i) for i, p in local.items()}  # all checked before any download
         if len(local) < len(paths):
             from workbench.hub.transcoder_sources import fetch_addresses  # huggingface_hub only when asked for

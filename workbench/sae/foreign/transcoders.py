@@ -122,7 +122,8 @@ def mwhanna_transcoder_config(repo_id: str, folder: str, wandb: Any, base: Optio
             "d_sae": _field(wandb, ("d_feature", "value"), where), "dtype": "float32", "device": "cpu",
             "activation_fn": "relu", "normalize_activations": "none", "model_name": model_name,
             "hook_name": f"blocks.{layer}.mlp.hook_in", "hook_name_out": f"blocks.{layer}.hook_mlp_out",
-            "dataset_path": "monology/pile-uncopyrighted", "context_size": _field(wandb, ("batch_size", "value"), where),
+            "dataset_path": "monology/pile-uncopyrighted",
+            "context_size": _field(wandb, ("batch_size", "value"), where),
             "apply_b_dec_to_input": False, "model_from_pretrained_kwargs": {"fold_ln": False}}
 
 
