@@ -188,3 +188,13 @@ def test_a_gated_repo_without_a_token_says_to_accept_the_licence_and_set_hf_toke
 def test_a_name_that_is_neither_a_path_nor_a_hub_reference_keeps_the_local_error():
     with pytest.raises(CheckpointError, match="no-such-transcoders: no such file or directory"):
         wb.load_transcoders("no-such-transcoders")
+
+
+def test_a_revision_names_the_commit_whose_files_are_read(tc_hub):
+    tagged = {name: data for name, data in repos.fake_repos()[repos.SETS].items() if name.startswith("plt/")}
+    tagged.update({f"plt/layer_{i}.safetensors": (FIXTURES / "attribution" / "plt_skip" /
+                                                  f"layer_{i}.safetensors").read_bytes() for i in range(3)})
+    tc_hub.add(repos.SETS, tagged, ref="v1")
+    at_tag, at_main = wb.load_transcoders("fake-org/tc-sets/plt@v1"), wb.load_transcoders("fake-org/tc-sets/plt")
+    assert at_tag.skip_connection and not at_main.skip_connection
+    assert at_tag.scan == "fake-org/tc-sets//plt@v1"
