@@ -101,6 +101,9 @@ def test_layers_only_look_down(graph):
 CALL_TIME_IMPORTS = {
     # SAELens's constructor SAE.from_pretrained calls the reader, which builds SAEs of workbench.sae.model
     ("workbench.sae.model", "workbench.sae.files"),
+    # SAELens's mwhanna and mntss-CLT kinds are circuit-tracer layer files, converted by the one converter from
+    # circuit-tracer's layout (workbench.transcoders.layout), which builds SAEs of workbench.sae
+    ("workbench.sae.foreign.transcoders", "workbench.transcoders.layout"),
 }
 
 

@@ -10,9 +10,13 @@
   ``W_dec_{i}.safetensors`` (``W_dec_i [F, n_layers - i, D]``).
 - SAELens transcoders (``wb.load_sae``): a list of their directories, or a folder of them, one per layer.
 - Ours: ``transcoders.json`` + ``transcoders.safetensors`` (``TranscoderSet.save``).
+- From the Hub (``workbench.hub.transcoder_sources``, imported when asked for): circuit-tracer's presets
+  (``"gemma"``, ``"llama"``), ``org/repo[/folder][@revision]`` holding a ``config.yaml``, and ``hf://`` entries of
+  any ``config.yaml``; only the files the config names are fetched. A layer file ending ``.npz`` is Gemma Scope's
+  ``params.npz`` (``W_enc [D, F]``, ``W_dec``, ``b_enc``, ``b_dec``, ``threshold``), as circuit-tracer reads it.
 
-Nothing is fetched (an ``hf://`` path is a ``ConfigError``); a relative path that resolves outside the YAML's
-folder is refused; every tensor is checked before anything is built.
+A relative path that resolves outside the YAML's folder is refused; every tensor is checked before anything is
+built.
 """
 
 from __future__ import annotations
@@ -45,10 +49,19 @@ def load_transcoders(path: Union[PathLike, Sequence[PathLike]], device: Any = "c
     ``device`` in ``dtype``. Bad files are a ``CheckpointError`` naming the file and tensor, bad config values a
     ``ConfigError`` naming the field.
 
+    On the Hub (when no local path has that name): circuit-tracer's presets ``"gemma"`` and ``"llama"``, a repo
+    reference ``"org/repo[/folder][@revision]"`` whose folder holds circuit-tracer's ``config.yaml``, or an
+    ``"hf://org/repo[/folder][?revision=...]"`` address; a local ``config.yaml`` may name ``hf://`` files too. What
+    the config names is fetched into the standard HF cache (``HF_ENDPOINT``, ``HF_HUB_OFFLINE``, ``HF_TOKEN`` read at
+    the call), and nothing else.
+
     Example:
-        >>> wb.load_transcoders("no/such/transcoders")
+        >>> wb.load_transcoders("/no/such/transcoders")
         Traceback (most recent call last):
-        workbench.errors.CheckpointError: no/such/transcoders: no such file or directory (transcoders are a circuit-tracer config.yaml or its folder, a folder written by TranscoderSet.save, or SAELens transcoder directories)
+        workbench.errors.CheckpointError: /no/such/transcoders: no such file or directory (transcoders are a circuit-tracer config.yaml or its folder, a folder written by TranscoderSet.save, or SAELens transcoder directories)
+        >>> wb.load_transcoders("gemma")   # the suite runs offline, with nothing cached
+        Traceback (most recent call last):
+        workbench.hub.errors.HubNotFoundError: gemma: no such file or directory, and as transcoders on the Hub: mwhanna/gemma-scope-transcoders (revision 'main'): the Hub is switched off (HF_HUB_OFFLINE=1), ...
     """
     if isinstance(path, (list, tuple)):
         if not path:
@@ -63,7 +76,10 @@ def load_transcoders(path: Union[PathLike, Sequence[PathLike]], device: Any = "c
         folder = Path(path)
         if not folder.exists() and (shipped := shipped_folder(path, "transcoders")) is not None:
             folder = shipped  # a name from wb.shipped(kind="transcoders")
-        tcs = _from_path(folder, str(path))
+        if not folder.exists() and _names_hub_transcoders(str(path)):
+            tcs = _from_hub(str(path))
+        else:
+            tcs = _from_path(folder, str(path))
     return tcs.to(device=device, dtype=dtype)
 
 
@@ -86,44 +102,80 @@ def _from_path(path: Path, shown: str) -> TranscoderSet:
                           f"{shown}: not a transcoder set (no config.yaml, {OUR_CONFIG} or SAELens cfg.json found)")
 
 
+# ---- the Hub ---------------------------------------------------------------------------------------------------
+def _names_hub_transcoders(source: str) -> bool:
+    from workbench.hub.transcoder_sources import is_transcoder_reference  # huggingface_hub only when asked for
+
+    return is_transcoder_reference(source)
+
+
+def _from_hub(source: str) -> TranscoderSet:
+    """circuit-tracer's ``load_transcoder_from_hub``: the config fetched, then what it names; ``scan`` as it sets it."""
+    from workbench.hub.errors import HubNotFoundError
+    from workbench.hub.transcoder_sources import fetch_transcoder_config
+
+    try:
+        hub = fetch_transcoder_config(source)
+    except HubNotFoundError as error:
+        if not error.whole_repo:
+            raise
+        raise HubNotFoundError(f"{source}: no such file or directory, and as transcoders on the Hub: {error}",
+                               whole_repo=True) from error
+    return _from_circuit_tracer(hub.config_path, hub)
+
+
 # ---- circuit-tracer --------------------------------------------------------------------------------------------
-def _from_circuit_tracer(config_path: Path) -> TranscoderSet:
+def _from_circuit_tracer(config_path: Path, hub: Any = None) -> TranscoderSet:
+    """A circuit-tracer set from its ``config.yaml``; ``hub`` (a ``HubTranscoders``) when the config came from the
+    Hub: its entries name files of that repo, fetched, and ``scan`` is where it came from."""
+    shown = hub.shown if hub is not None else config_path
     config = read_config(config_path)
     if not isinstance(config, dict):
-        raise ConfigError(f"{config_path}: must be a mapping of fields, got {type(config).__name__}")
+        raise ConfigError(f"{shown}: must be a mapping of fields, got {type(config).__name__}")
     kind = config.get("model_kind")
     if kind not in KINDS:
-        raise ConfigError(f"{config_path}: field 'model_kind' must be one of {KINDS}, got {kind!r}")
-    hooks = {field: _string_field(config, field, config_path) for field in ("feature_input_hook", "feature_output_hook")}
-    scan = config.get("scan")
+        raise ConfigError(f"{shown}: field 'model_kind' must be one of {KINDS}, got {kind!r}")
+    hooks = {field: _string_field(config, field, shown) for field in ("feature_input_hook", "feature_output_hook")}
+    scan = config.get("scan") if hub is None else hub.where.scan
     try:
         if kind == "transcoder_set":
-            return _per_layer_set(config_path, config, hooks, scan)
-        return _cross_layer(config_path.parent, hooks, scan)
+            return _per_layer_set(config_path, config, hooks, scan, hub)
+        return _cross_layer(config_path.parent if hub is None else hub.cross_layer_folder(), hooks, scan)
     except ConfigError as error:
-        raise ConfigError(f"{config_path}: {error}") from None
+        raise ConfigError(f"{shown}: {error}") from None
 
 
-def _string_field(config: dict, field: str, config_path: Path) -> str:
+def _string_field(config: dict, field: str, config_path: Any) -> str:
     value = config.get(field)
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{config_path}: field {field!r} must be a hook name such as 'mlp.hook_in', got {value!r}")
     return value
 
 
-def _per_layer_set(config_path: Path, config: dict, hooks: dict, scan: Any) -> TranscoderSet:
+def _per_layer_set(config_path: Path, config: dict, hooks: dict, scan: Any, hub: Any = None) -> TranscoderSet:
     folder = config_path.parent
     paths = config.get("transcoders")
-    if paths is None:
+    if paths is not None and not (isinstance(paths, list) and paths and all(isinstance(p, str) for p in paths)):
+        raise ConfigError(f"field 'transcoders' must be a non-empty list of file paths, got {paths!r}")
+    if hub is not None:
+        files = hub.layer_files(paths)
+    elif paths is None:
         files = [inside(folder, f"layer_{i}.safetensors", what="transcoder folder")
                  for i in range(len(list(folder.glob("layer_*.safetensors"))))]
-    elif isinstance(paths, list) and paths and all(isinstance(p, str) for p in paths):
-        if len(paths) > len(list(folder.iterdir())):
-            raise ConfigError(f"field 'transcoders' lists {len(paths)} files, more than the {len(list(folder.iterdir()))}"
-                              " entries of the config's folder (every layer file lies inside it)")
-        files = [_layer_file(folder, p, i) for i, p in enumerate(paths)]
     else:
-        raise ConfigError(f"field 'transcoders' must be a non-empty list of file paths, got {paths!r}")
+        local = {i: p for i, p in enumerate(paths) if not p.startswith("hf://")}
+        if len(local) > len(list(folder.iterdir())):
+            raise ConfigError(f"field 'transcoders' lists {len(local)} files, more than the "
+                              f"{len(list(folder.iterdir()))} entries of the config's folder (every local layer file "
+                              "lies inside it)")
+        files_of = {i: _layer_file(folder, p, i) for i, p in local.items()}  # all checked before any download
+        if len(local) < len(paths):
+            from workbench.hub.transcoder_sources import fetch_addresses  # huggingface_hub only when asked for
+
+            remote = [p for p in paths if p.startswith("hf://")]
+            fetched = fetch_addresses(remote)
+            files_of.update({i: fetched[p] for i, p in enumerate(paths) if i not in local})
+        files = [files_of[i] for i in range(len(paths))]
     if not files:
         raise CheckpointError(f"{folder}: no layer_{{i}}.safetensors files and no 'transcoders' list in config.yaml")
     layers = [_read_per_layer(file) for file in files]
@@ -141,8 +193,7 @@ def _per_layer_set(config_path: Path, config: dict, hooks: dict, scan: Any) -> T
 def _layer_file(folder: Path, given: str, layer: int) -> Path:
     """The file ``given`` names, inside ``folder`` (an absolute path only when it lies inside the folder)."""
     if "://" in given:
-        raise ConfigError(f"field 'transcoders'[{layer}] is {given!r}: nothing is fetched from a hub; download the "
-                          "file and give its local path")
+        raise ConfigError(f"field 'transcoders'[{layer}] is {given!r}: the one address scheme read is hf://")
     relative = Path(given)
     if relative.is_absolute() and Path(given).resolve().is_relative_to(folder.resolve()):
         relative = Path(given).resolve().relative_to(folder.resolve())
@@ -177,11 +228,28 @@ def _tensor_names(path: Path) -> list[str]:
         raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
 
 
+def _read_gemma_scope(path: Path) -> dict[str, torch.Tensor]:
+    """Gemma Scope's ``params.npz`` in circuit-tracer's names (its ``load_gemma_scope_transcoder``): ``W_enc`` is
+    stored ``[D, F]`` and transposed, ``threshold`` is the JumpReLU's; nothing else may be in the file."""
+    from workbench.sae.foreign.kinds import read_npz  # the checked .npz reader (no pickles)
+
+    tensors = read_npz(path)
+    extra = sorted(set(tensors) - {"W_enc", "W_dec", "b_enc", "b_dec", "threshold"})
+    if extra:
+        raise CheckpointError(f"{path}: unexpected array {', '.join(map(repr, extra))} (Gemma Scope's params.npz "
+                              "holds W_enc, W_dec, b_enc, b_dec and threshold)")
+    if "W_enc" in tensors and tensors["W_enc"].dim() == 2:
+        tensors["W_enc"] = tensors["W_enc"].T
+    if "threshold" in tensors:
+        tensors["activation_function.threshold"] = tensors.pop("threshold")
+    return tensors
+
+
 def _read_per_layer(path: Path) -> dict[str, Optional[torch.Tensor]]:
     required = ("W_enc", "W_dec", "b_enc", "b_dec")
     optional = {"activation_function.threshold": "threshold", "W_skip": "W_skip"}
     try:
-        tensors = _read_file(path, set(required) | set(optional))
+        tensors = _read_gemma_scope(path) if path.suffix == ".npz" else _read_file(path, set(required) | set(optional))
     except CheckpointError as error:
         if "unexpected tensor" not in str(error):
             raise

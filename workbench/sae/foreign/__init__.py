@@ -19,6 +19,7 @@ Modules:
   infers; transcoders, affine ones with ``W_skip``).
 - ``llama_scope``: ``llama_scope`` (one threshold, rescaled for the folded norm scaling) and ``llama_scope_r1_distill``.
 - ``dictionary_learning``: ``dictionary_learning_1`` (``config.json`` + ``ae.pt``; standard, top-k, gated, JumpReLU).
+- ``transcoders``: ``gemma_2_transcoder``, ``mwhanna_transcoder``, ``mntss_clt_layer_transcoder``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from workbench.sae.foreign import dictionary_learning
 from workbench.sae.foreign import gemma_scope
 from workbench.sae.foreign import llama_scope
 from workbench.sae.foreign.kinds import ForeignKind
+from workbench.sae.foreign.transcoders import TRANSCODER_KINDS
 
 # Every kind loaded natively, by SAELens's name (its NAMED_PRETRAINED_SAE_LOADERS key). ``sae_lens`` itself is
 # SAELens's own directory layout, read by ``workbench.sae.files`` directly.
@@ -43,6 +45,7 @@ KINDS: dict[str, ForeignKind] = {kind.name: kind for kind in (
     gemma_scope.GEMMA_2, gemma_scope.GEMMA_3,
     llama_scope.LLAMA_SCOPE, llama_scope.LLAMA_SCOPE_R1_DISTILL,
     dictionary_learning.DICTIONARY_LEARNING_1,
+    *TRANSCODER_KINDS,
 )}
 
 
