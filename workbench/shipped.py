@@ -79,7 +79,7 @@ def model_artifacts() -> list[ShippedArtifact]:
 
     Example:
         >>> [row.name for row in model_artifacts()]
-        ['smollm2-135m', 'toy-attn-2l', 'toy-moe-2l']
+        ['smollm2-135m', 'gemma-3-270m', 'toy-attn-2l', 'toy-moe-2l']
     """
     rows = []
     for entry in REGISTRY.values():

