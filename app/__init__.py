@@ -2,7 +2,8 @@
 
 Pages live in ``app/pages/`` and only lay out. The shared helpers, each importing only those
 listed after it: ``widgets`` (page setup, error and model guards, prompt box, head and layer
-pickers, progress bar), ``artifact_picker`` (the one SAE / transcoder picker), ``ablation_picker`` (the
+pickers, progress bar), ``hub_picker`` (a Hub repo id downloaded after a click, with its progress; the HF
+cache's models), ``artifact_picker`` (the one SAE / transcoder picker), ``ablation_picker`` (the
 ablation page's head picker), ``token_widgets`` (token pickers), ``feature_card`` (one SAE feature's card),
 ``url_state`` (what a link may set, checked), ``safe_text`` (user and link values shown as literal text), ``downloads`` (CSV / HTML / PNG buttons), ``results`` (the one cache
 layer: the loaded models and every cached call into ``experiments``), ``state`` (which model

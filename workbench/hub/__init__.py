@@ -10,6 +10,8 @@ ours, naming the repo and what to do (``errors``). Pickled weights are read with
 release name (``wb.load_sae(release, sae_id)``, ``wb.pretrained_saes()``) are ``sae_releases``, its registry
 SAELens's ``pretrained_saes.yaml`` as data (``sae_releases.json``). An SAE in a folder of any repo
 (``wb.load_sae("org/repo", folder="path")``: SAELens's layout or EleutherAI sparsify's) is ``sae_folders``.
+Transcoder sets from the Hub (circuit-tracer's presets ``gemma`` / ``llama``, repo ids, ``hf://`` entries of a
+``config.yaml``) are resolved by ``transcoder_sources`` for ``wb.load_transcoders``.
 """
 
 from workbench.hub.download import Fetched, HubOrigin, download_model, fetch_model
