@@ -145,7 +145,7 @@ class TrainingForm:
             >>> module = nn.Module()
             >>> training_form("jumprelu").add_state(module, (2,), 3, {"jumprelu_init_threshold": 0.5})
             ('log_threshold',)
-            >>> module.log_threshold.shape, round(float(module.log_threshold.exp()[0, 0]), 3)
+            >>> module.log_threshold.shape, round(float(module.log_threshold.detach().exp()[0, 0]), 3)
             (torch.Size([2, 3]), 0.5)
         """
         state = self.new_state(layers, d_sae, options)

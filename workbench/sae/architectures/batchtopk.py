@@ -22,7 +22,14 @@ from workbench.sae.architectures.topk import TopKTraining
 
 
 class BatchTopKTraining(TopKTraining):
-    """Batch-top-k with its running threshold, saved as JumpReLU."""
+    """Batch-top-k with its running threshold, saved as JumpReLU.
+
+    Example (the threshold moves 1% of the way to the smallest activation that fired, 2):
+        >>> form, state = BatchTopKTraining(), {"topk_threshold": torch.tensor(0.0, dtype=torch.float64)}
+        >>> form.after_batch(torch.tensor([[0.0, 2.0], [3.0, 0.0]]), state, {"topk_threshold_lr": 0.01})
+        >>> state["topk_threshold"].item(), form.inference_tensors(state, d_sae=2)
+        (0.02, {'threshold': tensor([0.0200, 0.0200])})
+    """
 
     name = "batchtopk"
     saved_as = ("jumprelu", "jumprelu_transcoder", "jumprelu_skip_transcoder")

@@ -17,7 +17,15 @@ from workbench.sae.architectures.base import Encoding, HookFn, rows
 
 
 class Gated(Encoding):
-    """The gate and magnitude paths; no ``b_enc`` (``b_gate``, ``b_mag`` and ``r_mag`` instead)."""
+    """The gate and magnitude paths; no ``b_enc`` (``b_gate``, ``b_mag`` and ``r_mag`` instead).
+
+    Example (the gate opens for the first feature only; its magnitude is 2 * e^0 - 1):
+        >>> from types import SimpleNamespace
+        >>> sae = SimpleNamespace(W_enc=torch.eye(2), b_gate=torch.tensor([0.0, -5.0]), r_mag=torch.zeros(2),
+        ...                       b_mag=torch.tensor([-1.0, 0.0]))
+        >>> Gated().encode(sae, torch.tensor([2.0, 3.0]), acts_pre=lambda pre: pre)
+        tensor([1., 0.])
+    """
 
     activation = "gated"
     weights = ("b_gate", "b_mag", "r_mag")

@@ -22,7 +22,13 @@ from workbench.sae.architectures.base import Encoding, TrainingForm, rows
 
 
 class JumpReLU(Encoding):
-    """``relu(pre) * (pre > threshold)``, with a stored ``threshold [d_sae]``."""
+    """``relu(pre) * (pre > threshold)``, with a stored ``threshold [d_sae]``.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> JumpReLU().activate(SimpleNamespace(threshold=torch.tensor([1.0, 1.0])), torch.tensor([0.5, 2.0]))
+        tensor([0., 2.])
+    """
 
     activation = "jumprelu"
     weights = ("b_enc", "threshold")
@@ -32,7 +38,14 @@ class JumpReLU(Encoding):
 
 
 class JumpReLUTraining(TrainingForm):
-    """JumpReLU with a trained log-threshold and the L0 penalty."""
+    """JumpReLU with a trained log-threshold and the L0 penalty.
+
+    Example (thresholds 1 and 4: the first feature fires, the second does not; the L0 of the row is 1):
+        >>> form, state = JumpReLUTraining(), {"log_threshold": torch.tensor([1.0, 4.0]).log()}
+        >>> pre = torch.tensor([[2.0, 3.0]])
+        >>> form.activate(pre, state, {}), form.sparsity_loss(None, pre, state, None, {}, coefficient_scale=0.5)
+        (tensor([[2., 0.]]), {'l0_loss': tensor(0.5000)})
+    """
 
     name = "jumprelu"
     saved_as = ("jumprelu", "jumprelu_transcoder", "jumprelu_skip_transcoder")

@@ -22,7 +22,15 @@ from workbench.sae.architectures.base import Encoding, SparseDecode, TrainingFor
 
 
 class TopK(Encoding):
-    """The ``k`` largest pre-activations of each row (``cfg.k``), chosen after the decoder-norm rescaling if any."""
+    """The ``k`` largest pre-activations of each row (``cfg.k``), chosen after the decoder-norm rescaling if any.
+
+    Example (decoder norms 1 and 4 make the second feature the larger):
+        >>> from types import SimpleNamespace
+        >>> sae = SimpleNamespace(cfg=SimpleNamespace(k=1, rescale_acts_by_decoder_norm=True),
+        ...                       W_dec=torch.tensor([[1.0, 0.0], [0.0, 4.0]]))
+        >>> TopK().activate(sae, torch.tensor([[3.0, 1.0]]))
+        tensor([[0., 4.]])
+    """
 
     activation = "topk"
     config_fields = ("k", "rescale_acts_by_decoder_norm")
@@ -34,7 +42,17 @@ class TopK(Encoding):
 
 
 class TopKTraining(TrainingForm):
-    """Top-k with the decoder-norm rescaling, a sparse decode and the aux-k loss."""
+    """Top-k with the decoder-norm rescaling, a sparse decode and the aux-k loss.
+
+    Example (no feature dead: no aux-k loss; the k = 1 active feature of each row, ReLU'd):
+        >>> form, pre = TopKTraining(), torch.tensor([[3.0, -1.0], [-2.0, -5.0]])
+        >>> form.sparse_features(pre, {"k": 1})
+        (tensor([[0],
+                [0]]), tensor([[3.],
+                [0.]]))
+        >>> form.auxiliary_loss(pre, torch.zeros(2, 4), torch.zeros(2, dtype=torch.bool), None, {})
+        {'aux_loss': tensor(0.)}
+    """
 
     name = "topk"
     saved_as = ("topk", None, None)
