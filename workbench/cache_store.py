@@ -5,9 +5,11 @@ Legend: B batch.
 
 A cache directory holds ``shard-00000.safetensors``, ``shard-00001.safetensors``, ... (each the
 activations of a run of rows, every hook's tensor [rows, ...]) and ``index.json`` (the hook names,
-each hook's full shape [B, ...] and dtype, each shard's row range, and the model's sizes). The index
-is written last, so a directory without one is not a finished cache. ``ShardWriter`` writes them
-(``Decoder.run_with_cache(cache_dir=...)`` uses it); ``load_cache`` opens one again.
+each hook's full shape [B, ...] and dtype, each shard's row range, and the model's sizes; the format and
+its checks are ``workbench.cache_index``). The index is written last, so a directory without one is not a
+finished cache. ``ShardWriter`` writes them (``Decoder.run_with_cache(cache_dir=...)`` uses it);
+``load_cache`` opens one again, checked whole before anything is read; its ``ShardedActivations`` read a hook
+whole (``cache[name]``) or a range of rows of several hooks (``read_rows``: what SAE training streams).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -25,40 +27,14 @@ from safetensors.torch import save_file
 from torch import Tensor
 from transformer_lens import ActivationCache
 
+# the format's names, re-exported: callers import them from here
+from workbench.cache_index import (FORMAT, INDEX_FIELDS, INDEX_NAME, MODEL_SIZES, SAFETENSORS_DTYPES, VERSION,
+                                   is_plain_file_name, read_index, shard_name)
 from workbench.errors import InputError
 from workbench.host import DecoderHost
 
-
-INDEX_NAME = "index.json"
-FORMAT = "workbench-activation-cache"
-VERSION = 1
-MODEL_SIZES = ("n_layers", "d_model", "n_heads", "n_key_value_heads", "d_vocab")
-INDEX_FIELDS = ("rows", "names", "shapes", "dtypes", "shards", "model")
-# a safetensors header's dtype names, as torch dtypes (to check a shard holds what the index says)
-SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-                      "U8": torch.uint8, "BOOL": torch.bool}
-
-
-def is_plain_file_name(name: Any) -> bool:
-    """Whether ``name`` names a file directly inside a directory (no folder part, no "..", not absolute):
-    what a file name read from an index on disk must be before it is opened or deleted.
-
-    Example:
-        >>> is_plain_file_name("shard-00000.safetensors"), is_plain_file_name("../x"), is_plain_file_name("/etc/passwd")
-        (True, False, False)
-    """
-    return isinstance(name, str) and Path(name).name == name and name not in ("", ".", "..")
-
-
-def shard_name(number: int) -> str:
-    """The file name of shard ``number``.
-
-    Example:
-        >>> shard_name(3)
-        'shard-00003.safetensors'
-    """
-    return f"shard-{number:05d}.safetensors"
+__all__ = ["FORMAT", "INDEX_FIELDS", "INDEX_NAME", "MODEL_SIZES", "SAFETENSORS_DTYPES", "VERSION", "ShardWriter",
+           "ShardedActivations", "is_plain_file_name", "load_cache", "shard_name"]
 
 
 class ShardWriter:
@@ -257,6 +233,61 @@ class ShardedActivations(MutableMapping):
     def __repr__(self) -> str:
         return f"ShardedActivations({str(self.directory)!r}, {len(self)} hooks, {self.index['rows']} rows)"
 
+    def read_rows(self, names: Sequence[str], start: int, stop: int) -> dict[str, Tensor]:
+        """Rows ``start:stop`` of each stored hook in ``names`` ([stop - start, ...], on ``device``), reading only
+        those rows of the shards that hold them. Each shard's header is checked against the index before its rows
+        are read (a shard changed since ``load_cache`` is refused); a name not stored or rows outside
+        ``0:rows`` are an ``InputError`` naming them.
+
+        Example:
+            >>> import shutil, tempfile
+            >>> directory = tempfile.mkdtemp()
+            >>> _ = model.run_with_cache(tokens.repeat(3, 1), cache_dir=directory, names_filter="hook_embed",
+            ...                          batch_size=2, progress=False)               # shards of rows 0:2 and 2:3
+            >>> activations = wb.load_cache(directory).cache_dict
+            >>> rows = activations.read_rows(["hook_embed"], 1, 3)["hook_embed"]    # from both shards
+            >>> rows.shape, torch.equal(rows, activations["hook_embed"][1:3])
+            (torch.Size([2, 14, 128]), True)
+            >>> activations.read_rows(["hook_embed"], 2, 4)
+            Traceback (most recent call last):
+            workbench.errors.InputError: rows 2:4 of the activation cache '...' are not within its 3 rows
+            >>> shutil.rmtree(directory)
+        """
+        unknown = [name for name in names if not (isinstance(name, str) and name in self._stored)]
+        if unknown:
+            raise InputError(f"the activation cache {str(self.directory)!r} holds no activations of {unknown} (it has "
+                             f"{list(self._stored)})")
+        if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop <= self.index["rows"]):
+            raise InputError(f"rows {start}:{stop} of the activation cache {str(self.directory)!r} are not within its "
+                             f"{self.index['rows']} rows")
+        parts: dict[str, list[Tensor]] = {name: [] for name in names}
+        for shard in self.index["shards"]:
+            first, last = shard["rows"]
+            low, high = max(start, first), min(stop, last)
+            if low >= high:
+                continue
+            path = self.directory / shard["file"]
+            try:
+                with safe_open(str(path), framework="pt", device="cpu") as file:
+                    for name in names:
+                        view = file.get_slice(name)
+                        found = (list(view.get_shape()), SAFETENSORS_DTYPES.get(view.get_dtype()))
+                        expected = ([last - first, *self.index["shapes"][name][1:]],
+                                    getattr(torch, self.index["dtypes"][name]))
+                        if found != expected:  # the file changed since load_cache checked it
+                            raise InputError(f"{str(path)!r}: tensor {name!r} is {found[1]} {found[0]}, but the index "
+                                             f"says {expected[1]} {expected[0]} (the file changed)")
+                        parts[name].append(view[low - first:high - first])
+            except (SafetensorError, OSError) as error:
+                raise InputError(f"{str(path)!r}: unreadable shard of the activation cache ({error})") from error
+        return {name: self._joined(name, tensors, stop - start) for name, tensors in parts.items()}
+
+    def _joined(self, name: str, tensors: list[Tensor], n_rows: int) -> Tensor:
+        if not tensors:  # an empty range
+            return torch.empty([n_rows, *self.index["shapes"][name][1:]], dtype=getattr(torch, self.index["dtypes"][name]),
+                               device=self.device)
+        return torch.cat(tensors).to(self.device)
+
     def nbytes(self) -> int:
         """Bytes of every stored hook's tensor together (what loading them all would take), from the index.
 
@@ -292,21 +323,7 @@ def load_cache(path: Union[str, Path], model: Optional[DecoderHost] = None,
         >>> shutil.rmtree(directory)
     """
     directory = Path(path)
-    index_path = directory / INDEX_NAME
-    if not index_path.is_file():
-        raise InputError(f"{str(directory)!r} is not an activation cache: it has no {INDEX_NAME} "
-                         "(write one with model.run_with_cache(..., cache_dir=...))")
-    try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise InputError(f"{str(index_path)!r} cannot be read as an activation cache index: {error}") from error
-    if not isinstance(index, dict) or index.get("format") != FORMAT:
-        raise InputError(f"{str(index_path)!r} is not an activation cache index (no \"format\": \"{FORMAT}\")")
-    _check_index(index_path, index)
-    missing = [shard["file"] for shard in index["shards"] if not (directory / shard["file"]).is_file()]
-    if missing:
-        raise InputError(f"the activation cache {str(directory)!r} lacks its shard(s) {missing}")
-    _check_shard_headers(directory, index)
+    index = read_index(directory)
     if model is not None:
         different = {size: (written, getattr(model.cfg, size)) for size, written in index["model"].items()
                      if getattr(model.cfg, size, written) != written}
@@ -318,78 +335,3 @@ def load_cache(path: Union[str, Path], model: Optional[DecoderHost] = None,
     return ActivationCache(ShardedActivations(directory, index, torch.device(device)), model, has_batch_dim=True)
 
 
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _check_index(index_path: Path, index: dict[str, Any]) -> None:
-    """Refuses, with an ``InputError`` naming the field, an index that is not what ``ShardWriter.finish``
-    writes: every field present and typed, a shape [rows, ...] and a dtype for each name, shard files
-    named inside the directory, and shard row ranges covering rows 0..rows exactly once, in order.
-
-    Example:
-        >>> _check_index(Path("runs/cache/index.json"), {"rows": 2, "names": [], "shapes": {}, "dtypes": {},
-        ...              "model": {}, "shards": [{"file": "../x", "rows": [0, 2]}]})
-        Traceback (most recent call last):
-        ...
-        workbench.errors.InputError: 'runs/cache/index.json': field 'shards[0].file' must be a file name inside the cache directory, got '../x'
-    """
-    def refuse(field: str, problem: str) -> InputError:
-        return InputError(f"{str(index_path)!r}: field {field!r} {problem}")
-
-    for field in INDEX_FIELDS:
-        if field not in index:
-            raise refuse(field, "is missing")
-    rows, names = index["rows"], index["names"]
-    if not _is_count(rows):
-        raise refuse("rows", f"must be a whole number of rows, got {rows!r}")
-    if not (isinstance(names, list) and all(isinstance(name, str) for name in names) and len(set(names)) == len(names)):
-        raise refuse("names", "must be a list of distinct hook names")
-    for field in ("shapes", "dtypes", "model"):
-        if not isinstance(index[field], dict):
-            raise refuse(field, "must be an object")
-    for name in names:
-        shape, dtype = index["shapes"].get(name), index["dtypes"].get(name)
-        if not (isinstance(shape, list) and shape and all(_is_count(size) for size in shape) and shape[0] == rows):
-            raise refuse(f"shapes[{name!r}]", f"must be [rows={rows}, ...] in whole numbers, got {shape!r}")
-        if not (isinstance(dtype, str) and getattr(torch, dtype, None) in SAFETENSORS_DTYPES.values()):
-            raise refuse(f"dtypes[{name!r}]", f"must name a torch dtype (e.g. 'float32'), got {dtype!r}")
-    if not all(_is_count(size) for size in index["model"].values()):
-        raise refuse("model", "must map each model size to a whole number")
-    if not isinstance(index["shards"], list):
-        raise refuse("shards", "must be a list")
-    covered = 0
-    for number, shard in enumerate(index["shards"]):
-        file, span = (shard.get("file"), shard.get("rows")) if isinstance(shard, dict) else (None, None)
-        if not is_plain_file_name(file):
-            raise refuse(f"shards[{number}].file", f"must be a file name inside the cache directory, got {file!r}")
-        if not (isinstance(span, list) and len(span) == 2 and all(_is_count(row) for row in span)
-                and span[0] == covered and span[1] >= covered):
-            raise refuse(f"shards[{number}].rows", f"must be [{covered}, stop] (the shards cover the rows once, "
-                         f"in order), got {span!r}")
-        covered = span[1]
-    if covered != rows:
-        raise refuse("shards", f"cover rows 0:{covered}, but field 'rows' is {rows}")
-
-
-def _check_shard_headers(directory: Path, index: dict[str, Any]) -> None:
-    """Reads each shard's header only (no tensor) and refuses a shard that lacks a hook or holds it in
-    another shape or dtype than the index says (copying it would broadcast, cast or leave rows unset)."""
-    for number, shard in enumerate(index["shards"]):
-        path = directory / shard["file"]
-        start, stop = shard["rows"]
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as file:
-                held = set(file.keys())
-                headers = {name: file.get_slice(name) for name in index["names"] if name in held}
-                found = {name: (list(view.get_shape()), SAFETENSORS_DTYPES.get(view.get_dtype()))
-                         for name, view in headers.items()}
-        except (SafetensorError, OSError) as error:
-            raise InputError(f"{str(path)!r}: unreadable shard of the activation cache ({error})") from error
-        for name in index["names"]:
-            expected = ([stop - start, *index["shapes"][name][1:]], getattr(torch, index["dtypes"][name]))
-            if name not in found:
-                raise InputError(f"{str(path)!r} holds no tensor {name!r} (listed in the index's field 'names')")
-            if found[name] != expected:
-                raise InputError(f"{str(path)!r}: tensor {name!r} is {found[name][1]} {found[name][0]}, but the index's "
-                                 f"fields 'shapes', 'dtypes' and 'shards[{number}].rows' say {expected[1]} {expected[0]}")

@@ -11,7 +11,8 @@ passes), the activations of the hooks asked for at the positions kept (special t
 norm, left out as SAELens's ``exclude_special_tokens``). From the model it is ``run_with_cache`` with a
 ``names_filter`` and ``stop_at_layer`` (only the layers up to the deepest hook run); from a cache it reads the
 shards that ``model.run_with_cache(..., cache_dir=...)`` wrote, a chunk at a time, each directory first opened
-with ``workbench.load_cache`` (the checked reader: index, shard headers, model sizes). ``ShuffleBuffer`` is SAELens's
+with ``workbench.load_cache`` (the checked reader: index, shard files and headers, model sizes) and its rows read
+through the cache's checked row-range reader (``ShardedActivations.read_rows``). ``ShuffleBuffer`` is SAELens's
 mixing buffer: fill to ``capacity`` rows, shuffle, serve half, keep half; its state (the rows it holds, the token
 rows consumed, the generator) is what a checkpoint saves, so a resumed run serves the same batches.
 """
@@ -23,12 +24,10 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
 from jaxtyping import Float, Int
-from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from workbench.cache_store import SAFETENSORS_DTYPES, load_cache
+from workbench.cache_store import ShardedActivations, load_cache
 from workbench.errors import InputError
-from workbench.safe_files import inside
 
 
 def special_token_ids(model) -> list[int]:
@@ -77,12 +76,12 @@ def activation_chunks(model, tokens: Int[Tensor, "B P"], hook_names: Sequence[st
     """
     n_rows = tokens.shape[0]
     keep = kept_positions(tokens, exclude)
-    shards = _shard_table(model, cache_dirs, hook_names, tuple(tokens.shape)) if cache_dirs else None
+    caches = _open_caches(model, cache_dirs, hook_names, tuple(tokens.shape)) if cache_dirs else None
     row = start_row
     while True:
         rows = [(row + i) % n_rows for i in range(batch_size)]
-        if shards is not None:
-            acts = _read_rows(shards, hook_names, rows)
+        if caches is not None:
+            acts = _read_rows(caches, hook_names, rows)
         else:
             with torch.no_grad():
                 _, cache = model.run_with_cache(tokens[rows], names_filter=list(hook_names), stop_at_layer=stop_at_layer,
@@ -107,12 +106,11 @@ def not_outliers(acts: Float[Tensor, "N i"], ratio: float) -> Tensor:
     return norms <= ratio * norms.median()
 
 
-def _shard_table(model, cache_dirs: Sequence[Union[str, Path]], hook_names: Sequence[str],
-                 tokens_shape: tuple[int, int]) -> list[tuple[int, int, Path, dict[str, tuple[list[int], torch.dtype]]]]:
-    """(first row, stop row, file, each hook's [rows, ...] shape and dtype there) of every shard of the cache
-    directories, rows numbered across them in order. Each directory is opened with ``workbench.load_cache``, the
-    checked reader (index fields, shard names inside the directory, every shard's header against the index, the
-    model's sizes), before any activation is read; shards linked from outside the directory are refused."""
+def _open_caches(model, cache_dirs: Sequence[Union[str, Path]], hook_names: Sequence[str],
+                 tokens_shape: tuple[int, int]) -> list[tuple[int, ShardedActivations]]:
+    """(first row, the directory's stored activations) of each cache directory, rows numbered across them in order.
+    Each is opened with ``workbench.load_cache``, the checked reader (index fields, shard files inside the
+    directory, every shard's header against the index, the model's sizes), before any activation is read."""
     table, offset = [], 0
     for directory in map(Path, cache_dirs):
         try:
@@ -128,12 +126,7 @@ def _shard_table(model, cache_dirs: Sequence[Union[str, Path]], hook_names: Sequ
             if len(shape) != 3 or shape[1] != tokens_shape[1]:
                 raise InputError(f"activation_cache: {directory}'s {name!r} is {shape}; training needs [rows, "
                                  f"pos={tokens_shape[1]}, width] (data's positions)")
-        for shard in index["shards"]:
-            start, stop = shard["rows"]
-            path = inside(directory, shard["file"], must_exist=True, what="activation cache")
-            held = {name: ([stop - start, *index["shapes"][name][1:]], getattr(torch, index["dtypes"][name]))
-                    for name in hook_names}
-            table.append((offset + start, offset + stop, path, held))
+        table.append((offset, stored))
         offset += index["rows"]
     if offset != tokens_shape[0]:
         raise InputError(f"activation_cache holds {offset} rows but data has {tokens_shape[0]} token rows (the cache "
@@ -141,30 +134,25 @@ def _shard_table(model, cache_dirs: Sequence[Union[str, Path]], hook_names: Sequ
     return table
 
 
-def _read_rows(shards: list[tuple[int, int, Path, dict[str, Any]]], hook_names: Sequence[str],
+def _read_rows(caches: list[tuple[int, ShardedActivations]], hook_names: Sequence[str],
                rows: list[int]) -> list[Tensor]:
-    """Each hook's activations [len(rows), P, D] for the given rows, reading only the shards that hold them (a
-    shard changed since it was checked is refused before its rows are read)."""
-    parts: dict[int, list[Tensor]] = {}
-    wanted = sorted(set(rows))
-    for start, stop, path, held in shards:
-        inside_rows = [r for r in wanted if start <= r < stop]
-        if not inside_rows:
-            continue
-        try:
-            with safe_open(str(path), framework="pt") as file:
-                for name_index, name in enumerate(hook_names):
-                    view = file.get_slice(name)
-                    found = (list(view.get_shape()), SAFETENSORS_DTYPES.get(view.get_dtype()))
-                    if found != held[name]:
-                        raise InputError(f"activation_cache: {path}: tensor {name!r} is {found[1]} {found[0]}, but "
-                                         f"its index said {held[name][1]} {held[name][0]} (the file changed)")
-                    block = view[inside_rows[0] - start:inside_rows[-1] - start + 1]
-                    for r in inside_rows:
-                        parts.setdefault(r, [None] * len(hook_names))[name_index] = block[r - inside_rows[0]].float()
-        except (SafetensorError, OSError) as error:
-            raise InputError(f"activation_cache: {path}: unreadable shard ({error})") from None
-    return [torch.stack([parts[r][i] for r in rows]) for i in range(len(hook_names))]
+    """Each hook's activations [len(rows), P, D] (float32) for the given rows, in their order: each run of
+    consecutive rows read with the cache's checked row-range reader (``ShardedActivations.read_rows``)."""
+    runs, parts = [], []
+    for row in rows:
+        if runs and row == runs[-1][1]:
+            runs[-1][1] += 1
+        else:
+            runs.append([row, row + 1])
+    for start, stop in runs:
+        for offset, stored in caches:
+            low, high = max(start, offset), min(stop, offset + stored.index["rows"])
+            if low < high:
+                try:
+                    parts.append(stored.read_rows(hook_names, low - offset, high - offset))
+                except InputError as error:
+                    raise InputError(f"activation_cache: {error}") from None
+    return [torch.cat([part[name] for part in parts]).float() for name in hook_names]
 
 
 class ShuffleBuffer:

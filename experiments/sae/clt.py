@@ -6,10 +6,13 @@ Legend: N flattened tokens, L n_layers, D d_model, X d_sae.
 
 Layer ``l``'s features read that layer's MLP input (``blocks.{l}.ln2.hook_normalized``) and write to the MLP output
 of every layer from ``l`` on (``blocks.{j}.hook_mlp_out``, ``j >= l``): ``y_hat[j] = b_dec[j] + sum_{l <= j} f_l W_dec[l][:, j - l]``.
-The loss is the MSE summed over every layer's output plus a sparsity term per architecture, as ``train_sae``'s:
-``standard`` (ReLU; L1 of each activation times the norm of its whole decoder, all layers it writes
-concatenated), ``jumprelu`` (SAELens's JumpReLU and L0 penalty) or ``batchtopk`` (``k`` features per layer on
-average over the batch; a per-layer threshold, saved as JumpReLU). Inputs and targets are scaled per layer to
+Each layer encodes as a per-layer transcoder under training does: its architecture's training form
+(``workbench.sae.architectures``) on that layer's ``wb.SAE``, with the layer's slice of the form's state, and
+without the decoder-norm rescaling (circuit-tracer's CLTs have none). The loss is the MSE summed over every
+layer's output plus the form's sparsity term over every layer's features, as ``train_sae``'s: ``standard`` (ReLU;
+L1 of each activation times the norm of its whole decoder, all layers it writes concatenated), ``jumprelu``
+(SAELens's JumpReLU and L0 penalty) or ``batchtopk`` (``k`` features per layer on average over the batch; a
+per-layer threshold, saved as JumpReLU; no aux-k loss). Inputs and targets are scaled per layer to
 mean norm ``sqrt(D)`` while training, folded back at the end. The training loop, buffer, schedule, logging and
 checkpoints are ``train_sae``'s (``experiments.sae.train``), reused through ``run_training``.
 """
@@ -29,17 +32,19 @@ from experiments.sae.modules import _kaiming_uniform
 from experiments.sae.train import TrainSAEConfig, _config_overrides, run_training
 from experiments.sae.inputs import check_hook, hook_widths, token_rows
 from workbench.errors import InputError
-from workbench.sae import activations
+from workbench.sae.architectures import TRAINING_FORMS, training_form
 from workbench.transcoders import TranscoderSet
 
-CLT_ARCHITECTURES = ("standard", "jumprelu", "batchtopk")
+# The forms saved as (non-skip) transcoders.
+CLT_ARCHITECTURES = tuple(name for name, form in TRAINING_FORMS.items() if form.saved_name(transcoder=True, skip=False))
 INPUT_HOOK, OUTPUT_HOOK = "ln2.hook_normalized", "hook_mlp_out"
 
 
 class TrainingCLT(nn.Module):
     """A cross-layer transcoder under training: the training form of a ``wb.TranscoderSet`` (``self.transcoders``,
-    whose layers' ``W_enc``, ``b_enc`` and ``W_dec`` are trained and encode as at inference), plus the written
-    layers' biases, JumpReLU's log-threshold or batch-top-k's running thresholds and the losses.
+    whose layers' ``W_enc``, ``b_enc`` and ``W_dec`` are trained), plus the written layers' biases and the
+    architecture's training form (``form``: each layer's encode and the losses; its state, such as JumpReLU's
+    log-threshold or batch-top-k's running thresholds, with the layers as a first axis).
 
     Example:
         >>> clt = TrainingCLT("standard", n_layers=2, d_model=4, d_transcoder=8, options={})
@@ -52,6 +57,7 @@ class TrainingCLT(nn.Module):
                  generator: Optional[torch.Generator] = None):
         super().__init__()
         self.architecture, self.L, self.D, self.F, self.options = architecture, n_layers, d_model, d_transcoder, options
+        self.form = training_form(architecture)
         self.n_features = n_layers * d_transcoder
         init_norm = options.get("decoder_init_norm", 0.1)
         encoders = [_kaiming_uniform((d_model, d_transcoder), generator) for _ in range(n_layers)]
@@ -69,27 +75,27 @@ class TrainingCLT(nn.Module):
             for name in ("W_enc", "b_enc", "W_dec"):
                 getattr(sae, name).requires_grad_(True)
         self.b_dec = nn.Parameter(torch.zeros(n_layers, d_model))
-        if architecture == "jumprelu":
-            init = options.get("jumprelu_init_threshold", 0.01)
-            self.log_threshold = nn.Parameter(torch.full((n_layers, d_transcoder), float(torch.tensor(init).log())))
-        if architecture == "batchtopk":
-            self.register_buffer("topk_threshold", torch.zeros(n_layers, dtype=torch.float64))
+        self.state_names = self.form.add_state(self, (n_layers,), d_transcoder, options)
+
+    @property
+    def form_state(self) -> dict[str, Tensor]:
+        """The form's own tensors by name, the layers first."""
+        return {name: getattr(self, name) for name in self.state_names}
+
+    def layer_state(self, layer: int) -> dict[str, Tensor]:
+        """Layer ``layer``'s slice of the form's tensors (views: updating one updates the whole)."""
+        return {name: getattr(self, name)[layer] for name in self.state_names}
 
     def decoder_norms(self) -> Float[Tensor, "L X"]:
         """Each feature's decoder norm over every layer it writes."""
         return torch.stack([sae.W_dec.norm(dim=-1) for sae in self.transcoders.layers])
 
     def encode(self, x: Float[Tensor, "N L D"]) -> tuple[Float[Tensor, "N L X"], Float[Tensor, "N L X"]]:
-        """(feature activations, pre-activations): each layer's transcoder's affine map, then the activation."""
-        hidden_pre = torch.stack([self.transcoders.pre_activations(layer, x[:, layer]) for layer in range(self.L)], 1)
-        if self.architecture == "standard":
-            return activations.relu(hidden_pre), hidden_pre
-        if self.architecture == "jumprelu":
-            flat = activations.jumprelu(hidden_pre.flatten(1), self.log_threshold.exp().flatten(),
-                                        self.options.get("jumprelu_bandwidth", 0.05))
-            return flat.reshape(hidden_pre.shape), hidden_pre
-        per_layer = [activations.batch_topk(hidden_pre[:, layer], self.options["k"]) for layer in range(self.L)]
-        return torch.stack(per_layer, dim=1), hidden_pre  # k * N largest of each layer's batch
+        """(feature activations, pre-activations): each layer's transcoder encoding its input by the form, as a
+        per-layer transcoder under training does."""
+        per_layer = [self.form.encode(sae, x[:, layer], self.layer_state(layer), self.options, rescale=False)
+                     for layer, sae in enumerate(self.transcoders.layers)]
+        return torch.stack([acts for acts, _ in per_layer], 1), torch.stack([pre for _, pre in per_layer], 1)
 
     def decode(self, acts: Float[Tensor, "N L X"]) -> Float[Tensor, "N L D"]:
         out = self.b_dec.expand(acts.shape[0], -1, -1)
@@ -102,19 +108,10 @@ class TrainingCLT(nn.Module):
         acts, hidden_pre = self.encode(x)
         out = self.decode(acts)
         losses = {"mse_loss": (out - target).pow(2).sum((-1, -2)).mean()}
-        if self.architecture == "standard":
-            losses["l1_loss"] = coefficient_scale * self.options.get("l1_coefficient", 1.0) * \
-                (acts * self.decoder_norms()).sum((-1, -2)).mean()
-        elif self.architecture == "jumprelu":
-            l0 = activations.step(hidden_pre.flatten(1), self.log_threshold.exp().flatten(), self.options.get("jumprelu_bandwidth", 0.05))
-            losses["l0_loss"] = coefficient_scale * self.options.get("l0_coefficient", 1.0) * l0.sum(-1).mean()
-        else:
-            with torch.no_grad():
-                lr = self.options.get("topk_threshold_lr", 0.01)
-                for layer in range(self.L):
-                    positive = acts[:, layer][acts[:, layer] > 0]
-                    if positive.numel():
-                        self.topk_threshold[layer] = (1 - lr) * self.topk_threshold[layer] + lr * positive.min().double()
+        losses.update(self.form.sparsity_loss(acts, hidden_pre, self.form_state, self.decoder_norms(), self.options,
+                                              coefficient_scale))
+        for layer in range(self.L):
+            self.form.after_batch(acts[:, layer], self.layer_state(layer), self.options)
         return {"loss": sum(losses.values()), "losses": losses, "feature_acts": acts.flatten(1),
                 "sae_out": out.flatten(1)}
 
@@ -122,19 +119,11 @@ class TrainingCLT(nn.Module):
     def to_transcoders(self, scale_in: Tensor, scale_out: Tensor, scan: Any = None) -> TranscoderSet:
         """The trained CLT as a ``TranscoderSet`` reading raw activations (the per-layer scales folded in);
         ``scan`` names the model (circuit-tracer's field)."""
-        if self.architecture == "jumprelu":
-            thresholds = list(self.log_threshold.exp().float())
-        elif self.architecture == "batchtopk":
-            thresholds = [torch.full((self.F,), float(t)) for t in self.topk_threshold]
-        else:
-            thresholds = [None] * self.L
         tc = self.transcoders
         per_layer = [{"W_enc": (tc.layers[l].W_enc * scale_in[l]).float().clone(), "b_enc": tc.b_enc[l].float().clone(),
                       "W_dec": (W / scale_out[l:, None]).float().clone(),
-                      "b_dec": (self.b_dec[l] / scale_out[l]).float().clone()} for l, W in enumerate(tc.W_dec)]
-        for tensors, threshold in zip(per_layer, thresholds):
-            if threshold is not None:
-                tensors["threshold"] = threshold.clone()
+                      "b_dec": (self.b_dec[l] / scale_out[l]).float().clone(),
+                      **self.form.inference_tensors(self.layer_state(l), self.F)} for l, W in enumerate(tc.W_dec)]
         return TranscoderSet.from_layer_tensors(per_layer, INPUT_HOOK, OUTPUT_HOOK, scan=scan)
 
 

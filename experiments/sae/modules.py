@@ -1,35 +1,23 @@
-"""The SAE being trained: SAELens 6's training definitions of each architecture, as the training form of a ``wb.SAE``.
+"""The SAE being trained: the generic training module of a ``wb.SAE``, around its architecture's training form.
 
 The trained parameters are a ``wb.SAE``'s (``TrainingSAE.sae``: ``W_enc [d_in, d_sae]``, ``W_dec [d_sae, d_out]``,
-``b_enc``, ``b_dec``, ``W_skip [d_out, d_in]``), encoded and decoded by its arithmetic (``workbench.sae.math``) and
-the shared activations (``workbench.sae.activations``); training adds only what inference does not keep (JumpReLU's
-log-threshold, batch-top-k's running threshold, the losses), and ``to_sae`` folds the training scales in.
+``b_enc``, ``b_dec``, ``W_skip [d_out, d_in]``), encoded and decoded by its arithmetic (``workbench.sae.math``);
+what each architecture adds (SAELens 6's ``*TrainingSAE`` classes: its activation with its straight-through
+estimator, its state such as JumpReLU's log-threshold or batch-top-k's running threshold, its sparsity and
+auxiliary loss terms, what it is saved as) is its ``TrainingForm``, in that architecture's module of
+``workbench.sae.architectures`` (``TRAINING_FORMS``). ``to_sae`` folds the training scales in.
 
 Legend: N flattened tokens, i d_in, X d_sae, o d_out.
 
 (``d_out`` is ``d_in`` for an SAE, the target hook's width for a transcoder.)
 
-What each architecture trains (SAELens 6's ``*TrainingSAE`` classes; the loss is MSE summed over the width,
-averaged over rows, plus):
-
-- ``standard``: ReLU; ``l1_coefficient * |f * ||W_dec||_row||_p`` (L1 scaled by the decoder norms, ``lp_norm``),
-  the coefficient warmed up linearly over ``l1_warm_up_steps``.
-- ``topk``: ReLU of the k largest pre-activations, with ``rescale_acts_by_decoder_norm`` (pre-activations times
-  the decoder norms, divided again before decoding, so the decoder's norm cannot drift the selection); the
-  aux-k loss: the top ``d_in // 2`` dead features reconstruct the residual ``x - x_hat``, scaled by
-  ``min(n_dead / (d_in // 2), 1) * aux_loss_coefficient``.
-- ``batchtopk``: as top-k but the ``k * N`` largest ReLU'd pre-activations of the whole batch are kept; a global
-  threshold follows the smallest kept activation (``topk_threshold_lr`` EMA) and becomes the JumpReLU
-  threshold of the saved SAE (SAELens saves batch-top-k as ``jumprelu``).
-- ``jumprelu``: ``x * (x > exp(log_threshold))`` with SAELens's straight-through estimators (rectangle kernel of
-  ``jumprelu_bandwidth``) for the threshold; ``l0_coefficient * sum_f step(x - threshold)`` (the L0 penalty,
-  "step" mode), warmed up over ``l0_warm_up_steps``.
-
-Initialisation is SAELens's: ``W_dec`` Kaiming-uniform rows scaled to norm ``decoder_init_norm`` (0.1), ``W_enc`` its
-transpose (a transcoder whose widths differ gets its own Kaiming ``W_enc``), biases zero; ``b_dec`` is then set
-from the data (``b_dec_init``: the mean, or the geometric median, of the first buffer). Training runs on inputs
-scaled by a constant so their mean norm is ``sqrt(d_in)`` (SAELens's ``expected_average_only_in``); ``to_sae``
-folds that scale and the decoder norms into the weights, so the saved SAE reads raw activations.
+The loss is the MSE summed over the width, averaged over rows, plus the form's terms. Initialisation is SAELens's:
+``W_dec`` Kaiming-uniform rows scaled to norm ``decoder_init_norm`` (0.1), ``W_enc`` its transpose (a transcoder
+whose widths differ gets its own Kaiming ``W_enc``), biases zero; ``b_dec`` is then set from the data
+(``b_dec_init``: the mean, or the geometric median, of the first buffer). Training runs on inputs scaled by a
+constant so their mean norm is ``sqrt(d_in)`` (SAELens's ``expected_average_only_in``); ``to_sae`` folds that
+scale and, for a form that rescales by the decoder norms (top-k's), those norms into the weights, so the saved SAE
+reads raw activations.
 """
 
 from __future__ import annotations
@@ -40,14 +28,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from workbench.sae import SAE, SAEConfig, activations, math
+from workbench.sae import SAE, SAEConfig, math
+from workbench.sae.architectures import TRAINING_FORMS, training_form
 
-TRAINABLE = ("standard", "topk", "batchtopk", "jumprelu")
+TRAINABLE = tuple(TRAINING_FORMS)
 # What each trained architecture is saved as: an SAE, a transcoder, a skip transcoder (None: no such format).
-SAVED_AS = {"standard": ("standard", "transcoder", "skip_transcoder"),
-            "topk": ("topk", None, None),
-            "batchtopk": ("jumprelu", "jumprelu_transcoder", "jumprelu_skip_transcoder"),
-            "jumprelu": ("jumprelu", "jumprelu_transcoder", "jumprelu_skip_transcoder")}
+SAVED_AS = {name: form.saved_as for name, form in TRAINING_FORMS.items()}
 
 
 def _of_the_sae(name: str) -> property:
@@ -74,6 +60,7 @@ class TrainingSAE(nn.Module):
                  generator: Optional[torch.Generator] = None):
         super().__init__()
         self.architecture, self.transcoder, self.skip = architecture, transcoder, skip
+        self.form = training_form(architecture)
         self.d_in, self.d_sae, self.d_out = d_in, d_sae, d_out or d_in
         self.n_features = d_sae
         self.options = dict(options or {})
@@ -89,12 +76,8 @@ class TrainingSAE(nn.Module):
         with torch.no_grad():
             self.sae.W_enc.copy_(W_enc)
             self.sae.W_dec.copy_(W_dec)
-        if architecture == "jumprelu":
-            init = self.options.get("jumprelu_init_threshold", 0.01)
-            self.log_threshold = nn.Parameter(torch.full((d_sae,), float(torch.tensor(init).log())))
-        if architecture == "batchtopk":
-            # double precision, as SAELens keeps it (the EMA of small minima loses bits in float32)
-            self.register_buffer("topk_threshold", torch.tensor(0.0, dtype=torch.float64))
+        # the form's own tensors (JumpReLU's log-threshold, batch-top-k's running threshold)
+        self.state_names = self.form.add_state(self, (), d_sae, self.options)
 
     # ---- the dictionary's parameters: the SAE's (W_skip [d_out, d_in], applied as x @ W_skip.T) ----------------
     W_enc, W_dec, b_enc, b_dec, W_skip = (_of_the_sae(name) for name in ("W_enc", "W_dec", "b_enc", "b_dec", "W_skip"))
@@ -103,23 +86,17 @@ class TrainingSAE(nn.Module):
     @property
     def rescales(self) -> bool:
         """Whether pre-activations are scaled by the decoder norms (top-k and batch-top-k, SAELens's default)."""
-        return self.architecture in ("topk", "batchtopk")
+        return self.form.rescales
+
+    @property
+    def form_state(self) -> dict[str, Tensor]:
+        """The form's own tensors by name."""
+        return {name: getattr(self, name) for name in self.state_names}
 
     def encode_with_hidden_pre(self, x: Float[Tensor, "N i"]) -> tuple[Float[Tensor, "N X"], Float[Tensor, "N X"]]:
         """(feature activations, pre-activations) as SAELens's ``encode_with_hidden_pre``."""
         sae_in = x if self.transcoder else x - self.b_dec  # apply_b_dec_to_input (SAEs only, as SAELens)
-        hidden_pre = math.pre_activations(self.sae, sae_in)
-        if self.rescales:
-            hidden_pre = hidden_pre * self.W_dec.norm(dim=-1)
-        if self.architecture == "standard":
-            acts = activations.relu(hidden_pre)
-        elif self.architecture == "topk":
-            acts = activations.topk(hidden_pre, self.options["k"])
-        elif self.architecture == "batchtopk":
-            acts = activations.batch_topk(hidden_pre, self.options["k"])
-        else:
-            acts = activations.jumprelu(hidden_pre, self.log_threshold.exp(), self.options.get("jumprelu_bandwidth", 0.05))
-        return acts, hidden_pre
+        return self.form.encode(self.sae, sae_in, self.form_state, self.options, rescale=self.rescales)
 
     def decode(self, acts: Float[Tensor, "N X"], x: Optional[Float[Tensor, "N i"]] = None) -> Float[Tensor, "N o"]:
         """``acts @ W_dec + b_dec`` (top-k: activations divided by the decoder norms first), plus the skip term
@@ -143,44 +120,14 @@ class TrainingSAE(nn.Module):
         ``dead``: the dead-feature mask (aux-k loss); ``coefficient_scale``: the sparsity warm-up factor in [0, 1].
         """
         acts, hidden_pre = self.encode_with_hidden_pre(x)
-        if self.architecture == "topk":  # the same numbers as decode(acts), k columns instead of d_sae
-            top = hidden_pre.topk(self.options["k"], dim=-1, sorted=False)
-            out = self.decode_sparse(top.indices, top.values.relu())
-        else:
-            out = self.decode(acts, x)
+        sparse = self.form.sparse_features(hidden_pre, self.options)
+        out = self.decode_sparse(*sparse) if sparse is not None else self.decode(acts, x)
         losses = {"mse_loss": (out - target).pow(2).sum(-1).mean()}
-        if self.architecture == "standard":
-            weighted = acts * self.W_dec.norm(dim=-1)
-            sparsity = weighted.norm(p=self.options.get("lp_norm", 1.0), dim=-1)
-            losses["l1_loss"] = (coefficient_scale * self.options.get("l1_coefficient", 1.0) * sparsity).mean()
-        elif self.architecture == "jumprelu":
-            l0 = activations.step(hidden_pre, self.log_threshold.exp(), self.options.get("jumprelu_bandwidth", 0.05)).sum(-1)
-            losses["l0_loss"] = (coefficient_scale * self.options.get("l0_coefficient", 1.0) * l0).mean()
-        else:
-            losses["aux_loss"] = self._aux_k_loss(hidden_pre, target - out, dead)
-            if self.architecture == "batchtopk":
-                self._update_threshold(acts)
+        losses.update(self.form.sparsity_loss(acts, hidden_pre, self.form_state, self.W_dec.norm(dim=-1), self.options,
+                                              coefficient_scale))
+        losses.update(self.form.auxiliary_loss(hidden_pre, target - out, dead, self.decode_sparse, self.options))
+        self.form.after_batch(acts, self.form_state, self.options)
         return {"loss": sum(losses.values()), "losses": losses, "feature_acts": acts, "sae_out": out}
-
-    def _aux_k_loss(self, hidden_pre: Tensor, residual: Tensor, dead: Tensor) -> Tensor:
-        """SAELens's top-k aux loss: ``decode`` of the top ``d_out // 2`` dead features (by pre-activation) fits
-        the detached residual of the live reconstruction."""
-        n_dead = int(dead.sum())
-        if n_dead == 0:
-            return hidden_pre.new_tensor(0.0)
-        k_aux = min(self.d_out // 2, n_dead)
-        scale = min(n_dead / (self.d_out // 2), 1.0)
-        masked = torch.where(dead[None], hidden_pre, torch.tensor(-torch.inf, dtype=hidden_pre.dtype))
-        top = masked.topk(k_aux, sorted=False)
-        recons = self.decode_sparse(top.indices, top.values)
-        return self.options.get("aux_loss_coefficient", 1.0) * scale * (recons - residual.detach()).pow(2).sum(-1).mean()
-
-    @torch.no_grad()
-    def _update_threshold(self, acts: Tensor) -> None:
-        positive = acts[acts > 0]
-        if positive.numel():
-            lr = self.options.get("topk_threshold_lr", 0.01)
-            self.topk_threshold.mul_(1 - lr).add_(lr * positive.min().double())
 
     # ---- inference form --------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -197,10 +144,7 @@ class TrainingSAE(nn.Module):
         if self.rescales:
             norms = W_dec.norm(dim=-1)
             W_enc, b_enc, W_dec = W_enc * norms, b_enc * norms, W_dec / norms[:, None]
-        if self.architecture == "jumprelu":
-            tensors["threshold"] = self.log_threshold.detach().float().exp()
-        elif self.architecture == "batchtopk":
-            tensors["threshold"] = torch.full((self.d_sae,), float(self.topk_threshold))
+        tensors.update(self.form.inference_tensors(self.form_state, self.d_sae))
         # inputs were x * scale_in, targets y * scale_out: encode raw x with W_enc * scale_in (an SAE's b_dec is
         # subtracted from the scaled input, so b_dec / scale_in on raw input), decode to raw y by / scale_out.
         W_enc = W_enc * scale_in
@@ -208,8 +152,8 @@ class TrainingSAE(nn.Module):
         if self.skip:
             tensors["W_skip"] = self.W_skip.detach().float() * scale_in / scale_out
         tensors.update(W_enc=W_enc, b_enc=b_enc, W_dec=W_dec, b_dec=b_dec)
-        name = SAVED_AS[self.architecture][(2 if self.skip else 1) if self.transcoder else 0]
-        extra = {"k": int(self.options["k"]), "rescale_acts_by_decoder_norm": True} if name == "topk" else {}
+        name = self.form.saved_name(self.transcoder, self.skip)
+        extra = self.form.inference_config(self.options)
         if self.transcoder:
             extra["d_out"] = self.d_out
         cfg = SAEConfig(name, d_in=self.d_in, d_sae=self.d_sae, dtype="float32", apply_b_dec_to_input=not self.transcoder,

@@ -141,7 +141,7 @@ def run_training(model, module, tokens: Tensor, input_hooks: list[str], target_h
                  generator: torch.Generator, activation_cache, checkpoint_dir, resume_from, progress: ProgressArg,
                  scale_groups: int = 1, desc: str = "training") -> TrainingResult:
     """The training loop shared by ``train_sae`` and ``train_clt``: ``module`` (a ``TrainingSAE`` or
-    ``TrainingCLT``: ``training_forward``, ``b_dec``, ``n_features``) trained on rows holding ``input_hooks``'
+    ``TrainingCLT``: ``training_forward``, ``b_dec``, ``n_features``, ``form``) trained on rows holding ``input_hooks``'
     activations (then ``target_hooks``', none: the inputs are the targets), each side scaled per group of
     ``scale_groups`` equal-width slices."""
     hooks = input_hooks + target_hooks
@@ -167,7 +167,7 @@ def run_training(model, module, tokens: Tensor, input_hooks: list[str], target_h
         scales = _initialise(module, buffer, scale_groups, bool(target_hooks), cfg.b_dec_init)
         step, log_rows = 0, []
     n_in = buffer.peek(1).shape[1] // (2 if target_hooks else 1)
-    warm = cfg.l1_warm_up_steps if getattr(module, "architecture", "") == "standard" else cfg.l0_warm_up_steps
+    warm = getattr(cfg, module.form.warm_up) if module.form.warm_up else 0  # the sparsity coefficient's warm-up
     with Progress(progress, total=cfg.total_steps, desc=desc) as bar:
         bar.advance(step)
         while step < cfg.total_steps:

@@ -107,6 +107,48 @@ def test_load_cache_refuses_what_is_not_a_cache(tmp_path):
         wb.load_cache(tmp_path / "c")
 
 
+def test_rows_read_across_shards_are_the_one_shot_rows_and_only_from_their_shards(tmp_path, monkeypatch):
+    model = make_model()
+    tokens, _ = dataset(None)
+    names = ["hook_embed", "blocks.0.hook_resid_post"]
+    _, expected = one_shot(model, tokens, None, names)
+    _, cache = model.run_with_cache(tokens, batch_size=3, cache_dir=tmp_path / "c", names_filter=names,
+                                    return_type=None, progress=False)  # shards of rows 0:3, 3:6, 6:7
+    opened = []
+    real = cache_store.safe_open
+    monkeypatch.setattr(cache_store, "safe_open", lambda path, **kw: opened.append(Path(path).name) or real(path, **kw))
+    rows = cache.cache_dict.read_rows(names, 2, 5)
+    assert opened == ["shard-00000.safetensors", "shard-00001.safetensors"]  # not the third shard
+    for name in names:
+        assert (rows[name] - expected[name][2:5]).abs().max() < 1e-5
+    with pytest.raises(wb.InputError, match="holds no activations of \\['hook_mlp_out'\\]"):
+        cache.cache_dict.read_rows(["hook_mlp_out"], 0, 1)
+    with pytest.raises(wb.InputError, match="rows 5:8 .* not within its 7 rows"):
+        cache.cache_dict.read_rows(names, 5, 8)
+
+
+def test_a_shard_changed_after_opening_is_refused_by_the_row_reader(tmp_path):
+    model = make_model()
+    tokens, _ = dataset(None)
+    _, cache = model.run_with_cache(tokens, batch_size=3, cache_dir=tmp_path / "c", names_filter="hook_embed",
+                                    return_type=None, progress=False)
+    shard = tmp_path / "c" / "shard-00001.safetensors"
+    cache_store.save_file({"hook_embed": torch.zeros(2, 1)}, str(shard))  # two rows of width 1: not what was indexed
+    with pytest.raises(wb.InputError, match="shard-00001.safetensors.*'hook_embed' is torch.float32 \\[2, 1\\].*the file changed"):
+        cache.cache_dict.read_rows(["hook_embed"], 0, 7)
+
+
+def test_load_cache_refuses_a_shard_linked_from_outside(tmp_path):
+    model = make_model()
+    tokens, _ = dataset(None)
+    model.run_with_cache(tokens, batch_size=4, cache_dir=tmp_path / "c", names_filter="hook_embed", progress=False)
+    shard = tmp_path / "c" / "shard-00000.safetensors"
+    shard.rename(tmp_path / "outside.safetensors")
+    shard.symlink_to(tmp_path / "outside.safetensors")
+    with pytest.raises(wb.CheckpointError, match="resolves outside the activation cache"):
+        wb.load_cache(tmp_path / "c")
+
+
 # ---- failures leave nothing behind ---------------------------------------------------------------------------
 class Boom(Exception):
     pass

@@ -2,7 +2,8 @@
 
 - ``activations``: relu, JumpReLU (with SAELens's straight-through estimator), top-k, batch-top-k: the one copy
   inference and training (``experiments.sae``) share;
-- ``architectures``: the table of architectures (what each stores, its activation);
+- ``architectures``: one module per architecture (standard, gated, jumprelu, topk, batchtopk), each holding its
+  inference encode and its training form, and the table built from them (``ARCHITECTURES``);
 - ``config``: ``SAEConfig`` / ``SAEMetadata`` and reading a ``cfg.json`` of SAELens 6 or earlier;
 - ``math``: encode and decode, SAELens's arithmetic;
 - ``tensors``: the one check of an SAE's tensors;

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from typing import Mapping, Protocol, Union
 
 from packaging.version import Version
 from safetensors.torch import save_file
+from torch import Tensor
 
 from workbench.safe_files import save_files
-
-if TYPE_CHECKING:
-    from workbench.sae.model import SAE
+from workbench.sae.config import SAEConfig
 
 CFG_FILE = "cfg.json"
 WEIGHTS_FILE = "sae_weights.safetensors"
@@ -26,8 +25,16 @@ WEIGHTS_FILE = "sae_weights.safetensors"
 FORMAT_VERSION = "6.54.12"
 
 
-def save_sae(sae: "SAE", path: Union[str, Path]) -> Path:
-    """Writes ``sae`` into directory ``path`` in SAELens 6's format (``SAE.save``). Returns ``path``.
+class SavedSAE(Protocol):
+    """What a save reads of an SAE (a ``wb.SAE``): its config and its tensors by SAELens's names."""
+
+    cfg: SAEConfig
+
+    def state_dict(self) -> Mapping[str, Tensor]: ...
+
+
+def save_sae(sae: SavedSAE, path: Union[str, Path]) -> Path:
+    """Writes ``sae`` (a ``wb.SAE``) into directory ``path`` in SAELens 6's format (``SAE.save``). Returns ``path``.
 
     Example:
         >>> import tempfile

@@ -1,4 +1,6 @@
-"""An SAE's arithmetic, SAELens 6's to the operation (read from its ``saes/*.py``), as functions of the weights.
+"""An SAE's arithmetic, SAELens 6's to the operation (read from its ``saes/*.py``), as functions of the weights:
+the generic parts (hook points, input normalisation, ``b_dec`` centring, decode, skip term) around the encode of the
+SAE's architecture (its ``Encoding`` in ``workbench.sae.architectures``).
 
 Shapes: inputs ``[..., d_in]``, features ``[..., d_sae]``, outputs ``[..., d_out]`` (``...`` any leading
 axes; ``d_out`` is ``d_in`` for an SAE and the written hook's width for a transcoder).
@@ -14,20 +16,15 @@ keeps on the module between ``encode`` and ``decode``; here they are passed expl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Optional
 
-import torch
 from jaxtyping import Float
-from torch import Tensor
+from torch import Tensor, nn
 
 from workbench.errors import InputError
-from workbench.sae import activations
-from workbench.sae.architectures import ArchitectureSpec
+from workbench.sae.architectures.base import HookFn, pre_activations
 
-if TYPE_CHECKING:
-    from workbench.sae.model import SAE
-
-HookFn = Callable[[Tensor], Tensor]
+__all__ = ["IDENTITY", "NormState", "Points", "activate", "decode", "encode", "pre_activations", "skip_term"]
 
 
 def _identity(tensor: Tensor) -> Tensor:
@@ -83,7 +80,7 @@ class NormState:
     d_head: Optional[int] = None
 
 
-def encode(sae: "SAE", x: Float[Tensor, "... d_in"], points: Points = IDENTITY,
+def encode(sae: nn.Module, x: Float[Tensor, "... d_in"], points: Points = IDENTITY,
            ) -> tuple[Float[Tensor, "... d_sae"], NormState]:
     """Feature activations of ``x`` and the normalisation state the decode needs (SAELens's ``encode``).
 
@@ -103,35 +100,13 @@ def encode(sae: "SAE", x: Float[Tensor, "... d_in"], points: Points = IDENTITY,
     x = _normalise_in(cfg.normalize_activations, cfg.d_in, x, state)
     if cfg.apply_b_dec_to_input and not spec.transcoder:
         x = x - sae.b_dec
-    return points.acts_post(_activate(sae, spec, x, points)), state
+    return points.acts_post(spec.encoding.encode(sae, x, points.acts_pre)), state
 
 
-def _activate(sae: "SAE", spec: ArchitectureSpec, x: Tensor, points: Points) -> Tensor:
-    """The encoder's affine map and the architecture's activation on centred, normalised inputs."""
-    if spec.activation == "gated":
-        active = (x @ sae.W_enc + sae.b_gate > 0).to(x.dtype)
-        magnitude = points.acts_pre(x @ (sae.W_enc * sae.r_mag.exp()) + sae.b_mag)
-        return active * activations.relu(magnitude)
-    return activate(sae, points.acts_pre(pre_activations(sae, x)))
-
-
-def pre_activations(sae: "SAE", x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_sae"]:
-    """``x W_enc + b_enc`` (``x`` already centred and normalised; a transcoder's input as it is), in the weights'
-    dtype.
-
-    Example:
-        >>> sae = wb.SAE.from_tensors(wb.SAEConfig("standard", d_in=2, d_sae=2),
-        ...     {"W_enc": torch.eye(2), "W_dec": torch.eye(2), "b_enc": torch.tensor([0., -1.]), "b_dec": torch.zeros(2)})
-        >>> pre_activations(sae, torch.tensor([3., 0.5])).detach()
-        tensor([ 3.0000, -0.5000])
-    """
-    return x.to(sae.W_enc.dtype) @ sae.W_enc + sae.b_enc
-
-
-def activate(sae: "SAE", hidden_pre: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_sae"]:
-    """The architecture's activation (``workbench.sae.activations``) of pre-activations (not gated, whose
-    activation needs the input: ``encode``); top-k with ``rescale_acts_by_decoder_norm`` chooses by pre-activation
-    times decoder norm, as SAELens.
+def activate(sae: nn.Module, hidden_pre: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_sae"]:
+    """The architecture's activation (its ``Encoding``: ``workbench.sae.architectures``) of pre-activations (not
+    gated, whose activation needs the input: ``encode``); top-k with ``rescale_acts_by_decoder_norm`` chooses by
+    pre-activation times decoder norm, as SAELens.
 
     Example:
         >>> sae = wb.SAE.from_tensors(wb.SAEConfig("jumprelu", d_in=2, d_sae=2), {"W_enc": torch.eye(2),
@@ -139,19 +114,10 @@ def activate(sae: "SAE", hidden_pre: Float[Tensor, "... d_sae"]) -> Float[Tensor
         >>> activate(sae, torch.tensor([0.5, 2.0])).detach()
         tensor([0., 2.])
     """
-    activation = sae.spec.activation
-    if activation == "relu":
-        return activations.relu(hidden_pre)
-    if activation == "jumprelu":
-        return activations.jumprelu(hidden_pre, sae.threshold)
-    if activation == "gated":
-        raise InputError(f"{sae!r}: a gated SAE's activation needs its input; use encode")
-    if sae.cfg.rescale_acts_by_decoder_norm:  # top-k chooses by pre-activation times decoder norm
-        hidden_pre = hidden_pre * sae.W_dec.norm(dim=-1)
-    return activations.topk(hidden_pre, sae.cfg.k)
+    return sae.spec.encoding.activate(sae, hidden_pre)
 
 
-def decode(sae: "SAE", features: Float[Tensor, "... d_sae"], state: NormState, points: Points = IDENTITY,
+def decode(sae: nn.Module, features: Float[Tensor, "... d_sae"], state: NormState, points: Points = IDENTITY,
            ) -> Float[Tensor, "... d_out"]:
     """The reconstruction of ``features`` (SAELens's ``decode``; a transcoder's output, without its skip term).
 
@@ -174,7 +140,7 @@ def decode(sae: "SAE", features: Float[Tensor, "... d_sae"], state: NormState, p
     return out
 
 
-def skip_term(sae: "SAE", x: Float[Tensor, "... d_in"]) -> Optional[Float[Tensor, "... d_out"]]:
+def skip_term(sae: nn.Module, x: Float[Tensor, "... d_in"]) -> Optional[Float[Tensor, "... d_out"]]:
     """A skip transcoder's linear skip connection ``x W_skip^T``, added after the decode (None without one).
 
     Example:

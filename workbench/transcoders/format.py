@@ -11,21 +11,36 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from typing import Any, Optional, Protocol, Sequence, Union
 
 from safetensors.torch import save_file
+from torch import Tensor
 
 from workbench.safe_files import save_files
-
-if TYPE_CHECKING:
-    from workbench.transcoders.set import TranscoderSet
 
 OUR_CONFIG, OUR_WEIGHTS = "transcoders.json", "transcoders.safetensors"
 FORMAT_NAME = "workbench-transcoders"
 
 
-def save_transcoders(transcoders: "TranscoderSet", path: Union[str, Path]) -> Path:
-    """Writes ``transcoders`` into folder ``path`` in our format (``TranscoderSet.save``). Returns ``path``.
+class SavedTranscoders(Protocol):
+    """What a save reads of a transcoder set (a ``wb.TranscoderSet``): its hooks, ``scan`` and circuit-tracer's
+    view of its weights."""
+
+    n_layers: int
+    feature_input_hook: str
+    feature_output_hook: str
+    scan: Any
+    W_enc: Sequence[Tensor]
+    b_enc: Sequence[Tensor]
+    threshold: Sequence[Optional[Tensor]]
+    W_dec: Sequence[Tensor]
+    b_dec: Tensor
+    W_skip: Optional[Sequence[Tensor]]
+
+
+def save_transcoders(transcoders: SavedTranscoders, path: Union[str, Path]) -> Path:
+    """Writes ``transcoders`` (a ``wb.TranscoderSet``) into folder ``path`` in our format (``TranscoderSet.save``).
+    Returns ``path``.
 
     Example:
         >>> import tempfile
