@@ -101,6 +101,11 @@ class FakeHub:
     def file_requests(self, method: str = "GET") -> list[Request]:
         return [r for r in self.requests if r.method == method and "/resolve/" in r.path]
 
+    def fetched(self, repo_id: str) -> set[str]:
+        """The files of ``repo_id`` sent whole or in part (GETs), by their path in the repo."""
+        prefix = f"/{repo_id}/resolve/"
+        return {r.path[len(prefix):].split("/", 1)[1] for r in self.file_requests("GET") if r.path.startswith(prefix)}
+
     def full_weight_reads(self) -> list[Request]:
         """GETs of a .safetensors / .bin / .gguf file without a Range header (a whole weights file)."""
         return [r for r in self.file_requests("GET") if r.range is None

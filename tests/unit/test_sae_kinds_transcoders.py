@@ -39,11 +39,6 @@ def releases(hub, monkeypatch):  # noqa: F811
     return hub
 
 
-def fetched(server, repo_id: str) -> set[str]:
-    prefix = f"/{repo_id}/resolve/"
-    return {r.path[len(prefix):].split("/", 1)[1] for r in server.file_requests("GET") if r.path.startswith(prefix)}
-
-
 def check_against_saelens(sae: wb.SAE, key: str) -> None:
     x = EXPECTED[f"{key}.x"]
     with torch.no_grad():
@@ -67,7 +62,7 @@ def test_a_gemma_scope_transcoder_takes_its_sizes_from_its_names_as_saelens_does
     check_against_saelens(sae, "fake-gemma-scope-transcoders/layer_1/width_1k/canonical")
     assert (sae.cfg.d_in, sae.cfg.d_sae) == (2304, 1024)  # "2b" in the repo id, "width_1k" in the folder
     assert sae.cfg.metadata.neuronpedia_id == "gemma-2-2b/1-fake-transcoder"
-    assert fetched(releases, repos.GEMMA_2_KIND) == {f"{repos.GEMMA_2_FOLDER}/params.npz"}
+    assert releases.fetched(repos.GEMMA_2_KIND) == {f"{repos.GEMMA_2_FOLDER}/params.npz"}
 
 
 @pytest.mark.parametrize("release, sae_id", [("fake-qwen3-0.6b-transcoders", "layer_1"),
@@ -80,8 +75,8 @@ def test_an_mwhanna_transcoder_matches_saelens(releases, release, sae_id):
 def test_an_mwhanna_repo_with_the_typo_config_and_no_base_config_names_its_model_from_the_repo_id(releases):
     sae = wb.load_sae("fake-qwen3-14b-transcoders", "layer_2")
     assert sae.cfg.metadata.model_name == "Qwen/Qwen3-14B"
-    assert fetched(releases, repos.MWHANNA_14B) == {"wanb-config.yaml", "layer_2.safetensors"}
-    assert fetched(releases, repos.MWHANNA) == set()
+    assert releases.fetched(repos.MWHANNA_14B) == {"wanb-config.yaml", "layer_2.safetensors"}
+    assert releases.fetched(repos.MWHANNA) == set()
 
 
 @pytest.mark.parametrize("release, sae_id, architecture", [
@@ -103,7 +98,7 @@ def test_a_clt_layer_loads_as_a_per_layer_transcoder_summing_its_decoders_with_s
     with pytest.warns(UserWarning, match="summing all decoders together"):
         sae = wb.load_sae("fake-clt-as-per-layer", f"layer_{layer}")
     check_against_saelens(sae, f"fake-clt-as-per-layer/layer_{layer}")
-    assert fetched(releases, repos.CLT_KIND) == {"config.yaml", f"W_enc_{layer}.safetensors",
+    assert releases.fetched(repos.CLT_KIND) == {"config.yaml", f"W_enc_{layer}.safetensors",
                                                  f"W_dec_{layer}.safetensors"}
 
 

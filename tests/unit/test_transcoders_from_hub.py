@@ -34,12 +34,6 @@ def tc_hub(hub):  # noqa: F811
     return hub
 
 
-def fetched(server, repo_id: str) -> set[str]:
-    """The files of ``repo_id`` the fake Hub sent (GETs)."""
-    prefix = f"/{repo_id}/resolve/"
-    return {r.path[len(prefix):].split("/", 1)[1] for r in server.file_requests("GET") if r.path.startswith(prefix)}
-
-
 def assert_matches_circuit_tracer(tc: wb.TranscoderSet, name: str) -> None:
     x = EXPECTED[f"{name}.x"]
     with torch.no_grad():
@@ -54,7 +48,7 @@ def test_the_llama_preset_loads_as_circuit_tracer_loads_it_fetching_only_what_it
     assert tc.n_layers == 3 and tc.skip_connection
     assert (tc.feature_input_hook, tc.feature_output_hook) == ("hook_resid_mid", "hook_mlp_out")
     assert_matches_circuit_tracer(tc, "llama")
-    assert fetched(tc_hub, repos.LLAMA) == {"config.yaml", "layer_0.safetensors", "layer_1.safetensors",
+    assert tc_hub.fetched(repos.LLAMA) == {"config.yaml", "layer_0.safetensors", "layer_1.safetensors",
                                             "layer_2.safetensors"}
 
 
@@ -62,14 +56,14 @@ def test_the_gemma_preset_reads_gemma_scope_npz_files_from_the_repo_its_config_n
     tc = wb.load_transcoders("gemma")
     assert all(threshold is not None for threshold in tc.threshold)
     assert_matches_circuit_tracer(tc, "gemma")
-    assert fetched(tc_hub, repos.GEMMA) == {"config.yaml"}
-    assert fetched(tc_hub, repos.GEMMA_WEIGHTS) == {f"{folder}/params.npz" for folder in repos.GEMMA_FOLDERS}
+    assert tc_hub.fetched(repos.GEMMA) == {"config.yaml"}
+    assert tc_hub.fetched(repos.GEMMA_WEIGHTS) == {f"{folder}/params.npz" for folder in repos.GEMMA_FOLDERS}
 
 
 def test_a_repo_folder_without_a_transcoders_list_counts_its_layer_files(tc_hub, monkeypatch):
     tc = wb.load_transcoders("fake-org/tc-sets/plt")
     assert_matches_circuit_tracer(tc, "plt_listed")
-    assert fetched(tc_hub, repos.SETS) == {"plt/config.yaml"} | {f"plt/layer_{i}.safetensors" for i in range(3)}
+    assert tc_hub.fetched(repos.SETS) == {"plt/config.yaml"} | {f"plt/layer_{i}.safetensors" for i in range(3)}
     as_address = wb.load_transcoders("hf://fake-org/tc-sets/plt?revision=main")  # circuit-tracer's hf:// spelling
     assert all(torch.equal(a, b) for a, b in zip(tc.state_dict().values(), as_address.state_dict().values()))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the cached snapshot's own files are counted
@@ -80,7 +74,7 @@ def test_a_cross_layer_transcoder_at_a_revision_fetches_its_encoder_and_decoder_
     tc = wb.load_transcoders("fake-org/tc-sets/clt@main")
     assert tc.cross_layer
     assert_matches_circuit_tracer(tc, "clt")
-    assert fetched(tc_hub, repos.SETS) == {"clt/config.yaml"} | {f"clt/{kind}_{i}.safetensors" for i in range(3)
+    assert tc_hub.fetched(repos.SETS) == {"clt/config.yaml"} | {f"clt/{kind}_{i}.safetensors" for i in range(3)
                                                                  for kind in ("W_enc", "W_dec")}
     with pytest.raises(HubNotFoundError, match="fake-org/tc-sets: no revision 'v9'"):
         wb.load_transcoders("fake-org/tc-sets/clt@v9")
@@ -108,7 +102,7 @@ def test_hf_entries_of_a_local_config_are_fetched_beside_its_local_files(tc_hub,
         torch.testing.assert_close(torch.stack(acts), EXPECTED["llama.encode"], atol=1e-5, rtol=0)
         torch.testing.assert_close(tc.reconstruct(acts, x), EXPECTED["llama.decode"], atol=1e-5, rtol=0)
     assert tc.scan == "fixtures/plt_skip"  # a local config keeps its own scan
-    assert fetched(tc_hub, repos.LLAMA) == {"layer_1.safetensors", "layer_2.safetensors"}
+    assert tc_hub.fetched(repos.LLAMA) == {"layer_1.safetensors", "layer_2.safetensors"}
 
 
 @pytest.mark.parametrize("entry", [f"hf://{repos.LLAMA}/../../secrets/layer_0.safetensors",
@@ -127,7 +121,7 @@ def test_an_entry_of_a_hub_config_leaving_its_repo_is_refused(tc_hub):
                                                   b"transcoders:\n- ../x.safetensors\n"})
     with pytest.raises(ConfigError, match=r"fake-org/escape/config.yaml: field 'transcoders'\[0\].*'\.\.' step"):
         wb.load_transcoders("fake-org/escape")
-    assert fetched(tc_hub, "fake-org/escape") == {"config.yaml"}
+    assert tc_hub.fetched("fake-org/escape") == {"config.yaml"}
 
 
 def test_a_config_naming_a_file_the_repo_lacks_names_it(tc_hub, tmp_path):
@@ -138,7 +132,7 @@ def test_a_config_naming_a_file_the_repo_lacks_names_it(tc_hub, tmp_path):
                                                            "layer_0.safetensors").read_bytes()})
     with pytest.raises(HubNotFoundError, match=r"fake-org/broken .*no file 'layer_9.safetensors' in the repo"):
         wb.load_transcoders("fake-org/broken")
-    assert fetched(tc_hub, "fake-org/broken") == {"config.yaml"}  # refused before any layer was fetched
+    assert tc_hub.fetched("fake-org/broken") == {"config.yaml"}  # refused before any layer was fetched
     with pytest.raises(HubNotFoundError, match=r"fake-org/no-such-repo .*no model repo"):
         wb.load_transcoders(_local_config(tmp_path, ["hf://fake-org/no-such-repo/layer_0.safetensors"]))
 
@@ -176,7 +170,7 @@ def test_a_download_that_does_not_fit_is_refused_before_any_layer_is_fetched(tc_
                         else shutil_module.disk_usage(path))
     with pytest.raises(HubDiskSpaceError, match=f"{repos.LLAMA}: its files to download"):
         wb.load_transcoders("llama")
-    assert fetched(tc_hub, repos.LLAMA) == set()
+    assert tc_hub.fetched(repos.LLAMA) == set()
 
 
 def test_a_gated_repo_without_a_token_says_to_accept_the_licence_and_set_hf_token(tc_hub):
