@@ -26,9 +26,9 @@ from workbench.sae.foreign import KINDS
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tc_hub"
 EXPECTED = load_file(str(FIXTURES / "expected.safetensors"))
 META = json.loads((FIXTURES / "expected.json").read_text())
-# Metadata SAELens stamps on every config it loads (its version, training version), and the two defaults of its
-# pre-6.0 handling our reader (workbench.sae.config) does not add: prepend_bos, a null neuronpedia_id.
-STAMPED = {"sae_lens_version", "sae_lens_training_version", "prepend_bos", "neuronpedia_id"}
+# Metadata SAELens stamps on every config it loads (its version, training version), and the null neuronpedia_id its
+# pre-6.0 handling adds, which our reader (workbench.sae.config) leaves out.
+STAMPED = {"sae_lens_version", "sae_lens_training_version", "neuronpedia_id"}
 
 
 @pytest.fixture
