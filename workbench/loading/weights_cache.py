@@ -99,15 +99,16 @@ def load_converted(source: Path, converter: str, convert: Callable[[], Converted
 
     Example:
         >>> import tempfile
-        >>> _ = os.environ.setdefault("WORKBENCH_CACHE_DIR", tempfile.mkdtemp())
+        >>> from unittest import mock
         >>> source = Path(tempfile.mkdtemp()) / "weights.bin"
         >>> _ = source.write_bytes(b"any file the conversion reads")
         >>> calls = []
         >>> def convert():
         ...     calls.append(1)
         ...     return Converted(model.config, model.tokenizer, {"embed.W_E": model.embed.W_E.detach().clone()})
-        >>> first = load_converted(source, "demo", convert)
-        >>> again = load_converted(source, "demo", convert)        # read from the cache: not converted again
+        >>> with mock.patch.dict(os.environ, {"WORKBENCH_CACHE_DIR": tempfile.mkdtemp()}):
+        ...     first = load_converted(source, "demo", convert)
+        ...     again = load_converted(source, "demo", convert)    # read from the cache: not converted again
         >>> len(calls), torch.equal(again.tensors["embed.W_E"], first.tensors["embed.W_E"]), again.config == model.config
         (1, True, True)
     """
