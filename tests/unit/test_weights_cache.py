@@ -168,12 +168,12 @@ def full_disk(monkeypatch):
     monkeypatch.setattr(weights_cache, "save_file", half_written)
 
 
-def cache_root_is_a_file(cache: Path, monkeypatch):
+def cache_root_is_a_file(cache: Path):
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text("not a directory")
 
 
-def read_only(cache: Path, monkeypatch):
+def read_only(cache: Path):
     if os.geteuid() == 0:
         pytest.skip("root writes into a read-only folder")
     (cache / "weights").mkdir(parents=True)
@@ -183,13 +183,16 @@ def read_only(cache: Path, monkeypatch):
 @pytest.mark.parametrize("unwritable", ["full disk", "cache root is a file", "read-only folder"])
 def test_a_cache_that_cannot_be_written_costs_the_slow_path_only(cache, conversions, source, monkeypatch, unwritable):
     expected = logits(wb.load_model(source, weights_cache=False))
-    {"full disk": lambda: full_disk(monkeypatch), "cache root is a file": lambda: cache_root_is_a_file(cache, monkeypatch),
-     "read-only folder": lambda: read_only(cache, monkeypatch)}[unwritable]()
+    if unwritable == "full disk":
+        full_disk(monkeypatch)
+    elif unwritable == "cache root is a file":
+        cache_root_is_a_file(cache)
+    else:
+        read_only(cache)
     with pytest.warns(RuntimeWarning, match="weights cache not written"):
         model = wb.load_model(source)
     assert torch.equal(logits(model), expected)
-    leftovers = [p for p in entries(cache)] if cache.is_dir() else []
-    assert leftovers == []  # no entry, no partial file, no temporary
+    assert (entries(cache) if cache.is_dir() else []) == []  # no entry, no partial file, no temporary
 
 
 def test_the_cache_can_be_turned_off(cache, conversions, source, monkeypatch):
