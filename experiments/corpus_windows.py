@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 import weakref
 from contextlib import AbstractContextManager
@@ -45,24 +44,14 @@ from torch import Tensor
 from experiments._progress import Progress, ProgressArg
 from experiments.datasets import corpus_windows
 from workbench.corpus import stdlib_root, stdlib_source_paths
+from workbench.cache_dir import CACHE_ENV, cache_directory  # re-exported here, where callers have imported them
 from workbench.errors import CheckpointError, InputError
 from workbench.safe_files import inside, save_files
 
-CACHE_ENV = "WORKBENCH_CACHE_DIR"
 ENGINE = "workbench-corpus-windows-2"  # the cache's format: a new one never reads another's files
 DOC_CHARS = 2000  # each corpus file contributes its first ~2000 characters, so windows span many modules
 CHARS_PER_TOKEN = 4  # a generous guess for code; too few windows and the corpus is doubled
 MAX_KEY_CHARS = 1 << 16  # a stored key longer than this is not one we wrote
-
-
-def cache_directory() -> Path:
-    """Where the workbench caches results on disk: ``$WORKBENCH_CACHE_DIR``, else ``~/.cache/workbench``.
-
-    Example:
-        >>> cache_directory().name in ("workbench",) or bool(os.environ.get("WORKBENCH_CACHE_DIR"))
-        True
-    """
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "workbench").expanduser()
 
 
 _DIGESTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

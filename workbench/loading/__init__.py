@@ -47,7 +47,8 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
                device_map: Optional[DeviceMapSpec] = None, max_memory: MaxMemory = None,
                offload_folder: Optional[Union[str, Path]] = None, revision: Optional[str] = None,
                cache_dir: Optional[Union[str, Path]] = None, token: Union[str, bool, None] = None,
-               local_files_only: bool = False, gguf_file: Optional[str] = None):
+               local_files_only: bool = False, gguf_file: Optional[str] = None,
+               weights_cache: Optional[bool] = None):
     """Loads a model from a registered name, an HF directory, a .gguf file, a saved directory, or the Hub.
 
     By default the weights are as in the checkpoint (logits equal `transformers`'). The four
@@ -94,6 +95,11 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
         revision, cache_dir, token, local_files_only: for a Hub source, as ``transformers``' (branch, tag
             or commit; the HF cache; default ``HF_TOKEN`` or the stored login; cache only).
         gguf_file: load this .gguf file of a Hub repo (or of the directory ``source``).
+        weights_cache: a GGUF file's converted weights (config, tokenizer, dequantised tensors) are kept in
+            ``$WORKBENCH_CACHE_DIR/weights`` (default ``~/.cache/workbench/weights``) after its first load, so later
+            loads are memory-mapped in about a second (``workbench.loading.weights_cache``: keyed by the file's
+            identity and the converter's version, checked before use). None: on unless ``WORKBENCH_WEIGHTS_CACHE=0``;
+            False: neither read nor written for this load.
 
     Example:
         >>> import workbench as wb
@@ -126,7 +132,7 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
     elif max_memory is not None or offload_folder is not None:
         raise ConfigError("max_memory and offload_folder need a device_map (e.g. device_map='auto')")
     hub_options = dict(revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only)
-    model = _load(source, attn_impl, dtype, device, progress, placement, hub_options, gguf_file)
+    model = _load(source, attn_impl, dtype, device, progress, placement, hub_options, gguf_file, weights_cache)
     if ungroup_grouped_query_attention:
         model.set_ungroup_grouped_query_attention(True)
     if fold_ln or center_writing_weights or center_unembed or fold_value_biases or refactor_factored_attn_matrices:
@@ -138,12 +144,12 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
 
 def _load(source: Union[str, Path], attn_impl: str, dtype: Optional[torch.dtype], device: str,
           progress: Optional[bool], placement: Optional[Placement], hub_options: Optional[dict] = None,
-          gguf_file: Optional[str] = None):
+          gguf_file: Optional[str] = None, weights_cache: Optional[bool] = None):
     """The model exactly as the checkpoint holds it, by whichever loader ``source`` calls for."""
     if _is_hub_source(source):  # fetched into the HF cache, then loaded as a local checkpoint
         with _hub_checkpoint(source, hub.fetch_model, **(hub_options or {}), gguf_file=gguf_file,
                              progress=progress) as fetched:
-            model = _load(fetched.path, attn_impl, dtype, device, progress, placement)
+            model = _load(fetched.path, attn_impl, dtype, device, progress, placement, weights_cache=weights_cache)
         model.config = model.config.replace(model_name=fetched.origin.repo_id)
         model.hub_origin = fetched.origin
         return model
@@ -152,7 +158,8 @@ def _load(source: Union[str, Path], attn_impl: str, dtype: Optional[torch.dtype]
     options = dict(attn_impl=attn_impl, dtype=dtype, device=device, placement=placement)
     path, kind = _locate(source)
     if kind == "gguf":
-        model = load_gguf(path, progress=progress, **{**options, "dtype": dtype or torch.float32})
+        model = load_gguf(path, progress=progress, weights_cache=weights_cache,
+                          **{**options, "dtype": dtype or torch.float32})
     elif kind == "native":
         model = load_native(path, **options)
     else:

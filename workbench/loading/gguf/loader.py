@@ -36,6 +36,7 @@ from workbench.loading.gguf.tokenizer import tokenizer_from_gguf
 from workbench.loading.hf.config import HFConfig
 from workbench.loading.hf.loader import ARCHITECTURES as HF_ARCHITECTURES
 from workbench.loading.placement import Placement
+from workbench.loading.weights_cache import Converted, load_converted
 
 # general.architecture values we read, and the models they cover.
 GGUF_MODELS = {arch: f"{spec.models}; as transformers' {spec.hf_architecture}"
@@ -325,17 +326,31 @@ def _check_shape(file: GGUFFile, gguf_name: str, shape: tuple[int, ...], expecte
 
 
 def load_gguf(path: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtype = torch.float32,
-              device: str = "cpu", progress: Optional[bool] = None, placement: Optional[Placement] = None):
+              device: str = "cpu", progress: Optional[bool] = None, placement: Optional[Placement] = None,
+              weights_cache: Optional[bool] = None):
     """Builds a ``Decoder`` (with its tokenizer) from a GGUF file of any architecture in ``GGUF_MODELS``.
+
+    The converted config, tokenizer and float32 tensors are kept in the weights cache
+    (``workbench.loading.weights_cache``; ``weights_cache=False``: neither read nor written), so a second load
+    opens without dequantising.
 
     Example:
         >>> model = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")   # doctest: +SKIP
         >>> model.generate("The capital of France is", max_new_tokens=3)   # doctest: +SKIP
     """
-    file = GGUFFile(Path(path))
-    cfg = model_config_from_gguf(file)
-    runtime_options(cfg, dtype=dtype, attn_impl=attn_impl)  # a bad option fails before any tensor is read
-    tokenizer = tokenizer_from_gguf(file.field, str(file.path))
-    tensors = read_tensors(file, cfg, progress)
-    return build_model(cfg, tokenizer, tensors, str(file.path), dtype=dtype, attn_impl=attn_impl, device=device,
+    path = Path(path)
+
+    def check_options(cfg: ModelConfig) -> None:  # a bad option fails before any tensor is read
+        runtime_options(cfg, dtype=dtype, attn_impl=attn_impl)
+
+    def convert() -> Converted:
+        file = GGUFFile(path)
+        cfg = model_config_from_gguf(file)
+        check_options(cfg)
+        tokenizer = tokenizer_from_gguf(file.field, str(file.path))
+        return Converted(cfg, tokenizer, read_tensors(file, cfg, progress))
+
+    # Dequantised to float32 whatever ``dtype`` is (build_model casts), so the dtype is not the converter's.
+    cfg, tokenizer, tensors = load_converted(path, "gguf", convert, check=check_options, enabled=weights_cache)
+    return build_model(cfg, tokenizer, tensors, str(path), dtype=dtype, attn_impl=attn_impl, device=device,
                        placement=placement)
