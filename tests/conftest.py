@@ -1,12 +1,30 @@
-"""Shared test set-up: no hub access, deterministic seeds, a place for test output."""
+"""Shared test set-up: no hub access, deterministic seeds, one disk cache per run, a place for test output."""
 
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import shutil
+import tempfile
+
 import pytest
 import torch
+
+# The workbench's disk caches (converted weights, corpus scans) go to one folder for the whole run, never the user's
+# ~/.cache/workbench: made by the first process (pytest itself, or the xdist controller before it starts the
+# workers, which inherit it), so SmolLM2 and Gemma 3 are converted once per run and every later load maps the file.
+# WORKBENCH_TEST_CACHE_DIR keeps one across runs on purpose.
+_RUN_CACHE = None
+if not os.environ.get("PYTEST_XDIST_WORKER"):
+    _RUN_CACHE = os.environ.get("WORKBENCH_TEST_CACHE_DIR") or tempfile.mkdtemp(prefix="workbench-test-cache-")
+    os.environ["WORKBENCH_CACHE_DIR"] = _RUN_CACHE
+
+
+def pytest_unconfigure(config):
+    if _RUN_CACHE and not os.environ.get("WORKBENCH_TEST_CACHE_DIR"):
+        shutil.rmtree(_RUN_CACHE, ignore_errors=True)
+
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # The suite runs on two workers (the README's `make test`) sharing the machine's cores: one thread each, in

@@ -22,9 +22,9 @@ def server_url(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
     port = dashboard.free_port()
     with open(log_path, "w") as log:
-        # Its own disk cache (the Neurons page's corpus maxima): nothing read from or left in the user's.
-        cache = tmp_path_factory.mktemp("workbench-cache")
-        server = dashboard.start_server(port, log, env={"WORKBENCH_CACHE_DIR": str(cache)})
+        # The run's disk cache (tests/conftest.py), inherited: converted weights are read, not converted again, and
+        # nothing is read from or left in the user's.
+        server = dashboard.start_server(port, log)
         try:
             dashboard.wait_healthy(port, server)
         except Exception as error:
