@@ -37,9 +37,10 @@ HOOK_POINTS = {
     "hook_sae_input": (("batch", "pos", "d_in"), "the activation the SAE reads (a hook_z SAE's heads flattened), "
                        "before input normalisation and b_dec"),
     "hook_sae_acts_pre": (("batch", "pos", "d_sae"), "pre-activations x W_enc + b_enc (gated: the magnitude path; "
-                          "top-k with rescaling: before the decoder-norm scaling)"),
+                          "top-k with rescaling: before the decoder-norm scaling; temporal: of the novel part)"),
     "hook_sae_acts_post": (("batch", "pos", "d_sae"), "feature activations: read, ablate or steer features here"),
-    "hook_sae_recons": (("batch", "pos", "d_out"), "features W_dec + b_dec, before de-normalisation and a skip term"),
+    "hook_sae_recons": (("batch", "pos", "d_out"), "features W_dec + b_dec, before de-normalisation and a skip term "
+                        "(temporal, spliced: of the features plus the codes predicted from context)"),
     "hook_sae_error": (("batch", "pos", "d_out"), "with use_error_term only: the true activation minus the clean "
                        "reconstruction"),
     "hook_sae_output": (("batch", "pos", "d_out"), "what the SAE writes (a hook_z SAE: [batch, pos, n_heads, d_head] "
