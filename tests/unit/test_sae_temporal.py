@@ -157,7 +157,7 @@ def test_spliced_into_a_model_with_the_error_term_changes_nothing():
     (dict(activation_normalization_factor=0.0), "activation_normalization_factor"),
 ])
 def test_bad_config_values_are_config_errors_naming_the_field(fields, named):
-    values = dict(d_in=16, d_sae=32, n_heads=2, bottleneck_factor=2, **{})
+    values = dict(d_in=16, d_sae=32, n_heads=2, bottleneck_factor=2)
     values.update(fields)
     with pytest.raises(wb.ConfigError, match=named):
         wb.SAEConfig("temporal", **values)
