@@ -132,11 +132,11 @@ def test_unknown_release_or_sae_id_names_it_with_close_matches(fake_release):
 
 def test_a_conversion_kind_not_loaded_yet_is_a_config_error_naming_it(fake_release, monkeypatch):
     table = dict(sae_releases.releases())
-    table["tiny-temporal"] = {"repo_id": REPO, "model": "toy", "conversion": "temporal",
-                              "saes": [{"id": "l0", "path": "layer_0/width_32"}]}
+    table["tiny-unknown-kind"] = {"repo_id": REPO, "model": "toy", "conversion": "made_up_kind",
+                                  "saes": [{"id": "l0", "path": "layer_0/width_32"}]}
     monkeypatch.setattr(sae_releases, "_RELEASES", table)
-    with pytest.raises(wb.ConfigError, match="SAELens's 'temporal' form is not loaded yet.*loaded: 'sae_lens'"):
-        wb.load_sae("tiny-temporal", "l0")
+    with pytest.raises(wb.ConfigError, match="SAELens's 'made_up_kind' form is not loaded yet.*loaded: 'sae_lens'"):
+        wb.load_sae("tiny-unknown-kind", "l0")
     assert fake_release.file_requests("GET") == []
 
 

@@ -19,7 +19,7 @@ import torch
 from packaging.version import InvalidVersion, Version
 
 from workbench.errors import ConfigError
-from workbench.sae.architectures import architecture_spec
+from workbench.sae.architectures import ARCHITECTURES, architecture_spec
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
 NORMALIZATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm")
@@ -93,8 +93,9 @@ class SAEConfig:
     with flat conveniences (``cfg.hook_name``, ``cfg.hook_name_out``, ``cfg.is_transcoder``).
 
     ``architecture_name``: one of ``workbench.sae.architectures.ARCHITECTURES``; ``k`` and
-    ``rescale_acts_by_decoder_norm`` mean something for ``topk`` only and ``d_out`` for transcoders (their
-    output width; ``d_in`` otherwise).
+    ``rescale_acts_by_decoder_norm`` mean something for ``topk`` only, ``d_out`` for transcoders (their
+    output width; ``d_in`` otherwise), and each architecture's own fields (its ``Encoding.config_fields``:
+    temporal's ``n_heads`` ... ``activation_normalization_factor``) for it only.
 
     Example:
         >>> cfg = SAEConfig("standard", d_in=16, d_sae=32, metadata=SAEMetadata(hook_name="blocks.0.hook_resid_pre"))
@@ -114,6 +115,14 @@ class SAEConfig:
     k: Optional[int] = None
     rescale_acts_by_decoder_norm: bool = False
     d_out: Optional[int] = None
+    # temporal's own fields (SAELens's TemporalSAEConfig, its defaults): workbench.sae.architectures.temporal
+    n_heads: int = 8
+    n_attn_layers: int = 1
+    bottleneck_factor: int = 64
+    sae_diff_type: str = "topk"
+    kval_topk: Optional[int] = None
+    tied_weights: bool = True
+    activation_normalization_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.metadata, SAEMetadata):  # a plain dict is accepted
@@ -139,10 +148,11 @@ class SAEConfig:
         if not isinstance(self.dtype, str) or self.dtype.removeprefix("torch.") not in DTYPES:
             raise ConfigError(f"SAEConfig.dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
         self.dtype = self.dtype.removeprefix("torch.")
-        if self.normalize_activations not in NORMALIZATIONS:
+        if self.normalize_activations not in NORMALIZATIONS + spec.encoding.normalizations:
             extra = (" (its whitening statistics are not part of the saved SAE: fold them into the weights, as "
                      "SAELens's fold_activation_whitening does)") if self.normalize_activations == "covariance_whitening" else ""
-            raise ConfigError(f"SAEConfig.normalize_activations must be one of {NORMALIZATIONS}, got "
+            raise ConfigError(f"SAEConfig.normalize_activations must be one of "
+                              f"{NORMALIZATIONS + spec.encoding.normalizations}, got "
                               f"{self.normalize_activations!r}{extra}")
         if self.reshape_activations not in RESHAPES:
             raise ConfigError(f"SAEConfig.reshape_activations must be one of {RESHAPES}, got {self.reshape_activations!r}")
@@ -160,6 +170,7 @@ class SAEConfig:
         if spec.top_k:
             if isinstance(self.k, bool) or not isinstance(self.k, int) or not 1 <= self.k <= self.d_sae:
                 raise ConfigError(f"SAEConfig.k must be an integer from 1 to d_sae={self.d_sae}, got {self.k!r}")
+        spec.encoding.check_config(self)
 
     def architecture(self) -> str:
         """The architecture's name, as SAELens's ``cfg.architecture()``.
@@ -198,10 +209,9 @@ class SAEConfig:
             ['apply_b_dec_to_input', 'architecture', 'd_in', 'd_sae', 'device', 'dtype', 'k', 'metadata',
              'normalize_activations', 'rescale_acts_by_decoder_norm', 'reshape_activations']
         """
-        spec = architecture_spec(self.architecture_name)
-        own = {"k", "rescale_acts_by_decoder_norm"} if spec.top_k else {"d_out"} if spec.transcoder else set()
+        own = _own_fields(self.architecture_name)
         out = {f.name: getattr(self, f.name) for f in fields(self)
-               if f.name not in ("architecture_name", "k", "rescale_acts_by_decoder_norm", "d_out") or f.name in own}
+               if f.name != "architecture_name" and (f.name not in _ARCHITECTURE_FIELDS or f.name in own)}
         out["metadata"] = self.metadata.to_dict()
         out["architecture"] = self.architecture_name
         return out
@@ -235,13 +245,21 @@ def config_from_dict(raw: Mapping[str, Any], dtype: Optional[str] = None, device
         kwargs["dtype"] = str(dtype).removeprefix("torch.")
     if device is not None:
         kwargs["device"] = str(device)
-    if not spec.top_k:  # SAELens drops what the architecture's config class does not have
-        kwargs.pop("k", None), kwargs.pop("rescale_acts_by_decoder_norm", None)
-    if not spec.transcoder:
-        kwargs.pop("d_out", None)
+    for name in _ARCHITECTURE_FIELDS - _own_fields(values["architecture"]):  # SAELens drops what the
+        kwargs.pop(name, None)                                  # architecture's config class does not have
     if "normalize_activations" in kwargs and isinstance(kwargs["normalize_activations"], bool):
         kwargs["normalize_activations"] = "expected_average_only_in" if kwargs["normalize_activations"] else "none"
     return SAEConfig(values["architecture"], metadata=SAEMetadata(**dict(metadata)), **kwargs)
+
+
+def _own_fields(architecture: str) -> frozenset[str]:
+    """The architecture-specific fields ``architecture``'s config has (its encoding's; ``d_out`` for a transcoder)."""
+    spec = architecture_spec(architecture)
+    return frozenset(spec.encoding.config_fields) | ({"d_out"} if spec.transcoder else set())
+
+
+# Every field that belongs to some architecture only (written and read for that architecture alone).
+_ARCHITECTURE_FIELDS = frozenset({"d_out"}).union(*(spec.encoding.config_fields for spec in ARCHITECTURES.values()))
 
 
 def _check_depth(raw: Any) -> None:

@@ -16,7 +16,7 @@ keeps on the module between ``encode`` and ``decode``; here they are passed expl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from jaxtyping import Float
 from torch import Tensor, nn
@@ -24,7 +24,8 @@ from torch import Tensor, nn
 from workbench.errors import InputError
 from workbench.sae.architectures.base import HookFn, pre_activations
 
-__all__ = ["IDENTITY", "NormState", "Points", "activate", "decode", "encode", "pre_activations", "skip_term"]
+__all__ = ["IDENTITY", "NormState", "Points", "activate", "decode", "encode", "full_codes", "pre_activations",
+           "skip_term"]
 
 
 def _identity(tensor: Tensor) -> Tensor:
@@ -71,13 +72,15 @@ IDENTITY = Points(_identity, _identity, _identity, _identity)
 
 @dataclass
 class NormState:
-    """What an encode's input normalisation leaves for the decode: the rows' mean and std (``layer_norm``), their
-    scale (``constant_norm_rescale``), and the head size of a ``hook_z`` input (its heads are flattened)."""
+    """What an encode leaves for the decode: the rows' mean and std (``layer_norm``), their scale
+    (``constant_norm_rescale``), the head size of a ``hook_z`` input (its heads are flattened), and the codes
+    predicted from context (temporal; a full reconstruction decodes them with the features, ``decode`` does not)."""
 
     mean: Optional[Tensor] = None
     std: Optional[Tensor] = None
     scale: Optional[Tensor] = None
     d_head: Optional[int] = None
+    predicted: Optional[Tensor] = None
 
 
 def encode(sae: nn.Module, x: Float[Tensor, "... d_in"], points: Points = IDENTITY,
@@ -92,15 +95,27 @@ def encode(sae: nn.Module, x: Float[Tensor, "... d_in"], points: Points = IDENTI
     """
     cfg, spec = sae.cfg, sae.spec
     state = NormState()
-    x = x.to(sae.W_enc.dtype)
+    x = x.to(sae.W_dec.dtype)
     if cfg.reshape_activations == "hook_z":  # [..., heads, d_head] -> [..., heads * d_head]
         state.d_head = x.shape[-1]
         x = x.flatten(-2)
     x = points.input(x)
-    x = _normalise_in(cfg.normalize_activations, cfg.d_in, x, state)
+    x = _normalise_in(cfg, x, state)
     if cfg.apply_b_dec_to_input and not spec.transcoder:
         x = x - sae.b_dec
-    return points.acts_post(spec.encoding.encode(sae, x, points.acts_pre)), state
+    features, state.predicted = spec.encoding.encode_with_predictions(sae, x, points.acts_pre)
+    return points.acts_post(features), state
+
+
+def full_codes(features: Float[Tensor, "... d_sae"], state: NormState) -> Float[Tensor, "... d_sae"]:
+    """What a full reconstruction decodes: the features plus the codes the encode predicted from context, if any
+    (SAELens's temporal ``forward`` decodes ``z_novel + z_pred``).
+
+    Example:
+        >>> full_codes(torch.ones(2), NormState(predicted=torch.tensor([0.5, 0.])))
+        tensor([1.5000, 1.0000])
+    """
+    return features if state.predicted is None else features + state.predicted.to(features.dtype)
 
 
 def activate(sae: nn.Module, hidden_pre: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_sae"]:
@@ -131,10 +146,11 @@ def decode(sae: nn.Module, features: Float[Tensor, "... d_sae"], state: NormStat
     features = features.to(sae.W_dec.dtype)
     if cfg.rescale_acts_by_decoder_norm and sae.spec.top_k:
         features = features * (1 / sae.W_dec.norm(dim=-1))
-    out = points.recons(features @ sae.W_dec + sae.b_dec)
+    out = features @ sae.W_dec
+    out = points.recons(out + sae.b_dec if sae.spec.encoding.adds_b_dec(cfg) else out)
     if sae.spec.transcoder:  # its output lives at another hook: no de-normalisation, no reshape
         return out
-    out = _normalise_out(cfg.normalize_activations, out, state)
+    out = _normalise_out(cfg, out, state)
     if state.d_head is not None:
         out = out.unflatten(-1, (-1, state.d_head))
     return out
@@ -154,11 +170,15 @@ def skip_term(sae: nn.Module, x: Float[Tensor, "... d_in"]) -> Optional[Float[Te
     return x.to(sae.W_skip.dtype) @ sae.W_skip.T
 
 
-def _normalise_in(mode: str, d_in: int, x: Tensor, state: NormState) -> Tensor:
+def _normalise_in(cfg: Any, x: Tensor, state: NormState) -> Tensor:
     """SAELens's run-time input normalisation (``expected_average_only_in`` is folded into the weights before an
-    SAE is saved for inference, so it is the identity here, as there)."""
+    SAE is saved for inference, so it is the identity here, as there; ``constant_scalar_rescale``, temporal's, is
+    times the config's ``activation_normalization_factor``)."""
+    mode = cfg.normalize_activations
+    if mode == "constant_scalar_rescale":
+        return x * cfg.activation_normalization_factor
     if mode == "constant_norm_rescale":
-        state.scale = d_in ** 0.5 / x.norm(dim=-1, keepdim=True)
+        state.scale = cfg.d_in ** 0.5 / x.norm(dim=-1, keepdim=True)
         return x * state.scale
     if mode == "layer_norm":
         state.mean = x.mean(dim=-1, keepdim=True)
@@ -168,7 +188,10 @@ def _normalise_in(mode: str, d_in: int, x: Tensor, state: NormState) -> Tensor:
     return x
 
 
-def _normalise_out(mode: str, x: Tensor, state: NormState) -> Tensor:
+def _normalise_out(cfg: Any, x: Tensor, state: NormState) -> Tensor:
+    mode = cfg.normalize_activations
+    if mode == "constant_scalar_rescale":
+        return x / cfg.activation_normalization_factor
     if mode == "constant_norm_rescale":
         _need(state.scale, mode)
         return x / state.scale

@@ -37,9 +37,10 @@ HOOK_POINTS = {
     "hook_sae_input": (("batch", "pos", "d_in"), "the activation the SAE reads (a hook_z SAE's heads flattened), "
                        "before input normalisation and b_dec"),
     "hook_sae_acts_pre": (("batch", "pos", "d_sae"), "pre-activations x W_enc + b_enc (gated: the magnitude path; "
-                          "top-k with rescaling: before the decoder-norm scaling)"),
+                          "top-k with rescaling: before the decoder-norm scaling; temporal: of the novel part)"),
     "hook_sae_acts_post": (("batch", "pos", "d_sae"), "feature activations: read, ablate or steer features here"),
-    "hook_sae_recons": (("batch", "pos", "d_out"), "features W_dec + b_dec, before de-normalisation and a skip term"),
+    "hook_sae_recons": (("batch", "pos", "d_out"), "features W_dec + b_dec, before de-normalisation and a skip term "
+                        "(temporal, spliced: of the features plus the codes predicted from context)"),
     "hook_sae_error": (("batch", "pos", "d_out"), "with use_error_term only: the true activation minus the clean "
                        "reconstruction"),
     "hook_sae_output": (("batch", "pos", "d_out"), "what the SAE writes (a hook_z SAE: [batch, pos, n_heads, d_head] "
@@ -89,9 +90,13 @@ class SAE(HookedRootModule):
             raise InputError(f"SAE needs an SAEConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         self.use_error_term = use_error_term  # SAELens's flag for a standalone forward; splicing passes its own
-        shapes = self.spec.weight_shapes(cfg.d_in, cfg.d_sae, cfg.d_out)
+        shapes = self.spec.weight_shapes(cfg.d_in, cfg.d_sae, cfg.d_out, cfg)
         for name, shape in shapes.items():
-            self.register_parameter(name, nn.Parameter(torch.zeros(shape, dtype=cfg.torch_dtype, device=cfg.device)))
+            if "." not in name:  # a dotted name is a submodule's parameter, registered with it below
+                self.register_parameter(name, nn.Parameter(torch.zeros(shape, dtype=cfg.torch_dtype,
+                                                                       device=cfg.device)))
+        for name, module in self.spec.encoding.submodules(cfg, cfg.device, cfg.torch_dtype).items():
+            self.add_module(name, module)
         for name in HOOK_NAMES:
             setattr(self, name, HookPoint())
         self._points = math.Points.of({name: getattr(self, name) for name in HOOK_NAMES})
@@ -146,17 +151,17 @@ class SAE(HookedRootModule):
     @property
     def device(self) -> torch.device:
         """Where the weights are."""
-        return self.W_enc.device
+        return self.W_dec.device
 
     @property
     def dtype(self) -> torch.dtype:
         """The weights' dtype (inputs are cast to it, as in SAELens)."""
-        return self.W_enc.dtype
+        return self.W_dec.dtype
 
     def _apply(self, fn: Any, recurse: bool = True) -> "SAE":
         # .to / .cuda / .half keep cfg.device and cfg.dtype true, as SAELens's ``to`` does (what save writes).
         super()._apply(fn, recurse)
-        self.cfg.device, self.cfg.dtype = str(self.W_enc.device), str(self.W_enc.dtype).removeprefix("torch.")
+        self.cfg.device, self.cfg.dtype = str(self.W_dec.device), str(self.W_dec.dtype).removeprefix("torch.")
         return self
 
     # ---- the arithmetic (workbench.sae.math), SAELens's methods ---------------------------------------------
@@ -173,6 +178,26 @@ class SAE(HookedRootModule):
         features, self._pending = math.encode(self, x, self._points)
         return features
 
+    def encode_with_predictions(self, x: Float[Tensor, "batch pos d_in"],
+                                ) -> tuple[Float[Tensor, "batch pos d_sae"], Float[Tensor, "batch pos d_sae"]]:
+        """SAELens's ``TemporalSAE.encode_with_predictions``: (the sparse novel codes ``encode`` returns, the codes
+        predicted from earlier positions); ``forward`` decodes their sum. Only an architecture that predicts codes
+        from context has it (``temporal``); any other is an ``InputError``.
+
+        Example:
+            >>> sae = wb.SAE.from_tensors(wb.SAEConfig("standard", d_in=2, d_sae=2), {"W_enc": torch.eye(2),
+            ...     "W_dec": torch.eye(2), "b_enc": torch.zeros(2), "b_dec": torch.zeros(2)})
+            >>> sae.encode_with_predictions(torch.ones(1, 3, 2))
+            Traceback (most recent call last):
+            workbench.errors.InputError: a standard SAE predicts no codes from context (encode_with_predictions is a temporal SAE's); use encode
+        """
+        features, state = math.encode(self, x, self._points)
+        if state.predicted is None:
+            raise InputError(f"a {self.cfg.architecture_name} SAE predicts no codes from context "
+                             "(encode_with_predictions is a temporal SAE's); use encode")
+        self._pending = state
+        return features, state.predicted
+
     def decode(self, feature_acts: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_out"]:
         """The reconstruction of ``feature_acts`` (firing ``hook_sae_recons``), without a skip transcoder's skip
         term (as SAELens's ``decode``). An SAE that normalises its input uses the last ``encode``'s statistics, once.
@@ -187,7 +212,8 @@ class SAE(HookedRootModule):
         return math.decode(self, feature_acts, state, self._points)
 
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
-        """``decode(encode(x))`` plus a skip transcoder's skip term, plus the error term with
+        """``decode(encode(x))`` (a temporal SAE: of the features plus the codes predicted from context) plus a skip
+        transcoder's skip term, plus the error term with
         ``use_error_term`` (an SAE only: a transcoder's error needs its output hook's activation); fires
         ``hook_sae_output``.
 
@@ -226,7 +252,7 @@ class SAE(HookedRootModule):
             tensor([1., 0.])
         """
         features, state = math.encode(self, x, points)
-        out = math.decode(self, features, state, points)
+        out = math.decode(self, math.full_codes(features, state), state, points)
         skip = math.skip_term(self, x)
         if skip is not None:
             out = out + skip
@@ -244,7 +270,7 @@ class SAE(HookedRootModule):
     def _clean_output(self, x: Tensor) -> Tensor:
         """The output without any hook (the reference the error term is measured from)."""
         features, state = math.encode(self, x, math.IDENTITY)
-        out = math.decode(self, features, state, math.IDENTITY)
+        out = math.decode(self, math.full_codes(features, state), state, math.IDENTITY)
         skip = math.skip_term(self, x)
         return out if skip is None else out + skip
 

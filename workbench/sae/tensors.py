@@ -50,7 +50,7 @@ def check_tensors(cfg: SAEConfig, tensors: Mapping[str, Tensor], source: str, er
     """
     declared = {name: _declaration(tensor) for name, tensor in tensors.items()}
     problems = _declared_problems(cfg, declared, source, error)
-    shapes = architecture_spec(cfg.architecture_name).weight_shapes(cfg.d_in, cfg.d_sae, cfg.d_out)
+    shapes = architecture_spec(cfg.architecture_name).weight_shapes(cfg.d_in, cfg.d_sae, cfg.d_out, cfg)
     for name, shape in shapes.items():
         well_declared = _floating(declared[name][1]) and declared[name][0] == shape
         if well_declared and not bool(torch.isfinite(tensors[name]).all()):
@@ -64,7 +64,7 @@ def _declared_problems(cfg: SAEConfig, declared: Mapping[str, tuple[tuple[int, .
     """Raises for missing or extra names (nothing more is worth checking then); returns each tensor's dtype or
     shape problem."""
     spec = architecture_spec(cfg.architecture_name)
-    shapes = spec.weight_shapes(cfg.d_in, cfg.d_sae, cfg.d_out)
+    shapes = spec.weight_shapes(cfg.d_in, cfg.d_sae, cfg.d_out, cfg)
     missing = [name for name in shapes if name not in declared]
     extra = sorted(str(name) for name in declared if name not in shapes)
     if missing or extra:
@@ -96,5 +96,7 @@ def _floating(dtype: DeclaredDtype) -> bool:
 
 def _axes(name: str, transcoder: bool) -> str:
     out = "d_out" if transcoder else "d_in"
+    if "." in name:  # a submodule's parameter (temporal's attention layers): its shape follows from the config
+        return "its layer's shape"
     return {"W_enc": "[d_in, d_sae]", "W_dec": f"[d_sae, {out}]", "b_dec": f"[{out}]",
             "W_skip": "[d_out, d_in]"}.get(name, "[d_sae]")

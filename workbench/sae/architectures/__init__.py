@@ -8,7 +8,9 @@ built from them.
 - ``gated``: the gate and magnitude paths (read and run; not trained yet);
 - ``jumprelu``: JumpReLU (and its transcoders), trained with the log-threshold, straight-through estimator, L0;
 - ``topk``: top-k with the decoder-norm rescaling, trained with the aux-k loss;
-- ``batchtopk``: batch-top-k, a training form only (saved as ``jumprelu``, as SAELens saves it).
+- ``batchtopk``: batch-top-k, a training form only (saved as ``jumprelu``, as SAELens saves it);
+- ``temporal``: attention layers predict codes from the earlier positions, a sparse code holds the novel rest
+  (inference only; its attention layers are submodules, ``Encoding.submodules``).
 
 Every architecture SAELens 6 saves for inference is a row of ``ARCHITECTURES``; what differs between them is
 the encoding (activation, the tensors it stores), whether it is a transcoder and whether it has ``W_skip``
@@ -17,7 +19,7 @@ the encoding (activation, the tensors it stores), whether it is a transcoder and
 and ``workbench.sae.math`` (hook points, normalisation, decode), ``workbench.sae.tensors`` (file checks),
 ``experiments.sae`` (the training module and loop).
 
-A new architecture (Matryoshka, abs-top-k, temporal, ...) is one new file here, defining an ``Encoding`` subclass
+A new architecture (Matryoshka, abs-top-k, ...) is one new file here, defining an ``Encoding`` subclass
 and its rows (``SPECS``, via ``base.rows``; empty if it is saved as another architecture) and a ``TrainingForm``
 subclass (``TRAINING``; empty if it is not trained), plus one line in ``_MODULES`` below.
 """
@@ -25,7 +27,7 @@ subclass (``TRAINING``; empty if it is not trained), plus one line in ``_MODULES
 from __future__ import annotations
 
 from workbench.errors import ConfigError, InputError
-from workbench.sae.architectures import batchtopk, gated, jumprelu, standard, topk
+from workbench.sae.architectures import batchtopk, gated, jumprelu, standard, temporal, topk
 from workbench.sae.architectures.base import Activation, ArchitectureSpec, Encoding, TrainingForm
 
 # The registry: one line per architecture module.
@@ -35,6 +37,7 @@ _MODULES = (
     jumprelu,
     topk,
     batchtopk,
+    temporal,
 )
 
 # SAEs first, then transcoders (a stable sort keeps each group in the modules' order).
@@ -52,7 +55,7 @@ def architecture_spec(name: object) -> ArchitectureSpec:
         'topk'
         >>> architecture_spec("matryoshka")
         Traceback (most recent call last):
-        workbench.errors.ConfigError: SAE config field 'architecture' must be one of ('standard', 'gated', 'jumprelu', 'topk', 'transcoder', 'skip_transcoder', 'jumprelu_transcoder', 'jumprelu_skip_transcoder'), got 'matryoshka'
+        workbench.errors.ConfigError: SAE config field 'architecture' must be one of ('standard', 'gated', 'jumprelu', 'topk', 'temporal', 'transcoder', 'skip_transcoder', 'jumprelu_transcoder', 'jumprelu_skip_transcoder'), got 'matryoshka'
     """
     spec = ARCHITECTURES.get(name) if isinstance(name, str) else None
     if spec is None:

@@ -17,10 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Literal, Mapping, Optional
 
+import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-Activation = Literal["relu", "jumprelu", "topk", "gated"]
+Activation = Literal["relu", "jumprelu", "topk", "gated", "temporal"]
 HookFn = Callable[[Tensor], Tensor]
 # A sparse decode: (feature indices [N, k], values [N, k]) -> the reconstruction [N, o].
 SparseDecode = Callable[[Tensor, Tensor], Tensor]
@@ -47,11 +48,35 @@ class Encoding:
     activation: ClassVar[str]
     weights: ClassVar[tuple[str, ...]] = ("b_enc",)
     config_fields: ClassVar[tuple[str, ...]] = ()
+    # Input normalisations of this architecture's beyond the generic ones (``SAEConfig.normalize_activations``).
+    normalizations: ClassVar[tuple[str, ...]] = ()
 
     def encode(self, sae: nn.Module, x: Float[Tensor, "... d_in"], acts_pre: HookFn) -> Float[Tensor, "... d_sae"]:
         """Feature activations of centred, normalised ``x`` (before ``hook_sae_acts_post``): the affine map,
         through ``acts_pre``, then ``activate``."""
         return self.activate(sae, acts_pre(pre_activations(sae, x)))
+
+    def encode_with_predictions(self, sae: nn.Module, x: Float[Tensor, "... d_in"], acts_pre: HookFn,
+                                ) -> tuple[Float[Tensor, "... d_sae"], Optional[Float[Tensor, "... d_sae"]]]:
+        """(feature activations, codes predicted from context, or None where the architecture predicts none: every
+        one but temporal). A full reconstruction decodes their sum; ``decode`` the features alone."""
+        return self.encode(sae, x, acts_pre), None
+
+    def check_config(self, cfg: Any) -> None:
+        """Raises a ``ConfigError`` naming the field for a value of ``config_fields`` the encode cannot honour."""
+
+    def stores_encoder(self, cfg: Any) -> bool:
+        """Whether ``W_enc`` is stored (a tied-weights architecture encodes with ``W_dec`` transposed)."""
+        return True
+
+    def adds_b_dec(self, cfg: Any) -> bool:
+        """Whether the decode adds ``b_dec``."""
+        return True
+
+    def submodules(self, cfg: Any, device: Any = None, dtype: Optional[torch.dtype] = None) -> dict[str, nn.Module]:
+        """Modules the SAE holds beside its tensors (temporal's attention layers), by attribute name; their
+        parameters are stored as ``<name>.<parameter>``, SAELens's state-dict names."""
+        return {}
 
     def activate(self, sae: nn.Module, hidden_pre: Float[Tensor, "... d_sae"]) -> Float[Tensor, "... d_sae"]:
         """The activation of pre-activations ``hidden_pre``."""
@@ -78,8 +103,9 @@ class ArchitectureSpec:
         """Whether the config carries ``k`` and ``rescale_acts_by_decoder_norm``."""
         return "k" in self.encoding.config_fields
 
-    def weight_shapes(self, d_in: int, d_sae: int, d_out: int) -> dict[str, tuple[int, ...]]:
-        """The tensors the architecture stores, by SAELens's names, with their shapes.
+    def weight_shapes(self, d_in: int, d_sae: int, d_out: int, cfg: Any = None) -> dict[str, tuple[int, ...]]:
+        """The tensors the architecture stores, by SAELens's names, with their shapes; with ``cfg`` (an
+        ``SAEConfig``) also what depends on its own fields (an untied ``W_enc``, submodules' parameters).
 
         Example:
             >>> from workbench.sae.architectures import ARCHITECTURES
@@ -87,9 +113,14 @@ class ArchitectureSpec:
             {'W_enc': (16, 32), 'W_dec': (32, 16), 'b_dec': (16,), 'b_gate': (32,), 'b_mag': (32,), 'r_mag': (32,)}
         """
         shapes: dict[str, tuple[int, ...]] = {"W_enc": (d_in, d_sae), "W_dec": (d_sae, d_out), "b_dec": (d_out,)}
+        if cfg is not None and not self.encoding.stores_encoder(cfg):
+            del shapes["W_enc"]
         shapes.update((name, (d_sae,)) for name in self.encoding.weights)
         if self.skip:
             shapes["W_skip"] = (d_out, d_in)
+        if cfg is not None:  # built on the meta device: shapes only, no memory
+            for prefix, module in self.encoding.submodules(cfg, device="meta").items():
+                shapes.update((f"{prefix}.{name}", tuple(param.shape)) for name, param in module.named_parameters())
         return shapes
 
 

@@ -19,6 +19,7 @@ Modules:
   infers; transcoders, affine ones with ``W_skip``).
 - ``llama_scope``: ``llama_scope`` (one threshold, rescaled for the folded norm scaling) and ``llama_scope_r1_distill``.
 - ``dictionary_learning``: ``dictionary_learning_1`` (``config.json`` + ``ae.pt``; standard, top-k, gated, JumpReLU).
+- ``temporal``: ``temporal`` (canrager's temporal SAEs: ``conf.yaml`` + ``latest_ckpt.safetensors``).
 - ``transcoders``: ``gemma_2_transcoder``, ``mwhanna_transcoder``, ``mntss_clt_layer_transcoder``.
 """
 
@@ -29,6 +30,7 @@ from workbench.sae.foreign import deepseek_qwen
 from workbench.sae.foreign import goodfire
 from workbench.sae.foreign import hook_z
 from workbench.sae.foreign import sparsify
+from workbench.sae.foreign import temporal
 from workbench.sae.foreign import dictionary_learning
 from workbench.sae.foreign import gemma_scope
 from workbench.sae.foreign import llama_scope
@@ -45,6 +47,7 @@ KINDS: dict[str, ForeignKind] = {kind.name: kind for kind in (
     gemma_scope.GEMMA_2, gemma_scope.GEMMA_3,
     llama_scope.LLAMA_SCOPE, llama_scope.LLAMA_SCOPE_R1_DISTILL,
     dictionary_learning.DICTIONARY_LEARNING_1,
+    temporal.TEMPORAL,
     *TRANSCODER_KINDS,
 )}
 
