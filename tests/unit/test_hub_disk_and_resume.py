@@ -1,5 +1,5 @@
 """Before and after a download from the (fake, loopback) Hub: an SAE's files are checked against the free disk as a
-model's are, and a download killed mid-way in another process is completed by the next load, never loaded half.
+model's are, and a download killed mid-way in another process is resumed by the next load, never loaded half.
 
 Expected values: transformers' own load of the same files (``tests/unit/hub_repos.py``); the request log of the
 fake hub for what was fetched.
@@ -7,6 +7,7 @@ fake hub for what was fetched.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -57,13 +58,16 @@ def test_fetch_files_keeps_its_signature_and_returns_the_cached_paths(release):
                                                      (SAE / "sae_weights.safetensors").read_bytes()]
 
 
-LOAD = "import sys, workbench as wb; wb.load_model(sys.argv[1])"
+# huggingface_hub writes a download in 10 MB chunks; this test's file is far smaller, so the killed process writes
+# 4 KiB ones, as a real multi-GB file's first chunks reach the disk before a kill.
+LOAD = ("import sys, huggingface_hub.constants as c, workbench as wb; c.DOWNLOAD_CHUNK_SIZE = 4096; "
+        "wb.load_model(sys.argv[1])")
 
 
-def test_a_download_killed_mid_way_is_fetched_again_whole_by_the_next_process(hub, tmp_path):
-    """huggingface_hub 2.4 writes each file to a ``*.incomplete`` of its own process, so a later process cannot
-    resume it: the next load fetches the file again from byte 0 (the fake hub's log shows no ``Range``), deletes
-    the dead partial, and the half-written file is never loaded."""
+def test_a_download_killed_mid_way_resumes_in_the_next_process(hub, tmp_path):
+    """huggingface_hub 2.4 writes each file to a ``*.incomplete`` of its own process and never resumes another's;
+    the next load continues the dead process's partial from its last byte (the fake hub's log shows a ``Range``
+    request starting at the partial's size), and the half-written file is never loaded."""
     repo = hf_repo(tmp_path / "llama", "llama", seed=1)
     sha = hub.add("tiny-org/tiny-llama", repo.files())
     size = len(repo.files()["model.safetensors"])
@@ -79,7 +83,10 @@ def test_a_download_killed_mid_way_is_fetched_again_whole_by_the_next_process(hu
         process.wait()
     stall.release.set()
     blobs = hub.cache / "models--tiny-org--tiny-llama" / "blobs"
-    assert list(blobs.glob("*.incomplete")), "the killed process left no partial file"
+    partials = list(blobs.glob("*.incomplete"))
+    assert partials, "the killed process left no partial file"
+    partial_bytes = max(path.stat().st_size for path in partials)
+    assert 0 < partial_bytes < size
     snapshot = hub.cache / "models--tiny-org--tiny-llama" / "snapshots" / sha
     assert (snapshot / "config.json").is_file() and not (snapshot / "model.safetensors").exists()
     with pytest.raises(HubNotFoundError, match=r"tiny-org/tiny-llama.*local_files_only=True.*missing: \['model.safetensors'\]"):
@@ -87,9 +94,29 @@ def test_a_download_killed_mid_way_is_fetched_again_whole_by_the_next_process(hu
 
     model = wb.load_model("tiny-org/tiny-llama", attn_impl="eager")  # this process never saw the first download
     weight_reads = [r for r in hub.file_requests("GET") if r.path.endswith("/model.safetensors")]
-    assert [r.range for r in weight_reads] == [None, None]  # re-fetched whole, not resumed
+    assert [r.range for r in weight_reads] == [None, f"bytes={partial_bytes}-"]  # resumed from its last byte
     assert not list(blobs.glob("*.incomplete"))  # the dead process's partial is gone
     ids = tokens(model.cfg.d_vocab)
     with torch.no_grad():
         assert (model(ids) - repo.reference(ids).logits).abs().max() < 1e-4
     assert model.hub_origin.commit == sha
+
+
+def test_a_partial_whose_bytes_are_not_the_files_is_deleted_and_fetched_whole(hub, tmp_path):
+    """A dead partial of the right file (its name carries the file's ETag) but with other bytes: continued, it fails
+    the digest its ETag is, so it is deleted and the file fetched again from byte 0; never loaded."""
+    repo = hf_repo(tmp_path / "llama", "llama", seed=2)
+    hub.add("tiny-org/tiny-llama", repo.files())
+    data = repo.files()["model.safetensors"]
+    etag = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git's blob id, as the Hub's ETag
+    blobs = hub.cache / "models--tiny-org--tiny-llama" / "blobs"
+    blobs.mkdir(parents=True)
+    half = len(data) // 2
+    (blobs / f"{etag}.0badf00d.incomplete").write_bytes(bytes(b ^ 0xFF for b in data[:half]))  # not the file's bytes
+    model = wb.load_model("tiny-org/tiny-llama", attn_impl="eager")
+    weight_reads = [r.range for r in hub.file_requests("GET") if r.path.endswith("/model.safetensors")]
+    assert weight_reads == [f"bytes={half}-", None]  # continued, refused by its digest, fetched whole
+    assert not list(blobs.glob("*.incomplete"))
+    ids = tokens(model.cfg.d_vocab)
+    with torch.no_grad():
+        assert (model(ids) - repo.reference(ids).logits).abs().max() < 1e-4

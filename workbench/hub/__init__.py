@@ -2,7 +2,8 @@
 
 ``load_model("org/name")``, ``model_config`` and ``plan_memory`` come here for any source that is not a
 registered name or an existing path but has the shape of a repo id or is a TransformerLens model name
-(``names``). ``fetch_model`` (``download``) fetches what a load reads (``files``) of the repo at its revision (``resolve``) after the disk check (``disk``) and
+(``names``). ``fetch_model`` (``download``) fetches what a load reads (``files``) of the repo at its revision (``resolve``),
+resuming what a killed process left (``resume``), after the disk check (``disk``), and
 yields a local checkpoint (``download_model``: the same files, not loaded, with a progress callback); ``fetch_config`` yields config.json and the weights' headers only
 (``headers``). The Hub switches are read at each call (``settings``); huggingface_hub's errors become
 ours, naming the repo and what to do (``errors``). Pickled weights are read with

@@ -3,9 +3,8 @@
 Counted: the files still to download (those already in the cache cost nothing), against the free
 space of the disk that holds the cache. A model's sizes come from its repo listing (``resolve``);
 single files (an SAE's config and weights) are sized by one ``HEAD`` each (``files_to_download``).
-A download that was killed leaves its partial blob behind (huggingface_hub writes each file to a
-``<etag>.<random>.incomplete`` of its own process and cannot resume another's); ``remove_stale_partials``
-deletes those no running download holds, so they neither fill the disk nor count against the check.
+A download that was killed leaves its partial blob behind; ``workbench.hub.resume`` continues or deletes it
+before the check.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from pathlib import Path
 from shutil import disk_usage
 from typing import Optional
 
-from filelock import FileLock, Timeout
 from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
 from huggingface_hub.errors import RemoteEntryNotFoundError
 
@@ -76,27 +74,3 @@ def files_to_download(repo_id: str, names: list[str], revision: str, endpoint: s
         except Exception as error:
             raise (hub_error(error, repo_id, revision, endpoint, name) or error) from error
     return sizes
-
-
-def remove_stale_partials(repo_id: str, cache: Path) -> list[str]:
-    """Deletes the repo's ``*.incomplete`` blobs that no download holds (each download holds its blob's lock in
-    ``.locks``); returns their names. A partial is never loaded either way: only whole files are linked
-    into a snapshot.
-
-    Example:
-        >>> remove_stale_partials("org/name", Path("/tmp/empty-cache"))
-        []
-    """
-    folder = f"models--{repo_id.replace('/', '--')}"
-    blobs, locks = Path(cache) / folder / "blobs", Path(cache) / ".locks" / folder
-    removed = []
-    for partial in sorted(blobs.glob("*.incomplete")) if blobs.is_dir() else []:
-        lock = FileLock(str(locks / f"{partial.name.split('.', 1)[0]}.lock"), timeout=0)
-        try:
-            locks.mkdir(parents=True, exist_ok=True)
-            with lock:
-                partial.unlink(missing_ok=True)
-        except (Timeout, OSError):  # being downloaded now, or not ours to delete: left alone
-            continue
-        removed.append(partial.name)
-    return removed

@@ -22,12 +22,13 @@ from tqdm.auto import tqdm
 
 from workbench.errors import CheckpointError
 from workbench.hub import settings
-from workbench.hub.disk import check_disk_space, remove_stale_partials
+from workbench.hub.disk import check_disk_space
 from workbench.hub.errors import HubError, hub_error
 from workbench.hub.files import PICKLE_SINGLE, SAFETENSORS_SINGLE, Wanted, wanted_files
 from workbench.hub.names import repo_id_for
 from workbench.hub.pickled import as_safetensors
 from workbench.hub.resolve import LIBRARY, RepoState, check_access, repo_state
+from workbench.hub.resume import resume_partials
 
 
 @dataclass(frozen=True)
@@ -157,8 +158,9 @@ def _cached(state: RepoState, wanted: Wanted) -> Path:
 
 def _download(state: RepoState, wanted: Wanted, bar: Optional[type]) -> Path:
     """Every wanted file in the cache (after the disk check), the snapshot checked whole."""
-    remove_stale_partials(state.repo_id, state.cache)  # a killed download's leftovers: not resumable, only in the way
     to_download = {name: state.sizes.get(name) or 0 for name in wanted.files if not state.cached(name)}
+    # A killed download's partial files: continued from their last byte, or deleted (huggingface_hub would not).
+    resume_partials(state.repo_id, list(to_download), state.commit, state.endpoint, state.cache, state.token)
     check_disk_space(state.repo_id, to_download, state.cache)
     try:
         folder = snapshot_download(state.repo_id, revision=state.revision, cache_dir=str(state.cache),
