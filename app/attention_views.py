@@ -2,7 +2,7 @@
 the last token reads other tokens' content, not BOS), and every head's attention to one key position as a
 layers x heads heatmap.
 
-Legend: P position (query), S key position, H n_heads, L n_layers.
+Legend: P position, S key position, H n_heads, L n_layers.
 """
 
 from __future__ import annotations
