@@ -130,3 +130,28 @@ def test_enter_on_the_empty_head_picker_adds_no_head(toy):
     at.multiselect(key="ablation_heads").set_value([(1, 0), (0, 2)]).run()  # a head typed and picked stays
     assert at.multiselect(key="ablation_heads").value == [(1, 0), (0, 2)]
     assert at.query_params["ablation_heads"] == "[[1, 0], [0, 2]]"
+
+
+def test_the_head_sweep_scores_the_answers_probability_at_the_last_token_by_default(toy):
+    at = open_page("4_Ablation.py", model="toy-attn-2l", prompt=PROMPT, ablation_kind="head")
+    assert at.radio(key="ablation_sweep_metric").value == "probability"
+    at.button(key="ablation_sweep").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    sweep = next(frame.value for frame in at.dataframe if {"layer", "head", "delta"} <= set(frame.value.columns))
+    # By hand: the clean model's top next token, and its probability with head L1H2's output zeroed.
+    tokens = toy.to_tokens(PROMPT)
+    with torch.no_grad():
+        clean_V = toy(tokens)[0, -1].float().softmax(-1)
+    answer = int(clean_V.argmax())
+
+    def zero_head(z_BPHD, hook):
+        z_BPHD[:, :, 2] = 0.0
+        return z_BPHD
+
+    with torch.no_grad():
+        ablated_V = toy.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", zero_head)])[0, -1].float().softmax(-1)
+    row = sweep[(sweep["layer"] == 1) & (sweep["head"] == 2)].iloc[0]
+    expected = float(ablated_V[answer] - clean_V[answer])
+    assert expected != 0.0 and row["delta"] == pytest.approx(expected, abs=1e-5)
+    at.radio(key="ablation_sweep_metric").set_value("loss").run()  # the whole-prompt loss stays one choice
+    assert not at.exception
