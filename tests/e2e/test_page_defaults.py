@@ -40,7 +40,7 @@ def test_bos_is_out_of_the_attention_colour_scale(browser, server_url, model):
     page = browser.new_page(viewport={"width": 1500, "height": 2400})
     page.set_default_timeout(90_000)
     page.goto(f"{server_url}/Attention?model=smollm2-135m&prompt={quote(PROMPT)}&attention_layer={LAYER}")
-    wait_chart(page, "layer_patterns", f"Layer {LAYER}")
+    wait_chart(page, "layer_patterns", f"Layer {LAYER}", timeout_ms=180_000)  # the first page: SmolLM2 loads
     wait_idle(page)
     assert_no_traceback(page)
     shown_max = page.evaluate("() => document.querySelector('.st-key-layer_patterns_chart .js-plotly-plot')"
@@ -58,7 +58,7 @@ def test_the_grid_range_follows_a_new_prompt(browser, server_url, model):
     page = browser.new_page(viewport={"width": 1500, "height": 2400})
     page.set_default_timeout(120_000)
     page.goto(f"{server_url}/Attention?model=smollm2-135m&prompt={quote(LONG_PROMPT)}")
-    wait_chart(page, "pattern_grid")
+    wait_chart(page, "pattern_grid", timeout_ms=180_000)
     wait_idle(page)
     n_tokens, cfg = model.to_tokens(LONG_PROMPT).shape[1], model.cfg
     fits = 150_000 // (cfg.n_heads * n_tokens * n_tokens)
