@@ -116,7 +116,8 @@ def who_attends_view(patterns_LHPS: Float[Tensor, "L H P S"], str_tokens: list[s
         source = linked(st.radio, "Attention from", options=[FROM_LAST, FROM_LATER], key="attention_key_from",
                         horizontal=True)
     values_LH = attention_to_key_LH(patterns_LHPS, int(key), source == FROM_LAST)
-    fig = scores_heatmap(values_LH, f"Attention to {key} {html.escape(repr(str_tokens[key])[:40], quote=False)} from {source}", value_name="attention")
+    title = f"Attention to {key} {html.escape(repr(str_tokens[key])[:40], quote=False)} from {source}"
+    fig = scores_heatmap(values_LH, title, value_name="attention")
     downloads.figure(fig, f"attention_to_key{key}", key="who_attends", stretch=False)
     top = np.unravel_index(int(torch.argmax(values_LH)), tuple(values_LH.shape))
     st.caption(f"Strongest: L{top[0]}H{top[1]} ({float(values_LH[top]):.3f}) attends to {quoted(repr(str_tokens[key]))}.")
