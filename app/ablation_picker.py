@@ -4,6 +4,12 @@ how, and the reference text mean and resample ablation read.
 Every widget is linked (``app.url_state``): the choice follows the user from page to page and
 lives in the URL, so the Generate page continues with exactly the ablation set on the Ablation page.
 
+No picker offers Streamlit's "Select all": it is the first entry of an open list, so a second Enter in the box
+picked it (all 270 of SmolLM2's heads) and the ablation ran at once. Enter on an empty box picks the list's first
+entry, so the head picker's first entry is ``NO_HEAD``: a change that picks it keeps only the heads chosen before
+(Enter pressed twice, faster than the page redraws, picks ``NO_HEAD`` and then the next head: both go), so Enter
+adds no head and starts no new run.
+
 Legend: H n_heads, L n_layers.
 """
 
@@ -14,12 +20,15 @@ import streamlit as st
 from app.safe_text import quoted
 from app.results import Reference, Targets
 from app.state import LoadedModel
-from app.url_state import linked
+from app.url_state import choose, linked
 from app.widgets import Prompt
 from experiments import ablation
 
 KIND_LABELS = {"head": "Heads", "attn_layer": "Attention layers", "mlp_layer": "MLP layers",
                "neuron": "MLP neurons", "expert": "Experts"}
+NO_HEAD = (-1, -1)  # the head list's first entry: what Enter on an empty box picks, dropped at once
+HEADS_KEY = "ablation_heads"
+_HEADS_BEFORE = "_ablation_heads_before"  # the heads of the last finished run: what a change through NO_HEAD keeps
 # Mean and resample ablation replace activations by those of other text; these are the default.
 DEFAULT_REFERENCES = "\n".join([
     "The history of the region goes back thousands of years, and the first written records describe farmers, "
@@ -29,6 +38,21 @@ DEFAULT_REFERENCES = "\n".join([
     "She opened the letter slowly, read the first line twice, and then looked out of the window at the rain that "
     "had been falling since the morning, wondering whether he would ever come back to the little house by the sea.",
 ])
+
+
+def _head_label(head: tuple[int, int]) -> str:
+    return "(Enter adds no head: type one, e.g. L3H4)" if head == NO_HEAD else f"L{head[0]}H{head[1]}"
+
+
+def _drop_no_head() -> None:
+    """The head picker's change callback: a change that picked ``NO_HEAD`` is undone (the heads chosen before stay,
+    nothing it added does)."""
+    chosen = st.session_state.get(HEADS_KEY, [])
+    if NO_HEAD in chosen:
+        before = st.session_state.get(_HEADS_BEFORE, [])
+        chosen = [head for head in chosen if head in before]
+    st.session_state[HEADS_KEY] = chosen
+    choose(HEADS_KEY, chosen)
 
 
 def choose_targets(loaded: LoadedModel) -> Targets:
@@ -47,16 +71,21 @@ def choose_targets(loaded: LoadedModel) -> Targets:
     layers = list(range(cfg.n_layers))
     if kind == "head":
         options = [(l, h) for l in layers for h in range(cfg.n_heads)]
-        chosen = linked(st.multiselect, "Heads", options=options, default=[options[-cfg.n_heads]],
-                        key="ablation_heads", format_func=lambda lh: f"L{lh[0]}H{lh[1]}")
+        chosen = linked(st.multiselect, "Heads", options=[NO_HEAD, *options], default=[options[-cfg.n_heads]],
+                        key=HEADS_KEY, format_func=_head_label, select_all=False, on_change=_drop_no_head,
+                        placeholder="Type a head, e.g. L3H4")
+        chosen = [head for head in chosen if head != NO_HEAD]  # a link may name it too
+        st.session_state[_HEADS_BEFORE] = chosen
         return tuple(("head", l, h) for l, h in chosen)
     if kind in ("attn_layer", "mlp_layer"):
-        chosen = linked(st.multiselect, "Layers", options=layers, default=[0], key=f"ablation_{kind}s")
+        chosen = linked(st.multiselect, "Layers", options=layers, default=[0], key=f"ablation_{kind}s",
+                         select_all=False)
         return tuple((kind, l, None) for l in chosen)
     if kind == "expert":  # only the layers with experts, each with its own count
         layer = linked(st.selectbox, "Layer", options=cfg.moe_layers, key="ablation_unit_layer")
         n_experts = cfg.layer_values("num_experts")[layer]
-        chosen = linked(st.multiselect, "Experts", options=list(range(n_experts)), default=[0], key="ablation_experts")
+        chosen = linked(st.multiselect, "Experts", options=list(range(n_experts)), default=[0], key="ablation_experts",
+                         select_all=False)
         return tuple(("expert", layer, e) for e in chosen if e < n_experts)
     layer = linked(st.selectbox, "Layer", options=layers, key="ablation_unit_layer")
     d_mlp = cfg.layer_values("d_mlp")[layer]

@@ -181,3 +181,27 @@ def choose(key: str, value: Any) -> None:
         >>> choose("patching_head", (9, 6))   # doctest: +SKIP
     """
     st.session_state[_SAVED.format(key)] = value
+
+
+def follow(basis_name: str, basis: Any, *keys: str) -> bool:
+    """Resets the linked widgets ``keys`` to their defaults when ``basis`` (a prompt's ids, a model's key) differs
+    from the one they were last chosen for in this session; True when it did. Call it before drawing them.
+
+    A range or a selection made for one prompt rarely makes sense for the next (the grid's layers, the inspected
+    edge, the traced token): the new prompt's default replaces it, this session's value and the link's alike. The
+    first run of a session resets nothing, so a link opens on exactly the view it names.
+
+    Example:
+        >>> follow("attention_grid", prompt.ids, "attention_grid_layers")   # doctest: +SKIP
+        False
+    """
+    marker = f"_follows_{basis_name}"
+    previous = st.session_state.get(marker)
+    st.session_state[marker] = basis
+    if previous is None or previous == basis:
+        return False
+    for key in keys:
+        st.session_state.pop(_SAVED.format(key), None)
+        st.session_state.pop(key, None)
+        st.query_params.pop(key, None)
+    return True

@@ -1,6 +1,8 @@
 """Features: browse a sparse autoencoder's features on the open model — the features active on the prompt's
 tokens, one feature's card (its activation on the prompt, its corpus top windows and density, the tokens its
-decoder direction promotes and suppresses) and a generation steered with it beside the clean one.
+decoder direction promotes and suppresses, with the caveat of a mid-layer feature) and a generation steered with
+it beside the clean one. Special tokens (BOS, pad) are left out of the heatmap unless the toggle brings them back:
+at BOS an SAE's features fire far above anywhere else (near 3,300 against at most 64 on SmolLM2).
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import streamlit as st
 
 from app import downloads, feature_card, results
 from app.artifact_picker import open_artifact
-from app.results.features import LoadedSAE
+from app.results.features import LoadedSAE, top_features_by_token
 from app.safe_text import quoted
+from app.special_tokens import show_special_toggle, special_positions
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import Prompt, page_setup, prompt_box, require_model, run_page
@@ -44,18 +47,43 @@ def _choose_sae(loaded: LoadedModel) -> Optional[LoadedSAE]:
 
 
 def _active_features(loaded: LoadedModel, loaded_sae: LoadedSAE, prompt: Prompt) -> Optional[int]:
-    """The prompt's active features; returns the most active feature at the last token (the default feature)."""
+    """The prompt's active features; returns the most active feature at the last token that is not a special one
+    (the default feature)."""
     st.subheader("Features active on the prompt")
     table = results.active_features(loaded, loaded_sae, prompt.ids, PER_TOKEN)
-    if table.empty:
-        st.info("No feature of this SAE fires on any token of the prompt.")
+    include = show_special_toggle("the heatmap and the default feature")
+    special = () if include else special_positions(loaded.model, prompt.ids)
+    shown = table[~table["position"].isin(special)]
+    if shown.empty:
+        st.info("No feature of this SAE fires on any token of the prompt"
+                + (" (special tokens left out)." if special else "."))
         return None
-    fig = active_features_figure(table, prompt.str_tokens, f"The {PER_TOKEN} most active features at each token")
+    fig = active_features_figure(shown, prompt.str_tokens, f"The {PER_TOKEN} most active features at each token")
     downloads.figure(fig, "active_features", key="features_active")
-    with st.expander("Active features as a table"):
-        downloads.table(table, "active_features", key="features_active_table", height=250)
-    last = table[table["position"] == table["position"].max()]
-    return int(last["feature"].iloc[0])
+    if special:
+        left_out = ", ".join(f"{p} {quoted(repr(prompt.str_tokens[p]))}" for p in special)
+        st.caption(f"Special tokens left out of the heatmap and its colour scale: {left_out}.")
+    st.markdown(f"**The {PER_TOKEN} most active features at each token**")
+    downloads.table(top_features_by_token(shown), "top_features_by_token", key="features_by_token", height=250)
+    with st.expander("Active features as a long table (one row per token and rank)"):
+        downloads.table(shown, "active_features", key="features_active_table", height=250)
+    last = shown[shown["position"] == shown["position"].max()]
+    return int(last.sort_values("rank")["feature"].iloc[0])
+
+
+def _logit_effect_caveat(loaded: LoadedModel, loaded_sae: LoadedSAE) -> None:
+    """Says what the promoted and suppressed tokens leave out when the SAE reads a hook before the last layer."""
+    hook = loaded_sae.sae.cfg.hook_name_out or loaded_sae.sae.cfg.hook_name
+    n_layers = loaded.model.cfg.n_layers
+    layer = loaded.model.layer_of(hook)
+    after = n_layers if layer is None else n_layers - 1 - layer + (0 if hook.endswith("hook_resid_post") else 1)
+    if after <= 0:
+        return
+    st.info(f"Caveat: this feature writes at {quoted(hook)}, with {after} of the model's {n_layers} layers after "
+            "it. The promoted and suppressed tokens are its direct effect through the final norm and the "
+            "unembedding only: they ignore what the later layers do with it, so for a mid-layer feature they can "
+            "be noise. The steered generation below (or the Attribution graph page) shows its effect through them.",
+            icon=":material/info:")
 
 
 def _steering(loaded: LoadedModel, loaded_sae: LoadedSAE, prompt: Prompt, feature: int) -> None:
@@ -111,6 +139,7 @@ def main() -> None:
     st.header(f"Feature {feature}")
     feature_card.on_prompt(loaded, loaded_sae, prompt, feature, PREFIX)
     feature_card.logit_effect(loaded, loaded_sae, feature, PREFIX)
+    _logit_effect_caveat(loaded, loaded_sae)
     feature_card.corpus(loaded, loaded_sae, feature, PREFIX)
     _steering(loaded, loaded_sae, prompt, feature)
 

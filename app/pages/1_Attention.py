@@ -1,4 +1,9 @@
-"""Attention: every head's pattern for one layer, a layer x head grid of patterns, per-head statistics.
+"""Attention: every head's pattern for one layer, a layer x head grid of patterns, per-head statistics, and
+every head's attention to one chosen token.
+
+Special tokens (BOS, pad) are left out of the colour scales unless the toggle brings them back: BOS is an
+attention sink, and a 0-1 scale shows most heads past the first layers as blank. The grid's layer range follows
+a new prompt (the layers where the last token reads content, ``app.attention_views``).
 
 The layer view and the grid are fragments: moving the layer slider redraws only its own
 figures, not the grid (the largest payload on the page) or the table.
@@ -12,8 +17,11 @@ import streamlit as st
 import torch
 
 from app import downloads, results
+from app.attention_views import default_grid_layers, who_attends_view
+from app.safe_text import quoted
+from app.special_tokens import scale_max, show_special_toggle, special_positions
 from app.state import LoadedModel
-from app.url_state import linked
+from app.url_state import follow, linked
 from app.widgets import Prompt, guarded, layer_picker, page_setup, prompt_box, require_model, run_page
 from experiments.plots import attention as attention_plots
 
@@ -25,10 +33,13 @@ GRID_CELL_BUDGET = 150_000
 
 @st.fragment
 @guarded
-def _layer_view(loaded: LoadedModel, prompt: Prompt, patterns_LHPS: torch.Tensor) -> None:
+def _layer_view(loaded: LoadedModel, prompt: Prompt, patterns_LHPS: torch.Tensor, special: tuple[int, ...]) -> None:
     st.subheader("One layer, every head")
     layer = layer_picker(loaded, key="attention_layer")
     fig = attention_plots.layer_patterns_figure(patterns_LHPS[layer], prompt.str_tokens, layer, key_labels=True)
+    top = scale_max(patterns_LHPS[layer], special, axes=(1, 2))
+    fig.update_layout(coloraxis=dict(cmin=0, cmax=top))
+    _scale_caption(top, special, prompt)
     downloads.figure(fig, f"attention_layer{layer}", key="layer_patterns")
 
     # Drawn on request: each plotly figure costs the browser 0.15-0.25 s, and the prompt-change re-render
@@ -37,28 +48,39 @@ def _layer_view(loaded: LoadedModel, prompt: Prompt, patterns_LHPS: torch.Tensor
                   format_func=lambda h: "choose a head" if h is None else f"L{layer}H{h}", key="attention_focus_head")
     if head is not None:
         focus = attention_plots.pattern_figure(patterns_LHPS[layer, head], prompt.str_tokens, f"L{layer}H{head}")
+        focus.update_traces(zmin=0, zmax=scale_max(patterns_LHPS[layer, head], special, axes=(0, 1)))
         downloads.figure(focus, f"attention_L{layer}H{head}", key="focus_pattern", stretch=False)
 
 
-def _default_grid_layers(n_layers: int, cells_per_layer: int) -> tuple[int, int]:
-    """All layers when they fit the budget, else as many leading layers as do (at least one)."""
-    fits = max(1, GRID_CELL_BUDGET // max(cells_per_layer, 1))
-    return 0, min(n_layers, fits) - 1
+def _scale_caption(top: float, special: tuple[int, ...], prompt: Prompt) -> None:
+    left_out = ", ".join(f"{p} {quoted(repr(prompt.str_tokens[p]))}" for p in special)
+    st.caption(f"Colour scale 0 to {top:.3f}" + (f" (special tokens left out: {left_out})." if special else "."))
+
+
+def _default_grid_layers(patterns_LHPS: torch.Tensor, special: tuple[int, ...]) -> tuple[int, int]:
+    """All layers when they fit the budget, else as many consecutive layers as do (at least one): those where the
+    last token reads the most content (``app.attention_views.default_grid_layers``)."""
+    n_layers, n_heads, n_queries, n_keys = patterns_LHPS.shape
+    fits = max(1, GRID_CELL_BUDGET // max(n_heads * n_queries * n_keys, 1))
+    return default_grid_layers(patterns_LHPS, special, fits)
 
 
 @st.fragment
 @guarded
-def _grid(loaded: LoadedModel, prompt: Prompt, patterns_LHPS: torch.Tensor) -> None:
+def _grid(loaded: LoadedModel, prompt: Prompt, patterns_LHPS: torch.Tensor, special: tuple[int, ...]) -> None:
     st.subheader("Layer x head grid")
-    n_layers, n_heads, n_queries, n_keys = patterns_LHPS.shape
+    n_layers = patterns_LHPS.shape[0]
     first, last = 0, 0
     if n_layers > 1:
-        default = _default_grid_layers(n_layers, n_heads * n_queries * n_keys)
+        default = _default_grid_layers(patterns_LHPS, special)
         first, last = linked(st.slider, "Layers in the grid", min_value=0, max_value=n_layers - 1, value=default,
                              key="attention_grid_layers",
                                 help="Each tile is one head's pattern (queries down, keys across).")
     # light: hover labels on the axes and float32 values, a fraction of the default figure's payload.
     fig = attention_plots.pattern_grid_figure(patterns_LHPS, prompt.str_tokens, layers=range(first, last + 1), light=True)
+    top = scale_max(patterns_LHPS[first:last + 1], special, axes=(2, 3))
+    fig.update_traces(zmin=0, zmax=top)
+    _scale_caption(top, special, prompt)
     downloads.figure(fig, f"attention_grid_L{first}-{last}", key="pattern_grid")
 
 
@@ -69,7 +91,11 @@ def main() -> None:
     if prompt is None:
         return
     patterns_LHPS = results.attention_patterns(loaded, prompt.ids)
-    _layer_view(loaded, prompt, patterns_LHPS)
+    include = show_special_toggle("the colour scales and the default layers and key")
+    special = () if include else special_positions(loaded.model, prompt.ids)
+    # A range chosen for another prompt (or with the special tokens the other way) gives way to this one's default.
+    follow("attention_grid", (prompt.ids, include), "attention_grid_layers")
+    _layer_view(loaded, prompt, patterns_LHPS, special)
 
     st.subheader("Per-head summary")
     st.caption("entropy in nats; bos_attention: mean attention to position 0; prev_token_share: mean attention "
@@ -77,7 +103,8 @@ def main() -> None:
     summary = results.head_summary(loaded, prompt.ids)
     downloads.table(summary, "attention_head_summary", key="head_summary", height=300)
 
-    _grid(loaded, prompt, patterns_LHPS)
+    who_attends_view(patterns_LHPS, prompt.str_tokens, prompt.ids, special)
+    _grid(loaded, prompt, patterns_LHPS, special)
 
 
 page_setup("Attention")

@@ -2,6 +2,10 @@
 prediction (the contribution graph of llm-transparency-tool, "Information Flow Routes"), above an
 adjustable importance threshold. Click an attention edge for the heads that carry it and their
 patterns, or a node for what its block writes in vocabulary terms (promoted and suppressed tokens).
+
+The inspected item defaults to the strongest attention edge between tokens that are not special (BOS, pad: the
+BOS->BOS edge says little), unless the toggle brings special tokens back; the traced token and the inspected
+item go back to their defaults when the prompt changes.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import streamlit as st
 
 from app import downloads, results, url_state
 from app.safe_text import quoted
+from app.results.flow import default_pick
+from app.special_tokens import show_special_toggle, special_positions
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import Prompt, click_keeper, page_setup, progress_callback, prompt_box, require_model, run_page
@@ -54,15 +60,16 @@ def _summary(nodes: pd.DataFrame, edges: pd.DataFrame) -> None:
                            help=f"{top.edge} (heads: {top.heads})")
 
 
-def _pick(nodes: pd.DataFrame, edges: pd.DataFrame) -> Optional[str]:
-    """The node or edge to inspect: a select box, moved by clicks on the graph (default: the top attention edge)."""
+def _pick(nodes: pd.DataFrame, edges: pd.DataFrame, special: tuple[int, ...]) -> Optional[str]:
+    """The node or edge to inspect: a select box, moved by clicks on the graph (default: the top attention edge
+    between tokens that are not special)."""
     attention_edges = edges.loc[edges["kind"] == "attention", "edge"].tolist()
     options = attention_edges + nodes["node"].tolist() + edges.loc[edges["kind"] != "attention", "edge"].tolist()
     clicked = st.session_state.pop(CLICKED_KEY, None)
     if clicked in options:
         url_state.choose(PICK_KEY, clicked)
     return linked(st.selectbox, "Inspect (or click a node or an edge's midpoint in the graph)", options=options,
-                  index=0, key=PICK_KEY)
+                  index=default_pick(edges, special), key=PICK_KEY)
 
 
 def _edge_view(loaded: LoadedModel, prompt: Prompt, contributions, edge: pd.Series) -> None:
@@ -116,6 +123,11 @@ def main() -> None:
     prompt = prompt_box(loaded)
     if prompt is None:
         return
+    include = show_special_toggle("the default inspected edge")
+    special = () if include else special_positions(loaded.model, prompt.ids)
+    # A token or an edge picked on another prompt gives way to this one's default.
+    url_state.follow("flow", prompt.ids, "flow_position", PICK_KEY)
+    url_state.follow("flow_special", include, PICK_KEY)
     position, threshold = _choices(prompt)
     contributions = results.flow_contributions(loaded, prompt.ids, bar=progress_callback)
     nodes, edges = flow.flow_graph(contributions, position, threshold)
@@ -127,7 +139,7 @@ def main() -> None:
     downloads.figure(flow_figure(nodes, edges, prompt.str_tokens, contributions.n_layers, title),
                      "information_flow", key=CHART_KEY, stretch=False,
                      on_select=click_keeper(CHART_KEY, CLICKED_KEY, str))
-    picked = _pick(nodes, edges)
+    picked = _pick(nodes, edges, special)
     if picked is not None:
         _detail(loaded, prompt, contributions, nodes, edges, picked)
     with st.expander("Edges and nodes as tables"):

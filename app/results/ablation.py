@@ -10,10 +10,12 @@ import pandas as pd
 import streamlit as st
 import torch
 
+import workbench as wb
 from app.results.long_runs import LongRun, ProgressBar
 from app.results.models import BY_MODEL_KEY
 from app.state import LoadedModel
 from experiments import ablation, continuations
+from experiments.metrics import LogitDiff, TokenProbability
 
 # (kind, layer, index) of each thing to ablate: tuples, so the ablation result can be cached on them.
 Targets = tuple[tuple[str, int, Optional[int]], ...]
@@ -44,17 +46,58 @@ def ablation_effects(loaded: LoadedModel, ids: tuple[int, ...], targets: Targets
     return per_token, top
 
 
-def _head_sweep(model, ids: tuple[int, ...], method: str, reference: Reference, progress) -> pd.DataFrame:
-    return ablation.head_sweep(model, torch.tensor([ids]), "loss", method, reference_tokens=_reference_tensor(reference),
-                               progress=progress)
+# What a head sweep scores: ("loss",) the whole prompt's mean loss; ("probability", answer) the answer's probability
+# at the last token; ("logit_diff", answer, wrong) its logit minus the wrong token's there. A tuple: a cache key.
+SweepMetric = tuple
+
+
+def sweep_metric(spec: SweepMetric):
+    """The ``experiments.metrics`` metric (or "loss") a ``SweepMetric`` names; an ``InputError`` for another name.
+
+    Example:
+        >>> sweep_metric(("loss",)), type(sweep_metric(("logit_diff", 5, 7))).__name__
+        ('loss', 'LogitDiff')
+    """
+    name, *tokens = spec
+    if name == "loss":
+        return "loss"
+    if name == "probability" and len(tokens) == 1:
+        return TokenProbability(torch.tensor(tokens), position="last")
+    if name == "logit_diff" and len(tokens) == 2:
+        return LogitDiff(torch.tensor(tokens[:1]), torch.tensor(tokens[1:]), position="last")
+    raise wb.InputError(f"a head sweep scores ('loss',), ('probability', answer) or ('logit_diff', answer, wrong); "
+                        f"got {spec!r}")
+
+
+@st.cache_data(show_spinner=False, max_entries=32, hash_funcs=BY_MODEL_KEY)
+def last_token_predictions(loaded: LoadedModel, ids: tuple[int, ...], k: int) -> tuple[tuple[int, float], ...]:
+    """The clean model's ``k`` most likely next tokens after the prompt's last token: (id, probability), likeliest
+    first (the head sweep's default answer and runner-up).
+
+    Example:
+        >>> top = last_token_predictions(LoadedModel(model, "toy-attn-2l|sdpa"), tuple(tokens[0].tolist()), 2)
+        >>> len(top), top[0][1] >= top[1][1]
+        (2, True)
+    """
+    with loaded.lock, torch.no_grad():
+        probs_V = loaded.model(torch.tensor([ids]))[0, -1].float().softmax(-1)
+    values, indices = probs_V.topk(k)
+    return tuple((int(i), float(p)) for i, p in zip(indices, values))
+
+
+def _head_sweep(model, ids: tuple[int, ...], method: str, reference: Reference, metric: SweepMetric,
+                progress) -> pd.DataFrame:
+    return ablation.head_sweep(model, torch.tensor([ids]), sweep_metric(metric), method,
+                               reference_tokens=_reference_tensor(reference), progress=progress)
 
 
 _HEAD_SWEEP = LongRun("Sweeping heads", _head_sweep)
 
 
 def head_sweep(loaded: LoadedModel, ids: tuple[int, ...], method: str, reference: Reference,
-               bar: ProgressBar) -> pd.DataFrame:
-    """The loss change when each head in turn is ablated (``method``), with a progress bar, kept in the
+               bar: ProgressBar, metric: SweepMetric = ("loss",)) -> pd.DataFrame:
+    """The change in ``metric`` (a ``SweepMetric``: the loss by default, or the answer's probability or logit
+    difference at the last token) when each head in turn is ablated (``method``), with a progress bar, kept in the
     long-run store.
 
     Example:
@@ -63,17 +106,18 @@ def head_sweep(loaded: LoadedModel, ids: tuple[int, ...], method: str, reference
         >>> len(head_sweep(loaded, tuple(tokens[0].tolist()), "zero", None, bar=quiet))   # 2 layers x 4 heads
         8
     """
-    return _HEAD_SWEEP(loaded, ids, method, reference, bar=bar)
+    return _HEAD_SWEEP(loaded, ids, method, reference, tuple(metric), bar=bar)
 
 
-def has_head_sweep(loaded: LoadedModel, ids: tuple[int, ...], method: str, reference: Reference) -> bool:
+def has_head_sweep(loaded: LoadedModel, ids: tuple[int, ...], method: str, reference: Reference,
+                   metric: SweepMetric = ("loss",)) -> bool:
     """Whether ``head_sweep`` with these arguments is stored (returns at once, draws no bar).
 
     Example:
         >>> has_head_sweep(LoadedModel(model, "toy-attn-2l|sdpa"), (1, 2, 3), "zero", None)
         False
     """
-    return _HEAD_SWEEP.is_stored(loaded, ids, method, reference)
+    return _HEAD_SWEEP.is_stored(loaded, ids, method, reference, tuple(metric))
 
 
 @st.cache_data(show_spinner="Generating both continuations …", max_entries=32, hash_funcs=BY_MODEL_KEY)

@@ -104,6 +104,22 @@ def active_features(loaded: LoadedModel, loaded_sae: LoadedSAE, ids: tuple[int, 
         return features.active_features(loaded.model, loaded_sae.sae, torch.tensor([ids]), k)
 
 
+def top_features_by_token(table: pd.DataFrame) -> pd.DataFrame:
+    """An ``active_features`` table (one row per token and rank) as one row per token: its position, its text and
+    its top features by rank, each as "feature (activation)".
+
+    Example:
+        >>> table = pd.DataFrame({"position": [0, 1, 1], "token": ["a", "b", "b"], "rank": [1, 1, 2],
+        ...                       "feature": [7, 2, 7], "activation": [1.0, 3.0, 0.5]})
+        >>> top_features_by_token(table).values.tolist()
+        [[0, 'a', '7 (1.000)', ''], [1, 'b', '2 (3.000)', '7 (0.500)']]
+    """
+    cells = table.assign(cell=[f"{f} ({a:.3f})" for f, a in zip(table["feature"], table["activation"])])
+    wide = cells.pivot(index=["position", "token"], columns="rank", values="cell").fillna("")
+    wide.columns = [f"#{rank}" for rank in wide.columns]
+    return wide.reset_index()
+
+
 @st.cache_data(show_spinner="Reading the feature …", max_entries=64, hash_funcs=BY_KEYS)
 def feature_on_prompt(loaded: LoadedModel, loaded_sae: LoadedSAE, ids: tuple[int, ...], feature: int) -> pd.DataFrame:
     """One feature's activation on each token of the prompt.

@@ -48,3 +48,18 @@ def flow_vocab_projection(loaded: LoadedModel, ids: tuple[int, ...], layer: int,
     """
     with loaded.lock:
         return flow.vocab_projection(loaded.model, torch.tensor([ids]), layer, position, block, k)
+
+
+def default_pick(edges: pd.DataFrame, special: tuple[int, ...]) -> int:
+    """The index, among the attention edges (strongest first), of the strongest one joining two tokens that are
+    not special; 0 when there is none.
+
+    Example:
+        >>> edges = pd.DataFrame({"kind": ["attention", "attention"], "source_position": [0, 1],
+        ...                       "target_position": [0, 2]})
+        >>> default_pick(edges, special=(0,)), default_pick(edges, special=())
+        (1, 0)
+    """
+    attention = edges[edges["kind"] == "attention"].reset_index(drop=True)
+    ordinary = attention[~attention["source_position"].isin(special) & ~attention["target_position"].isin(special)]
+    return int(ordinary.index[0]) if len(ordinary) else 0
