@@ -10,7 +10,8 @@ unpickled but through ``torch.load(weights_only=True)``, and no remote code is r
 against the contract in ``family``), ``gguf`` (GGUF files, through the same family modules), ``native`` (our own
 format); what they share: ``common`` (progress bars, refusing a value, the layer-count check), ``weights``
 (named tensors into a ``Decoder``, every name and shape checked first), ``build`` (every loader's last step),
-``placement`` (device maps and offload folders) and ``memory_plan`` (``plan_memory``'s table).
+``placement`` (device maps and offload folders), ``memory_plan`` (``plan_memory``'s table) and ``weights_cache``
+(a converted checkpoint kept on disk, so a GGUF opens in about a second after its first load).
 """
 
 from __future__ import annotations
