@@ -94,38 +94,39 @@ def linear_layout_tensors(loaded: Mapping[str, Tensor], source: str) -> dict[str
             "b_enc": loaded["encoder.bias"], "b_dec": loaded["decoder.bias"]}
 
 
-def _llama_scope_files(folder: str, row: Mapping[str, Any], entry: Mapping[str, Any]) -> list[str]:
-    return [f"{folder}/hyperparams.json", f"{folder}/checkpoints/final.safetensors"]
+# Each kind's files in its folder: (config, weights).
+_LLAMA_SCOPE_FILES = ("hyperparams.json", "checkpoints/final.safetensors")
+_R1_DISTILL_FILES = ("config.json", "sae_weights.safetensors")
+
+
+def _read(paths: Mapping[str, Path], row: Mapping[str, Any], entry: Mapping[str, Any], names: tuple[str, str],
+          config_of) -> tuple[dict[str, Any], dict[str, Tensor], Path]:
+    """The kind's config (the release's overrides laid over it), its tensors in float32 and the weights' path."""
+    config_path, weights = (paths[f"{entry['path']}/{name}"] for name in names)
+    cfg = {**config_of(read_config(config_path), str(config_path)), **(row.get("config_overrides") or {})}
+    return cfg, _float32(read_safetensors(weights)), weights
 
 
 def _llama_scope_convert(paths: Mapping[str, Path], row: Mapping[str, Any],
                          entry: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    folder = entry["path"]
-    config_path = paths[f"{folder}/hyperparams.json"]
-    cfg = {**llama_scope_config(read_config(config_path), str(config_path)), **(row.get("config_overrides") or {})}
-    weights = paths[f"{folder}/checkpoints/final.safetensors"]
-    tensors = linear_layout_tensors(_float32(read_safetensors(weights)), str(weights))
+    cfg, loaded, weights = _read(paths, row, entry, _LLAMA_SCOPE_FILES, llama_scope_config)
+    tensors = linear_layout_tensors(loaded, str(weights))
     # One threshold for every feature (SAELens's torch.ones(d_sae) * threshold, in float32).
     tensors["threshold"] = torch.ones(cfg["d_sae"], dtype=torch.float32) * cfg["jump_relu_threshold"]
     return cfg, tensors
 
 
-def _r1_distill_files(folder: str, row: Mapping[str, Any], entry: Mapping[str, Any]) -> list[str]:
-    return [f"{folder}/config.json", f"{folder}/sae_weights.safetensors"]
-
-
 def _r1_distill_convert(paths: Mapping[str, Path], row: Mapping[str, Any],
                         entry: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    folder = entry["path"]
-    config_path = paths[f"{folder}/config.json"]
-    cfg = {**llama_scope_r1_distill_config(read_config(config_path), str(config_path)),
-           **(row.get("config_overrides") or {})}
-    weights = paths[f"{folder}/sae_weights.safetensors"]
-    loaded = _float32(read_safetensors(weights))
+    cfg, loaded, weights = _read(paths, row, entry, _R1_DISTILL_FILES, llama_scope_r1_distill_config)
     if "log_jumprelu_threshold" not in loaded:
         raise CheckpointError(f"{weights}: missing 'log_jumprelu_threshold' (Llama Scope R1 Distill stores the "
                               "log of each feature's threshold)")
     return cfg, {**linear_layout_tensors(loaded, str(weights)), "threshold": loaded["log_jumprelu_threshold"].exp()}
+
+
+def _files_of(names: tuple[str, str]):
+    return lambda folder, row, entry: [f"{folder}/{name}" for name in names]
 
 
 def _float32(tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -149,5 +150,5 @@ def _hook(config: Mapping[str, Any], source: str) -> str:
     return hook
 
 
-LLAMA_SCOPE = ForeignKind("llama_scope", _llama_scope_files, _llama_scope_convert)
-LLAMA_SCOPE_R1_DISTILL = ForeignKind("llama_scope_r1_distill", _r1_distill_files, _r1_distill_convert)
+LLAMA_SCOPE = ForeignKind("llama_scope", _files_of(_LLAMA_SCOPE_FILES), _llama_scope_convert)
+LLAMA_SCOPE_R1_DISTILL = ForeignKind("llama_scope_r1_distill", _files_of(_R1_DISTILL_FILES), _r1_distill_convert)
