@@ -50,7 +50,8 @@ class ActivationGenerator(nn.Module):
                  dtype: Union[torch.dtype, str] = "float32", use_sparse_tensors: bool = False):
         super().__init__()
         self.num_features = num_features
-        self.firing_probabilities = _to_tensor(firing_probabilities, num_features, device, dtype, "firing_probabilities")
+        self.firing_probabilities = _to_tensor(firing_probabilities, num_features, device, dtype,
+                                               "firing_probabilities")
         self.std_firing_magnitudes = _to_tensor(std_firing_magnitudes, num_features, device, dtype,
                                                 "std_firing_magnitudes")
         self.mean_firing_magnitudes = _to_tensor(mean_firing_magnitudes, num_features, device, dtype,

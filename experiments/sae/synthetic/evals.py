@@ -23,7 +23,8 @@ from workbench.errors import InputError
 from workbench.sae import SAE, SAEConfig
 
 
-def cosine_similarities(mat1: Float[Tensor, "X D"], mat2: Optional[Float[Tensor, "F D"]] = None) -> Float[Tensor, "X F"]:
+def cosine_similarities(mat1: Float[Tensor, "X D"],
+                        mat2: Optional[Float[Tensor, "F D"]] = None) -> Float[Tensor, "X F"]:
     """Row-by-row cosine similarities (norms clamped at 1e-8, as SAELens).
 
     Example:

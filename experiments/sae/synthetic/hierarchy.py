@@ -43,7 +43,8 @@ class HierarchyNode:
         ``scale_children_by_parent``, ``feature_id`` or ``id``).
 
         Example:
-            >>> HierarchyNode.from_dict({"feature_index": 0, "children": [{"feature_index": 1}]}).children[0].feature_index
+            >>> node = HierarchyNode.from_dict({"feature_index": 0, "children": [{"feature_index": 1}]})
+            >>> node.children[0].feature_index
             1
         """
         if not isinstance(tree, dict):

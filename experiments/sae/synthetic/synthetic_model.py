@@ -22,8 +22,8 @@ from torch import Tensor, nn
 from experiments.sae.synthetic.activation_generator import ActivationGenerator
 from experiments.sae.synthetic.correlation import LowRankCorrelationMatrix, generate_random_low_rank_correlation_matrix
 from experiments.sae.synthetic.feature_dictionary import FeatureDictionary, orthogonal_initializer
-from experiments.sae.synthetic.firing import (FIRING_PROBABILITY_CONFIGS, MAGNITUDE_CONFIGS, ZipfianFiringProbabilityConfig,
-                                              config_from_dict, generate_magnitudes)
+from experiments.sae.synthetic.firing import (FIRING_PROBABILITY_CONFIGS, MAGNITUDE_CONFIGS,
+                                              ZipfianFiringProbabilityConfig, config_from_dict, generate_magnitudes)
 from experiments.sae.synthetic.hierarchy import Hierarchy, HierarchyConfig, generate_hierarchy
 from workbench.errors import CheckpointError, ConfigError
 from workbench.safe_files import inside, read_json, save_files
@@ -131,7 +131,8 @@ class SyntheticModel(nn.Module):
 
     def _create_activation_generator(self) -> ActivationGenerator:
         probs = self.cfg.firing_probability.generate(self.cfg.num_features, seed=self.cfg.seed)
-        if self.hierarchy is not None and self.cfg.hierarchy is not None and self.cfg.hierarchy.compensate_probabilities:
+        hierarchy_cfg = self.cfg.hierarchy
+        if self.hierarchy is not None and hierarchy_cfg is not None and hierarchy_cfg.compensate_probabilities:
             probs = (probs * self.hierarchy.compute_probability_correction_factors(probs)).clamp(max=1.0)
         return ActivationGenerator(
             self.cfg.num_features, probs,
@@ -184,13 +185,14 @@ class SyntheticModel(nn.Module):
 
         Example:
             >>> import tempfile
-            >>> folder = SyntheticModel(SyntheticModelConfig(num_features=6, hidden_dim=3, seed=1)).save(tempfile.mkdtemp())
+            >>> model = SyntheticModel(SyntheticModelConfig(num_features=6, hidden_dim=3, seed=1))
+            >>> folder = model.save(tempfile.mkdtemp())
             >>> SyntheticModel.load_from_disk(folder).feature_dict.feature_vectors.shape
             torch.Size([6, 3])
         """
         folder = Path(path)
-        cfg = SyntheticModelConfig.from_dict(read_json(inside(folder, SYNTHETIC_MODEL_CONFIG_FILENAME, must_exist=True),
-                                                       MAX_JSON_BYTES, "a synthetic model config"))
+        config_path = inside(folder, SYNTHETIC_MODEL_CONFIG_FILENAME, must_exist=True)
+        cfg = SyntheticModelConfig.from_dict(read_json(config_path, MAX_JSON_BYTES, "a synthetic model config"))
         weights_path = inside(folder, SYNTHETIC_MODEL_WEIGHTS_FILENAME, must_exist=True)
         try:
             weights = load_file(str(weights_path), device=device)
