@@ -4,7 +4,10 @@ and hierarchy.
 SAELens 6.54's ``sae_lens.synthetic.activation_generator``: the same torch random calls in the same order (Bernoulli
 firing, or a Gaussian copula thresholded at ``sqrt(2) erfinv(1 - 2p)`` when a correlation is given; then one normal
 draw per firing for its magnitude, ``relu(mean + std * z)``; then the modifiers, then a ReLU), so the same global
-seed gives the same samples. Legend: F features, B batch, R correlation rank.
+seed gives the same samples.
+
+Legend: B batch.
+``num_features`` in shapes is the number of ground-truth features, ``rank`` a low-rank correlation's rank.
 """
 
 from __future__ import annotations
@@ -27,12 +30,12 @@ CorrelationMatrixInput = Union[Tensor, LowRankCorrelationMatrix, tuple]
 
 
 class ActivationGenerator(nn.Module):
-    """Samples ``[B, F]`` non-negative feature activations (SAELens's knobs and defaults).
+    """Samples ``[B, num_features]`` non-negative feature activations (SAELens's knobs and defaults).
 
-    ``firing_probabilities``: a float or ``[F]`` (for example ``zipfian_firing_probabilities``);
-    ``std_firing_magnitudes`` (default 0) and ``mean_firing_magnitudes`` (default 1): floats or ``[F]``;
+    ``firing_probabilities``: a float or ``[num_features]`` (for example ``zipfian_firing_probabilities``);
+    ``std_firing_magnitudes`` (default 0) and ``mean_firing_magnitudes`` (default 1): floats or ``[num_features]``;
     ``modify_activations``: a callable or a list applied in order (``hierarchy_modifier``'s result);
-    ``correlation_matrix``: a full ``[F, F]`` correlation, a ``LowRankCorrelationMatrix`` or ``(factor, diag)``;
+    ``correlation_matrix``: a full ``[num_features, num_features]`` correlation, a ``LowRankCorrelationMatrix`` or ``(factor, diag)``;
     ``use_sparse_tensors``: ``sample`` returns a sparse COO tensor.
 
     Example:
@@ -73,7 +76,7 @@ class ActivationGenerator(nn.Module):
             self.correlation_thresholds = math.sqrt(2) * torch.erfinv(1 - 2 * self.firing_probabilities)
 
     @torch.no_grad()
-    def sample(self, batch_size: int) -> Float[Tensor, "B F"]:
+    def sample(self, batch_size: int) -> Float[Tensor, "B num_features"]:
         """A batch of feature activations (dense, or sparse COO with ``use_sparse_tensors``).
 
         Example:
@@ -113,7 +116,7 @@ class ActivationGenerator(nn.Module):
                 acts = acts.relu()
         return acts
 
-    def forward(self, batch_size: int) -> Float[Tensor, "B F"]:
+    def forward(self, batch_size: int) -> Float[Tensor, "B num_features"]:
         """``sample(batch_size)``.
 
         Example:
@@ -131,7 +134,7 @@ def _correlated_firing(batch_size: int, correlation: Tensor, thresholds: Tensor,
     return rows, cols
 
 
-def _low_rank_correlated_firing(batch_size: int, factor: Float[Tensor, "F R"], diag_sqrt: Float[Tensor, "F"],
+def _low_rank_correlated_firing(batch_size: int, factor: Float[Tensor, "num_features rank"], diag_sqrt: Float[Tensor, "num_features"],
                                 thresholds: Tensor, device) -> tuple[Tensor, Tensor]:
     """Gaussian copula with covariance ``factor factor^T + diag``: ``eps factor^T + eta sqrt(diag)``."""
     eps = torch.randn(batch_size, factor.shape[1], device=device, dtype=factor.dtype)

@@ -1,5 +1,7 @@
 """Feature correlations for ``ActivationGenerator``: full and low-rank correlation matrices (SAELens 6.54's
-``sae_lens.synthetic.correlation``, the same torch random calls). Legend: F features, R rank.
+``sae_lens.synthetic.correlation``, the same torch random calls).
+
+``num_features`` in shapes is the number of ground-truth features, ``rank`` the correlation's rank.
 """
 
 from __future__ import annotations
@@ -14,20 +16,20 @@ from workbench.errors import InputError
 
 
 class LowRankCorrelationMatrix(NamedTuple):
-    """``correlation = correlation_factor @ correlation_factor.T + diag(correlation_diag)`` in ``O(F R)`` memory.
+    """``correlation = correlation_factor @ correlation_factor.T + diag(correlation_diag)`` in ``O(num_features * rank)`` memory.
 
     Example:
         >>> LowRankCorrelationMatrix(torch.zeros(3, 1), torch.ones(3)).correlation_factor.shape
         torch.Size([3, 1])
     """
 
-    correlation_factor: Float[Tensor, "F R"]
-    correlation_diag: Float[Tensor, "F"]
+    correlation_factor: Float[Tensor, "num_features rank"]
+    correlation_diag: Float[Tensor, "num_features"]
 
 
 def create_correlation_matrix_from_correlations(num_features: int,
                                                 correlations: Optional[dict[tuple[int, int], float]] = None,
-                                                default_correlation: float = 0.0) -> Float[Tensor, "F F"]:
+                                                default_correlation: float = 0.0) -> Float[Tensor, "num_features num_features"]:
     """A correlation matrix with the given pairwise values (made positive definite if they are not).
 
     Example:
@@ -58,7 +60,7 @@ def _fix_correlation_matrix(matrix: Tensor, min_eigenval: float = 1e-6) -> Tenso
 def generate_random_correlation_matrix(num_features: int, positive_ratio: float = 0.5, uncorrelated_ratio: float = 0.3,
                                        min_correlation_strength: float = 0.1, max_correlation_strength: float = 0.8,
                                        seed: Optional[int] = None, device: Union[torch.device, str] = "cpu",
-                                       dtype: Union[torch.dtype, str] = torch.float32) -> Float[Tensor, "F F"]:
+                                       dtype: Union[torch.dtype, str] = torch.float32) -> Float[Tensor, "num_features num_features"]:
     """A random correlation matrix: a pair is correlated with probability ``1 - uncorrelated_ratio``, positive with
     probability ``positive_ratio``, with a strength uniform in ``[min, max]``; made positive definite if needed.
 

@@ -4,7 +4,8 @@
 MCC: the mean absolute cosine similarity of decoder rows and true features after the best one-to-one matching
 (Hungarian, ``matching.linear_sum_assignment``); uniqueness: distinct best-matched true features per latent;
 classification: each latent as a detector of its best-matched true feature (mean precision, recall, F1, accuracy).
-Legend: X SAE latents, F true features, D hidden dimension, B batch.
+Legend: X d_sae, D d_model, B batch.
+``num_features`` in shapes is the number of ground-truth features.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from workbench.sae import SAE, SAEConfig
 
 
 def cosine_similarities(mat1: Float[Tensor, "X D"],
-                        mat2: Optional[Float[Tensor, "F D"]] = None) -> Float[Tensor, "X F"]:
+                        mat2: Optional[Float[Tensor, "num_features D"]] = None) -> Float[Tensor, "X num_features"]:
     """Row-by-row cosine similarities (norms clamped at 1e-8, as SAELens).
 
     Example:
@@ -37,7 +38,7 @@ def cosine_similarities(mat1: Float[Tensor, "X D"],
         mat2 / mat2.norm(dim=1, keepdim=True).clamp(min=1e-8)).T
 
 
-def mean_correlation_coefficient(features_a: Float[Tensor, "X D"], features_b: Float[Tensor, "F D"]) -> float:
+def mean_correlation_coefficient(features_a: Float[Tensor, "X D"], features_b: Float[Tensor, "num_features D"]) -> float:
     """MCC: mean |cosine| of the pairs of the best one-to-one matching.
 
     Example:
@@ -49,7 +50,7 @@ def mean_correlation_coefficient(features_a: Float[Tensor, "X D"], features_b: F
     return similarity[torch.as_tensor(rows), torch.as_tensor(cols)].mean().item()
 
 
-def feature_uniqueness(sae_features: Float[Tensor, "X D"], gt_features: Float[Tensor, "F D"]) -> float:
+def feature_uniqueness(sae_features: Float[Tensor, "X D"], gt_features: Float[Tensor, "num_features D"]) -> float:
     """Distinct best-matching true features over the number of latents (1: every latent tracks its own feature).
 
     Example:
@@ -82,13 +83,13 @@ class ClassificationMetricsCalculator:
         ClassificationMetrics(precision=0.25, recall=0.5, f1_score=0.3333333432674408, accuracy=0.75)
     """
 
-    def __init__(self, sae_decoder: Float[Tensor, "X D"], gt_features: Float[Tensor, "F D"]):
+    def __init__(self, sae_decoder: Float[Tensor, "X D"], gt_features: Float[Tensor, "num_features D"]):
         self.num_sae_latents = sae_decoder.shape[0]
         self.best_matches = (cosine_similarities(sae_decoder, gt_features).abs().argmax(dim=1)
                              if self.num_sae_latents else torch.empty(0, dtype=torch.long))
         self.tp, self.fp, self.fn, self.tn = (torch.zeros(self.num_sae_latents) for _ in range(4))
 
-    def add_batch(self, sae_latents: Float[Tensor, "B X"], gt_feature_acts: Float[Tensor, "B F"]) -> None:
+    def add_batch(self, sae_latents: Float[Tensor, "B X"], gt_feature_acts: Float[Tensor, "B num_features"]) -> None:
         """Counts one batch."""
         if self.num_sae_latents == 0:
             return

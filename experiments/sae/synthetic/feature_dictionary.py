@@ -1,7 +1,10 @@
 """``FeatureDictionary``: ground-truth feature directions mapping sparse feature activations to dense hidden ones.
 
 SAELens 6.54's ``sae_lens.synthetic.feature_dictionary``, the same torch random calls in the same order, so the same
-seed gives the same dictionary. Legend: F ground-truth features, D hidden dimension, B batch.
+seed gives the same dictionary.
+
+Legend: D d_model, B batch.
+``num_features`` in shapes is the number of ground-truth features.
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from workbench.errors import InputError
 FeatureDictionaryInitializer = Callable[["FeatureDictionary"], None]
 
 
-def orthogonalize_embeddings(embeddings: Float[Tensor, "F D"], num_steps: int = 200, lr: float = 0.01,
-                             show_progress: bool = False, chunk_size: int = 1024) -> Float[Tensor, "F D"]:
+def orthogonalize_embeddings(embeddings: Float[Tensor, "num_features D"], num_steps: int = 200, lr: float = 0.01,
+                             show_progress: bool = False, chunk_size: int = 1024) -> Float[Tensor, "num_features D"]:
     """Unit vectors pushed towards orthogonality by Adam on the squared off-diagonal dot products (SAELens's loss:
-    off-diagonal squares plus ``F`` times the diagonal's squared distance from 1, in chunks of ``chunk_size`` rows).
+    off-diagonal squares plus ``num_features`` times the diagonal's squared distance from 1, in chunks of ``chunk_size`` rows).
 
     Example:
         >>> vectors = orthogonalize_embeddings(torch.randn(4, 8, generator=torch.Generator().manual_seed(0)))
@@ -68,7 +71,7 @@ def orthogonal_initializer(num_steps: int = 200, lr: float = 0.01, show_progress
 
 
 class FeatureDictionary(nn.Module):
-    """``F`` unit feature vectors in ``D`` dimensions and a bias: ``hidden = feature_acts @ feature_vectors + bias``.
+    """``num_features`` unit feature vectors in ``D`` dimensions and a bias: ``hidden = feature_acts @ feature_vectors + bias``.
 
     ``bias``: False (zeros), True (a random vector of norm 1) or a float (that norm). ``initializer``: run after
     the random unit vectors are drawn (by default SAELens's orthogonalization); ``seed``: the draw's generator.
@@ -105,7 +108,7 @@ class FeatureDictionary(nn.Module):
         if initializer is not None:
             initializer(self)
 
-    def forward(self, feature_activations: Float[Tensor, "B F"]) -> Float[Tensor, "B D"]:
+    def forward(self, feature_activations: Float[Tensor, "B num_features"]) -> Float[Tensor, "B D"]:
         """Hidden activations of ``feature_activations`` (dense or sparse COO).
 
         Example:

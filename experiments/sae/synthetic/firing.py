@@ -15,7 +15,7 @@ from workbench.errors import ConfigError, InputError
 
 
 def zipfian_firing_probabilities(num_features: int, exponent: float = 1.0, max_prob: float = 0.3,
-                                 min_prob: float = 0.01) -> Float[Tensor, "F"]:
+                                 min_prob: float = 0.01) -> Float[Tensor, "num_features"]:
     """``1 / rank^exponent`` rescaled to ``[min_prob, max_prob]``, descending (a few frequent, most rare features).
 
     Example:
@@ -31,7 +31,7 @@ def zipfian_firing_probabilities(num_features: int, exponent: float = 1.0, max_p
     return min_prob + (max_prob - min_prob) * (probs - probs.min()) / (probs.max() - probs.min())
 
 
-def linear_firing_probabilities(num_features: int, max_prob: float = 0.3, min_prob: float = 0.01) -> Float[Tensor, "F"]:
+def linear_firing_probabilities(num_features: int, max_prob: float = 0.3, min_prob: float = 0.01) -> Float[Tensor, "num_features"]:
     """Linearly decaying from ``max_prob`` to ``min_prob``.
 
     Example:
@@ -44,7 +44,7 @@ def linear_firing_probabilities(num_features: int, max_prob: float = 0.3, min_pr
 
 
 def random_firing_probabilities(num_features: int, max_prob: float = 0.5, min_prob: float = 0.01,
-                                seed: Optional[int] = None) -> Float[Tensor, "F"]:
+                                seed: Optional[int] = None) -> Float[Tensor, "num_features"]:
     """Uniform in ``[min_prob, max_prob]``.
 
     Example:

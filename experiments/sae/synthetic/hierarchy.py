@@ -1,7 +1,10 @@
 """Feature hierarchies (SAELens 6.54's ``sae_lens.synthetic.hierarchy``): a child fires only when its parent does
 (or, with ``scale_children_by_parent``, is scaled by ``parent / parent_mean``), and the children of a mutually
 exclusive node keep one active child per sample, chosen at random (the same ``torch.rand`` call as SAELens, level by
-level, so a seed gives SAELens's samples). Legend: B batch, F features.
+level, so a seed gives SAELens's samples).
+
+Legend: B batch.
+``num_features`` in shapes is the number of ground-truth features.
 """
 
 from __future__ import annotations

@@ -4,7 +4,10 @@ SAELens's saved synthetic models (``SyntheticModel.save`` folders, SynthSAEBench
 A folder holds ``synthetic_model_config.json`` (the config), ``synthetic_model.safetensors`` (``feature_vectors``,
 ``bias``, ``firing_probabilities``, optional ``correlation_factor`` / ``correlation_diag``) and optionally
 ``hierarchy.json``; only JSON and safetensors are read (no pickle). Magnitudes are not saved: they are regenerated
-from the config and its seed, as SAELens does. Legend: F features, D hidden dimension, B batch.
+from the config and its seed, as SAELens does.
+
+Legend: D d_model, B batch.
+``num_features`` in shapes is the number of ground-truth features.
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ class SyntheticModelConfig:
 
 class SyntheticModel(nn.Module):
     """Hidden activations with known features: ``sample(B) -> [B, D]``; ``sample_with_features`` also gives the
-    ``[B, F]`` feature activations. Built from ``cfg`` (SAELens's seed offsets: hierarchy ``seed + 3``, correlation
+    ``[B, num_features]`` feature activations. Built from ``cfg`` (SAELens's seed offsets: hierarchy ``seed + 3``, correlation
     ``+ 4``, std magnitudes ``+ 1``, mean magnitudes ``+ 2``, all under a temporary global seed), or from parts.
 
     Example:
@@ -150,7 +153,7 @@ class SyntheticModel(nn.Module):
 
     @torch.no_grad()
     def sample_with_features(self, batch_size: int) -> tuple[Tensor, Tensor]:
-        """``([B, D] hidden, [B, F] feature)`` activations."""
+        """``([B, D] hidden, [B, num_features] feature)`` activations."""
         features = self.activation_generator.sample(batch_size)
         return self.feature_dict(features), features
 
