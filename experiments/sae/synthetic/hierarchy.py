@@ -247,32 +247,33 @@ def hierarchy_modifier(roots: Union[HierarchyNode, Sequence[HierarchyNode]]) -> 
         queue.extend((child, parent, level + 1, node.scale_children_by_parent) for child in node.children)
     any_rescale = any(f[3] for f in features)
     levels = range(max([f[2] for f in features] + [g[0] for g in groups] + [-1]) + 1)
-    gates = [[(f, p, r) for f, p, lv, r in features if lv == level and p >= 0] for level in levels]
-    groups_at = [[g for g in groups if g[0] == level] for level in levels]
-    rescale_parents = sorted({p for _, p, _, r in features if r and p >= 0})
+    gates, exclusions = [], []  # per level, built once: (children, parents, rescaled) and (siblings, parents)
+    for level in levels:
+        gated = [(f, p, r) for f, p, lv, r in features if lv == level and p >= 0]
+        gates.append(tuple(torch.tensor(column, dtype=dtype) for column, dtype in
+                           zip(zip(*gated), (torch.long, torch.long, torch.bool))) if gated else None)
+        exclusions.append(_group_table([g for g in groups if g[0] == level]))
+    rescale_parents = torch.tensor(sorted({p for _, p, _, r in features if r and p >= 0}), dtype=torch.long)
 
     def modifier(activations: Tensor, generator: Any = None) -> Tensor:
         sparse = activations.is_sparse  # applied densely; SAELens's COO path draws the same winners differently
         result = activations.to_dense().clone() if sparse else activations.clone()
-        means = generator.mean_firing_magnitudes.to(result.device) if any_rescale else None
-        if means is not None and not (means[rescale_parents] > 0).all():
+        device = result.device
+        means = generator.mean_firing_magnitudes.to(device) if any_rescale else None
+        if means is not None and not (means[rescale_parents.to(device)] > 0).all():
             raise InputError("mean_firing_magnitudes must be > 0 for parents with scale_children_by_parent=True")
-        for level in levels:
-            if gates[level]:
-                kids = torch.tensor([f for f, _, _ in gates[level]], device=result.device)
-                dads = torch.tensor([p for _, p, _ in gates[level]], device=result.device)
+        for gate, exclusion in zip(gates, exclusions):
+            if gate is not None:
+                kids, dads, mask = (t.to(device) for t in gate)
                 parent_vals, child_vals = result[:, dads], result[:, kids]
                 active = parent_vals > 0
-                factor = active.to(child_vals.dtype)
                 if any_rescale:
                     scaled = torch.where(active, parent_vals / means[dads], torch.zeros_like(parent_vals))
-                    mask = torch.tensor([r for _, _, r in gates[level]], device=result.device)
-                    factor = torch.where(mask, scaled, factor)
-                    result[:, kids] = child_vals * factor
+                    result[:, kids] = child_vals * torch.where(mask, scaled, active.to(child_vals.dtype))
                 else:
                     result[:, kids] = child_vals * active
-            if groups_at[level]:
-                _exclude(result, groups_at[level])
+            if exclusion is not None:
+                _exclude(result, *(t.to(device) for t in exclusion))
         return result.to_sparse() if sparse else result
 
     if any_rescale:
@@ -280,15 +281,21 @@ def hierarchy_modifier(roots: Union[HierarchyNode, Sequence[HierarchyNode]]) -> 
     return lambda activations: modifier(activations)
 
 
-def _exclude(acts: Tensor, groups: list[tuple[int, int, list[int]]]) -> None:
-    """Keeps one random active sibling per sample and group whose parent is active (in place)."""
-    width = max(len(g[2]) for g in groups)
-    siblings = torch.full((len(groups), width), -1, dtype=torch.long, device=acts.device)
+def _group_table(groups: list[tuple[int, int, list[int]]]) -> Optional[tuple[Tensor, Tensor]]:
+    """Mutually exclusive groups as ``siblings [groups, widest]`` (-1 padded) and their ``parents [groups]``."""
+    if not groups:
+        return None
+    siblings = torch.full((len(groups), max(len(g[2]) for g in groups)), -1, dtype=torch.long)
     for i, (_, _, members) in enumerate(groups):
         siblings[i, :len(members)] = torch.tensor(members)
-    parents = torch.tensor([g[1] for g in groups], device=acts.device)
+    return siblings, torch.tensor([g[1] for g in groups], dtype=torch.long)
+
+
+def _exclude(acts: Tensor, siblings: Tensor, parents: Tensor) -> None:
+    """Keeps one random active sibling per sample and group whose parent is active (in place; SAELens's draw)."""
+    groups, width = siblings.shape
     valid = siblings >= 0
-    active = (acts[:, siblings.clamp(min=0).view(-1)].view(acts.shape[0], len(groups), width) > 0) & valid
+    active = (acts[:, siblings.clamp(min=0).view(-1)].view(acts.shape[0], groups, width) > 0) & valid
     if (parents >= 0).any():
         active &= ((acts[:, parents.clamp(min=0)] > 0) | (parents < 0)).unsqueeze(2)
     batch, group = torch.where(active.sum(dim=2) > 1)
