@@ -31,7 +31,18 @@ def linear_sum_assignment(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     u, v = np.zeros(n + 1), np.zeros(m + 1)
     row_of_col = np.zeros(m + 1, dtype=np.int64)  # 1-based rows; 0: the column is free
     way = np.zeros(m + 1, dtype=np.int64)
-    for i in range(1, n + 1):
+    free_rows = range(1, n + 1)
+    if n == m:  # column reduction (Jonker-Volgenant): each column's cheapest row, taken where no other column has
+        # taken it; feasible potentials (u = 0, v = column minima) tight on those pairs, so only the rest augment
+        best = cost.argmin(axis=0)
+        v[1:] = cost[best, np.arange(m)]
+        taken = np.zeros(n, dtype=bool)
+        for j, i in enumerate(best):
+            if not taken[i]:
+                taken[i] = True
+                row_of_col[j + 1] = i + 1
+        free_rows = (np.nonzero(~taken)[0] + 1).tolist()
+    for i in free_rows:
         row_of_col[0] = i
         j0 = 0
         minv = np.full(m + 1, np.inf)
