@@ -176,6 +176,7 @@ def test_bad_input_is_a_clear_error(model, tmp_path):
 
 def test_hierarchy_scales_children_by_parent_over_its_mean_by_hand():
     modifier = hierarchy_modifier(HierarchyNode(0, [HierarchyNode(1)], scale_children_by_parent=True))
-    generator = ActivationGenerator(2, 1.0, mean_firing_magnitudes=torch.tensor([2.0, 1.0]), modify_activations=modifier)
+    generator = ActivationGenerator(2, 1.0, mean_firing_magnitudes=torch.tensor([2.0, 1.0]),
+                                    modify_activations=modifier)
     # parent 3 over its mean 2 scales the child 4 to 6; an inactive parent silences the child
     assert modifier(torch.tensor([[3.0, 4.0], [0.0, 4.0]]), generator).tolist() == [[3.0, 6.0], [0.0, 0.0]]

@@ -35,7 +35,8 @@ class ActivationGenerator(nn.Module):
     ``firing_probabilities``: a float or ``[num_features]`` (for example ``zipfian_firing_probabilities``);
     ``std_firing_magnitudes`` (default 0) and ``mean_firing_magnitudes`` (default 1): floats or ``[num_features]``;
     ``modify_activations``: a callable or a list applied in order (``hierarchy_modifier``'s result);
-    ``correlation_matrix``: a full ``[num_features, num_features]`` correlation, a ``LowRankCorrelationMatrix`` or ``(factor, diag)``;
+    ``correlation_matrix``: a full ``[num_features, num_features]`` correlation, a ``LowRankCorrelationMatrix`` or
+    ``(factor, diag)``;
     ``use_sparse_tensors``: ``sample`` returns a sparse COO tensor.
 
     Example:
@@ -134,7 +135,8 @@ def _correlated_firing(batch_size: int, correlation: Tensor, thresholds: Tensor,
     return rows, cols
 
 
-def _low_rank_correlated_firing(batch_size: int, factor: Float[Tensor, "num_features rank"], diag_sqrt: Float[Tensor, "num_features"],
+def _low_rank_correlated_firing(batch_size: int, factor: Float[Tensor, "num_features rank"],
+                                diag_sqrt: Float[Tensor, "num_features"],
                                 thresholds: Tensor, device) -> tuple[Tensor, Tensor]:
     """Gaussian copula with covariance ``factor factor^T + diag``: ``eps factor^T + eta sqrt(diag)``."""
     eps = torch.randn(batch_size, factor.shape[1], device=device, dtype=factor.dtype)

@@ -16,7 +16,8 @@ from workbench.errors import InputError
 
 
 class LowRankCorrelationMatrix(NamedTuple):
-    """``correlation = correlation_factor @ correlation_factor.T + diag(correlation_diag)`` in ``O(num_features * rank)`` memory.
+    """``correlation = correlation_factor @ correlation_factor.T + diag(correlation_diag)``, held in
+    ``O(num_features * rank)`` memory.
 
     Example:
         >>> LowRankCorrelationMatrix(torch.zeros(3, 1), torch.ones(3)).correlation_factor.shape
@@ -29,7 +30,8 @@ class LowRankCorrelationMatrix(NamedTuple):
 
 def create_correlation_matrix_from_correlations(num_features: int,
                                                 correlations: Optional[dict[tuple[int, int], float]] = None,
-                                                default_correlation: float = 0.0) -> Float[Tensor, "num_features num_features"]:
+                                                default_correlation: float = 0.0
+                                                ) -> Float[Tensor, "num_features num_features"]:
     """A correlation matrix with the given pairwise values (made positive definite if they are not).
 
     Example:
@@ -60,7 +62,8 @@ def _fix_correlation_matrix(matrix: Tensor, min_eigenval: float = 1e-6) -> Tenso
 def generate_random_correlation_matrix(num_features: int, positive_ratio: float = 0.5, uncorrelated_ratio: float = 0.3,
                                        min_correlation_strength: float = 0.1, max_correlation_strength: float = 0.8,
                                        seed: Optional[int] = None, device: Union[torch.device, str] = "cpu",
-                                       dtype: Union[torch.dtype, str] = torch.float32) -> Float[Tensor, "num_features num_features"]:
+                                       dtype: Union[torch.dtype, str] = torch.float32
+                                       ) -> Float[Tensor, "num_features num_features"]:
     """A random correlation matrix: a pair is correlated with probability ``1 - uncorrelated_ratio``, positive with
     probability ``positive_ratio``, with a strength uniform in ``[min, max]``; made positive definite if needed.
 

@@ -38,7 +38,8 @@ def cosine_similarities(mat1: Float[Tensor, "X D"],
         mat2 / mat2.norm(dim=1, keepdim=True).clamp(min=1e-8)).T
 
 
-def mean_correlation_coefficient(features_a: Float[Tensor, "X D"], features_b: Float[Tensor, "num_features D"]) -> float:
+def mean_correlation_coefficient(features_a: Float[Tensor, "X D"],
+                                 features_b: Float[Tensor, "num_features D"]) -> float:
     """MCC: mean |cosine| of the pairs of the best one-to-one matching.
 
     Example:

@@ -23,7 +23,8 @@ FeatureDictionaryInitializer = Callable[["FeatureDictionary"], None]
 def orthogonalize_embeddings(embeddings: Float[Tensor, "num_features D"], num_steps: int = 200, lr: float = 0.01,
                              show_progress: bool = False, chunk_size: int = 1024) -> Float[Tensor, "num_features D"]:
     """Unit vectors pushed towards orthogonality by Adam on the squared off-diagonal dot products (SAELens's loss:
-    off-diagonal squares plus ``num_features`` times the diagonal's squared distance from 1, in chunks of ``chunk_size`` rows).
+    off-diagonal squares plus ``num_features`` times the diagonal's squared distance from 1, in chunks of
+    ``chunk_size`` rows).
 
     Example:
         >>> vectors = orthogonalize_embeddings(torch.randn(4, 8, generator=torch.Generator().manual_seed(0)))
@@ -71,7 +72,8 @@ def orthogonal_initializer(num_steps: int = 200, lr: float = 0.01, show_progress
 
 
 class FeatureDictionary(nn.Module):
-    """``num_features`` unit feature vectors in ``D`` dimensions and a bias: ``hidden = feature_acts @ feature_vectors + bias``.
+    """``num_features`` unit feature vectors in ``D`` dimensions and a bias:
+    ``hidden = feature_acts @ feature_vectors + bias``.
 
     ``bias``: False (zeros), True (a random vector of norm 1) or a float (that norm). ``initializer``: run after
     the random unit vectors are drawn (by default SAELens's orthogonalization); ``seed``: the draw's generator.

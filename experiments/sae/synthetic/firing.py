@@ -31,7 +31,8 @@ def zipfian_firing_probabilities(num_features: int, exponent: float = 1.0, max_p
     return min_prob + (max_prob - min_prob) * (probs - probs.min()) / (probs.max() - probs.min())
 
 
-def linear_firing_probabilities(num_features: int, max_prob: float = 0.3, min_prob: float = 0.01) -> Float[Tensor, "num_features"]:
+def linear_firing_probabilities(num_features: int, max_prob: float = 0.3,
+                                min_prob: float = 0.01) -> Float[Tensor, "num_features"]:
     """Linearly decaying from ``max_prob`` to ``min_prob``.
 
     Example:

@@ -86,8 +86,9 @@ class SyntheticModelConfig:
 
 class SyntheticModel(nn.Module):
     """Hidden activations with known features: ``sample(B) -> [B, D]``; ``sample_with_features`` also gives the
-    ``[B, num_features]`` feature activations. Built from ``cfg`` (SAELens's seed offsets: hierarchy ``seed + 3``, correlation
-    ``+ 4``, std magnitudes ``+ 1``, mean magnitudes ``+ 2``, all under a temporary global seed), or from parts.
+    ``[B, num_features]`` feature activations. Built from ``cfg`` (SAELens's seed offsets: hierarchy ``seed + 3``,
+    correlation ``+ 4``, std magnitudes ``+ 1``, mean magnitudes ``+ 2``, all under a temporary global seed), or
+    from parts.
 
     Example:
         >>> model = SyntheticModel(SyntheticModelConfig(num_features=8, hidden_dim=4, seed=0))
