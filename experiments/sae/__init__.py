@@ -8,6 +8,8 @@
 - ``activations``: activations streamed from the model or a disk cache, and the shuffling buffer;
 - ``checkpoints``: training checkpoints, saved atomically and checked against the resuming run;
 - ``inputs``: argument checks.
+- ``synthetic``: ground truth like SAELens's SynthSAEBench (``FeatureDictionary``, ``ActivationGenerator``,
+  ``eval_sae_on_synthetic_data``, SAELens's saved synthetic models; ``experiments.sae.synthetic``).
 
 ``python -m experiments.sae train|evaluate`` is the command line (``experiments.cli.sae``).
 """
