@@ -1,7 +1,9 @@
 """``train_saes``: several SAEs and transcoders from one forward pass per batch (SAELens's ``MultiSAETrainingRunner``
 in spirit); ``train_transcoders``: a per-layer ``wb.TranscoderSet`` trained that way.
 
-Legend: N flattened tokens, W the width of a buffered row (every hook any SAE needs, side by side).
+Legend: N flattened tokens, i d_in.
+
+(A buffered row holds every hook any SAE needs side by side; ``i`` below is that row's width.)
 
 One model forward per chunk captures every hook the specs name (each once, in the order first named); the rows go
 through one shuffling buffer, so every SAE sees the same rows in the same order. Each SAE then trains on its own
@@ -102,7 +104,10 @@ def train_saes(model, specs: Union[Sequence[Union[SAESpec, Mapping[str, Any]]], 
     hooks: list[str] = []
     for spec in specs:
         hooks += [h for h in (spec.hook_name, spec.hook_name_out) if h is not None and h not in hooks]
-    members = [_member(model, spec, cfg, tokens, hooks) for spec in specs]
+    members = [_member(model, spec, cfg, tokens) for spec in specs]
+    columns = _hook_columns(model, hooks, tokens)
+    for member in members:
+        member.columns = (columns[member.spec.hook_name], columns.get(member.spec.hook_name_out))
     ensemble = nn.ModuleList([member.sae for member in members])
     ensemble.architecture = "+".join(f"{m.spec.label}:{m.spec.architecture}" for m in members)  # what a resume checks
     ensemble.options = {"k": [m.spec.k for m in members]}
@@ -195,7 +200,9 @@ class _Member:
     tracker: Any = None
 
 
-def _member(model, spec: SAESpec, cfg: TrainSAEConfig, tokens: Tensor, hooks: list[str]) -> _Member:
+def _member(model, spec: SAESpec, cfg: TrainSAEConfig, tokens: Tensor) -> _Member:
+    """The spec checked (``train_sae``'s checks, with its own settings) and its SAE initialised as ``train_sae``
+    initialises it; its columns are set once every spec is checked."""
     where = f"SAE {spec.label!r}"
     config = spec.config if isinstance(spec.config, Mapping) else None
     if config is None or set(config) - set(PER_SAE_FIELDS):
@@ -207,28 +214,23 @@ def _member(model, spec: SAESpec, cfg: TrainSAEConfig, tokens: Tensor, hooks: li
                                          spec.k, spec.skip, own, tokens)
     except InputError as error:
         raise InputError(f"{where}: {error}") from None
-    transcoder = spec.hook_name_out is not None
-    sae = TrainingSAE(spec.architecture, d_in, spec.d_sae, d_out, skip=spec.skip, transcoder=transcoder,
-                      options=training_options(own, spec.k), generator=torch.Generator().manual_seed(cfg.seed))
-    widths = {h: (d_in if h == spec.hook_name else d_out) for h in (spec.hook_name, spec.hook_name_out) if h}
-    return _Member(spec, own, sae, (_columns(model, hooks, spec.hook_name, tokens, widths),
-                                    _columns(model, hooks, spec.hook_name_out, tokens, widths) if transcoder else None),
-                   tracker=_Tracker(spec.d_sae))
+    sae = TrainingSAE(spec.architecture, d_in, spec.d_sae, d_out, skip=spec.skip,
+                      transcoder=spec.hook_name_out is not None, options=training_options(own, spec.k),
+                      generator=torch.Generator().manual_seed(cfg.seed))
+    return _Member(spec, own, sae, (slice(0), None), tracker=_Tracker(spec.d_sae))
 
 
-def _columns(model, hooks: list[str], hook: str, tokens: Tensor, known: dict[str, int]) -> slice:
-    """``hook``'s columns in a buffered row (the hooks' widths side by side)."""
-    start = 0
-    for name in hooks[:hooks.index(hook)]:
-        start += known[name] if name in known else _width(model, name, tokens)
-    return slice(start, start + known[hook])
-
-
-def _width(model, hook: str, tokens: Tensor) -> int:
+def _hook_columns(model, hooks: list[str], tokens: Tensor) -> dict[str, slice]:
+    """Each hook's columns in a buffered row (the hooks' widths side by side, in ``hooks``' order), from one
+    two-token forward."""
     with torch.no_grad():
-        _, cache = model.run_with_cache(tokens[:1, :2].to(model.cfg.device), names_filter=[hook],
-                                        stop_at_layer=hook_layer(model, hook) + 1, return_type=None)
-    return int(cache[hook].shape[-1])
+        _, cache = model.run_with_cache(tokens[:1, :2].to(model.cfg.device), names_filter=list(hooks),
+                                        stop_at_layer=max(hook_layer(model, h) for h in hooks) + 1, return_type=None)
+    columns, start = {}, 0
+    for hook in hooks:
+        columns[hook] = slice(start, start + int(cache[hook].shape[-1]))
+        start = columns[hook].stop
+    return columns
 
 
 # ---- the loop ----------------------------------------------------------------------------------------------------
@@ -239,11 +241,11 @@ class _Columns:
         self.buffer, self.member = buffer, member
         self.batch_rows, self.capacity = buffer.batch_rows, buffer.capacity
 
-    def peek(self, n_rows: int) -> Float[Tensor, "n_rows w"]:
+    def peek(self, n_rows: int) -> Float[Tensor, "n_rows i"]:
         return _sides(self.buffer.peek(n_rows), self.member)
 
 
-def _sides(rows: Float[Tensor, "N W"], member: _Member) -> Tensor:
+def _sides(rows: Float[Tensor, "N i"], member: _Member) -> Tensor:
     x_cols, y_cols = member.columns  # contiguous, as the rows a lone SAE's buffer holds
     return rows[:, x_cols].contiguous() if y_cols is None else torch.cat([rows[:, x_cols], rows[:, y_cols]], dim=-1)
 
@@ -303,7 +305,7 @@ def _train_together(model, ensemble: nn.ModuleList, members: list[_Member], opti
     return [pd.DataFrame([row["saes"][i] for row in log_rows], columns=list(LOG_COLUMNS)) for i in range(len(members))]
 
 
-def _forward(member: _Member, group: dict[str, Any], rows: Float[Tensor, "N W"], step: int) -> tuple[dict, Tensor, float]:
+def _forward(member: _Member, group: dict[str, Any], rows: Float[Tensor, "N i"], step: int) -> tuple[dict, Tensor, float]:
     """One SAE's training forward on its columns of ``rows`` (its lr set on its parameter group): (out, target, lr)."""
     x_cols, y_cols = member.columns
     x = _scaled(rows[:, x_cols], [member.scales[0]])

@@ -11,7 +11,7 @@ from experiments.sae import train_sae, train_saes, train_transcoders
 from experiments.sae.multi import SAESpec
 from workbench.errors import InputError
 
-FAST = dict(progress=False, training_tokens=3072, train_batch_size_tokens=128, buffer_tokens=512, log_every=2,
+FAST = dict(progress=False, training_tokens=1536, train_batch_size_tokens=128, buffer_tokens=512, log_every=2,
             store_batch_size_prompts=4, seed=3)
 SAE_TENSORS = ("W_enc", "b_enc", "W_dec", "b_dec")
 
@@ -86,8 +86,8 @@ def test_transcoders_trained_together_load_back_equal(tmp_path):
 def test_resume_gives_the_uninterrupted_result(tmp_path):
     model, tokens = _mlp_model(), _tokens()
     whole = train_saes(model, SPECS, tokens, **FAST)
-    train_saes(model, SPECS, tokens, checkpoint_dir=tmp_path / "ckpt", **{**FAST, "checkpoint_every": 10})
-    resumed = train_saes(model, SPECS, tokens, resume_from=tmp_path / "ckpt" / "step-10", **FAST)
+    train_saes(model, SPECS, tokens, checkpoint_dir=tmp_path / "ckpt", **{**FAST, "checkpoint_every": 6})
+    resumed = train_saes(model, SPECS, tokens, resume_from=tmp_path / "ckpt" / "step-6", **FAST)
     for a, b in zip(whole, resumed):
         for name, tensor in a.state_dict().items():
             assert torch.equal(tensor, b.state_dict()[name]), name
@@ -96,10 +96,10 @@ def test_resume_gives_the_uninterrupted_result(tmp_path):
 
 def test_a_checkpoint_of_other_specs_is_refused(tmp_path):
     model, tokens = _mlp_model(), _tokens()
-    train_saes(model, SPECS[:2], tokens, checkpoint_dir=tmp_path, **{**FAST, "checkpoint_every": 10,
-                                                                       "training_tokens": 1280})
+    train_saes(model, SPECS[:2], tokens, checkpoint_dir=tmp_path, **{**FAST, "checkpoint_every": 2,
+                                                                       "training_tokens": 512})
     with pytest.raises(wb.errors.CheckpointError, match="another run"):
-        train_saes(model, SPECS[1:], tokens, resume_from=tmp_path / "step-10", **FAST)
+        train_saes(model, SPECS[1:], tokens, resume_from=tmp_path / "step-2", **FAST)
 
 
 @pytest.mark.parametrize("specs, named", [
