@@ -102,6 +102,15 @@ def test_a_checkpoint_of_other_specs_is_refused(tmp_path):
         train_saes(model, SPECS[1:], tokens, resume_from=tmp_path / "step-2", **FAST)
 
 
+def test_specs_by_name_as_saelens_saes_mapping(tmp_path):
+    model, tokens = _mlp_model(), _tokens()
+    saes = train_saes(model, {"early": {"hook_name": "blocks.0.hook_resid_post", "d_sae": 16, "k": 2},
+                              "late": SAESpec("blocks.1.hook_resid_post", "standard", d_sae=8)}, tokens,
+                      out=tmp_path, **{**FAST, "training_tokens": 256})
+    assert [sae.cfg.hook_name for sae in saes] == ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["early", "late"]
+
+
 @pytest.mark.parametrize("specs, named", [
     ([SAESpec("blocks.0.hook_resid_post", d_sae=8, k=2), SAESpec("blocks.1.hook_resid_post", d_sae=8, k=2, name="a"),
       SAESpec("blocks.0.hook_resid_post", d_sae=8, k=2)], "distinct name"),
