@@ -27,7 +27,7 @@ def _tokens(seed: int = 1) -> torch.Tensor:
 
 def _assert_same(a: wb.SAE, b: wb.SAE) -> None:
     for name, tensor in a.state_dict().items():
-        assert torch.allclose(tensor, b.state_dict()[name], rtol=0, atol=1e-6), name
+        assert torch.equal(tensor, b.state_dict()[name]), name  # the same float operations in the same order
     assert a.cfg.to_dict() == b.cfg.to_dict()
 
 
@@ -80,7 +80,7 @@ def test_transcoders_trained_together_load_back_equal(tmp_path):
         alone = train_sae(model, f"blocks.{layer}.ln2.hook_normalized", tokens, "standard", 24, None,
                           hook_name_out=f"blocks.{layer}.hook_mlp_out", **FAST)
         for name in SAE_TENSORS:
-            assert torch.allclose(getattr(tc.layers[layer], name), getattr(alone, name), rtol=0, atol=1e-6)
+            assert torch.equal(getattr(tc.layers[layer], name), getattr(alone, name)), (layer, name)
 
 
 def test_resume_gives_the_uninterrupted_result(tmp_path):
