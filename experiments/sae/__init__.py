@@ -3,6 +3,8 @@
 - ``train``: ``train_sae`` (standard, top-k, batch-top-k, JumpReLU SAEs; per-layer transcoders, with or
   without skip) and ``TrainSAEConfig``;
 - ``clt``: ``train_clt``, cross-layer transcoders saved as a ``wb.TranscoderSet``;
+- ``multi``: ``train_saes`` (several SAEs and transcoders, each on its own hook, from one forward pass per batch)
+  and ``train_transcoders`` (a per-layer ``wb.TranscoderSet`` trained that way);
 - ``evaluate``: ``evaluate_sae`` (L0, explained variance, CE loss recovered, dead and dense fractions);
 - ``modules``: the SAE under training (SAELens 6's definitions) and its inference form;
 - ``activations``: activations streamed from the model or a disk cache, and the shuffling buffer;
@@ -17,5 +19,6 @@
 from experiments.sae.evaluate import evaluate_sae
 from experiments.sae.clt import train_clt
 from experiments.sae.train import TrainSAEConfig, train_sae
+from experiments.sae.multi import SAESpec, train_saes, train_transcoders
 
-__all__ = ["train_sae", "TrainSAEConfig", "evaluate_sae", "train_clt"]
+__all__ = ["train_sae", "TrainSAEConfig", "evaluate_sae", "train_clt", "train_saes", "train_transcoders", "SAESpec"]

@@ -106,27 +106,51 @@ def train_sae(model, hook_name: str, data: Any, architecture: str = "topk", d_sa
     tokens = token_rows(model, data)
     widths = check_train_inputs(model, hook_name, hook_name_out, architecture, d_sae, k, skip, cfg, tokens)
     transcoder = hook_name_out is not None
-    options = {name: getattr(cfg, name) for name in ("l1_coefficient", "lp_norm", "l0_coefficient", "jumprelu_bandwidth",
-                                                     "jumprelu_init_threshold", "aux_loss_coefficient",
-                                                     "topk_threshold_lr", "decoder_init_norm")}
-    options["k"] = k
-    generator = torch.Generator().manual_seed(cfg.seed)
-    sae = TrainingSAE(architecture, widths[0], d_sae, widths[1], skip=skip, transcoder=transcoder, options=options,
-                      generator=generator)
-    result = run_training(model, sae, tokens, [hook_name], [hook_name_out] if transcoder else [], cfg, generator,
-                          activation_cache, checkpoint_dir, resume_from, progress, desc=f"training {architecture} SAE")
-    metadata = {"hook_name": hook_name, "model_name": getattr(model.cfg, "model_name", None),
-                "context_size": int(tokens.shape[1]), "prepend_bos": bool(model.tokenizer is not None and model.bos_first()),
-                "exclude_special_tokens": special_token_ids(model) if cfg.exclude_special_tokens else False,
-                "outlier_norm_ratio": cfg.outlier_norm_ratio}
-    if transcoder:
-        metadata["hook_name_out"] = hook_name_out
+    # The initialisation and the data order draw from generators of their own, so SAEs of any size trained
+    # together on one stream (experiments.sae.multi) see the batches each would see trained alone.
+    sae = TrainingSAE(architecture, widths[0], d_sae, widths[1], skip=skip, transcoder=transcoder,
+                      options=training_options(cfg, k), generator=torch.Generator().manual_seed(cfg.seed))
+    result = run_training(model, sae, tokens, [hook_name], [hook_name_out] if transcoder else [], cfg,
+                          torch.Generator().manual_seed(cfg.seed), activation_cache, checkpoint_dir, resume_from,
+                          progress, desc=f"training {architecture} SAE")
+    metadata = saved_metadata(model, cfg, tokens, hook_name, hook_name_out)
     trained = sae.to_sae(metadata, scale_in=result.scales[0][0], scale_out=result.scales[1][0], dtype=save_dtype)
     trained.training_log = result.log
     if out is not None:
         trained.save(out)
         result.log.to_csv(Path(out) / LOG_FILE, index=False)
     return trained
+
+
+def training_options(cfg: TrainSAEConfig, k: Optional[float]) -> dict[str, Any]:
+    """The architecture's coefficients a ``TrainingSAE`` takes, from ``cfg`` and ``k``.
+
+    Example:
+        >>> training_options(TrainSAEConfig(), 8)["k"], training_options(TrainSAEConfig(), 8)["l1_coefficient"]
+        (8, 1.0)
+    """
+    options = {name: getattr(cfg, name) for name in ("l1_coefficient", "lp_norm", "l0_coefficient", "jumprelu_bandwidth",
+                                                     "jumprelu_init_threshold", "aux_loss_coefficient",
+                                                     "topk_threshold_lr", "decoder_init_norm")}
+    options["k"] = k
+    return options
+
+
+def saved_metadata(model, cfg: TrainSAEConfig, tokens: Tensor, hook_name: str,
+                   hook_name_out: Optional[str] = None) -> dict[str, Any]:
+    """The SAELens metadata a trained SAE is saved with (hooks, model, context, special tokens left out).
+
+    Example:
+        >>> saved_metadata(model, TrainSAEConfig(), torch.zeros(2, 16, dtype=torch.long), "hook_embed")["context_size"]
+        16
+    """
+    metadata = {"hook_name": hook_name, "model_name": getattr(model.cfg, "model_name", None),
+                "context_size": int(tokens.shape[1]), "prepend_bos": bool(model.tokenizer is not None and model.bos_first()),
+                "exclude_special_tokens": special_token_ids(model) if cfg.exclude_special_tokens else False,
+                "outlier_norm_ratio": cfg.outlier_norm_ratio}
+    if hook_name_out is not None:
+        metadata["hook_name_out"] = hook_name_out
+    return metadata
 
 
 @dataclass
