@@ -167,7 +167,13 @@ def bundled_windows(model, n_windows: int = 256, window: int = 64,
     n_chars = n_windows * window * CHARS_PER_TOKEN
     while True:
         texts, read_all = _corpus_texts(corpus, n_chars)
-        windows_BP = corpus_windows(model, texts, window=window, max_windows=n_windows)
+        try:
+            windows_BP = corpus_windows(model, texts, window=window, max_windows=n_windows)
+        except InputError:  # fewer tokens than one window (a few short fortunes): read more documents
+            if read_all:  # else the error is about the model or the window, raised before any tokenizing
+                raise
+            n_chars *= 2
+            continue
         if windows_BP.shape[0] >= n_windows or read_all:
             return windows_BP
         n_chars *= 2
