@@ -38,7 +38,7 @@ setup-corpus:
 	test -d /usr/share/doc/debian-handbook/html/en-US -a -d /usr/share/games/fortunes || \
 		(apt-get update -q && apt-get install -y -q --no-install-recommends fortunes debian-handbook)
 
-run: setup
+run: setup setup-corpus
 	$(PYTHON) -m streamlit run app/Home.py --server.address 127.0.0.1 --server.port $(PORT) --server.headless true
 
 # Two workers (pytest-xdist), a file's tests on one: the browser and Ray tests mostly wait, so the other worker's

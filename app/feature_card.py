@@ -16,6 +16,7 @@ from app.state import LoadedModel
 from app.token_widgets import token_text
 from app.url_state import linked
 from app.widgets import Prompt, progress_callback
+from experiments.corpus_windows import CORPUS_LABELS, CORPUS_SOURCES, default_corpus
 from experiments.plots.features import density_figure
 from experiments.plots.token_view import token_html
 from workbench.errors import InputError
@@ -58,10 +59,14 @@ def logit_effect(loaded: LoadedModel, loaded_sae: LoadedSAE, feature: int, prefi
 def corpus(loaded: LoadedModel, loaded_sae: LoadedSAE, feature: int, prefix: str) -> None:
     """The feature's top-activating corpus windows and its density."""
     st.subheader("Top-activating windows and density in the corpus")
-    left, middle, right = st.columns(3)
+    left, text, middle, right = st.columns(4)
     with left:
         search = linked(st.toggle, "Search the corpus", value=True, key=f"{prefix}_corpus",
                         help="Computed once for every feature of this SAE, then read from the disk cache.")
+    with text:
+        corpus = linked(st.selectbox, "Corpus", options=list(CORPUS_LABELS), format_func=CORPUS_LABELS.get,
+                        index=list(CORPUS_LABELS).index(default_corpus(loaded.model)), key=f"{prefix}_corpus_text",
+                        help="The text scanned: by default the one the model was trained on.")
     with middle:
         # one of the bounded corpus sizes: a pass, and the cache file it writes, is one of a fixed few per SAE
         n_windows = linked(st.selectbox, "Windows", options=CORPUS_WINDOW_COUNTS,
@@ -72,12 +77,14 @@ def corpus(loaded: LoadedModel, loaded_sae: LoadedSAE, feature: int, prefix: str
                         key=f"{prefix}_window_len")
     if not search:
         return
-    stats = results.feature_corpus_stats(loaded, loaded_sae, int(n_windows), int(window), bar=progress_callback)
+    stats = results.feature_corpus_stats(loaded, loaded_sae, int(n_windows), int(window), bar=progress_callback,
+                                         corpus=corpus)
     where = f"read from {stats.path}" if stats.from_disk else (f"saved to {stats.path}" if stats.path else "")
     density = float(stats.density_X[feature])
     st.metric("Density", f"{density:.3%}", help=f"The fraction of the corpus's {stats.n_tokens} tokens where "
                                                  "the feature fires")
-    st.caption(f"{stats.windows_BP.shape[0]} windows of {window} tokens from the bundled corpus, BOS left out; "
+    st.caption(f"{stats.windows_BP.shape[0]} windows of {window} tokens from evenly spaced {CORPUS_SOURCES[corpus]}, "
+               "BOS left out; "
                f"every feature at once, {quoted(where, limit=300)}.")
     table, html = results.feature_top_windows(loaded, stats, feature, TOP_K)
     if table.empty:

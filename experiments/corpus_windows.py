@@ -4,9 +4,12 @@ features) scanned over windows of the bundled corpus in batches, its statistics 
 Shapes: windows_BP [B batch (windows), P position]; a source's activations are [batch, pos, units], units being
 an MLP's neurons (M d_mlp) or an SAE's features (X d_sae), so the engine names them ``acts`` alone.
 
-The corpus (``bundled_windows``): ``window``-token windows of the Python standard library (``workbench.corpus``,
-the text the zoo trains on), the first ~2,000 characters of evenly spaced files so that windows span many modules,
-cut by ``experiments.datasets.corpus_windows``. What is scanned (``UnitSource``): a block of code that yields a
+The corpus (``bundled_windows``): ``window``-token windows of one of two corpora (``CORPORA``), the first ~2,000
+characters of evenly spaced documents so that windows span many of them, cut by
+``experiments.datasets.corpus_windows``: ``"code"``, the Python standard library's files (``workbench.corpus``, the
+text the zoo's toys train on), or ``"english"``, the English prose of ``english_documents("train")`` (Debian's
+fortunes and debian-handbook: ``make setup-corpus``). By default a model reads the corpus it was trained on
+(``default_corpus``: its registry entry's ``corpus``, ``wb.list_models()``; English for a model not registered). What is scanned (``UnitSource``): a block of code that yields a
 function from a batch of windows to the units' activations [batch, pos, units] (NaN where a unit did not run, as a routed
 expert off its tokens). What is kept (a ``Reducer``): the statistics one pass accumulates, batch by batch (each
 window's maxima for neurons; a running top-k and a density histogram for features). BOS is left out (its
@@ -43,7 +46,9 @@ from torch import Tensor
 
 from experiments._progress import Progress, ProgressArg
 from experiments.datasets import corpus_windows
+from experiments.datasets import english
 from workbench.corpus import stdlib_root, stdlib_source_paths
+from workbench.loading.registry import CORPORA, model_corpus
 from workbench.cache_dir import CACHE_ENV, cache_directory  # re-exported here, where callers have imported them
 from workbench.errors import CheckpointError, InputError
 from workbench.safe_files import inside, save_files
@@ -52,6 +57,9 @@ ENGINE = "workbench-corpus-windows-2"  # the cache's format: a new one never rea
 DOC_CHARS = 2000  # each corpus file contributes its first ~2000 characters, so windows span many modules
 CHARS_PER_TOKEN = 4  # a generous guess for code; too few windows and the corpus is doubled
 MAX_KEY_CHARS = 1 << 16  # a stored key longer than this is not one we wrote
+CORPUS_LABELS = {"english": "English", "code": "Python source"}  # the pages' "Corpus" select box
+CORPUS_SOURCES = {"english": "English documents (Debian's fortunes and The Debian Administrator's Handbook)",
+                  "code": "files of the Python standard library (the zoo's training corpus)"}  # the pages' captions
 
 
 _DIGESTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -82,27 +90,72 @@ def weights_digest(model) -> str:
 
 
 @lru_cache(maxsize=1)
-def _corpus_paths() -> tuple[Path, ...]:
+def _code_paths() -> tuple[Path, ...]:
     root = stdlib_root()
     return tuple(root / relative for relative in stdlib_source_paths(root))
 
 
-def _corpus_texts(n_chars: int) -> list[str]:
-    """The first ~DOC_CHARS characters (whole lines) of evenly spaced corpus files, ``n_chars`` in all."""
-    paths = _corpus_paths()
-    n_docs = min(len(paths), max(1, math.ceil(n_chars / DOC_CHARS)))
+@lru_cache(maxsize=2)
+def _english_train(fortunes: Path, handbook: Path) -> tuple[str, ...]:
+    """``english_documents("train")``, read once per pair of package folders (keyed by them, so a moved or
+    missing folder is read afresh and raises ``english``'s ``InputError`` naming ``make setup-corpus``)."""
+    return tuple(english.english_documents("train"))
+
+
+def _documents(corpus: str) -> tuple[int, Callable[[int], str]]:
+    """How many documents ``corpus`` has and how to read the i-th."""
+    if corpus == "code":
+        paths = _code_paths()
+        return len(paths), lambda i: paths[i].read_bytes().decode("utf-8", errors="replace")
+    documents = _english_train(english.FORTUNES, english.HANDBOOK)
+    return len(documents), documents.__getitem__
+
+
+def _corpus_texts(corpus: str, n_chars: int) -> tuple[list[str], bool]:
+    """The first ~DOC_CHARS characters (whole lines) of evenly spaced documents of ``corpus``, ``n_chars`` in all,
+    and whether every document was read."""
+    n_total, read = _documents(corpus)
+    n_docs = min(n_total, max(1, math.ceil(n_chars / DOC_CHARS)))
     texts = []
     for i in range(n_docs):
-        text = paths[i * len(paths) // n_docs].read_bytes().decode("utf-8", errors="replace")
+        text = read(i * n_total // n_docs)
         head = text[:DOC_CHARS].rsplit("\n", 1)[0] if len(text) > DOC_CHARS else text
         if head.strip():
             texts.append(head)
-    return texts
+    return texts, n_docs >= n_total
 
 
-def bundled_windows(model, n_windows: int = 256, window: int = 64) -> Int[Tensor, "batch pos"]:
-    """The ``n_windows`` corpus windows of ``window`` tokens every scan reads (fewer only when the whole corpus
-    is shorter); ``experiments.neurons.neuron_corpus``.
+def default_corpus(model) -> str:
+    """The corpus ``model`` reads by default: the one it was trained on, from its registry entry
+    (``workbench.loading.registry.model_corpus`` by ``model.cfg.model_name``): ``"code"`` for the zoo's toys,
+    ``"english"`` for every other model.
+
+    Example:
+        >>> default_corpus(model)   # the zoo's toy-attn-2l, trained on Python source
+        'code'
+    """
+    return model_corpus(getattr(model.cfg, "model_name", None))
+
+
+def resolve_corpus(model, corpus: Optional[str] = None) -> str:
+    """``corpus`` checked (one of ``CORPORA``), or the model's own (``default_corpus``) when None.
+
+    Example:
+        >>> resolve_corpus(model), resolve_corpus(model, "english")
+        ('code', 'english')
+    """
+    if corpus is None:
+        return default_corpus(model)
+    if corpus not in CORPORA:
+        raise InputError(f"corpus must be one of {CORPORA} (or None for the model's own), got {corpus!r}")
+    return corpus
+
+
+def bundled_windows(model, n_windows: int = 256, window: int = 64,
+                    corpus: Optional[str] = None) -> Int[Tensor, "batch pos"]:
+    """The ``n_windows`` windows of ``window`` tokens of ``corpus`` (``"english"`` or ``"code"``; None: the
+    model's own, ``default_corpus``) every scan reads (fewer only when the whole corpus is shorter);
+    ``experiments.neurons.neuron_corpus``. English needs ``make setup-corpus`` (else an ``InputError`` saying so).
 
     Example:
         >>> bundled_windows(model, n_windows=16, window=64).shape
@@ -110,11 +163,18 @@ def bundled_windows(model, n_windows: int = 256, window: int = 64) -> Int[Tensor
     """
     if isinstance(n_windows, bool) or not isinstance(n_windows, int) or n_windows < 1:
         raise InputError(f"n_windows must be at least 1, got {n_windows!r}")
+    corpus = resolve_corpus(model, corpus)
     n_chars = n_windows * window * CHARS_PER_TOKEN
     while True:
-        texts = _corpus_texts(n_chars)
-        windows_BP = corpus_windows(model, texts, window=window, max_windows=n_windows)
-        if windows_BP.shape[0] >= n_windows or len(texts) >= len(_corpus_paths()):
+        texts, read_all = _corpus_texts(corpus, n_chars)
+        try:
+            windows_BP = corpus_windows(model, texts, window=window, max_windows=n_windows)
+        except InputError:  # fewer tokens than one window (a few short fortunes): read more documents
+            if read_all:  # else the error is about the model or the window, raised before any tokenizing
+                raise
+            n_chars *= 2
+            continue
+        if windows_BP.shape[0] >= n_windows or read_all:
             return windows_BP
         n_chars *= 2
 
@@ -227,8 +287,10 @@ def _save(path: Path, key: str, windows_BP: Tensor, tensors: dict[str, Tensor]) 
 
 @torch.no_grad()
 def scan_corpus(model, source: UnitSource, reducer: Reducer, n_windows: int = 256, window: int = 64,
-                batch_size: int = 16, progress: ProgressArg = False, use_disk: bool = True) -> CorpusScan:
-    """``reducer``'s statistics of ``source``'s units over ``n_windows`` corpus windows of ``window`` tokens, read
+                batch_size: int = 16, progress: ProgressArg = False, use_disk: bool = True,
+                corpus: Optional[str] = None) -> CorpusScan:
+    """``reducer``'s statistics of ``source``'s units over ``n_windows`` windows of ``window`` tokens of ``corpus``
+    (``bundled_windows``: ``"english"``, ``"code"``, or None for the model's own), read
     from the disk cache when there (no forward pass), else computed ``batch_size`` windows at a time
     (``progress`` counts the windows) and saved.
 
@@ -248,7 +310,7 @@ def scan_corpus(model, source: UnitSource, reducer: Reducer, n_windows: int = 25
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be at least 1, got {batch_size!r}")
-    windows_BP = bundled_windows(model, n_windows, window).cpu().long()
+    windows_BP = bundled_windows(model, n_windows, window, corpus).cpu().long()
     path = key = None
     if use_disk:
         key = cache_key(model, source, reducer, windows_BP)

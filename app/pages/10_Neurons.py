@@ -12,6 +12,7 @@ from app.token_widgets import choose_neuron, token_text
 from app.url_state import linked
 from app.widgets import Prompt, page_setup, progress_callback, prompt_box, require_model, run_page
 from experiments import neurons
+from experiments.corpus_windows import CORPUS_LABELS, CORPUS_SOURCES, default_corpus
 from experiments.plots.common import signed_token_bars
 from experiments.plots.token_view import token_html
 
@@ -68,10 +69,14 @@ def _logit_effect(loaded: LoadedModel, unit: neurons.MLPUnit, neuron: int) -> No
 
 def _top_windows(loaded: LoadedModel, unit: neurons.MLPUnit, neuron: int) -> None:
     st.subheader("Top-activating windows in the corpus")
-    left, middle, right = st.columns(3)
+    left, text, middle, right = st.columns(4)
     with left:
         search = linked(st.toggle, "Search the corpus", value=True, key="neurons_corpus",
                         help="Computed once for every neuron of this MLP, then read from the disk cache.")
+    with text:
+        corpus = linked(st.selectbox, "Corpus", options=list(CORPUS_LABELS), format_func=CORPUS_LABELS.get,
+                        index=list(CORPUS_LABELS).index(default_corpus(loaded.model)), key="neurons_corpus_text",
+                        help="The text scanned: by default the one the model was trained on.")
     with middle:
         n_windows = linked(st.number_input, "Windows", min_value=8, max_value=4096, value=256, step=8,
                            key="neurons_windows")
@@ -81,11 +86,12 @@ def _top_windows(loaded: LoadedModel, unit: neurons.MLPUnit, neuron: int) -> Non
                         key="neurons_window_len")
     if not search:
         return
-    maxima = results.neuron_corpus_maxima(loaded, unit, int(n_windows), int(window), bar=progress_callback)
+    maxima = results.neuron_corpus_maxima(loaded, unit, int(n_windows), int(window), bar=progress_callback,
+                                          corpus=corpus)
     table, html = results.neuron_top_windows(loaded, maxima, neuron, TOP_K)
     where = f"read from {maxima.path}" if maxima.from_disk else (f"saved to {maxima.path}" if maxima.path else "")
-    st.caption(f"{maxima.windows_BP.shape[0]} windows of {window} tokens from the first lines of evenly spaced files "
-               f"of the Python standard library (the zoo's training corpus); the BOS position is left out. Every "
+    st.caption(f"{maxima.windows_BP.shape[0]} windows of {window} tokens from the first lines of evenly spaced "
+               f"{CORPUS_SOURCES[corpus]}; the BOS position is left out. Every "
                f"neuron of {unit.label} at once, {where}. Each window's highest token is outlined.")
     if table.empty:
         st.info(f"No corpus token went to {unit.label}: the neuron never ran on this corpus.")

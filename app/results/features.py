@@ -146,8 +146,11 @@ def feature_logit_effect(loaded: LoadedModel, loaded_sae: LoadedSAE, feature: in
     return features.feature_logit_effect(loaded.model, loaded_sae.sae, feature, k, through_final_norm)
 
 
-def _corpus_stats(model, loaded_sae: LoadedSAE, n_windows: int, window: int, progress) -> features.FeatureStats:
-    return features.feature_corpus_stats(model, loaded_sae.sae, n_windows=n_windows, window=window, progress=progress)
+def _corpus_stats(model, loaded_sae: LoadedSAE, n_windows: int, window: int, corpus: Optional[str],
+                  progress) -> features.FeatureStats:
+    chosen = {} if corpus is None else {"corpus": corpus}  # None: the experiment's default, the model's own corpus
+    return features.feature_corpus_stats(model, loaded_sae.sae, n_windows=n_windows, window=window, progress=progress,
+                                         **chosen)
 
 
 _CORPUS_STATS = LongRun("Finding every feature's top windows and density in the corpus", _corpus_stats)
@@ -165,9 +168,9 @@ def corpus_window_count(n_windows: int) -> int:
 
 
 def feature_corpus_stats(loaded: LoadedModel, loaded_sae: LoadedSAE, n_windows: int, window: int,
-                         bar: ProgressBar) -> features.FeatureStats:
+                         bar: ProgressBar, corpus: Optional[str] = None) -> features.FeatureStats:
     """Every feature's top corpus windows and density histogram over ``corpus_window_count(n_windows)`` windows of
-    ``window`` tokens (at most the model's context): from this process's store, the disk cache, or computed with a
+    ``window`` tokens (at most the model's context) of ``corpus`` ("english", "code"; None: the model's own): from this process's store, the disk cache, or computed with a
     progress bar (then saved to disk). Whatever a link asks, the passes and cache files per SAE stay within
     ``CORPUS_WINDOW_COUNTS`` times the window lengths.
 
@@ -175,7 +178,7 @@ def feature_corpus_stats(loaded: LoadedModel, loaded_sae: LoadedSAE, n_windows: 
         >>> stats = feature_corpus_stats(loaded, loaded_sae, 256, 64, bar=app.widgets.progress_callback)   # doctest: +SKIP
     """
     return _CORPUS_STATS(loaded, loaded_sae, corpus_window_count(int(n_windows)),
-                         min(int(window), loaded.model.cfg.n_ctx), bar=bar)
+                         min(int(window), loaded.model.cfg.n_ctx), corpus, bar=bar)
 
 
 def feature_top_windows(loaded: LoadedModel, stats: features.FeatureStats, feature: int,

@@ -4,6 +4,8 @@ effect on the logits, and the corpus windows where it fires most.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import pandas as pd
 import streamlit as st
 import torch
@@ -43,16 +45,17 @@ def neuron_logit_effect(loaded: LoadedModel, unit: neurons.MLPUnit, neuron: int,
     return neurons.direct_logit_effect(loaded.model, unit, neuron, k, through_final_norm)
 
 
-def _corpus_maxima(model, unit: neurons.MLPUnit, n_windows: int, window: int, progress) -> "neurons.CorpusMaxima":
-    return neurons.corpus_maxima(model, unit, n_windows=n_windows, window=window, progress=progress)
+def _corpus_maxima(model, unit: neurons.MLPUnit, n_windows: int, window: int, corpus: Optional[str],
+                   progress) -> "neurons.CorpusMaxima":
+    return neurons.corpus_maxima(model, unit, n_windows=n_windows, window=window, progress=progress, corpus=corpus)
 
 
 _CORPUS_MAXIMA = LongRun("Finding every neuron's top windows in the corpus", _corpus_maxima)
 
 
 def neuron_corpus_maxima(loaded: LoadedModel, unit: neurons.MLPUnit, n_windows: int, window: int,
-                         bar: ProgressBar) -> "neurons.CorpusMaxima":
-    """Every neuron of ``unit``'s max per corpus window: from this process's store, the disk cache, or
+                         bar: ProgressBar, corpus: Optional[str] = None) -> "neurons.CorpusMaxima":
+    """Every neuron of ``unit``'s max per window of ``corpus`` ("english", "code"; None: the model's own): from this process's store, the disk cache, or
     computed with a progress bar (then saved to disk).
 
     Example (on a page: it draws a bar, tokenizes the corpus for seconds and writes the disk cache,
@@ -63,7 +66,7 @@ def neuron_corpus_maxima(loaded: LoadedModel, unit: neurons.MLPUnit, n_windows: 
         >>> maxima.max_BM.shape   # 256 windows, the expert's 256 neurons   # doctest: +SKIP
         torch.Size([256, 256])
     """
-    return _CORPUS_MAXIMA(loaded, unit, n_windows, window, bar=bar)
+    return _CORPUS_MAXIMA(loaded, unit, n_windows, window, corpus, bar=bar)
 
 
 def neuron_top_windows(loaded: LoadedModel, maxima: "neurons.CorpusMaxima", neuron: int,

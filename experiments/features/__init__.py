@@ -7,7 +7,7 @@ Z density histogram bins.
   and the features active at each token (``active_features``), read from ``hook_sae_acts_post`` with the SAE
   spliced in with its error term (``model.saes(...)``), so nothing else in the model changes.
 - ``corpus``: ``feature_corpus_stats``, one scan of the corpus-window engine (``experiments.corpus_windows``,
-  the Neurons page's windows, ``experiments.neurons.neuron_corpus``) over ``n_windows`` windows for every feature
+  the Neurons page's windows, ``experiments.neurons.neuron_corpus``) over ``n_windows`` windows of ``corpus`` (English prose or Python source; by default the model's own) for every feature
   at once (``sae_source``), ``batch_size`` windows at a time: a running top-``k`` of each feature's per-window
   maxima (where in which window) and a histogram of the log10 of its positive activations (fixed bins
   ``bin_edges()``; outside values in the end bins), the reducer ``TopWindowsAndDensity``. Memory is bounded by

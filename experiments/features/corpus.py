@@ -188,9 +188,11 @@ def _histogram(acts_NX: Tensor, counts_XZ: Tensor) -> None:
 
 
 def feature_corpus_stats(model, sae: SAE, n_windows: int = 256, window: int = 64, k: int = 10,
-                         batch_size: int = 16, progress: ProgressArg = False, use_disk: bool = True) -> FeatureStats:
+                         batch_size: int = 16, progress: ProgressArg = False, use_disk: bool = True,
+                         corpus: Optional[str] = None) -> FeatureStats:
     """Every feature's ``k`` top windows (by the window's max activation, BOS left out) and its density
-    histogram over ``n_windows`` corpus windows of ``window`` tokens (``experiments.neurons.neuron_corpus``),
+    histogram over ``n_windows`` windows of ``window`` tokens of ``corpus`` (``"english"``, ``"code"``, or None for
+    the model's own; ``experiments.neurons.neuron_corpus``),
     read from the disk cache when there (no forward pass), else computed ``batch_size`` windows at a time
     (``progress`` counts the windows) and saved.
 
@@ -206,7 +208,8 @@ def feature_corpus_stats(model, sae: SAE, n_windows: int = 256, window: int = 64
         raise InputError(f"k and batch_size must be at least 1, got k={k}, batch_size={batch_size}")
     check_feature(sae, 0)  # an SAE at all
     reducer = TopWindowsAndDensity(k, sae.cfg.d_sae)
-    scan = scan_corpus(model, sae_source(model, sae), reducer, n_windows, window, batch_size, progress, use_disk)
+    scan = scan_corpus(model, sae_source(model, sae), reducer, n_windows, window, batch_size, progress, use_disk,
+                       corpus)
     stored = scan.tensors
     return FeatureStats(scan.windows_BP, stored["top_values_WX"], stored["top_windows_WX"],
                         stored["top_positions_WX"], stored["histogram_XZ"], int(stored["n_tokens"]), scan.path,

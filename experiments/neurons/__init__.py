@@ -22,8 +22,8 @@ divisor is left out (a positive factor: rankings are exact), and so are an exper
 a shared expert's gate: the effect is per unit of the neuron's activation.
 
 Top windows (``corpus_maxima``): one scan of the corpus-window engine (``experiments.corpus_windows``, shared
-with the SAE features' top windows) over ``window``-token windows of the Python standard library
-(``workbench.corpus``, the text the zoo trains on); for every neuron of the MLP (``mlp_source``), the max over
+with the SAE features' top windows) over ``window``-token windows of a corpus (``corpus``: ``"english"`` prose or ``"code"``, the Python standard
+library; by default the one the model was trained on, ``experiments.corpus_windows.default_corpus``); for every neuron of the MLP (``mlp_source``), the max over
 each window's positions (BOS excluded: it is an outlier for most neurons) and where it is (``WindowMaxima``).
 Kept in the engine's one disk cache under ``cache_directory()/neurons``, keyed by the weights' digest, the MLP,
 the window token ids and the engine's version, written atomically.

@@ -111,8 +111,9 @@ def maxima_path(model, unit: MLPUnit, windows_BP: Tensor) -> Path:
 
 
 def corpus_maxima(model, unit: MLPUnit, n_windows: int = 256, window: int = 64, batch_size: int = 16,
-                  progress: ProgressArg = False, use_disk: bool = True) -> CorpusMaxima:
-    """Every neuron of ``unit``: its max activation in each corpus window and the position of that max,
+                  progress: ProgressArg = False, use_disk: bool = True, corpus: Optional[str] = None) -> CorpusMaxima:
+    """Every neuron of ``unit``: its max activation in each window of ``corpus`` (``"english"``, ``"code"``, or
+    None for the model's own: ``experiments.corpus_windows.bundled_windows``) and the position of that max,
     read from the disk cache when there (no forward pass), else computed ``batch_size`` windows at a
     time (``progress`` counts the windows) and saved.
 
@@ -123,7 +124,8 @@ def corpus_maxima(model, unit: MLPUnit, n_windows: int = 256, window: int = 64, 
         (torch.Size([16, 256]), False)
     """
     source = mlp_source(model, unit)
-    scan = scan_corpus(model, source, WindowMaxima(source.width), n_windows, window, batch_size, progress, use_disk)
+    scan = scan_corpus(model, source, WindowMaxima(source.width), n_windows, window, batch_size, progress, use_disk,
+                       corpus)
     return CorpusMaxima(scan.windows_BP, scan.tensors["max_BM"], scan.tensors["argmax_BM"].long(), scan.path,
                         scan.from_disk)
 

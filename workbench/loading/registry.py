@@ -40,6 +40,7 @@ class RegisteredModel:
     description: str
     locate: Callable[[], Optional[Path]]  # the file/directory to load, or None when not installed
     how_to_install: str
+    corpus: str = "english"  # the text it was trained on, which its Neurons and Features pages read (CORPORA)
 
     def path(self) -> Path:
         """Where the model is, or a ``CheckpointError`` saying how to install it."""
@@ -101,6 +102,8 @@ def _train_hint(name: str) -> str:
             f"retrain them with `python -m experiments.zoo --recipe {name} --out workbench/zoo/{name}`")
 
 
+CORPORA = ("english", "code")  # English prose (experiments.datasets.english), Python source (workbench.corpus)
+
 REGISTRY: dict[str, RegisteredModel] = {
     entry.name: entry
     for entry in (
@@ -124,31 +127,47 @@ REGISTRY: dict[str, RegisteredModel] = {
             "(previous-token head in layer 0, induction heads in layer 1)",
             _zoo_directory("toy-attn-2l"),
             _train_hint("toy-attn-2l"),
+            corpus="code",
         ),
         RegisteredModel(
             "toy-moe-2l",
             "toy trained in this repository: two layers, GQA (4 heads / 2 KV heads), top-2-of-4 SwiGLU mixture of experts",
             _zoo_directory("toy-moe-2l"),
             _train_hint("toy-moe-2l"),
+            corpus="code",
         ),
     )
 }
 
 
 def list_models() -> pd.DataFrame:
-    """Every registered model: name, one-line description, whether it is installed, and its path.
+    """Every registered model: name, one-line description, whether it is installed, its path, and the corpus it
+    was trained on (``"english"`` or ``"code"``: ``model_corpus``).
 
     Example:
         >>> import workbench as wb
         >>> wb.list_models().columns.tolist()
-        ['name', 'description', 'installed', 'source']
+        ['name', 'description', 'installed', 'source', 'corpus']
     """
     rows = []
     for entry in REGISTRY.values():
         found = entry.locate()
         rows.append({"name": entry.name, "description": entry.description, "installed": found is not None,
-                     "source": str(found) if found else ""})
-    return pd.DataFrame(rows, columns=["name", "description", "installed", "source"])
+                     "source": str(found) if found else "", "corpus": entry.corpus})
+    return pd.DataFrame(rows, columns=["name", "description", "installed", "source", "corpus"])
+
+
+def model_corpus(name: str) -> str:
+    """The corpus a model was trained on, by the name it was loaded by (``model.cfg.model_name``): its registry
+    entry's ``corpus`` (``"code"`` for the zoo's toys, trained on Python source), ``"english"`` for every other
+    name (a Hub or path model).
+
+    Example:
+        >>> model_corpus("toy-attn-2l"), model_corpus("smollm2-135m"), model_corpus("EleutherAI/pythia-70m")
+        ('code', 'english', 'english')
+    """
+    entry = REGISTRY.get(name) if isinstance(name, str) else None
+    return entry.corpus if entry is not None else "english"
 
 
 def default_model_name() -> str:
