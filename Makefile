@@ -44,7 +44,7 @@ run: setup setup-corpus
 # Two workers (pytest-xdist), a file's tests on one: the browser and Ray tests mostly wait, so the other worker's
 # tests run meanwhile (tests/conftest.py gives each worker one torch thread and orders the files, slow ones first;
 # --no-loadscope-reorder keeps that order, where xdist would start the files with the most tests first).
-test: setup setup-browser
+test: setup setup-browser setup-corpus
 	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q -ra -n 2 --dist loadfile --no-loadscope-reorder
 
 bench: setup setup-corpus
