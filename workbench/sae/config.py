@@ -95,7 +95,8 @@ class SAEConfig:
     ``architecture_name``: one of ``workbench.sae.architectures.ARCHITECTURES``; ``k`` and
     ``rescale_acts_by_decoder_norm`` mean something for ``topk`` only, ``d_out`` for transcoders (their
     output width; ``d_in`` otherwise), and each architecture's own fields (its ``Encoding.config_fields``:
-    temporal's ``n_heads`` ... ``activation_normalization_factor``) for it only.
+    temporal's ``n_heads`` ... ``activation_normalization_factor``, matching pursuit's ``residual_threshold``,
+    ``max_iterations``, ``stop_on_duplicate_support``) for it only.
 
     Example:
         >>> cfg = SAEConfig("standard", d_in=16, d_sae=32, metadata=SAEMetadata(hook_name="blocks.0.hook_resid_pre"))
@@ -123,6 +124,10 @@ class SAEConfig:
     kval_topk: Optional[int] = None
     tied_weights: bool = True
     activation_normalization_factor: float = 1.0
+    # matching pursuit's own fields (SAELens's MatchingPursuitSAEConfig, its defaults): ...architectures.matching_pursuit
+    residual_threshold: float = 1e-2
+    max_iterations: Optional[int] = None
+    stop_on_duplicate_support: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.metadata, SAEMetadata):  # a plain dict is accepted

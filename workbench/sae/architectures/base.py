@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-Activation = Literal["relu", "jumprelu", "topk", "gated", "temporal"]
+Activation = Literal["relu", "jumprelu", "topk", "abstopk", "gated", "temporal", "matching_pursuit"]
 HookFn = Callable[[Tensor], Tensor]
 # A sparse decode: (feature indices [N, k], values [N, k]) -> the reconstruction [N, o].
 SparseDecode = Callable[[Tensor, Tensor], Tensor]
