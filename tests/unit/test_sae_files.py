@@ -65,7 +65,7 @@ def test_bad_weights_name_the_tensor(sae_dir, change, message):
 
 
 @pytest.mark.parametrize("changes, field", [
-    (dict(architecture="matryoshka_batchtopk"), "'architecture'"),
+    (dict(architecture="matryoshka_topk_v9"), "'architecture'"),   # no such SAELens architecture (Matryoshka checkpoints load)
     (dict(normalize_activations="covariance_whitening"), "normalize_activations"),
     (dict(normalize_activations="whatever"), "normalize_activations"),
     (dict(reshape_activations="hook_q"), "reshape_activations"),

@@ -1,9 +1,10 @@
-"""SAELens 6.54's abs-top-k and matching-pursuit SAEs, and Matryoshka batch-top-k's inference save (a JumpReLU
-SAE), read by ``wb.load_sae`` from folders SAELens wrote.
+"""SAELens 6.54's abs-top-k and matching-pursuit SAEs, Matryoshka batch-top-k's inference save (a JumpReLU SAE)
+and the batch-top-k and Matryoshka training checkpoints, read by ``wb.load_sae`` from folders SAELens wrote.
 
 Expected values: SAELens 6.54.12 itself (tests/fixtures/sae/make_more_architectures.py: each case's ``save_model``
 folder and ``expected_outputs.safetensors``, SAELens's ``encode``, ``decode``, ``forward`` and ``forward`` with the
-error term of a fixed [2, 5, 16] input).
+error term of a fixed [2, 5, 16] input; for a training checkpoint, those of the JumpReLU SAE SAELens's
+``save_inference_model`` makes of it).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ CASES = sorted(path.parent.name for path in FIXTURES.glob(f"*/{OUTPUTS}"))
 
 def test_cases_cover_each_architecture_and_its_fields():
     architectures = {json.loads((FIXTURES / case / "cfg.json").read_text())["architecture"] for case in CASES}
-    assert architectures == {"abstopk", "matching_pursuit", "jumprelu"}
+    assert architectures == {"abstopk", "matching_pursuit", "jumprelu", "batchtopk", "matryoshka_batchtopk"}
     assert {"abstopk", "abstopk_rescale", "matching_pursuit", "matching_pursuit_capped",
-            "matryoshka_batchtopk_inference"} <= set(CASES)
+            "matryoshka_batchtopk_inference", "batchtopk_checkpoint", "matryoshka_batchtopk_checkpoint"} <= set(CASES)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -61,6 +62,15 @@ def test_matching_pursuit_is_tied_and_stores_only_the_decoder():
     assert capped.to_dict()["max_iterations"] == 3 and "k" not in capped.to_dict()
 
 
+def test_a_training_checkpoint_reads_its_threshold_and_rescaling_and_drops_the_training_fields():
+    sae = wb.load_sae(FIXTURES / "matryoshka_batchtopk_checkpoint")
+    raw = json.loads((FIXTURES / "matryoshka_batchtopk_checkpoint" / "cfg.json").read_text())
+    assert raw["rescale_acts_by_decoder_norm"] is True and sae.cfg.rescale_acts_by_decoder_norm is True
+    assert float(sae.topk_threshold.detach()) == pytest.approx(0.3) and sae.topk_threshold.shape == ()
+    assert not {"k", "matryoshka_widths", "aux_loss_coefficient"} & set(sae.cfg.to_dict())
+    assert wb.load_sae(FIXTURES / "batchtopk_checkpoint").cfg.rescale_acts_by_decoder_norm is False
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_saved_again_the_sae_reads_back_the_same(case, tmp_path):
     sae = wb.load_sae(FIXTURES / case)
@@ -76,7 +86,7 @@ def model():
     return wb.load_model("toy-attn-2l", progress=False).eval()
 
 
-@pytest.mark.parametrize("case", ["abstopk_rescale", "matching_pursuit"])
+@pytest.mark.parametrize("case", ["abstopk_rescale", "matching_pursuit", "matryoshka_batchtopk_checkpoint"])
 def test_spliced_at_a_residual_hook_with_the_error_term_the_logits_are_unchanged(model, case):
     raw = json.loads((FIXTURES / case / "cfg.json").read_text())
     width, hook = model.cfg.d_model, "blocks.1.hook_resid_pre"

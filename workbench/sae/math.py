@@ -144,7 +144,7 @@ def decode(sae: nn.Module, features: Float[Tensor, "... d_sae"], state: NormStat
     """
     cfg = sae.cfg
     features = features.to(sae.W_dec.dtype)
-    if cfg.rescale_acts_by_decoder_norm and sae.spec.top_k:
+    if cfg.rescale_acts_by_decoder_norm and "rescale_acts_by_decoder_norm" in sae.spec.encoding.config_fields:
         features = features * (1 / sae.W_dec.norm(dim=-1))
     out = features @ sae.W_dec
     out = points.recons(out + sae.b_dec if sae.spec.encoding.adds_b_dec(cfg) else out)

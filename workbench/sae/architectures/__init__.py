@@ -12,7 +12,8 @@ built from them.
 - ``temporal``: attention layers predict codes from the earlier positions, a sparse code holds the novel rest
   (inference only; its attention layers are submodules, ``Encoding.submodules``);
 - ``abstopk``: top-k by magnitude, keeping the sign (inference only);
-- ``matching_pursuit``: greedy codes over a tied decoder (inference only).
+- ``matching_pursuit``: greedy codes over a tied decoder (inference only);
+- ``batchtopk_checkpoint``: SAELens's batch-top-k and Matryoshka training checkpoints, read for inference.
 
 Every architecture SAELens 6 saves for inference is a row of ``ARCHITECTURES``; what differs between them is
 the encoding (activation, the tensors it stores), whether it is a transcoder and whether it has ``W_skip``
@@ -29,7 +30,8 @@ subclass (``TRAINING``; empty if it is not trained), plus one line in ``_MODULES
 from __future__ import annotations
 
 from workbench.errors import ConfigError, InputError
-from workbench.sae.architectures import abstopk, batchtopk, gated, jumprelu, matching_pursuit, standard, temporal, topk
+from workbench.sae.architectures import (abstopk, batchtopk, batchtopk_checkpoint, gated, jumprelu, matching_pursuit,
+                                        standard, temporal, topk)
 from workbench.sae.architectures.base import Activation, ArchitectureSpec, Encoding, TrainingForm
 
 # The registry: one line per architecture module.
@@ -42,6 +44,7 @@ _MODULES = (
     temporal,
     abstopk,
     matching_pursuit,
+    batchtopk_checkpoint,
 )
 
 # SAEs first, then transcoders (a stable sort keeps each group in the modules' order).
@@ -59,7 +62,7 @@ def architecture_spec(name: object) -> ArchitectureSpec:
         'topk'
         >>> architecture_spec("matryoshka")
         Traceback (most recent call last):
-        workbench.errors.ConfigError: SAE config field 'architecture' must be one of ('standard', 'gated', 'jumprelu', 'topk', 'temporal', 'abstopk', 'matching_pursuit', 'transcoder', 'skip_transcoder', 'jumprelu_transcoder', 'jumprelu_skip_transcoder'), got 'matryoshka'
+        workbench.errors.ConfigError: SAE config field 'architecture' must be one of ('standard', 'gated', 'jumprelu', 'topk', 'temporal', 'abstopk', 'matching_pursuit', 'batchtopk', 'matryoshka_batchtopk', 'transcoder', 'skip_transcoder', 'jumprelu_transcoder', 'jumprelu_skip_transcoder'), got 'matryoshka'
     """
     spec = ARCHITECTURES.get(name) if isinstance(name, str) else None
     if spec is None:

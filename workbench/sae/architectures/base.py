@@ -21,7 +21,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-Activation = Literal["relu", "jumprelu", "topk", "abstopk", "gated", "temporal", "matching_pursuit"]
+Activation = Literal["relu", "jumprelu", "topk", "abstopk", "gated", "temporal", "matching_pursuit",
+                     "batchtopk_threshold"]
 HookFn = Callable[[Tensor], Tensor]
 # A sparse decode: (feature indices [N, k], values [N, k]) -> the reconstruction [N, o].
 SparseDecode = Callable[[Tensor, Tensor], Tensor]
@@ -47,6 +48,8 @@ class Encoding:
 
     activation: ClassVar[str]
     weights: ClassVar[tuple[str, ...]] = ("b_enc",)
+    # Scalar tensors ``[]`` it stores (a batch-top-k training checkpoint's ``topk_threshold``).
+    scalars: ClassVar[tuple[str, ...]] = ()
     config_fields: ClassVar[tuple[str, ...]] = ()
     # Input normalisations of this architecture's beyond the generic ones (``SAEConfig.normalize_activations``).
     normalizations: ClassVar[tuple[str, ...]] = ()
@@ -116,6 +119,7 @@ class ArchitectureSpec:
         if cfg is not None and not self.encoding.stores_encoder(cfg):
             del shapes["W_enc"]
         shapes.update((name, (d_sae,)) for name in self.encoding.weights)
+        shapes.update((name, ()) for name in self.encoding.scalars)
         if self.skip:
             shapes["W_skip"] = (d_out, d_in)
         if cfg is not None:  # built on the meta device: shapes only, no memory
