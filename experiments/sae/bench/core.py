@@ -58,8 +58,9 @@ def kl_per_token(clean_logits: Float[Tensor, "B P V"], new_logits: Float[Tensor,
 
     Example:
         >>> logits = torch.tensor([[[0.0, 0.0]]])
-        >>> kl_per_token(logits, logits), round(float(kl_per_token(logits, torch.tensor([[[0.0, 1e4]]]))[0, 0]), 3)
-        (tensor([[0.]]), 5000.0)
+        >>> new = torch.tensor([[[0.0, float(torch.log(torch.tensor(3.0)))]]])  # (1/4, 3/4) against (1/2, 1/2)
+        >>> kl_per_token(logits, logits), round(float(kl_per_token(logits, new)[0, 0]), 4)
+        (tensor([[0.]]), 0.1438)
     """
     p = torch.softmax(clean_logits.float(), dim=-1)
     q = torch.softmax(new_logits.float(), dim=-1)
@@ -143,7 +144,7 @@ def core_pass(model, sae: SAE, tokens: Int[Tensor, "B P"], batch_size: int = 8,
 
 
 def _ratio(numerator: float, denominator: float) -> float:
-    return numerator / denominator if denominator else float("nan")
+    return numerator / denominator + 0.0 if denominator else float("nan")  # + 0.0: no -0.0
 
 
 def _add_downstream(values: dict[str, list[Tensor]], batch: Tensor, keep_BP: Bool[Tensor, "B P"],
