@@ -1,4 +1,4 @@
-"""``python -m experiments.sae cache|train|evaluate``: activations to disk, SAE / transcoder training, evaluation.
+"""``python -m experiments.sae cache|train|evaluate|bench``: activations to disk, SAE / transcoder training, evaluation.
 
 - ``cache --model M --hook H --data D --out DIR [--windows N --chunk 128]``: the data's 128-token windows, shuffled
   (seed 0; ``windows.pt``), then their activations at ``H`` (only the layers up to it run) written chunk by chunk
@@ -8,6 +8,9 @@
   ``cache`` directory (its windows are the data). ``--clt`` trains a cross-layer transcoder (``train_clt``).
 - ``evaluate --model M --sae DIR_OR_NAME --data D --out DIR [--windows N]``: ``evaluate_sae``, written as
   ``sae_eval.json`` / ``.csv`` / ``.html`` (the feature-density histogram).
+
+- ``bench --model M --sae A --sae B ... --out DIR [--data D --tokens N --seeds 3]``: ``run_bench``'s SAEBench core
+  measures of each SAE over seeds 0..N-1 (``experiments.sae.bench``), written as ``DIR/core.csv`` and printed.
 
 ``--data``: ``english`` / ``english-held-out`` (``experiments.datasets.english``: the training and held-out
 documents of the Debian packages ``fortunes`` and ``debian-handbook``), ``stdlib`` / ``stdlib-held-out`` (the
@@ -34,7 +37,7 @@ from experiments.sae.train import TrainSAEConfig, train_sae
 from workbench.sae import load_sae
 
 WINDOW = 128
-COMMANDS = ("cache", "train", "evaluate")
+COMMANDS = ("cache", "train", "evaluate", "bench")
 
 
 def data_windows(model, data: str, n_windows: Optional[int] = None, seed: int = 0) -> torch.Tensor:
@@ -94,6 +97,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if not argv or argv[0] not in COMMANDS:
         raise SystemExit(f"usage: python -m experiments.sae {{{','.join(COMMANDS)}}} ... (got {argv[:1]})")
     command, rest = argv[0], argv[1:]
+    if command == "bench":
+        from experiments.cli.sae_bench import bench
+
+        return bench(rest)
     parser = _cli.make_parser(f"SAE {command}", f"sae {command}")
     parser.add_argument("--data", required=True, help="english, english-held-out, stdlib, stdlib-held-out, or a text "
                         "file / directory")
