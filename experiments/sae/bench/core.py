@@ -1,6 +1,6 @@
 """SAEBench 0.6's core measures of one SAE (``sae_bench/evals/core/main.py``), per seed and with their spread.
 
-Legend: B batch, P position, N kept tokens, X d_sae, i d_in, o d_out.
+Legend: B batch, P position, V d_vocab, N flattened tokens, X d_sae, i d_in, o d_out.
 
 One seed's pass (``core_pass``) follows SAEBench's code line for line:
 
@@ -157,8 +157,8 @@ def _add_downstream(values: dict[str, list[Tensor]], batch: Tensor, keep_BP: Boo
         values[f"ce_loss_with_{name}"].append(_ce_per_token(logits, batch)[keep_ce].cpu())
 
 
-def _ce_per_token(logits: Float[Tensor, "B P V"], batch: Int[Tensor, "B P"]) -> Float[Tensor, "B P-1"]:
-    """Next-token cross-entropy at each position but the last (TransformerLens's ``loss_per_token``)."""
+def _ce_per_token(logits: Float[Tensor, "B P V"], batch: Int[Tensor, "B P"]) -> Tensor:
+    """Next-token cross-entropy [B, P - 1] at each position but the last (TransformerLens's ``loss_per_token``)."""
     log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     return -log_probs.gather(-1, batch[:, 1:, None]).squeeze(-1)
 
