@@ -1,4 +1,4 @@
-"""``python -m experiments.sae cache|train|evaluate``: activations to disk, SAE / transcoder training, evaluation.
+"""``python -m experiments.sae cache|train|evaluate|bench``: activations to disk, SAE / transcoder training, evaluation.
 
 - ``cache --model M --hook H --data D --out DIR [--windows N --chunk 128]``: the data's 128-token windows, shuffled
   (seed 0; ``windows.pt``), then their activations at ``H`` (only the layers up to it run) written chunk by chunk
@@ -9,6 +9,9 @@
 - ``evaluate --model M --sae DIR_OR_NAME --data D --out DIR [--windows N]``: ``evaluate_sae``, written as
   ``sae_eval.json`` / ``.csv`` / ``.html`` (the feature-density histogram).
 
+- ``bench --model M --sae A --sae B ... --out DIR [--data D --tokens N --seeds 3]``: ``run_bench``'s SAEBench core
+  measures of each SAE over seeds 0..N-1 (``experiments.sae.bench``), written as ``DIR/core.csv`` and printed.
+
 ``--data``: ``english`` / ``english-held-out`` (``experiments.datasets.english``: the training and held-out
 documents of the Debian packages ``fortunes`` and ``debian-handbook``), ``stdlib`` / ``stdlib-held-out`` (the
 zoo models' corpus, ``workbench.corpus``), or a text file / directory of ``.txt``.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -27,6 +31,7 @@ import torch
 
 from experiments import _cli
 from experiments.datasets.corpus import corpus_windows
+from experiments.sae.bench import core_metrics, run_bench
 from experiments.sae.clt import train_clt
 from experiments.sae.evaluate import evaluate_sae
 from experiments.sae.inputs import hook_layer
@@ -34,7 +39,7 @@ from experiments.sae.train import TrainSAEConfig, train_sae
 from workbench.sae import load_sae
 
 WINDOW = 128
-COMMANDS = ("cache", "train", "evaluate")
+COMMANDS = ("cache", "train", "evaluate", "bench")
 
 
 def data_windows(model, data: str, n_windows: Optional[int] = None, seed: int = 0) -> torch.Tensor:
@@ -94,6 +99,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if not argv or argv[0] not in COMMANDS:
         raise SystemExit(f"usage: python -m experiments.sae {{{','.join(COMMANDS)}}} ... (got {argv[:1]})")
     command, rest = argv[0], argv[1:]
+    if command == "bench":
+        return bench(rest)
     parser = _cli.make_parser(f"SAE {command}", f"sae {command}")
     parser.add_argument("--data", required=True, help="english, english-held-out, stdlib, stdlib-held-out, or a text "
                         "file / directory")
@@ -195,3 +202,57 @@ def _evaluate(args: argparse.Namespace) -> None:
                          xaxis_title="log10 density", yaxis_title="features")
     summary = {"model": args.model, "sae": args.sae, "data": args.data, "windows": args.windows, **metrics}
     _cli.write_outputs(args.out, "sae_eval", table, figure, summary)
+
+
+POOL_FACTOR = 4  # the pool holds this many times the windows one seed evaluates
+
+
+def bench(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
+    """Runs the ``bench`` command on ``argv``; returns the table it wrote.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> text = pathlib.Path(tempfile.mkdtemp()) / "a.txt"; _ = text.write_text("The cat sat on the mat. " * 400)
+        >>> sae_dir = tempfile.mkdtemp()
+        >>> _ = wb.SAE.from_tensors(wb.SAEConfig("standard", d_in=128, d_sae=4,
+        ...     metadata={"hook_name": "blocks.0.hook_resid_post"}), {"W_enc": torch.zeros(128, 4),
+        ...     "W_dec": torch.zeros(4, 128), "b_enc": torch.zeros(4), "b_dec": torch.zeros(128)}).save_model(sae_dir)
+        >>> table = bench(["--model", "toy-attn-2l", "--sae", sae_dir, "--data", str(text), "--out", tempfile.mkdtemp(),
+        ...                "--tokens", "128", "--seeds", "1", "--no-progress", "--quiet"])
+        wrote .../core.csv
+        wrote .../core.json
+        wrote .../core.html
+        >>> float(table.set_index("measure").loc["l0", "value"])
+        0.0
+    """
+    parser = _cli.make_parser("SAEBench core measures of several SAEs", "sae bench")
+    parser.add_argument("--sae", action="append", required=True, help="an SAE directory or a shipped SAE's name "
+                        "(repeat for several)")
+    parser.add_argument("--data", default="english-held-out", help="english, english-held-out, stdlib, "
+                        "stdlib-held-out, or a text file / directory")
+    parser.add_argument("--tokens", type=int, default=4096, help="tokens each seed evaluates")
+    parser.add_argument("--seeds", type=int, default=3, help="number of seeds (0 .. N-1)")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--quiet", action="store_true", help="do not print the table")
+    args = parser.parse_args(argv)
+    if args.seeds < 1 or args.tokens < 1:
+        parser.error(f"--seeds and --tokens must be at least 1, got {args.seeds} and {args.tokens}")
+    model = _cli.load(args)
+    saes = {name: load_sae(name, dtype="float32") for name in args.sae}  # a shipped SAE may be stored in float16
+    pool = data_windows(model, args.data, POOL_FACTOR * math.ceil(args.tokens / WINDOW))
+    table = run_bench(model, saes, pool, seeds=tuple(range(args.seeds)), n_tokens=args.tokens,
+                      batch_size=args.batch_size, progress=not args.no_progress)
+    figure = go.Figure()
+    for name, sae in saes.items():  # cached: the histograms come back without a forward pass
+        histogram = core_metrics(model, sae, pool, seeds=tuple(range(args.seeds)), n_tokens=args.tokens,
+                                 batch_size=args.batch_size, progress=False).attrs["feature_density_histogram"]
+        edges = histogram["edges"]
+        figure.add_bar(x=[(lo + hi) / 2 for lo, hi in zip(edges, edges[1:])], y=histogram["counts"][0], name=name)
+    figure.update_layout(title="Feature density (log10 of the fraction of kept tokens a feature fires on; seed 0; "
+                         "-10: dead)", xaxis_title="log10 density", yaxis_title="features", barmode="overlay")
+    summary = {"model": args.model, "saes": args.sae, "data": args.data, "tokens": args.tokens, "seeds": args.seeds}
+    _cli.write_outputs(args.out, "core", table, figure, summary)
+    if not args.quiet:
+        with pd.option_context("display.max_rows", None, "display.width", 160):
+            print(table[["sae", "measure", "value", "std"]].to_string(index=False))
+    return table

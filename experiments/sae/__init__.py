@@ -6,6 +6,8 @@
 - ``multi``: ``train_saes`` (several SAEs and transcoders, each on its own hook, from one forward pass per batch)
   and ``train_transcoders`` (a per-layer ``wb.TranscoderSet`` trained that way);
 - ``evaluate``: ``evaluate_sae`` (L0, explained variance, CE loss recovered, dead and dense fractions);
+- ``bench``: SAEBench 0.6's core measures with their spread over seeds, cached on disk (``core_metrics``,
+  ``run_bench``, ``differs``; ``experiments.sae.bench``);
 - ``modules``: the SAE under training (SAELens 6's definitions) and its inference form;
 - ``activations``: activations streamed from the model or a disk cache, and the shuffling buffer;
 - ``checkpoints``: training checkpoints, saved atomically and checked against the resuming run;
@@ -13,7 +15,7 @@
 - ``synthetic``: ground truth like SAELens's SynthSAEBench (``FeatureDictionary``, ``ActivationGenerator``,
   ``eval_sae_on_synthetic_data``, SAELens's saved synthetic models; ``experiments.sae.synthetic``).
 
-``python -m experiments.sae train|evaluate`` is the command line (``experiments.cli.sae``).
+``python -m experiments.sae cache|train|evaluate|bench`` is the command line (``experiments.cli.sae``).
 """
 
 from experiments.sae.evaluate import evaluate_sae

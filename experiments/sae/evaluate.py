@@ -22,6 +22,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+from jaxtyping import Bool
+from torch import Tensor
 
 from experiments._progress import Progress, ProgressArg
 from experiments.sae.activations import kept_positions, not_outliers, special_token_ids
@@ -77,8 +79,8 @@ def evaluate_sae(model, sae: SAE, data: Any, batch_size: int = 8, exclude_specia
             y = cache[sae.cfg.hook_name_out][keep].float()
             features = sae.encode(x)
             y_hat = sae.reconstruct(x)  # what it writes (a skip transcoder's skip term included)
-            spliced = _loss_with(model, batch, sae, keep, y_hat.to(y.dtype))
-            ablated = _loss_with(model, batch, sae, keep, torch.zeros_like(y))
+            spliced = run_spliced(model, batch, sae.cfg.hook_name_out, keep, y_hat.to(y.dtype))
+            ablated = run_spliced(model, batch, sae.cfg.hook_name_out, keep, torch.zeros_like(y))
             for name, loss in (("ce_loss_without_sae", clean), ("ce_loss_with_sae", spliced),
                                ("ce_loss_with_ablation", ablated)):
                 sums[name] += float(loss.float().sum())
@@ -103,12 +105,22 @@ def evaluate_sae(model, sae: SAE, data: Any, batch_size: int = 8, exclude_specia
     return metrics
 
 
-def _loss_with(model, batch, sae: SAE, keep, replacement) -> torch.Tensor:
-    """Per-token loss with ``hook_name_out``'s activation at the kept positions replaced by ``replacement`` [N, o]."""
+def run_spliced(model, batch: Tensor, hook_name: str, keep_BP: Bool[Tensor, "B P"], replacement_No: Tensor,
+                return_type: str = "loss") -> Tensor:
+    """The model's output (``return_type``: per-token ``"loss"`` or ``"logits"``) on ``batch`` with ``hook_name``'s
+    activation at the kept positions replaced by ``replacement_No`` [N kept, o] (what ``evaluate_sae`` and
+    ``experiments.sae.bench`` splice in: an SAE's output, or zeros for the ablation).
+
+    Example:
+        >>> batch = torch.tensor([[1, 2, 3]]); keep = torch.ones(1, 3, dtype=torch.bool)
+        >>> clean = model(batch, return_type="logits")
+        >>> torch.equal(run_spliced(model, batch, "hook_embed", keep, model.embed(batch)[0], "logits"), clean)
+        True
+    """
     def write(activation, hook):
         activation = activation.clone()
-        activation[keep] = replacement.to(activation.dtype)
+        activation[keep_BP] = replacement_No.to(activation.dtype)
         return activation
 
-    return model.run_with_hooks(batch, fwd_hooks=[(sae.cfg.hook_name_out, write)], return_type="loss",
-                                loss_per_token=True)
+    kwargs = {"loss_per_token": True} if return_type == "loss" else {}
+    return model.run_with_hooks(batch, fwd_hooks=[(hook_name, write)], return_type=return_type, **kwargs)
