@@ -37,15 +37,26 @@ def server_url(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def browser(server_url):
+def chromium():
+    """The worker's one headless Chromium: Playwright's sync API runs one at a time in a process, so every e2e file
+    (the shared server's, and those that start a server of their own) opens its pages here."""
+    reason = dashboard.browser_unavailable()
+    if reason:
+        pytest.skip(reason)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        chromium = dashboard.launch_chromium(playwright)
+        browser = dashboard.launch_chromium(playwright)
         try:
-            yield chromium
+            yield browser
         finally:
-            chromium.close()
+            browser.close()
+
+
+@pytest.fixture(scope="session")
+def browser(server_url, chromium):
+    """Chromium, with the shared server started."""
+    return chromium
 
 
 @pytest.fixture

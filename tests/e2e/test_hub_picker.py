@@ -25,13 +25,8 @@ def fake_hub(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def hub_dashboard(fake_hub, tmp_path_factory):
-    """A dashboard of its own, online to the fake hub, with an empty HF cache; and a Chromium."""
-    reason = dashboard.browser_unavailable()
-    if reason:
-        pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
-
+def hub_dashboard(fake_hub, chromium, tmp_path_factory):
+    """A dashboard of its own, online to the fake hub, with an empty HF cache; and the worker's Chromium."""
     home = tmp_path_factory.mktemp("hf-home")
     env = {"HF_ENDPOINT": fake_hub.url, "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0", "HF_HOME": str(home),
            "HF_HUB_CACHE": str(home / "hub"), "WORKBENCH_CACHE_DIR": str(tmp_path_factory.mktemp("workbench-cache"))}
@@ -41,12 +36,7 @@ def hub_dashboard(fake_hub, tmp_path_factory):
         server = dashboard.start_server(port, log, env=env)
         try:
             dashboard.wait_healthy(port, server)
-            with sync_playwright() as playwright:
-                chromium = dashboard.launch_chromium(playwright)
-                try:
-                    yield f"http://127.0.0.1:{port}", chromium
-                finally:
-                    chromium.close()
+            yield f"http://127.0.0.1:{port}", chromium
         finally:
             dashboard.stop_server(server)
 
