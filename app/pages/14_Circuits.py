@@ -1,9 +1,9 @@
 """Circuits: the edges between the embedding, heads, MLPs and logits that carry a behaviour over prompt pairs (the IOI
 or induction task as ``python -m experiments.circuits`` builds them, or one typed pair), scored by edge attribution
 patching (EAP or EAP-IG) behind a button; how much of the gap the circuit recovers, first and in a sentence (the
-defaults, a typed IOI pair with EAP-IG's 200 strongest edges, recover 0.75 of it on SmolLM2-135M); the circuit drawn with layers as rows and a bounded number of nodes and
-edges, its faithfulness and the faithfulness curve, the strongest edges as a table, and a clicked edge's exact
-patching effect with the attention patterns of the heads at its two ends.
+defaults, a typed IOI pair with EAP-IG's 200 strongest edges, recover 0.75 of it on SmolLM2-135M); the circuit drawn
+with layers as rows and a bounded number of nodes and edges, the faithfulness curve, the strongest edges as a table,
+and a clicked edge's exact patching effect with the attention patterns of the heads at its two ends.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 
 from app import downloads, results, url_state
 from app.results import CircuitTask
+from app.results.circuits import DEFAULT_ABLATION, DEFAULT_IG_STEPS, DEFAULT_METHOD, DEFAULT_TASK, DEFAULT_TOP_N
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import click_keeper, page_setup, progress_callback, prompt_pair, require_model, run_page
@@ -23,12 +24,6 @@ from experiments.plots.circuits import faithfulness_curve_figure
 
 TASKS = {"induction": "Induction task (repeated random tokens)", "ioi": "IOI task (generated prompt pairs)",
          "pair": "A prompt pair (logit difference)"}
-# The defaults find a faithful circuit on SmolLM2-135M in well under a minute: the typed IOI pair ("When Mary and
-# John went to the store, John gave a drink to" -> " Mary" over " John"), EAP-IG with 5 steps, its 200 strongest
-# edges under corrupt ablation recover 0.75 of the logit difference (docs/guides/circuits.md has the measurement).
-# The induction task on random tokens needs thousands of SmolLM2's edges (its 50 strongest recovered -0.0004), and
-# the IOI dataset's passes grow with its pairs: 4 pairs took about 5 times the single pair's time.
-DEFAULT_TASK, DEFAULT_TOP_N = "pair", 200
 METHODS = {"eap-ig": "EAP-IG (integrated gradients)", "eap": "EAP (one gradient)"}
 SIZES = {"top_n": "The strongest edges", "threshold": "Edges above a |score|"}
 ABLATIONS = {"corrupt": "the corrupted run's values", "mean": "their mean over the corrupted prompts", "zero": "zero"}
@@ -77,16 +72,17 @@ def _task(loaded: LoadedModel) -> Optional[CircuitTask]:
 def _settings() -> tuple[str, int, Optional[int], Optional[float], str]:
     cols = st.columns(4)
     with cols[0]:
-        method = linked(st.radio, "Method", options=list(METHODS), format_func=METHODS.get, key="circuits_method")
+        method = linked(st.radio, "Method", options=list(METHODS), format_func=METHODS.get,
+                        index=list(METHODS).index(DEFAULT_METHOD), key="circuits_method")
     with cols[1]:
-        ig_steps = linked(st.number_input, "Integration steps", min_value=1, max_value=50, value=5, step=1,
-                          key="circuits_ig_steps", disabled=method == "eap",
+        ig_steps = linked(st.number_input, "Integration steps", min_value=1, max_value=50, value=DEFAULT_IG_STEPS,
+                          step=1, key="circuits_ig_steps", disabled=method == "eap",
                           help="EAP-IG's points on the corrupt -> clean path (one step is EAP).")
     with cols[2]:
         size = linked(st.radio, "Circuit", options=list(SIZES), format_func=SIZES.get, key="circuits_size")
         if size == "top_n":
-            top_n = linked(st.number_input, "Edges kept", min_value=1, max_value=1_000_000, value=DEFAULT_TOP_N, step=10,
-                           key="circuits_top_n")
+            top_n = linked(st.number_input, "Edges kept", min_value=1, max_value=1_000_000, value=DEFAULT_TOP_N,
+                           step=10, key="circuits_top_n")
             threshold = None
         else:
             threshold = linked(st.number_input, "Smallest |score| kept", min_value=0.0, max_value=1e6, value=0.01,
@@ -94,7 +90,8 @@ def _settings() -> tuple[str, int, Optional[int], Optional[float], str]:
             top_n = None
     with cols[3]:
         ablation = linked(st.selectbox, "Edges outside the circuit carry", options=list(ABLATIONS),
-                          format_func=ABLATIONS.get, key="circuits_ablation")
+                          format_func=ABLATIONS.get,
+                          index=list(ABLATIONS).index(DEFAULT_ABLATION), key="circuits_ablation")
     return method, 1 if method == "eap" else int(ig_steps), None if top_n is None else int(top_n), \
         None if threshold is None else float(threshold), ablation
 
@@ -157,8 +154,8 @@ def _how_faithful(kept, ablation: str) -> None:
     text = (f"**The circuit recovers {100 * kept.recovered:.0f}% of the gap: {verdict}.** With only its "
             f"{kept.n_edges} of the graph's {kept.total_edges:,} edges carrying the clean run (every other edge "
             f"carrying {ABLATIONS[ablation]}), the metric is {kept.circuit_metric:.3f}, where the clean run gives "
-            f"{kept.clean_metric:.3f} and the corrupted one {kept.corrupt_metric:.3f}. Recovered = (circuit − corrupt) "
-            "/ (clean − corrupt): 100% is the whole model's behaviour, 0% none of it.")
+            f"{kept.clean_metric:.3f} and the corrupted one {kept.corrupt_metric:.3f}. "
+            "Recovered = (circuit − corrupt) / (clean − corrupt): 100% is the whole model's behaviour, 0% none of it.")
     (st.success if kept.recovered >= 0.8 else st.info if kept.recovered >= 0.5 else st.warning)(text)
 
 
