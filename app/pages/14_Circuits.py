@@ -1,8 +1,9 @@
 """Circuits: the edges between the embedding, heads, MLPs and logits that carry a behaviour over prompt pairs (the IOI
 or induction task as ``python -m experiments.circuits`` builds them, or one typed pair), scored by edge attribution
-patching (EAP or EAP-IG) behind a button; the circuit drawn with layers as rows and a bounded number of nodes and
-edges, its faithfulness and the faithfulness curve, the strongest edges as a table, and a clicked edge's exact
-patching effect with the attention patterns of the heads at its two ends.
+patching (EAP or EAP-IG) behind a button; how much of the gap the circuit recovers, first and in a sentence (the
+defaults, a typed IOI pair with EAP-IG's 200 strongest edges, recover 0.75 of it on SmolLM2-135M); the circuit drawn
+with layers as rows and a bounded number of nodes and edges, the faithfulness curve, the strongest edges as a table,
+and a clicked edge's exact patching effect with the attention patterns of the heads at its two ends.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from app import downloads, results, url_state
 from app.results import CircuitTask
+from app.results.circuits import DEFAULT_ABLATION, DEFAULT_IG_STEPS, DEFAULT_METHOD, DEFAULT_TASK, DEFAULT_TOP_N
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import click_keeper, page_setup, progress_callback, prompt_pair, require_model, run_page
@@ -41,7 +43,7 @@ def _pair_task(loaded: LoadedModel) -> Optional[CircuitTask]:
 def _task(loaded: LoadedModel) -> Optional[CircuitTask]:
     """The prompt pairs chosen, checked; None after saying what is wrong."""
     kind = linked(st.radio, "Prompts", options=list(TASKS), format_func=TASKS.get, horizontal=True,
-                  key="circuits_task")
+                  index=list(TASKS).index(DEFAULT_TASK), key="circuits_task")
     if kind != "induction" and loaded.model.tokenizer is None:
         st.info("This model has no tokenizer: the IOI task and typed prompts are text. Use the induction task.")
         return None
@@ -70,16 +72,17 @@ def _task(loaded: LoadedModel) -> Optional[CircuitTask]:
 def _settings() -> tuple[str, int, Optional[int], Optional[float], str]:
     cols = st.columns(4)
     with cols[0]:
-        method = linked(st.radio, "Method", options=list(METHODS), format_func=METHODS.get, key="circuits_method")
+        method = linked(st.radio, "Method", options=list(METHODS), format_func=METHODS.get,
+                        index=list(METHODS).index(DEFAULT_METHOD), key="circuits_method")
     with cols[1]:
-        ig_steps = linked(st.number_input, "Integration steps", min_value=1, max_value=50, value=5, step=1,
-                          key="circuits_ig_steps", disabled=method == "eap",
+        ig_steps = linked(st.number_input, "Integration steps", min_value=1, max_value=50, value=DEFAULT_IG_STEPS,
+                          step=1, key="circuits_ig_steps", disabled=method == "eap",
                           help="EAP-IG's points on the corrupt -> clean path (one step is EAP).")
     with cols[2]:
         size = linked(st.radio, "Circuit", options=list(SIZES), format_func=SIZES.get, key="circuits_size")
         if size == "top_n":
-            top_n = linked(st.number_input, "Edges kept", min_value=1, max_value=1_000_000, value=50, step=10,
-                           key="circuits_top_n")
+            top_n = linked(st.number_input, "Edges kept", min_value=1, max_value=1_000_000, value=DEFAULT_TOP_N,
+                           step=10, key="circuits_top_n")
             threshold = None
         else:
             threshold = linked(st.number_input, "Smallest |score| kept", min_value=0.0, max_value=1e6, value=0.01,
@@ -87,7 +90,8 @@ def _settings() -> tuple[str, int, Optional[int], Optional[float], str]:
             top_n = None
     with cols[3]:
         ablation = linked(st.selectbox, "Edges outside the circuit carry", options=list(ABLATIONS),
-                          format_func=ABLATIONS.get, key="circuits_ablation")
+                          format_func=ABLATIONS.get,
+                          index=list(ABLATIONS).index(DEFAULT_ABLATION), key="circuits_ablation")
     return method, 1 if method == "eap" else int(ig_steps), None if top_n is None else int(top_n), \
         None if threshold is None else float(threshold), ablation
 
@@ -140,6 +144,21 @@ def _edge_card(loaded: LoadedModel, task: CircuitTask, edge: str, score: float) 
     _patterns(loaded, task, edge)
 
 
+def _how_faithful(kept, ablation: str) -> None:
+    """One sentence next to the graph: how much of the behaviour the circuit alone carries, and what that means."""
+    if kept.recovered != kept.recovered:   # NaN: no gap to recover
+        st.warning("The clean and corrupted runs give the same metric: there is no gap for a circuit to recover.")
+        return
+    verdict = ("faithful" if kept.recovered >= 0.8 else "partly faithful" if kept.recovered >= 0.5
+               else "not faithful: keep more edges (the curve below shows how many)")
+    text = (f"**The circuit recovers {100 * kept.recovered:.0f}% of the gap: {verdict}.** With only its "
+            f"{kept.n_edges} of the graph's {kept.total_edges:,} edges carrying the clean run (every other edge "
+            f"carrying {ABLATIONS[ablation]}), the metric is {kept.circuit_metric:.3f}, where the clean run gives "
+            f"{kept.clean_metric:.3f} and the corrupted one {kept.corrupt_metric:.3f}. "
+            "Recovered = (circuit − corrupt) / (clean − corrupt): 100% is the whole model's behaviour, 0% none of it.")
+    (st.success if kept.recovered >= 0.8 else st.info if kept.recovered >= 0.5 else st.warning)(text)
+
+
 def main() -> None:
     st.title("Circuits")
     loaded = require_model()
@@ -150,7 +169,8 @@ def main() -> None:
     run = (method, ig_steps, top_n, threshold)
     pressed = st.button("Find the circuit", key="circuits_run", type="primary",
                         help="Scores every edge over the pairs (one forward and backward pass per batch and step), "
-                             "then the faithfulness curve (12 circuit sizes in stacked passes).")
+                             "measures the circuit's faithfulness (one ablated pass), then the faithfulness curve "
+                             "(12 circuit sizes in stacked passes).")
     stored = (results.has_edge_scores(loaded, task, method, ig_steps)
               and results.has_faithfulness_curve(loaded, task, method, ig_steps, ablation))
     if not (pressed or stored):   # a new task, method or ablation: its long runs wait for a click
@@ -158,24 +178,26 @@ def main() -> None:
                 "curve.")
         return
     scores = results.edge_scores(loaded, task, method, ig_steps, bar=progress_callback)
-    curve = results.faithfulness_curve(loaded, task, method, ig_steps, ablation, bar=progress_callback)
     found = results.circuit(loaded, task, *run)
     kept = None   # one ablated pass per pair batch: measured on a click, as the scores are
     if pressed or results.has_circuit_faithfulness(loaded, task, *run, ablation):
         kept = results.circuit_faithfulness(loaded, task, *run, ablation, bar=progress_callback)
     with st.container(key="circuits_metrics", horizontal=True):
+        st.metric("Gap recovered", "press the button" if kept is None else f"{kept.recovered:.4f}",
+                  help=f"(circuit - corrupt) / (clean - corrupt), every other edge carrying {ABLATIONS[ablation]}; "
+                       "a new circuit size is measured when you press “Find the circuit”")
         st.metric("Clean metric", f"{scores.attrs['clean_metric']:.4f}", help="Mean over the pairs")
         st.metric("Corrupted metric", f"{scores.attrs['corrupt_metric']:.4f}")
         st.metric("Circuit edges", found.n_edges, help=f"of the graph's {found.graph.n_edges}")
         st.metric("Share of the edges", f"{100 * found.share:.2f}%")
-        st.metric("Gap recovered", "press the button" if kept is None else f"{kept.recovered:.4f}",
-                  help=f"(circuit - corrupt) / (clean - corrupt), every other edge carrying {ABLATIONS[ablation]}; "
-                       "a new circuit size is measured when you press “Find the circuit”")
+    if kept is not None:
+        _how_faithful(kept, ablation)
     table = results.circuit_table(loaded, task, *run, TABLE_ROWS)
     edge = _graph(loaded, task, run, table["edge"].tolist()[:MAX_EDGES])
     left, right = st.columns(2)
     with left:
         st.subheader("Faithfulness curve")
+        curve = results.faithfulness_curve(loaded, task, method, ig_steps, ablation, bar=progress_callback)
         downloads.figure(faithfulness_curve_figure(curve), "circuit_faithfulness", key="circuits_curve")
     with right:
         st.subheader("The circuit's edges")
