@@ -120,3 +120,18 @@ def test_a_partial_whose_bytes_are_not_the_files_is_deleted_and_fetched_whole(hu
     ids = tokens(model.cfg.d_vocab)
     with torch.no_grad():
         assert (model(ids) - repo.reference(ids).logits).abs().max() < 1e-4
+
+
+def test_an_sae_file_a_dead_process_left_half_written_resumes_from_its_last_byte(release):
+    """An SAE's files come one by one (hf_hub_download), and a dead partial of one is continued as a model's are."""
+    data = (SAE / "sae_weights.safetensors").read_bytes()
+    etag = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git's blob id, as the Hub's ETag
+    blobs = release.cache / f"models--{REPO.replace('/', '--')}" / "blobs"
+    blobs.mkdir(parents=True)
+    half = len(data) // 2
+    (blobs / f"{etag}.deadbeef.incomplete").write_bytes(data[:half])
+    sae = wb.load_sae("tiny-release", "l0")
+    reads = [r.range for r in release.file_requests("GET") if r.path.endswith("/layer_0/sae_weights.safetensors")]
+    assert reads == [f"bytes={half}-"]  # only the missing half was sent
+    assert not list(blobs.glob("*.incomplete"))
+    assert torch.equal(sae.W_enc, wb.load_sae(SAE).W_enc)

@@ -116,13 +116,15 @@ def fetch_files(repo_id: str, names: list[str], revision: str = "main") -> list[
         workbench.hub.errors.HubNotFoundError: org/no-such-saes (revision 'main'): the Hub is switched off (HF_HUB_OFFLINE=1), and the cache ... holds no copy of ['layer_0/cfg.json']
     """
     from workbench.hub.disk import check_disk_space, files_to_download
+    from workbench.hub.resume import resume_partials
 
     endpoint, cache = settings.endpoint(), settings.cache_dir()
     paths, missing, reason = [], [], "the Hub is switched off (HF_HUB_OFFLINE=1)"
     with settings.online_switch():
         # As a model's download: every file's size (one HEAD each) against the free disk before any byte is fetched.
         sizes = None if settings.offline() else files_to_download(repo_id, names, revision, endpoint, cache)
-        if sizes:
+        if sizes:  # a killed process's partial files continued first (huggingface_hub would start again)
+            resume_partials(repo_id, list(sizes), revision, endpoint, cache)
             check_disk_space(repo_id, sizes, cache)
         for name in names:
             try:
