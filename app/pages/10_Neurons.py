@@ -12,7 +12,7 @@ from app.token_widgets import choose_neuron, token_text
 from app.url_state import linked
 from app.widgets import Prompt, page_setup, progress_callback, prompt_box, require_model, run_page
 from experiments import neurons
-from experiments.corpus_windows import CORPUS_LABELS, CORPUS_SOURCES, default_corpus
+from experiments.corpus_windows import CORPUS_LABELS, CORPUS_SOURCES
 from experiments.plots.common import signed_token_bars
 from experiments.plots.token_view import token_html
 
@@ -75,7 +75,7 @@ def _top_windows(loaded: LoadedModel, unit: neurons.MLPUnit, neuron: int) -> Non
                         help="Computed once for every neuron of this MLP, then read from the disk cache.")
     with text:
         corpus = linked(st.selectbox, "Corpus", options=list(CORPUS_LABELS), format_func=CORPUS_LABELS.get,
-                        index=list(CORPUS_LABELS).index(default_corpus(loaded.model)), key="neurons_corpus_text",
+                        index=list(CORPUS_LABELS).index(results.model_corpus(loaded)), key="neurons_corpus_text",
                         help="The text scanned: by default the one the model was trained on.")
     with middle:
         n_windows = linked(st.number_input, "Windows", min_value=8, max_value=4096, value=256, step=8,

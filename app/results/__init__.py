@@ -42,7 +42,8 @@ from app.results.induction import induction_loss, induction_scores
 from app.results.lens import direct_logit_attribution, logit_lens
 from app.results.long_runs import ProgressBar
 from app.results.models import load_model
-from app.results.neurons import neuron_activation, neuron_corpus_maxima, neuron_logit_effect, neuron_top_windows
+from app.results.neurons import (model_corpus, neuron_activation, neuron_corpus_maxima, neuron_logit_effect,
+                                 neuron_top_windows)
 from app.results.patching import PatchPrompts, attribution_patching, exact_patching, has_exact_patching, ioi_prompts
 from app.results.router import expert_ablation_effect, routing
 

@@ -14,6 +14,7 @@ from app.results.long_runs import LongRun, ProgressBar
 from app.results.models import BY_MODEL_KEY
 from app.state import LoadedModel
 from experiments import neurons
+from experiments.corpus_windows import default_corpus
 from experiments.plots.neurons import top_windows_html
 
 
@@ -51,6 +52,16 @@ def _corpus_maxima(model, unit: neurons.MLPUnit, n_windows: int, window: int, co
 
 
 _CORPUS_MAXIMA = LongRun("Finding every neuron's top windows in the corpus", _corpus_maxima)
+
+
+def model_corpus(loaded: LoadedModel) -> str:
+    """The corpus the open model reads by default ("english" or "code": the one it was trained on).
+
+    Example:
+        >>> model_corpus(loaded)   # doctest: +SKIP
+        'english'
+    """
+    return default_corpus(loaded.model)
 
 
 def neuron_corpus_maxima(loaded: LoadedModel, unit: neurons.MLPUnit, n_windows: int, window: int,

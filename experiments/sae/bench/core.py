@@ -202,7 +202,7 @@ def check_seeds(seeds: Any) -> tuple[int, ...]:
     return tuple(seeds)
 
 
-def sample_rows(pool_BP: Int[Tensor, "B P"], n_tokens: int, seed: int) -> Int[Tensor, "b P"]:
+def sample_rows(pool_BP: Int[Tensor, "B P"], n_tokens: int, seed: int) -> Int[Tensor, "B P"]:
     """The rows one seed evaluates: ``ceil(n_tokens / P)`` rows of the pool (all of them when it has fewer) in the
     seed's random order.
 
