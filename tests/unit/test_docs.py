@@ -194,7 +194,7 @@ def test_shape_legend_is_one_letter_per_meaning():
     entries = shape_legend((DOCS / "shapes.md").read_text(encoding="utf-8"))
     letters = [entry.split(" ", 1)[0] for entry in entries]
     assert {"B batch", "P position", "S key position", "D d_model", "G n_key_value_heads", "k experts_per_token"} <= set(entries)
-    assert len(entries) == 30  # 23, then X, W, Z for SAE features (experiments.features), O, I for circuits, i, o for SAE training
+    assert len(entries) == 31  # 23, then X, W, Z for SAE features (experiments.features), O, I for circuits, i, o for SAE training, Y for probes
     assert len(letters) == len(set(letters))
 
 
