@@ -2,10 +2,15 @@
 
 ``fit.py`` holds the fits (one implementation that every probe in the workbench uses: per-layer probes,
 sparse probes on SAE latents, SAEBench's sparse probing, absorption and SCR/TPP), ``scores.py`` the scores
-and the stratified split.
+and the stratified split, ``train.py`` probes per hook over labelled texts (``train_probe``), ``monitor.py`` a
+probe's score per token during a forward pass or ``generate`` (``probe_monitor``). Figures:
+``experiments.plots.probes``.
 """
 
 from experiments.probes.fit import LinearProbe, fit_logistic, fit_mass_mean
+from experiments.probes.monitor import MonitorLog, probe_monitor
 from experiments.probes.scores import accuracy, auroc, stratified_split
+from experiments.probes.train import ProbeRun, probe_activations, train_probe
 
-__all__ = ["LinearProbe", "fit_logistic", "fit_mass_mean", "accuracy", "auroc", "stratified_split"]
+__all__ = ["LinearProbe", "fit_logistic", "fit_mass_mean", "accuracy", "auroc", "stratified_split", "ProbeRun",
+           "probe_activations", "train_probe", "MonitorLog", "probe_monitor"]

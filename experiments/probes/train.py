@@ -1,0 +1,158 @@
+"""Probes per hook point over a labelled dataset: activations read once, one probe per hook, held-out scores.
+
+Legend: B batch, P position, N flattened tokens, D d_model, i d_in.
+
+``probe_activations`` runs the model once per batch of texts up to the deepest hook asked for and keeps one
+row per text at each hook (its last real token, or the mean over its real tokens). ``train_probe`` fits a
+probe per hook on a stratified split for each seed (the split is what a seed changes: the fits themselves are
+deterministic) and tabulates held-out accuracy and AUROC with their spread; the probes it returns are fitted on
+the first seed's training rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence, Union
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from experiments._progress import Progress, ProgressArg
+from experiments.metrics import prompt_batch
+from experiments.probes.fit import LinearProbe, fit_logistic, fit_mass_mean
+from experiments.probes.scores import accuracy, auroc, stratified_split
+from workbench.errors import InputError
+
+ProbeKind = Literal["logistic", "mass_mean"]
+Reading = Literal["last", "mean"]
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """What ``train_probe`` returns: a probe per hook (first seed's split) and the held-out table.
+
+    ``table`` has one row per hook: ``hook_name``, ``layer``, ``accuracy`` and ``accuracy_std``, ``auroc`` and
+    ``auroc_std`` (NaN for more than two classes), ``n_train``, ``n_test``, ``seeds``.
+    """
+
+    probes: dict[str, LinearProbe]
+    table: pd.DataFrame
+
+
+@torch.no_grad()
+def probe_activations(model, texts: Sequence[str], hook_names: Sequence[str], reading: Reading = "last",
+                      batch_size: int = 16, progress: ProgressArg = True) -> dict[str, Float[Tensor, "N i"]]:
+    """One activation row per text at each hook: its last real token (``"last"``) or the mean of its real tokens.
+
+    Only the blocks up to the deepest hook run; texts are padded on the right within a batch.
+
+    >>> acts = probe_activations(model, ["import os", "def f(x):"], ["blocks.0.hook_resid_post"], progress=False)
+    >>> acts["blocks.0.hook_resid_post"].shape
+    torch.Size([2, 128])
+    """
+    hook_names = _checked_hooks(model, hook_names)
+    if reading not in ("last", "mean"):
+        raise InputError(f"reading must be 'last' or 'mean', got {reading!r}")
+    if isinstance(texts, str) or not texts or not all(isinstance(t, str) and t for t in texts):
+        raise InputError("texts must be a non-empty list of non-empty strings")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive int, got {batch_size!r}")
+    stop_at_layer = _stop_layer(model, hook_names)
+    rows: dict[str, list[Tensor]] = {name: [] for name in hook_names}
+    starts = range(0, len(texts), batch_size)
+    with Progress(progress, total=len(starts), desc="probe activations") as bar:
+        for start in starts:
+            batch = prompt_batch(model, list(texts[start:start + batch_size]))
+            _, cache = model.run_with_cache(batch.tokens, names_filter=hook_names, stop_at_layer=stop_at_layer,
+                                            attention_mask=batch.mask, progress=False)
+            for name in hook_names:
+                rows[name].append(_read(cache[name], batch, reading))
+            bar.advance()
+    return {name: torch.cat(parts).float() for name, parts in rows.items()}
+
+
+def train_probe(model, texts: Sequence[str], labels: Union[Sequence[int], Tensor], hook_names: Sequence[str],
+                kind: ProbeKind = "logistic", reading: Reading = "last", test_fraction: float = 0.2,
+                seeds: Sequence[int] = (0, 1, 2), C: float = 1.0, whiten: bool = False, batch_size: int = 16,
+                progress: ProgressArg = True) -> ProbeRun:
+    """Logistic or mass-mean probes at each hook over labelled texts, scored on held-out rows over seeds.
+
+    ``C`` is the logistic probe's inverse regularisation (scikit-learn's); ``whiten`` the mass-mean probe's
+    iid variant (its direction through the inverse within-class covariance), which reads a direction that is
+    not the activations' own principal one.
+
+    >>> texts = ["import os", "def f(x):", "x = 1", "the cat sat", "a dog ran", "we like tea"] * 2
+    >>> run = train_probe(model, texts, [0, 0, 0, 1, 1, 1] * 2, ["blocks.0.hook_resid_post"],
+    ...                   test_fraction=0.5, progress=False)
+    >>> list(run.table.columns[:4]), sorted(run.probes)
+    (['hook_name', 'layer', 'accuracy', 'accuracy_std'], ['blocks.0.hook_resid_post'])
+    """
+    labels_N = torch.as_tensor(labels)
+    if labels_N.ndim != 1 or len(labels_N) != len(texts):
+        raise InputError(f"labels must give one class per text: {len(texts)} texts, labels of shape "
+                         f"{tuple(labels_N.shape)}")
+    if len(torch.unique(labels_N)) < 2:
+        raise InputError("the labels hold one class only; a probe needs at least two")
+    if kind not in ("logistic", "mass_mean"):
+        raise InputError(f"kind must be 'logistic' or 'mass_mean', got {kind!r}")
+    seeds = tuple(int(s) for s in seeds)
+    if not seeds:
+        raise InputError("seeds must name at least one seed")
+    splits = [stratified_split(labels_N, test_fraction, seed) for seed in seeds]
+    activations = probe_activations(model, texts, hook_names, reading, batch_size, progress)
+    fit = (lambda x, y: fit_logistic(x, y, C=C)) if kind == "logistic" else \
+        (lambda x, y: fit_mass_mean(x, y, whiten=whiten))
+    probes, records = {}, []
+    for name, x_Ni in activations.items():
+        accuracies, aurocs = [], []
+        for index, (train, test) in enumerate(splits):
+            probe = fit(x_Ni[train], labels_N[train])
+            if index == 0:
+                probes[name] = probe
+            accuracies.append(accuracy(probe.predict(x_Ni[test]), labels_N[test]))
+            two_classes = len(probe.classes) == 2 and len(torch.unique(labels_N[test])) == 2
+            aurocs.append(auroc(probe.score(x_Ni[test]), labels_N[test]) if two_classes else float("nan"))
+        acc, area = torch.tensor(accuracies, dtype=torch.float64), torch.tensor(aurocs, dtype=torch.float64)
+        records.append({"hook_name": name, "layer": model.layer_of(name), "accuracy": acc.mean().item(),
+                        "accuracy_std": _std(acc), "auroc": area.mean().item(), "auroc_std": _std(area),
+                        "n_train": len(splits[0][0]), "n_test": len(splits[0][1]), "seeds": len(seeds)})
+    table = pd.DataFrame.from_records(records)
+    table["layer"] = table["layer"].astype("Int64")  # hooks outside the blocks have none
+    return ProbeRun(probes, table)
+
+
+def _stop_layer(model, hook_names: list[str]) -> Union[int, None]:
+    """The block after the deepest hook, so later blocks never run; None when a hook lies after the blocks."""
+    layers = [model.layer_of(name) for name in hook_names]
+    # Outside the blocks, only the embedding hooks come before them (the final norm's come after).
+    if any(layer is None and not name.startswith(("hook_embed", "hook_pos_embed", "hook_tokens"))
+           for layer, name in zip(layers, hook_names)):
+        return None
+    return max((layer for layer in layers if layer is not None), default=0) + 1
+
+
+def _std(values: Tensor) -> float:
+    return values.std(unbiased=True).item() if len(values) > 1 else 0.0
+
+
+def _read(activation: Tensor, batch, reading: str) -> Tensor:
+    """One row per text from a hook's [B, P, ...] activation (trailing axes flattened)."""
+    activation_BPi = activation.reshape(*activation.shape[:2], -1).float()
+    if reading == "last":
+        return activation_BPi[torch.arange(batch.size), batch.last_positions]
+    if batch.mask is None:
+        return activation_BPi.mean(1)
+    mask_BP1 = batch.mask[..., None].float()
+    return (activation_BPi * mask_BP1).sum(1) / mask_BP1.sum(1)
+
+
+def _checked_hooks(model, hook_names: Sequence[str]) -> list[str]:
+    if isinstance(hook_names, str):
+        hook_names = [hook_names]
+    hook_names = list(hook_names)
+    if not hook_names:
+        raise InputError("hook_names must name at least one hook point")
+    model.check_hook_names(hook_names)
+    return hook_names
