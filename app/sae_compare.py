@@ -188,7 +188,7 @@ def overall_progress(report: Callable[[int, int], None], passes: int,
     state = {"finished": 0, "last": 0}
 
     def step(done: int, total: int) -> None:
-        if done < state["last"]:  # a new pass began
+        if done < state["last"] or state["last"] >= total:  # a new pass began (the last one had ended)
             state["finished"] += 1
         state["last"] = done
         report(min(state["finished"] * rows_per_pass + done, passes * rows_per_pass), passes * rows_per_pass)
