@@ -102,7 +102,9 @@ def main() -> None:
     loaded = require_model()
     found = _choose(loaded)
     if not found:
-        st.info("No SAE to compare: this model ships none. Type the directories of SAEs trained on it above.")
+        shipped = "" if artifact_choices(loaded, "sae") else " (this model ships none)"
+        st.info(f"No SAE to compare{shipped}: tick a shipped SAE or type the directories of SAEs trained on this "
+                "model above.")
         return
     opened = _open(loaded, found)
     if not opened:

@@ -141,3 +141,9 @@ def test_the_page_measures_two_saes_with_hand_checked_values(zero_sae):
     assert at.get("plotly_chart")
     links = " ".join(md.value for md in at.markdown)
     assert "features_sae_path=" in links and "zero-sae" in links
+
+
+def test_no_sae_ticked_says_how_to_choose_one():
+    at = page(sae_compare_shipped="[]")
+    assert not at.exception and not at.error
+    assert any("No SAE to compare: tick a shipped SAE" in info.value for info in at.info)
