@@ -3,6 +3,8 @@ bars of one standard deviation over seeds in both directions (up and to the left
 
 from __future__ import annotations
 
+import html
+
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -16,11 +18,14 @@ def frontier_figure(points: pd.DataFrame, y_label: str) -> go.Figure:
         >>> figure = frontier_figure(points, "Explained variance")
         >>> figure.data[0].name, list(figure.data[0].error_y.array), figure.layout.xaxis.title.text
         ('a', [0.01], 'L0 (active features per token)')
+        >>> frontier_figure(points.assign(sae=['<a href="x">b</a>']), "Explained variance").data[0].name
+        '&lt;a href=&quot;x&quot;&gt;b&lt;/a&gt;'
     """
     figure = go.Figure()
     for row in points.itertuples(index=False):
-        figure.add_scatter(x=[row.l0], y=[row.y], mode="markers+text", name=str(row.sae), text=[str(row.sae)],
-                           textposition="top center", customdata=[str(row.sae)],
+        label = html.escape(str(row.sae))  # plotly draws some HTML in labels: a folder's name must not
+        figure.add_scatter(x=[row.l0], y=[row.y], mode="markers+text", name=label, text=[label],
+                           textposition="top center", customdata=[label],
                            error_x={"type": "data", "array": [row.l0_std], "visible": True},
                            error_y={"type": "data", "array": [row.y_std], "visible": True},
                            hovertemplate=f"%{{customdata}}<br>L0 %{{x:.4g}} ± {row.l0_std:.3g}<br>{y_label} "

@@ -94,7 +94,9 @@ def _links(compared: list[compare.Compared]) -> None:
         for item in compared:
             link = compare.features_link(item.candidate, model_source(), attn_impl(), prompt)
             cfg = item.sae.cfg
-            st.markdown(f"- [{item.candidate.label}]({link}): {quoted(cfg.architecture())}, {cfg.d_sae} features")
+            # the label in a code span: a folder's name draws no markdown of its own, even inside link text
+            st.markdown(f"- [{quoted(item.candidate.label)}]({link}): {quoted(cfg.architecture())}, "
+                        f"{cfg.d_sae} features")
 
 
 def main() -> None:

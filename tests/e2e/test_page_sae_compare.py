@@ -66,8 +66,27 @@ def test_two_saes_are_measured_with_spreads_and_link_to_their_features(browser, 
         href = page.locator(".st-key-sae_compare_links a", has_text=SHIPPED).first.get_attribute("href")
         assert href.startswith("Features?") and "features_sae_source=" in href
         page.goto(f"{server_url}/{href}")   # what a click opens (the link may open in a new tab)
-        page.get_by_role("heading", name="Features").wait_for()
+        page.get_by_role("heading", name="Features", exact=True).wait_for()
         page.get_by_text("512 features at").first.wait_for()
         assert page.locator('[data-testid="stException"]').count() == 0, page_messages(page)
+    finally:
+        page.close()
+
+
+def test_hostile_link_values_draw_no_link_and_read_no_path(browser, server_url):
+    from tests.e2e.test_hostile_links import HOSTILE, injected
+
+    page = browser.new_page(viewport={"width": 1400, "height": 2000})
+    page.set_default_timeout(90_000)
+    try:
+        query = urlencode({"model": "toy-attn-2l", "sae_compare_paths": HOSTILE, "sae_compare_hook": HOSTILE,
+                           "sae_compare_data": HOSTILE, "sae_compare_seeds": HOSTILE, "prompt": HOSTILE})
+        page.goto(f"{server_url}/SAE_compare?{query}")
+        page.get_by_text("are read only when you open them").wait_for()   # offered, not read
+        wait_idle(page, 90_000)
+        assert injected(page) == []
+        assert page.locator('[data-testid="stException"]').count() == 0, page_messages(page)
+        href = page.locator(".st-key-sae_compare_links a").first.get_attribute("href")
+        assert href.startswith("Features?") and "evil" not in href.split("prompt=")[0]
     finally:
         page.close()
