@@ -61,7 +61,7 @@ def monitored_generation(loaded: LoadedModel, first: tuple[str, ...], second: tu
                          "generated": [p >= prompt_ids.shape[1] for p in range(len(scores))]})
 
 
-@st.cache_resource(max_entries=8, hash_funcs=BY_MODEL_KEY, show_spinner=False)
+@st.cache_data(max_entries=8, hash_funcs=BY_MODEL_KEY, show_spinner=False)
 def _run(loaded: LoadedModel, first: tuple[str, ...], second: tuple[str, ...], kind: str) -> probes.ProbeRun:
     with loaded.lock:
         return probes.train_probe(loaded.model, list(first) + list(second), [0] * len(first) + [1] * len(second),
