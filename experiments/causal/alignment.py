@@ -1,8 +1,8 @@
 """Distributed alignment search on our models, through TransformerLens 4.3's ``interchange``, with its controls.
 
-Legend: N pairs, C answer classes, D d_model, R rank.
+Legend: B batch, P position, D d_model.
 
-``align_variable`` trains a rank-R subspace at one hook point by DAS
+``align_variable`` trains a rank-``rank`` subspace at one hook point by DAS
 (``transformer_lens.tools.analysis.fit_das``) so that interchanging it from source to base makes the
 model give the high-level causal model's answer, then measures the interchange accuracy (the share
 of held-out pairs where the model's answer is the target) for it and for the controls an
@@ -12,9 +12,9 @@ interchange accuracy must be read against (Arora et al., 2024):
 - ``arbitrary_labels``: DAS trained the same way on ``arbitrary_targets`` (one pseudo-random label per
   source), scored against those labels: what the method's expressivity alone reaches;
 - ``random_init``: DAS trained the same way on an untrained copy (``experiments.causal.reinitialized``);
-- ``placebo``: the learned subspace's move, norm-matched, inside a random rank-R subspace
+- ``placebo``: the learned subspace's move, norm-matched, inside a random subspace of the same rank
   (``NormMatchedPlacebo``);
-- ``random_basis``: a plain interchange on a random rank-R subspace;
+- ``random_basis``: a plain interchange on a random subspace of that rank;
 - ``no_intervention``: the model's own answers.
 
 A subspace carries the variable when ``das`` is high and every control is low.
@@ -48,7 +48,7 @@ class AlignmentReport:
     """
 
     hook_name: str
-    basis: Float[Tensor, "D R"]
+    basis: Float[Tensor, "D rank"]
     table: pd.DataFrame  # subspace, interchange_accuracy
     losses: tuple[float, ...]
 
@@ -73,17 +73,17 @@ def task_logits(model, task: InterchangeTask):
     """
     width, n_classes = task.base.shape[1], task.n_classes
 
-    def logits_NC(packed: Int[Tensor, "N W"]) -> Float[Tensor, "N C"]:
+    def logits_of_answers(packed: Int[Tensor, "B packed"]) -> Float[Tensor, "B n_classes"]:
         tokens, read, answers = packed[:, :width], packed[:, width], packed[:, width + 1:]
         logits = model(tokens)
         rows = torch.arange(len(packed), device=logits.device)
         return logits[rows[:, None], read.to(logits.device)[:, None], answers.to(logits.device)]
 
     assert n_classes >= 2  # InterchangeTask checked it
-    return logits_NC
+    return logits_of_answers
 
 
-def packed_inputs(task: InterchangeTask, tokens: Int[Tensor, "N P"]) -> Int[Tensor, "N W"]:
+def packed_inputs(task: InterchangeTask, tokens: Int[Tensor, "B P"]) -> Int[Tensor, "B packed"]:
     """``tokens`` with each pair's read position and answer ids appended as columns (see ``task_logits``).
 
     Example:

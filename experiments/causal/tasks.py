@@ -1,6 +1,6 @@
 """Interchange tasks: base/source prompt pairs and what a known causal model predicts for each pair.
 
-Legend: N pairs, P position, C answer classes.
+Legend: B batch, P position.
 
 An ``InterchangeTask`` is the input ``transformer_lens.tools.analysis.interchange`` needs, packed so
 that per-pair answers survive its batching: ``targets[i]`` is the answer class (a column of
@@ -39,13 +39,13 @@ class InterchangeTask:
         (torch.Size([8, 17]), torch.Size([8, 2]), [1, 0, 1, 0], 2)
     """
 
-    base: Int[Tensor, "N P"]
-    source: Int[Tensor, "N P"]
-    base_positions: Int[Tensor, "N"]  # where the variable is intervened on in each base
-    source_positions: Int[Tensor, "N"]  # where it is read in each source
-    read_positions: Int[Tensor, "N"]  # where each base's answer logits are read
-    answers: Int[Tensor, "N C"]
-    targets: Int[Tensor, "N"]
+    base: Int[Tensor, "B P"]
+    source: Int[Tensor, "B P"]
+    base_positions: Int[Tensor, "B"]  # where the variable is intervened on in each base
+    source_positions: Int[Tensor, "B"]  # where it is read in each source
+    read_positions: Int[Tensor, "B"]  # where each base's answer logits are read
+    answers: Int[Tensor, "B n_classes"]
+    targets: Int[Tensor, "B"]
     keys: tuple[str, ...]
 
     def __post_init__(self) -> None:
