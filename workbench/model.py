@@ -108,12 +108,16 @@ class Decoder(TokenMethods, HookMethods, SAESpliceMethods, WeightMethods, Readou
                 param.normal_(0.0, std)
 
     # Other names of a hook point, as TransformerBridge has them: alias pattern -> the point's own name.
-    HOOK_ALIASES = {"blocks.{l}.hook_in": "blocks.{l}.hook_resid_pre", "blocks.{l}.hook_out": "blocks.{l}.hook_resid_post"}
+    # The per-head Q/K/V inputs (use_split_qkv_input) are blocks.{l}.hook_q_input in TransformerLens 3 and
+    # blocks.{l}.attn.hook_q_input on a bridge, where transformer_lens.patching's direct path patching looks.
+    HOOK_ALIASES = {"blocks.{l}.hook_in": "blocks.{l}.hook_resid_pre", "blocks.{l}.hook_out": "blocks.{l}.hook_resid_post",
+                    **{f"blocks.{{l}}.attn.hook_{c}_input": f"blocks.{{l}}.hook_{c}_input" for c in "qkv"}}
 
     def setup(self) -> None:
         """TransformerLens's ``setup`` (names every hook point, fills ``hook_dict`` and ``mod_dict``), then the
         aliases: ``blocks.{l}.hook_in`` / ``hook_out`` are the points ``hook_resid_pre`` / ``hook_resid_post``
-        (TransformerBridge's block hooks, what ``utils.get_act_name("in", l)`` names). An alias is one point
+        (TransformerBridge's block hooks, what ``utils.get_act_name("in", l)`` names), and
+        ``blocks.{l}.attn.hook_{q,k,v}_input`` are ``blocks.{l}.hook_{q,k,v}_input`` (the bridge's names). An alias is one point
         under two names: hooks on either edit the same tensor; ``run_with_cache`` keys it by the name asked
         for. ``hook_dict`` lists each point once; ``hook_aliases`` maps each alias to its point's name.
 

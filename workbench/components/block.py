@@ -57,6 +57,10 @@ def _identity(x: Tensor) -> Tensor:
 class TransformerBlock(nn.Module):
     """Maps the residual stream [B, P, D] to itself; built from one layer's config (``cfg.for_layer``)."""
 
+    # TransformerLens 4.3's analysis tools (logit_lens, DLA) read this flag off each block: our
+    # hook_resid_post is the one residual stream the next block (or ln_final) reads.
+    hook_out_is_single_residual_stream = True
+
     def __init__(self, cfg: ModelConfig, options: RuntimeOptions):
         super().__init__()
         self.norm_placement = cfg.norm_placement
