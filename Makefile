@@ -45,7 +45,7 @@ run: setup setup-corpus
 # tests run meanwhile (tests/conftest.py gives each worker one torch thread and orders the files, slow ones first;
 # --no-loadscope-reorder keeps that order, where xdist would start the files with the most tests first).
 test: setup setup-browser setup-corpus
-	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q -ra -n 2 --dist loadfile --no-loadscope-reorder
+	HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -q -ra -n 2 --dist loadfile --no-loadscope-reorder --durations=40
 
 bench: setup setup-corpus
 	HF_HUB_OFFLINE=1 $(PYTHON) tests/benchmarks/run_all.py --out BENCHMARKS.md
