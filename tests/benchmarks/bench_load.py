@@ -7,6 +7,9 @@ Contenders, timed in interleaved rounds (workbench, transformers, bridge, workbe
   ``AutoTokenizer.from_pretrained(dir, gguf_file=...)`` (a ready model needs both).
 - ``TransformerBridge``: the transformers load of the same round plus
   ``TransformerBridge.boot_transformers(hf_model=..., tokenizer=...)`` on it.
+- ``workbench, fresh process``: ``wb.load_model("smollm2-135m")`` timed inside a new Python process (after its
+  ``import workbench``, reported beside it), as a user's second session opens the model once the weights cache
+  exists (the in-process rounds above write it if it is missing). Goal: at most 1.5 s.
 
     python tests/benchmarks/bench_load.py [--quick]
 """
@@ -28,6 +31,21 @@ if __package__ in (None, ""):
 from tests.benchmarks.common import script_main, timing_rows  # noqa: E402
 
 COMPARISON = "SmolLM2-135M GGUF -> ready model"
+FRESH = "workbench, fresh process"
+SECOND_LOAD_GOAL_S = 1.5
+_FRESH_SCRIPT = ("import time; t0 = time.perf_counter(); import workbench as wb; t1 = time.perf_counter(); "
+                 "c1 = time.process_time(); wb.load_model('smollm2-135m', progress=False); "
+                 "print(t1 - t0, time.process_time() - c1, time.perf_counter() - t1)")
+
+
+def _load_in_fresh_process() -> tuple[float, float, float]:
+    """(seconds importing workbench, CPU seconds of the load (all its threads), seconds loading SmolLM2) in a new
+    Python process: on a machine shared with other work the CPU seconds say what the load itself costs."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", _FRESH_SCRIPT], check=True, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout.split()
+    return float(out[-3]), float(out[-2]), float(out[-1])
 
 
 def _load_workbench(path: Path):
@@ -68,8 +86,10 @@ def run(quick: bool = False) -> list[dict]:
     path.read_bytes()
 
     rounds = 1 if quick else 3
-    times: dict[str, list[float]] = {"workbench": [], "transformers": [], "TransformerBridge": []}
+    times: dict[str, list[float]] = {"workbench": [], "transformers": [], "TransformerBridge": [], FRESH: []}
     hf_model_only: list[float] = []
+    imports: list[float] = []
+    cpu: list[float] = []
     for _ in range(rounds):
         start = time.perf_counter()
         model = _load_workbench(path)
@@ -89,10 +109,20 @@ def run(quick: bool = False) -> list[dict]:
         del bridge, hf_model, tokenizer
         gc.collect()
 
+        import_seconds, cpu_seconds, load_seconds = _load_in_fresh_process()
+        imports.append(import_seconds)
+        cpu.append(cpu_seconds)
+        times[FRESH].append(load_seconds)
+
     notes = {"workbench": {"what": "wb.load_model(gguf): config + tokenizer + dequantised weights"},
              "transformers": {"what": "from_pretrained(gguf_file=) model + tokenizer "
                                       f"(model alone: median {statistics.median(hf_model_only):.1f} s)"},
-             "TransformerBridge": {"what": "the transformers load + boot_transformers(hf_model=)"}}
+             "TransformerBridge": {"what": "the transformers load + boot_transformers(hf_model=)"},
+             FRESH: {"what": "wb.load_model('smollm2-135m') in a new process, weights cache warm "
+                             f"(its CPU time: median {statistics.median(cpu):.2f} s; its import workbench: "
+                             f"median {statistics.median(imports):.1f} s)",
+                     "goal_s": SECOND_LOAD_GOAL_S,
+                     "meets_goal": "yes" if statistics.median(times[FRESH]) <= SECOND_LOAD_GOAL_S else "no"}}
     return timing_rows(COMPARISON, times, reference="transformers", extra=notes)
 
 

@@ -37,12 +37,13 @@ def test_the_meta_dry_run_gives_the_decoders_own_shapes(tmp_path, n_experts):
 
 
 def test_a_gguf_load_builds_one_model(tiny_gguf, monkeypatch):
-    built = []  # the device each Decoder is built on: the shapes are checked on a meta one, which allocates nothing
+    built = []  # the device each Decoder is built on: one, on meta (shapes checked with nothing allocated), filled
     real_init = wb.Decoder.__init__
     monkeypatch.setattr(wb.Decoder, "__init__",
                         lambda self, *a, **k: built.append(torch.empty(0).device.type) or real_init(self, *a, **k))
     model = wb.load_model(tiny_gguf)
-    assert [device for device in built if device != "meta"] == ["cpu"] and model.cfg.n_layers == 2
+    assert built == ["meta"] and model.cfg.n_layers == 2
+    assert {t.device.type for t in [*model.parameters(), *model.buffers()]} == {"cpu"}
 
 
 def test_a_hostile_block_count_is_refused_before_any_layer_is_listed(tiny_gguf):

@@ -22,7 +22,7 @@ import torch
 
 import workbench as wb
 from tests.integration.gguf_tiny import tiny_llama, write_gguf
-from workbench.loading import weights_cache
+from workbench.loading import entry_stamps, weights_cache
 from workbench.loading.gguf import loader as gguf_loader
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,6 +158,43 @@ def test_a_damaged_entry_is_converted_again_never_loaded(cache, conversions, sou
     assert again.cfg.n_layers == 2 and torch.equal(logits(again), logits(first))
     assert entries(cache) == [entry]  # replaced by a good one, which the next load reads
     assert torch.equal(logits(wb.load_model(source)), logits(first)) and len(conversions) == 2
+
+
+@pytest.fixture
+def hashes(monkeypatch) -> list[int]:
+    """Entry digests computed from now on (a write's and a read's check), one item each; stamps made at once
+    (no two-second wait for a settled file)."""
+    calls: list[int] = []
+    real = weights_cache._content_digest
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(weights_cache, "_content_digest", counted)
+    monkeypatch.setattr(entry_stamps, "SETTLED_SECONDS", 0.0)
+    return calls
+
+
+def test_a_checked_unchanged_entry_is_not_hashed_again(cache, conversions, source, hashes):
+    first = wb.load_model(source)  # converts and writes: one digest
+    second = wb.load_model(source)  # reads: checks the digest and stamps the entry
+    third = wb.load_model(source)  # the stamp matches the unchanged file: no digest
+    assert conversions == ["tiny.gguf"] and len(hashes) == 2
+    assert torch.equal(logits(third), logits(first)) and torch.equal(logits(second), logits(first))
+    assert third.tokenizer.encode(TEXT) == first.tokenizer.encode(TEXT)
+
+
+@pytest.mark.parametrize("damage", [truncate, flip_tensor_bytes, change_the_stored_config],
+                         ids=["truncated", "tensor-bytes-flipped", "config-changed"])
+def test_a_stamped_entry_damaged_later_is_still_converted_again(cache, conversions, source, hashes, damage):
+    first = wb.load_model(source)
+    wb.load_model(source)  # stamps the entry
+    [entry] = entries(cache)
+    damage(entry)
+    with pytest.warns(RuntimeWarning, match="weights cache entry not used"):
+        again = wb.load_model(source)
+    assert conversions == ["tiny.gguf", "tiny.gguf"] and torch.equal(logits(again), logits(first))
 
 
 def full_disk(monkeypatch):

@@ -86,10 +86,10 @@ def build_model(cfg: ModelConfig, tokenizer: Optional[Tokenizer], tensors: dict[
     options = runtime_options(cfg, dtype=dtype, attn_impl=attn_impl, saved=saved_options)
     if placement is not None:
         return build_dispatched(cfg, tokenizer, tensors, source, placement, options)
-    # Names and shapes checked on the meta device first: sizes a config declares but its tensors lack (a
-    # hostile d_vocab=1e9) are refused before the model allocates them.
-    check_weights(empty_model(cfg, tokenizer, options), tensors, source)
-    model = Decoder(cfg, tokenizer=tokenizer, init_weights=False, **dataclasses.asdict(options))
+    # Built once, on the meta device: names and shapes are checked before any parameter has memory (sizes a
+    # config declares but its tensors lack, a hostile d_vocab=1e9, are refused unallocated), then each meta
+    # parameter takes its tensor's place (building the Decoder is a third of a cached SmolLM2 load).
+    model = empty_model(cfg, tokenizer, options)
     assign_weights(model, tensors, source, move=True)
     return model.to(device).eval()  # .to() records the device in the options
 

@@ -22,13 +22,18 @@ def assign_weights(model: torch.nn.Module, tensors: Mapping[str, Tensor], source
     cast into a float parameter (see ``check_weights``). Tied parameters (the same
     Parameter under two names) need only one of their names. With ``move=True`` the caller hands
     the tensors over (freshly read from a file): each becomes its parameter's storage instead of
-    being copied, which saves a full pass over a large checkpoint's memory.
+    being copied, which saves a full pass over a large checkpoint's memory. A parameter still on the meta
+    device (a model built by ``build.empty_model``) gets the tensor swapped in, the Parameter object (and any
+    tie) kept: a model is built once, on meta, checked and filled, never built twice.
     """
     expected = check_weights(model, tensors, source)
     with torch.no_grad():
         for name, tensor in tensors.items():
             param = expected[name]
-            if move and tensor.device == param.device:
+            if param.is_meta:  # no storage to copy into or to share: the filled Parameter takes the tensor's place
+                filled = torch.nn.Parameter(tensor.to(param.dtype).contiguous(), requires_grad=param.requires_grad)
+                torch.utils.swap_tensors(param, filled)
+            elif move and tensor.device == param.device:
                 param.data = tensor.to(param.dtype).contiguous()  # the Parameter object (and any tie) stays
             else:
                 param.copy_(tensor.to(param.dtype))

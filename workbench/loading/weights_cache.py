@@ -17,8 +17,10 @@ when read. Its key, stored in the file and compared before use, is:
   edit of ``workbench/loading/``, ``config.py`` or ``tokenizer.py`` converts again, bump or no bump).
 
 Its integrity: the SHA-256 of its metadata and of every tensor's name, dtype, shape and bytes is stored in its
-metadata and checked on every read (~0.4 s of CPU for SmolLM2's 540 MB), so a truncated, tampered or foreign
-file is never loaded: it is converted again and replaced (integrity, not authenticity: whoever can write the
+metadata and checked on a read (~0.4-2 s of CPU for SmolLM2's 540 MB), so a truncated, tampered or foreign
+file is never loaded: it is converted again and replaced. A passing check of an entry unchanged for two seconds
+leaves a stamp (``workbench.loading.entry_stamps``): a later read of the same unchanged file (same inode, size,
+mtime and ctime, which any write moves) skips the hash (integrity, not authenticity: whoever can write the
 cache folder could write a matching digest, as they could replace the checkpoint itself). Entries are written
 through ``workbench.safe_files.save_files`` (a temporary renamed into place when complete), so two processes
 loading at once leave one good file; a cache that cannot be written (read-only, full disk) costs a warning and
@@ -28,6 +30,7 @@ with ``WORKBENCH_WEIGHTS_CACHE=0``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -50,10 +53,11 @@ from torch import Tensor
 
 from workbench.cache_dir import cache_directory
 from workbench.config import ModelConfig
+from workbench.loading.entry_stamps import file_state, prune_stamps, remember_verified, was_verified
 from workbench.safe_files import save_files
 from workbench.tokenizer import SpecialTokens, Tokenizer
 
-__all__ = ["Converted", "load_converted", "cache_enabled", "entry_path", "WEIGHTS_CACHE_ENV", "FORMAT_VERSION"]
+__all__ = ["Converted", "load_converted", "build_converted", "cache_enabled", "entry_path", "WEIGHTS_CACHE_ENV", "FORMAT_VERSION"]
 
 WEIGHTS_CACHE_ENV = "WORKBENCH_WEIGHTS_CACHE"  # "0", "false", "off" or "no": never read or write the cache
 FORMAT_VERSION = 1  # bump when a conversion or this file's layout changes in a way the code digest cannot see
@@ -117,20 +121,58 @@ def load_converted(source: Path, converter: str, convert: Callable[[], Converted
         >>> again.config == model.config, again.tokenizer.encode("import os") == model.tokenizer.encode("import os")
         (True, True)
     """
-    if not cache_enabled(enabled):
-        return convert()
+    config, parse_tokenizer, tensors = _entry_or_conversion(source, converter, convert, check, enabled)
+    return Converted(config, parse_tokenizer(), tensors)
+
+
+def build_converted(source: Path, converter: str, convert: Callable[[], Converted],
+                    build: Callable[[Converted], Any], *, check: Callable[[ModelConfig], Any] = lambda cfg: None,
+                    enabled: Optional[bool] = None) -> Any:
+    """``build(load_converted(...))``, the model a loader makes of the conversion, with its ``tokenizer``; from a
+    cached entry the tokenizer (a large JSON the tokenizers library parses without the GIL) is parsed on a
+    thread while ``build`` runs without it, and set on the built model after.
+
+    Example:
+        >>> import tempfile
+        >>> from unittest import mock
+        >>> from workbench.loading.build import build_model
+        >>> source = Path(tempfile.mkdtemp()) / "weights.bin"
+        >>> _ = source.write_bytes(b"any file the conversion reads")
+        >>> convert = lambda: Converted(model.config, model.tokenizer, dict(model.state_dict()))
+        >>> build = lambda converted: build_model(*converted, str(source))
+        >>> with mock.patch.dict(os.environ, {"WORKBENCH_CACHE_DIR": tempfile.mkdtemp()}):
+        ...     first = build_converted(source, "demo", convert, build)
+        ...     again = build_converted(source, "demo", convert, build)    # from the cache
+        >>> torch.equal(again(tokens), first(tokens)), again.tokenizer.encode("x y") == model.tokenizer.encode("x y")
+        (True, True)
+    """
+    config, parse_tokenizer, tensors = _entry_or_conversion(source, converter, convert, check, enabled)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        tokenizer = pool.submit(parse_tokenizer)
+        built = build(Converted(config, None, tensors))
+        built.tokenizer = tokenizer.result()
+    return built
+
+
+def _entry_or_conversion(source: Path, converter: str, convert: Callable[[], Converted],
+                         check: Callable[[ModelConfig], Any], enabled: Optional[bool]) -> tuple:
+    """(config, a function giving the tokenizer, tensors): the intact cached entry's, else ``convert()``'s (the
+    entry written for next time)."""
     try:
-        key = entry_key(source, converter)
+        key = entry_key(source, converter) if cache_enabled(enabled) else None
     except OSError:  # no such file, or unreadable: the loader's own error says so
-        return convert()
-    path = entry_path(source, key)
-    with _lock_for(path):
-        cached = _read_entry(path, key, check)
-        if cached is not None:
-            return cached
+        key = None
+    if key is None:
         converted = convert()
-        _write_entry(path, key, converted)
-        return converted
+    else:
+        path = entry_path(source, key)
+        with _lock_for(path):
+            cached = _read_entry(path, key, check)
+            if cached is not None:
+                return cached
+            converted = convert()
+            _write_entry(path, key, converted)
+    return converted.config, lambda: converted.tokenizer, converted.tensors
 
 
 def entry_key(source: Path, converter: str) -> dict[str, Any]:
@@ -235,9 +277,10 @@ def _metadata(key: dict[str, Any], converted: Converted) -> dict[str, str]:
             "specials": "" if tokenizer is None else json.dumps(asdict(tokenizer.specials))}
 
 
-def _read_entry(path: Path, key: dict[str, Any], check: Callable[[ModelConfig], Any]) -> Optional[Converted]:
-    """The entry at ``path`` if it is there, ours, made with ``key`` and intact; None (after a warning for a
-    damaged one) otherwise. ``check`` runs on its config before the tensors are read; its errors propagate."""
+def _read_entry(path: Path, key: dict[str, Any], check: Callable[[ModelConfig], Any]) -> Optional[tuple]:
+    """(config, a function parsing its tokenizer, tensors) of the entry at ``path`` if it is there, ours, made
+    with ``key`` and intact; None (after a warning for a damaged one) otherwise. ``check`` runs on its config
+    before the tensors are read; its errors propagate."""
     if not path.is_file():
         return None
     try:
@@ -252,13 +295,18 @@ def _read_entry(path: Path, key: dict[str, Any], check: Callable[[ModelConfig], 
         return _damaged(path, problem)
     check(config)  # a bad load option is the caller's error, not the entry's
     try:
+        state = file_state(path)  # before the bytes are read: a write after this moves the next load's state
         tensors = load_file(str(path))  # memory-mapped: pages are read as the digest and the model touch them
-        digest, tokenizer = _content_digest(metadata, tensors, meanwhile=lambda: _tokenizer(metadata))
-        if digest != metadata.get("digest"):
-            raise ValueError("its digest does not match its contents (truncated or modified)")
+        parse_tokenizer = functools.partial(_tokenizer, metadata)
+        if not was_verified(path, state, metadata.get("digest", "")):
+            digest, tokenizer = _content_digest(metadata, tensors, meanwhile=parse_tokenizer)
+            if digest != metadata.get("digest"):
+                raise ValueError("its digest does not match its contents (truncated or modified)")
+            remember_verified(path, state, metadata["digest"])
+            parse_tokenizer = lambda: tokenizer  # parsed already, while the tensors were hashed
     except Exception as problem:
         return _damaged(path, problem)
-    return Converted(config, tokenizer, tensors)
+    return config, parse_tokenizer, tensors
 
 
 def _tokenizer(metadata: dict[str, str]) -> Optional[Tokenizer]:
@@ -337,6 +385,7 @@ def _prune(kept: Path) -> None:
             other.unlink(missing_ok=True)
         except OSError:
             continue
+    prune_stamps(kept.parent)
 
 
 def _source_exists(entry: Path) -> bool:

@@ -36,7 +36,7 @@ from workbench.loading.gguf.tokenizer import tokenizer_from_gguf
 from workbench.loading.hf.config import HFConfig
 from workbench.loading.hf.loader import ARCHITECTURES as HF_ARCHITECTURES
 from workbench.loading.placement import Placement
-from workbench.loading.weights_cache import Converted, load_converted
+from workbench.loading.weights_cache import Converted, build_converted
 
 # general.architecture values we read, and the models they cover.
 GGUF_MODELS = {arch: f"{spec.models}; as transformers' {spec.hf_architecture}"
@@ -351,6 +351,8 @@ def load_gguf(path: Union[str, Path], attn_impl: str = "sdpa", dtype: torch.dtyp
         return Converted(cfg, tokenizer, read_tensors(file, cfg, progress))
 
     # Dequantised to float32 whatever ``dtype`` is (build_model casts), so the dtype is not the converter's.
-    cfg, tokenizer, tensors = load_converted(path, "gguf", convert, check=check_options, enabled=weights_cache)
-    return build_model(cfg, tokenizer, tensors, str(path), dtype=dtype, attn_impl=attn_impl, device=device,
-                       placement=placement)
+    def build(converted: Converted):
+        return build_model(*converted, str(path), dtype=dtype, attn_impl=attn_impl, device=device,
+                           placement=placement)
+
+    return build_converted(path, "gguf", convert, build, check=check_options, enabled=weights_cache)
