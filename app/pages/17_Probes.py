@@ -4,6 +4,8 @@ and a chosen layer's probe watching a generation token by token.
 
 from __future__ import annotations
 
+import html
+
 import plotly.graph_objects as go
 import streamlit as st
 
@@ -59,7 +61,8 @@ def main() -> None:
         st.info("Type a prompt to generate from.")
         return
     rows = probe_results.monitored_generation(loaded, first, second, kind, hook, prompt, n_new)
-    figure = go.Figure(go.Bar(x=[f"{p}: {t!r}" for p, t in zip(rows["position"], rows["token"])], y=rows["score"],
+    # Plotly reads HTML tags in tick labels: the tokens of a typed (or linked) prompt go in escaped.
+    figure = go.Figure(go.Bar(x=[html.escape(f"{p}: {t!r}", quote=False) for p, t in zip(rows["position"], rows["token"])], y=rows["score"],
                               marker_color=["#d62728" if g else "#1f77b4" for g in rows["generated"]]))
     figure.update_layout(title="Probe score (log-odds of class B) at each token read; red: generated",
                          xaxis_title="token", yaxis_title="log-odds")

@@ -27,9 +27,10 @@ PARAMS = {"model": HOSTILE, "impl": HOSTILE, "prompt": HOSTILE, "patching_answer
           "circuits_clean": HOSTILE, "circuits_answer": HOSTILE, "circuits_names": HOSTILE, "circuits_edge": HOSTILE,
           # The Features page's corpus search reads no link value (its windows come from the bundled corpus), and
           # it is 40 s of SmolLM2 forwards on one core: switched off by the link, as a user can.
-          "features_corpus": "false"}
+          "features_corpus": "false", "probe_first": HOSTILE, "probe_second": HOSTILE,
+          "probe_monitor_prompt": HOSTILE, "sae_compare_paths": HOSTILE}
 PAGES = ["", "Attention", "Heads", "Induction", "Ablation", "Logit_lens", "Router", "Patching", "Information_flow",
-         "Token_view", "Neurons", "Generate", "Features", "Attribution", "Circuits"]
+         "Token_view", "Neurons", "Generate", "Features", "Attribution", "Circuits", "SAE_compare", "Probes"]
 LINKS_JS = ("() => [...document.querySelectorAll('a[href], img[src], image, source, iframe')]"
             ".map(e => e.getAttribute('href') || e.getAttribute('src') || e.getAttribute('xlink:href') || '')")
 
