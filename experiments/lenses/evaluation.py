@@ -1,0 +1,134 @@
+"""How well a lens predicts: KL to the model's final distribution and next-token cross-entropy, by layer, for the
+logit lens and the tuned lens side by side.
+
+Legend: B batch, P position, L n_layers, N positions read.
+
+``lens_kl_by_layer`` reads each window's streams once (``training.streams_and_targets``) and scores both lenses at
+every position that has a next token (after BOS); nothing larger than [chunk, V] per layer is held.
+
+``python -m experiments.lenses.evaluation --model smollm2-135m --lens PATH [--windows 32 --window 128]`` prints the
+table on the model's held-out English text (``english_documents("held_out")``) as CSV: the card's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from experiments._progress import Progress, ProgressArg
+from experiments.lenses.training import streams_and_targets
+from experiments.lenses.translators import TunedLens
+from workbench.errors import InputError
+
+COLUMNS = ["layer", "lens", "kl", "cross_entropy", "positions"]
+
+
+@torch.no_grad()
+def lens_kl_by_layer(model, windows_BP: Int[Tensor, "batch pos"], lens: Optional[TunedLens] = None, *,
+                     lenses: Sequence[str] = ("logit", "tuned"), chunk_tokens: int = 128,
+                     progress: ProgressArg = False) -> pd.DataFrame:
+    """DataFrame[layer, lens ("logit", "tuned"), kl, cross_entropy, positions]: mean KL(final || lens) in nats and
+    mean next-token cross-entropy, for the stream entering each block (layer l) and after the last (layer n_layers,
+    the model's own: KL 0), over every position of ``windows_BP`` that has a next token (BOS not read). Without
+    ``lens`` only the logit lens's rows; ``lenses`` picks which are scored (each row depends only on its own lens).
+
+    Example:
+        >>> table = lens_kl_by_layer(model, tokens, TunedLens.for_model(model))
+        >>> table.pivot(index="layer", columns="lens", values="kl").round(4).values.tolist()[-1]   # final layer: 0
+        [0.0, 0.0]
+        >>> bool((table[table.lens == "tuned"].kl.values == table[table.lens == "logit"].kl.values).all())  # untrained
+        True
+    """
+    if not isinstance(windows_BP, Tensor) or windows_BP.dim() != 2 or windows_BP.shape[1] < 3:
+        raise InputError("windows_BP must be token windows [batch, pos >= 3]")
+    if lens is not None:
+        lens.attach(model)
+    first = 1 if model.bos_first() else 0
+    L = model.cfg.n_layers
+    if not set(lenses) <= {"logit", "tuned"} or not lenses:
+        raise InputError(f"lenses must name 'logit' and/or 'tuned', got {lenses!r}")
+    lenses = [name for name in ("logit", "tuned") if name in lenses and (name == "logit" or lens is not None)]
+    kl_sum = torch.zeros(len(lenses), L + 1, dtype=torch.float64)
+    ce_sum = torch.zeros_like(kl_sum)
+    count = 0
+    with Progress(progress, total=windows_BP.shape[0], desc="lens KL") as bar:
+        for row in range(windows_BP.shape[0]):
+            tokens_1P = windows_BP[row:row + 1]
+            hidden_LND, final_ND = streams_and_targets(model, tokens_1P, first)
+            next_N = tokens_1P[0, first + 1:]
+            n = next_N.shape[0]  # the last position has no next token
+            streams = torch.cat([hidden_LND[:, :n], final_ND[None, :n]])
+            for start in range(0, n, chunk_tokens):
+                stop = min(n, start + chunk_tokens)
+                final_logprobs = model.logits_from_resid(final_ND[None, start:stop])[0].float().log_softmax(-1)
+                for k, name in enumerate(lenses):
+                    for l in range(L + 1):
+                        hidden = streams[l, start:stop]
+                        logits = lens(hidden, l) if name == "tuned" else model.logits_from_resid(hidden[None])[0]
+                        logprobs = logits.float().log_softmax(-1)
+                        kl_sum[k, l] += (final_logprobs.exp() * (final_logprobs - logprobs)).sum().double()
+                        ce_sum[k, l] += -logprobs.gather(-1, next_N[start:stop, None]).sum().double()
+            count += n
+            bar.advance()
+    rows = [{"layer": l, "lens": name, "kl": float(kl_sum[k, l] / count), "cross_entropy": float(ce_sum[k, l] / count),
+             "positions": count} for k, name in enumerate(lenses) for l in range(L + 1)]
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def lens_kl_figure(table: pd.DataFrame, value: str = "kl") -> go.Figure:
+    """One line per lens: ``value`` ("kl" or "cross_entropy") by layer.
+
+    Example:
+        >>> figure = lens_kl_figure(lens_kl_by_layer(model, tokens, TunedLens.for_model(model)))
+        >>> [trace.name for trace in figure.data]
+        ['logit lens', 'tuned lens']
+    """
+    if value not in ("kl", "cross_entropy"):
+        raise InputError(f"value must be 'kl' or 'cross_entropy', got {value!r}")
+    figure = go.Figure()
+    for name, rows in table.groupby("lens", sort=False):
+        figure.add_trace(go.Scatter(x=rows.layer, y=rows[value], mode="lines+markers", name=f"{name} lens"))
+    title = "KL to the final distribution (nats)" if value == "kl" else "next-token cross-entropy (nats)"
+    figure.update_layout(xaxis_title="layer (stream entering the block)", yaxis_title=title, height=360,
+                         margin=dict(l=40, r=20, t=30, b=40))
+    return figure
+
+
+def held_out_windows(model, n_windows: int = 32, window: int = 128) -> Int[Tensor, "batch pos"]:
+    """``n_windows`` windows of the held-out English documents (``english_documents("held_out")``, every tenth,
+    never trained on); needs ``make setup-corpus``."""
+    from experiments.datasets import corpus_windows
+    from experiments.datasets.english import english_documents
+
+    return corpus_windows(model, english_documents("held_out"), window=window, max_windows=n_windows)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="KL and cross-entropy by layer: logit lens against a tuned lens")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--lens", help="a tuned-lens folder (config.json + params.pt)")
+    parser.add_argument("--windows", type=int, default=32)
+    parser.add_argument("--window", type=int, default=128)
+    parser.add_argument("--lenses", default="logit,tuned", help="which rows to score: logit, tuned or both")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    import workbench as wb
+
+    model = wb.load_model(args.model)
+    lens = TunedLens.load(args.lens, model) if args.lens else None
+    table = lens_kl_by_layer(model, held_out_windows(model, args.windows, args.window), lens,
+                             lenses=args.lenses.split(","), progress=True)
+    wide = table.pivot(index="layer", columns="lens", values=["kl", "cross_entropy"])
+    wide.columns = [f"{value}_{name}" for value, name in wide.columns]
+    wide.round(4).to_csv(sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
