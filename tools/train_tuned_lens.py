@@ -7,7 +7,7 @@ Runs on one thread (``torch.set_num_threads(1)``). Training windows are the mode
 (``experiments.corpus_windows.bundled_windows``); the same command run again resumes from the checkpoint. At the end
 the translators are written in tuned-lens 0.2's format (``--dtype float16`` halves the file) with
 ``training_log.csv`` and ``recipe.json`` beside them. The card's KL-by-layer figures come from
-``python -m experiments.lenses.evaluation`` (held-out text).
+``python -m experiments.lenses.cli`` (held-out text).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--init", default="identity", choices=["identity", "least_squares"])
     parser.add_argument("--init-tokens", type=int, default=2048)
+    parser.add_argument("--ridge", type=float, default=1e-3)
     parser.add_argument("--export-checkpoint", action="store_true",
                         help="write the lens as the last checkpoint has it (a run stopped early) instead of training")
     args = parser.parse_args(argv)
@@ -44,32 +45,35 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     import workbench as wb
     from experiments.corpus_windows import bundled_windows, default_corpus
-    from experiments.lenses.training import train_tuned_lens
+    from experiments.lenses import train_tuned_lens
 
     model = wb.load_model(args.model)
     corpus = default_corpus(model)
     windows = bundled_windows(model, n_windows=args.n_windows, window=args.window, corpus=corpus)
     started = time.time()
     if args.export_checkpoint:
-        from experiments.lenses.training import lens_from_checkpoint
+        from experiments.lenses import lens_from_checkpoint
 
         lens = lens_from_checkpoint(model, args.checkpoint_dir)
     else:
         lens = train_tuned_lens(model, windows, tokens=args.tokens, tokens_per_step=args.tokens_per_step,
                                 batch_windows=1, window=args.window, optimizer=args.optimizer, lr=args.lr,
                                 checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                                progress=True, init=args.init, init_tokens=args.init_tokens)
+                                progress=True, init=args.init, init_tokens=args.init_tokens,
+                                ridge=args.ridge)
     seconds = time.time() - started
     lens.to(getattr(torch, args.dtype)).save(args.out)
-    with open(args.out / "training_log.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(lens.log[0]))
-        writer.writeheader()
-        writer.writerows(lens.log)
+    if lens.log:
+        with open(args.out / "training_log.csv", "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(lens.log[0]))
+            writer.writeheader()
+            writer.writerows(lens.log)
     recipe = {"model": args.model, "corpus": corpus, "split": "train", "windows": list(windows.shape),
-              "tokens": lens.log[-1]["tokens"], "steps": len(lens.log), "planned_tokens": args.tokens,
+              "tokens": lens.log[-1]["tokens"] if lens.log else 0, "steps": len(lens.log), "planned_tokens": args.tokens,
               "tokens_per_step": args.tokens_per_step,
               "optimizer": args.optimizer, "lr": args.lr, "weight_decay": 1e-3, "schedule": "linear warmup, linear decay",
               "loss": "KL(final || lens), summed over layers", "init": args.init, "init_tokens": args.init_tokens if args.init == "least_squares" else 0,
+              "ridge": args.ridge if args.init == "least_squares" else None,
               "dtype": args.dtype, "threads": args.threads, "seconds_this_run": round(seconds, 1)}
     (args.out / "recipe.json").write_text(json.dumps(recipe, indent=2))
     print(json.dumps(recipe))

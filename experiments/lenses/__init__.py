@@ -2,17 +2,18 @@
 (``experiments.lens``, whose names stay there).
 
 ``TunedLens`` (``translators``): per-layer affine translators, tuned-lens 0.2's files (``tuned_lens_files``),
-trained by ``train_tuned_lens`` (``training``, also ``TunedLens.train``); ``lens_kl_by_layer`` and
-``lens_kl_figure`` (``evaluation``) measure KL and cross-entropy by layer against the logit lens.
+trained by ``train_tuned_lens`` (the loop in ``training``, checkpoints in ``checkpoints``; also ``TunedLens.train``);
+``lens_kl_by_layer`` (``evaluation``) and ``lens_kl_figure`` (``figures``) measure KL and cross-entropy by layer against the logit lens.
 ``JacobianLens`` (``jacobian``): TransformerLens 4.3's Jacobian lens, same names, also on a ``wb.load_model`` model
 (imported on first use: it loads TransformerLens's analysis tools).
 """
 
-from experiments.lenses.evaluation import lens_kl_by_layer, lens_kl_figure
-from experiments.lenses.training import train_tuned_lens
-from experiments.lenses.translators import TunedLens, TunedLensConfig
+from experiments.lenses.evaluation import lens_kl_by_layer
+from experiments.lenses.figures import lens_kl_figure
+from experiments.lenses.translators import TunedLens, TunedLensConfig, lens_from_checkpoint, train_tuned_lens
 
-__all__ = ["JacobianLens", "TunedLens", "TunedLensConfig", "lens_kl_by_layer", "lens_kl_figure", "train_tuned_lens"]
+__all__ = ["JacobianLens", "TunedLens", "TunedLensConfig", "lens_from_checkpoint", "lens_kl_by_layer", "lens_kl_figure",
+           "train_tuned_lens"]
 
 
 def __getattr__(name: str):

@@ -6,18 +6,15 @@ Legend: B batch, P position, L n_layers, N positions read.
 ``lens_kl_by_layer`` reads each window's streams once (``training.streams_and_targets``) and scores both lenses at
 every position that has a next token (after BOS); nothing larger than [chunk, V] per layer is held.
 
-``python -m experiments.lenses.evaluation --model smollm2-135m --lens PATH [--windows 32 --window 128]`` prints the
-table on the model's held-out English text (``english_documents("held_out")``) as CSV: the card's figures.
+The figure is ``experiments.lenses.figures.lens_kl_figure``; the command ``python -m experiments.lenses.cli``
+prints the table on the model's held-out English text as CSV (the card's figures).
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from typing import Optional, Sequence
 
 import pandas as pd
-import plotly.graph_objects as go
 import torch
 from jaxtyping import Int
 from torch import Tensor
@@ -82,25 +79,6 @@ def lens_kl_by_layer(model, windows_BP: Int[Tensor, "batch pos"], lens: Optional
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def lens_kl_figure(table: pd.DataFrame, value: str = "kl") -> go.Figure:
-    """One line per lens: ``value`` ("kl" or "cross_entropy") by layer.
-
-    Example:
-        >>> figure = lens_kl_figure(lens_kl_by_layer(model, tokens, TunedLens.for_model(model)))
-        >>> [trace.name for trace in figure.data]
-        ['logit lens', 'tuned lens']
-    """
-    if value not in ("kl", "cross_entropy"):
-        raise InputError(f"value must be 'kl' or 'cross_entropy', got {value!r}")
-    figure = go.Figure()
-    for name, rows in table.groupby("lens", sort=False):
-        figure.add_trace(go.Scatter(x=rows.layer, y=rows[value], mode="lines+markers", name=f"{name} lens"))
-    title = "KL to the final distribution (nats)" if value == "kl" else "next-token cross-entropy (nats)"
-    figure.update_layout(xaxis_title="layer (stream entering the block)", yaxis_title=title, height=360,
-                         margin=dict(l=40, r=20, t=30, b=40))
-    return figure
-
-
 def held_out_windows(model, n_windows: int = 32, window: int = 128) -> Int[Tensor, "batch pos"]:
     """``n_windows`` windows of the held-out English documents (``english_documents("held_out")``, every tenth,
     never trained on); needs ``make setup-corpus``."""
@@ -108,27 +86,3 @@ def held_out_windows(model, n_windows: int = 32, window: int = 128) -> Int[Tenso
     from experiments.datasets.english import english_documents
 
     return corpus_windows(model, english_documents("held_out"), window=window, max_windows=n_windows)
-
-
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="KL and cross-entropy by layer: logit lens against a tuned lens")
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--lens", help="a tuned-lens folder (config.json + params.pt)")
-    parser.add_argument("--windows", type=int, default=32)
-    parser.add_argument("--window", type=int, default=128)
-    parser.add_argument("--lenses", default="logit,tuned", help="which rows to score: logit, tuned or both")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    import workbench as wb
-
-    model = wb.load_model(args.model)
-    lens = TunedLens.load(args.lens, model) if args.lens else None
-    table = lens_kl_by_layer(model, held_out_windows(model, args.windows, args.window), lens,
-                             lenses=args.lenses.split(","), progress=True)
-    wide = table.pivot(index="layer", columns="lens", values=["kl", "cross_entropy"])
-    wide.columns = [f"{value}_{name}" for value, name in wide.columns]
-    wide.round(4).to_csv(sys.stdout)
-
-
-if __name__ == "__main__":
-    main()

@@ -27,11 +27,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from experiments._progress import Progress, ProgressArg
-from experiments.lenses.translators import TunedLens
-from workbench.errors import CheckpointError, InputError
-from workbench.safe_files import save_files
-
-CHECKPOINT_FILE = "checkpoint.pt"
+from experiments.lenses.checkpoints import CHECKPOINT_FILE, resume, save_checkpoint
+from workbench.errors import InputError
 OPTIMIZERS = ("adam", "sgd")
 
 
@@ -110,26 +107,28 @@ def _optimizer(params, name: str, lr: float, weight_decay: float):
     raise InputError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}")
 
 
-def train_tuned_lens(model, data: Union[Tensor, Sequence[str]], *, lens: Optional[TunedLens] = None,
-                     tokens: Optional[int] = None, tokens_per_step: int = 1024, batch_windows: int = 2,
-                     chunk_tokens: int = 128, window: int = 128, optimizer: str = "adam", lr: float = 1e-3,
-                     weight_decay: float = 1e-3, warmup_steps: Optional[int] = None,
-                     checkpoint_dir: Optional[Union[str, Path]] = None, checkpoint_every: int = 5,
-                     progress: ProgressArg = True, seed: int = 0, init: str = "identity",
-                     init_tokens: int = 2048, ridge: float = 1e-3) -> TunedLens:
-    """Fits ``lens`` (default: a new identity-initialised one) to ``model`` on ``data``; returns it.
+def fit_translators(model, lens, data: Union[Tensor, Sequence[str]], *,
+                    tokens: Optional[int] = None, tokens_per_step: int = 1024, batch_windows: int = 2,
+                    chunk_tokens: int = 128, window: int = 128, optimizer: str = "adam", lr: float = 1e-3,
+                    weight_decay: float = 1e-3, warmup_steps: Optional[int] = None,
+                    checkpoint_dir: Optional[Union[str, Path]] = None, checkpoint_every: int = 5,
+                    progress: ProgressArg = True, seed: int = 0, init: str = "identity",
+                    init_tokens: int = 2048, ridge: float = 1e-3) -> list[dict]:
+    """Trains ``lens`` (a ``TunedLens`` attached to ``model``) in place; returns the log, one row per step (step,
+    tokens, lr, the mean KL of each layer). The public entry is ``train_tuned_lens`` (``TunedLens.train``).
 
     ``data``: token windows [B, P] or texts (cut into ``window``-token windows). ``tokens``: positions to train on
-    (default one pass over ``data``; more cycles through it, reshuffled); the BOS position is not read. Loss, steps,
-    learning-rate schedule, bounded memory and checkpoints are as the module says; ``lens.log`` gets one row per
-    step (step, tokens, lr, the mean KL of each layer). ``optimizer``: "adam" (AdamW) or "sgd" (tuned-lens's
-    Nesterov SGD; tuned-lens's own default lr is 1.0). ``init``: "identity" (tuned-lens's) or "least_squares" (a warm
-    start on ``init_tokens`` positions, ``ridge`` times the mean input energy added to the diagonal).
+    (default one pass over ``data``; more cycles through it, reshuffled; 0: the warm start alone); the BOS position
+    is not read. ``optimizer``: "adam" (AdamW) or "sgd" (tuned-lens's Nesterov SGD; its own default lr is 1.0).
+    ``init``: "identity" (tuned-lens's) or "least_squares" (a warm start on ``init_tokens`` positions, ``ridge``
+    times the mean input energy added to the diagonal).
 
     Example:
-        >>> lens = train_tuned_lens(model, tokens.repeat(4, 1), tokens=104, tokens_per_step=26, progress=False)
-        >>> [row["step"] for row in lens.log], lens.log[-1]["tokens"]
-        ([1, 2, 3, 4], 104)
+        >>> from experiments.lenses import TunedLens
+        >>> lens = TunedLens.for_model(model)
+        >>> log = fit_translators(model, lens, tokens.repeat(4, 1), tokens=52, tokens_per_step=26, progress=False)
+        >>> [row["step"] for row in log], bool(lens.layer_translators[0].weight.abs().sum() > 0)
+        ([1, 2], True)
     """
     for name, value in (("tokens_per_step", tokens_per_step), ("batch_windows", batch_windows),
                         ("chunk_tokens", chunk_tokens), ("checkpoint_every", checkpoint_every)):
@@ -141,11 +140,10 @@ def train_tuned_lens(model, data: Union[Tensor, Sequence[str]], *, lens: Optiona
     first = 1 if model.bos_first() and windows_BP.shape[1] > 1 else 0
     per_window = windows_BP.shape[1] - first
     total = tokens if tokens is not None else windows_BP.shape[0] * per_window
-    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
-        raise InputError(f"tokens must be a positive integer, got {tokens!r}")
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0 or (total == 0 and init == "identity"):
+        raise InputError(f"tokens must be a positive integer (0 only after init='least_squares'), got {tokens!r}")
     n_steps = math.ceil(total / tokens_per_step)
     warmup = max(1, n_steps // 10) if warmup_steps is None else warmup_steps
-    lens = (lens or TunedLens.for_model(model)).attach(model)
     lens.to(torch.float32)
     params = list(lens.parameters())
     for p in params:
@@ -156,11 +154,11 @@ def train_tuned_lens(model, data: Union[Tensor, Sequence[str]], *, lens: Optiona
     state = {"step": 0, "tokens": 0, "cursor": 0, "log": []}
     checkpoint = Path(checkpoint_dir) / CHECKPOINT_FILE if checkpoint_dir is not None else None
     if checkpoint is not None and checkpoint.is_file():
-        state = _resume(checkpoint, lens, opt, schedule, n_steps)
+        state = resume(checkpoint.parent, lens, opt, schedule, n_steps)
     elif init == "least_squares":
         least_squares_init(model, lens, windows_BP, first, init_tokens, ridge, seed)
         if checkpoint is not None:  # the warm start is kept: a resumed run does not redo it
-            _save_checkpoint(checkpoint, lens, opt, schedule, state, n_steps)
+            save_checkpoint(checkpoint, lens, opt, schedule, state, n_steps)
     elif init != "identity":
         raise InputError(f"init must be 'identity' or 'least_squares', got {init!r}")
     order = _order(windows_BP.shape[0], seed)
@@ -192,21 +190,21 @@ def train_tuned_lens(model, data: Union[Tensor, Sequence[str]], *, lens: Optiona
                                      "lr": schedule.get_last_lr()[0], **{f"kl_{l}": float(step_kl[l]) for l in range(L)}})
                 bar.advance()
                 if checkpoint is not None and (state["step"] % checkpoint_every == 0 or state["step"] == n_steps):
-                    _save_checkpoint(checkpoint, lens, opt, schedule, state, n_steps)
+                    save_checkpoint(checkpoint, lens, opt, schedule, state, n_steps)
     finally:
         for p in params:
             p.requires_grad_(False)
-    lens.log = state["log"]
-    return lens
+    return state["log"]
 
 
 @torch.no_grad()
-def least_squares_init(model, lens: TunedLens, windows_BP: Tensor, first: int, tokens: int, ridge: float = 1e-3,
-                       seed: int = 0) -> TunedLens:
+def least_squares_init(model, lens, windows_BP: Tensor, first: int, tokens: int, ridge: float = 1e-3,
+                       seed: int = 0):
     """Sets each translator to the ridge least-squares affine map from the stream entering block l to the final
     stream divided by its RMS, over ``tokens`` positions of ``windows_BP`` (a seeded order); returns the lens.
 
     Example:
+        >>> from experiments.lenses import TunedLens
         >>> lens = least_squares_init(model, TunedLens.for_model(model), tokens.repeat(8, 1), 1, tokens=104)
         >>> bool(lens.layer_translators[0].weight.abs().sum() > 0)
         True
@@ -235,7 +233,7 @@ def least_squares_init(model, lens: TunedLens, windows_BP: Tensor, first: int, t
     return lens
 
 
-def _accumulate(model, lens: TunedLens, hidden_LND: Tensor, final_ND: Tensor, chunk_tokens: int,
+def _accumulate(model, lens, hidden_LND: Tensor, final_ND: Tensor, chunk_tokens: int,
                 tokens_per_step: int) -> Tensor:
     """Adds each layer's KL gradient for these positions (weighted by their share of the step); returns the
     summed KL of each layer over them, divided by the step's size (so the step's values add up to its mean)."""
@@ -260,51 +258,3 @@ def _order(n: int, seed: int) -> Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))
 
 
-def _save_checkpoint(path: Path, lens: TunedLens, opt, schedule, state: dict, n_steps: int) -> None:
-    payload = {"translators": lens.layer_translators.state_dict(), "optimizer": opt.state_dict(),
-               "schedule": schedule.state_dict(), "n_steps": n_steps, "config": lens.config.to_dict(),
-               "step": state["step"], "tokens": state["tokens"], "cursor": state["cursor"], "log": state["log"]}
-    save_files(path.parent, {path.name: lambda target: torch.save(payload, target)}, what="tuned lens checkpoint")
-
-
-def _resume(path: Path, lens: TunedLens, opt, schedule, n_steps: int) -> dict:
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise CheckpointError(f"{path}: not a tuned lens checkpoint ({type(error).__name__}: {error})") from None
-    if payload.get("config") != lens.config.to_dict() or payload.get("n_steps") != n_steps:
-        raise CheckpointError(f"{path}: was written for another lens or run ({payload.get('config')}, "
-                              f"{payload.get('n_steps')} steps); this one is {lens.config.to_dict()}, {n_steps} steps. "
-                              f"Use a new checkpoint_dir or the same arguments")
-    lens.load_state_dict(payload["translators"])
-    for p in lens.parameters():
-        p.requires_grad_(True)
-    opt.load_state_dict(payload["optimizer"])
-    schedule.load_state_dict(payload["schedule"])
-    return {key: payload[key] for key in ("step", "tokens", "cursor", "log")}
-
-
-def lens_from_checkpoint(model, checkpoint_dir: Union[str, Path]) -> TunedLens:
-    """The lens as the checkpoint in ``checkpoint_dir`` has it (a run stopped early), with its ``log``.
-
-    Example:
-        >>> import tempfile
-        >>> folder = tempfile.mkdtemp()
-        >>> _ = train_tuned_lens(model, tokens, tokens=26, tokens_per_step=13, checkpoint_dir=folder, progress=False)
-        >>> [row["step"] for row in lens_from_checkpoint(model, folder).log]
-        [1, 2]
-    """
-    path = Path(checkpoint_dir) / CHECKPOINT_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no tuned lens checkpoint there")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise CheckpointError(f"{path}: not a tuned lens checkpoint ({type(error).__name__}: {error})") from None
-    from experiments.lenses.translators import TunedLensConfig
-
-    lens = TunedLens(TunedLensConfig.from_dict(payload["config"]))
-    lens.load_state_dict(payload["translators"])
-    lens.attach(model)
-    lens.log = payload["log"]
-    return lens

@@ -1,4 +1,5 @@
-"""The tuned lens (Belrose et al. 2023): one affine translator per layer, read out through the model's own unembedding.
+"""The tuned lens (Belrose et al. 2023): one affine translator per layer, read out through the model's own unembedding;
+``train_tuned_lens`` and ``lens_from_checkpoint``.
 
 Legend: L n_layers, D d_model, V d_vocab.
 
@@ -13,64 +14,19 @@ Files are tuned-lens 0.2's (``experiments.lenses.tuned_lens_files``); training i
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Optional, Sequence, Union
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from workbench.errors import ConfigError, InputError
-
-
-@dataclass
-class TunedLensConfig:
-    """tuned-lens 0.2's ``TunedLensConfig``: the fields its ``config.json`` holds, with the same names.
-
-    Example:
-        >>> TunedLensConfig("toy-attn-2l", d_model=128, num_hidden_layers=2).lens_type
-        'linear_tuned_lens'
-    """
-
-    base_model_name_or_path: str
-    d_model: int
-    num_hidden_layers: int
-    bias: bool = True
-    base_model_revision: Optional[str] = None
-    unembed_hash: Optional[str] = None
-    lens_type: str = "linear_tuned_lens"
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON-ready dict tuned-lens writes.
-
-        Example:
-            >>> TunedLensConfig("m", 4, 2).to_dict()["num_hidden_layers"]
-            2
-        """
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, config: dict) -> "TunedLensConfig":
-        """Reads tuned-lens's ``config.json`` dict; unknown keys are ignored (as tuned-lens does), missing or
-        mistyped required ones raise ``ConfigError``.
-
-        Example:
-            >>> TunedLensConfig.from_dict({"base_model_name_or_path": "m", "d_model": 4, "num_hidden_layers": 2,
-            ...                            "extra": 1}).d_model
-            4
-        """
-        if not isinstance(config, dict):
-            raise ConfigError(f"a tuned lens's config.json must hold an object, got {type(config).__name__}")
-        known = {field.name for field in fields(cls)}
-        kept = {key: value for key, value in config.items() if key in known}
-        for key in ("d_model", "num_hidden_layers"):
-            if isinstance(kept.get(key), bool) or not isinstance(kept.get(key), int) or kept[key] < 1:
-                raise ConfigError(f"config.json: {key} must be a positive integer, got {config.get(key)!r}")
-        if kept.get("lens_type", "linear_tuned_lens") != "linear_tuned_lens":
-            raise ConfigError(f"config.json: lens_type {kept['lens_type']!r} is not supported (only 'linear_tuned_lens')")
-        kept.setdefault("base_model_name_or_path", "")
-        return cls(**kept)
+from experiments._progress import ProgressArg
+from experiments.lenses.checkpoints import read_checkpoint
+from experiments.lenses.config import TunedLensConfig
+from experiments.lenses.training import fit_translators
+from experiments.lenses.tuned_lens_files import check_state, read_lens, write_lens
+from workbench.errors import InputError
 
 
 class TunedLens:
@@ -123,8 +79,6 @@ class TunedLens:
             >>> len(lens.log)
             2
         """
-        from experiments.lenses.training import train_tuned_lens
-
         return train_tuned_lens(model, data, **options)
 
     def attach(self, model) -> "TunedLens":
@@ -205,8 +159,6 @@ class TunedLens:
             >>> TunedLens.load(folder, model).config.num_hidden_layers
             2
         """
-        from experiments.lenses.tuned_lens_files import read_lens
-
         config, state = read_lens(path)
         lens = cls(config)
         lens.load_state_dict(state)
@@ -215,8 +167,6 @@ class TunedLens:
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         """Sets the translators from tuned-lens's ``layer_translators`` state dict ("0.weight", "0.bias", ...),
         checking every key and shape (``CheckpointError`` naming the first wrong one)."""
-        from experiments.lenses.tuned_lens_files import check_state
-
         check_state(state, self.config)
         dtype = next(iter(state.values())).dtype if state else torch.float32
         self.layer_translators.to(dtype=dtype if dtype.is_floating_point else torch.float32)
@@ -232,8 +182,6 @@ class TunedLens:
             >>> sorted(p.name for p in TunedLens.for_model(model).save(tempfile.mkdtemp()).iterdir())
             ['config.json', 'params.pt']
         """
-        from experiments.lenses.tuned_lens_files import write_lens
-
         return write_lens(path, self.config, self.layer_translators.state_dict())
 
 
@@ -241,3 +189,39 @@ def _copy_linear(linear: torch.nn.Linear) -> torch.nn.Linear:
     copy = torch.nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
     copy.load_state_dict(linear.state_dict())
     return copy
+
+
+def train_tuned_lens(model, data, *, lens: Optional[TunedLens] = None, **options) -> TunedLens:
+    """Fits ``lens`` (default: a new identity-initialised one) to ``model`` on ``data`` (token windows [B, P] or
+    texts); returns it, with ``lens.log`` (one row per step: step, tokens, lr, each layer's mean KL). The keyword
+    arguments, loss, schedule, bounded memory, checkpoints and resume are ``experiments.lenses.training``'s
+    (``fit_translators``): ``tokens``, ``tokens_per_step``, ``batch_windows``, ``chunk_tokens``, ``window``,
+    ``optimizer`` ("adam" or "sgd"), ``lr``, ``weight_decay``, ``warmup_steps``, ``checkpoint_dir``,
+    ``checkpoint_every``, ``progress``, ``seed``, ``init`` ("identity" or "least_squares"), ``init_tokens``, ``ridge``.
+
+    Example:
+        >>> lens = train_tuned_lens(model, tokens.repeat(4, 1), tokens=104, tokens_per_step=26, progress=False)
+        >>> [row["step"] for row in lens.log], lens.log[-1]["tokens"]
+        ([1, 2, 3, 4], 104)
+    """
+    lens = (lens or TunedLens.for_model(model)).attach(model)
+    lens.log = fit_translators(model, lens, data, **options)
+    return lens
+
+
+def lens_from_checkpoint(model, checkpoint_dir: Union[str, Path]) -> TunedLens:
+    """The lens as the checkpoint in ``checkpoint_dir`` has it (a run stopped early), with its ``log``.
+
+    Example:
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> _ = train_tuned_lens(model, tokens, tokens=26, tokens_per_step=13, checkpoint_dir=folder, progress=False)
+        >>> [row["step"] for row in lens_from_checkpoint(model, folder).log]
+        [1, 2]
+    """
+    payload = read_checkpoint(checkpoint_dir)
+    lens = TunedLens(TunedLensConfig.from_dict(payload["config"]))
+    lens.load_state_dict(payload["translators"])
+    lens.attach(model)
+    lens.log = payload["log"]
+    return lens

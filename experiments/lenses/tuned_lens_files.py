@@ -13,6 +13,7 @@ from typing import Union
 import torch
 from torch import Tensor
 
+from experiments.lenses.config import TunedLensConfig
 from workbench.errors import CheckpointError
 from workbench.safe_files import inside, read_json, save_files
 
@@ -27,13 +28,11 @@ def read_lens(path: Union[str, Path]):
 
     Example:
         >>> import tempfile
-        >>> from experiments.lenses.translators import TunedLens
+        >>> from experiments.lenses import TunedLens
         >>> config, state = read_lens(TunedLens.for_model(model).save(tempfile.mkdtemp()))
         >>> config.d_model, sorted(state)[:2]
         (128, ['0.bias', '0.weight'])
     """
-    from experiments.lenses.translators import TunedLensConfig
-
     folder = Path(path)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: not a folder holding a tuned lens ({CONFIG_FILE} and {PARAMS_FILE})")
@@ -61,7 +60,6 @@ def check_state(state: dict, config) -> None:
     """Refuses (``CheckpointError``) a state dict whose keys, shapes or dtypes are not ``config``'s translators.
 
     Example:
-        >>> from experiments.lenses.translators import TunedLensConfig
         >>> check_state({"0.weight": torch.zeros(3, 3)}, TunedLensConfig("m", 4, 1, bias=False))
         Traceback (most recent call last):
         workbench.errors.CheckpointError: tuned lens params: 0.weight has shape (3, 3), expected (4, 4)
@@ -90,7 +88,6 @@ def write_lens(path: Union[str, Path], config, state: dict[str, Tensor]) -> Path
 
     Example:
         >>> import tempfile
-        >>> from experiments.lenses.translators import TunedLensConfig
         >>> folder = write_lens(tempfile.mkdtemp(), TunedLensConfig("m", 2, 1), {"0.weight": torch.eye(2),
         ...                                                                   "0.bias": torch.zeros(2)})
         >>> json.loads((folder / "config.json").read_text())["d_model"]

@@ -18,8 +18,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import workbench as wb
-from experiments.lenses import TunedLens, TunedLensConfig, lens_kl_by_layer, lens_kl_figure, train_tuned_lens
-from experiments.lenses.training import lens_from_checkpoint
+from experiments.lenses import (TunedLens, TunedLensConfig, lens_from_checkpoint, lens_kl_by_layer, lens_kl_figure,
+                                train_tuned_lens)
 from workbench.errors import CheckpointError, ConfigError, InputError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lenses"
