@@ -1,7 +1,7 @@
 """How well a lens predicts: KL to the model's final distribution and next-token cross-entropy, by layer, for the
 logit lens and the tuned lens side by side.
 
-Legend: B batch, P position, L n_layers, N positions read.
+Legend: B batch, P position, L n_layers, N flattened tokens.
 
 ``lens_kl_by_layer`` reads each window's streams once (``training.streams_and_targets``) and scores both lenses at
 every position that has a next token (after BOS); nothing larger than [chunk, V] per layer is held.

@@ -1,6 +1,6 @@
 """Training a tuned lens: each layer's translator fitted so that its readout matches the model's final distribution.
 
-Legend: B batch, P position, L n_layers, D d_model, V d_vocab, N positions read.
+Legend: B batch, P position, L n_layers, D d_model, V d_vocab, N flattened tokens.
 
 The loss at layer l is tuned-lens 0.2's: KL(final || lens_l), the final distribution being the model's own
 (``model.logits_from_resid`` of the stream after the last block), averaged over positions; the layers' losses are
