@@ -62,6 +62,7 @@ def main(argv=None) -> None:
                                 progress=True, init=args.init, init_tokens=args.init_tokens,
                                 ridge=args.ridge)
     seconds = time.time() - started
+    lens.config.base_model_name_or_path = args.model  # the registered name (cfg.model_name is a GGUF's own title)
     lens.to(getattr(torch, args.dtype)).save(args.out)
     if lens.log:
         with open(args.out / "training_log.csv", "w", newline="") as handle:

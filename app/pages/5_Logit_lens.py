@@ -92,7 +92,8 @@ def main() -> None:
         return
     top_k = linked(st.slider, "Top tokens kept per layer and position", min_value=1, max_value=10, value=5,
                    key="lens_top_k")
-    tuned_path = shipped_tuned_lens(getattr(loaded.model.cfg, "model_name", None))
+    # The registered name the model was opened by (the key's first part), not cfg.model_name (a GGUF's own title).
+    tuned_path = shipped_tuned_lens(loaded.key.split("|")[0])
     kinds = ["logit", "tuned"] if tuned_path is not None else ["logit"]
     kind = linked(st.radio, "Lens", options=kinds, index=0, format_func=LENS_KINDS.get, horizontal=True,
                   key="lens_kind")
