@@ -204,3 +204,14 @@ def test_bad_input_is_a_clear_error(tiny, model, tmp_path):
         train_tuned_lens(model, torch.zeros(2, 8), progress=False)
     assert TunedLensConfig.from_dict({"base_model_name_or_path": "m", "d_model": 4, "num_hidden_layers": 1,
                                       "unknown": 1}).bias
+
+
+def test_the_shipped_smollm2_lens_is_a_tuned_lens_folder_with_a_card():
+    from experiments.lenses.shipped import shipped_tuned_lens
+
+    folder = shipped_tuned_lens("smollm2-135m")
+    assert folder is not None and (folder / "CARD.md").is_file()
+    lens = TunedLens.load(folder)   # every key, shape and value checked
+    assert (lens.config.d_model, lens.config.num_hidden_layers) == (576, 30)
+    assert lens.layer_translators[0].weight.dtype == torch.float16
+    assert shipped_tuned_lens("toy-attn-2l") is None
