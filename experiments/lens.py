@@ -92,12 +92,13 @@ def logit_lens_logits(model, tokens: TextOrTokens, row: int = 0, *, attention_ma
 
 @torch.no_grad()
 def logit_lens(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, attention_mask: Optional[Tensor] = None,
-               padding_side: str = "right") -> pd.DataFrame:
+               padding_side: str = "right", tuned_lens=None) -> pd.DataFrame:
     """Top-k tokens of each layer's residual stream at each position of prompt ``row``.
 
     Returns DataFrame[layer, position, rank, token, token_id, prob]; layer l < n_layers is the
     stream entering block l, layer n_layers the final stream (the model's own prediction). A padded
-    batch takes ``attention_mask``; positions are the row's real tokens (its pads dropped).
+    batch takes ``attention_mask``; positions are the row's real tokens (its pads dropped). With
+    ``tuned_lens`` (an ``experiments.lenses.TunedLens``) each layer is read through its translator first.
 
     Example:
         >>> df = logit_lens(model, model.to_tokens("The cat sat"), top_k=5)   # 6 tokens, 3 snapshots
@@ -114,7 +115,10 @@ def logit_lens(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, att
     per_chunk = max(1, LOGITS_BYTES_PER_CHUNK // (4 * P * model.cfg.d_vocab))
     probs, ids = [], []
     for start in range(0, T, per_chunk):
-        logits = model.logits_from_resid(resid_TPD[start:start + per_chunk])
+        if tuned_lens is None:
+            logits = model.logits_from_resid(resid_TPD[start:start + per_chunk])
+        else:
+            logits = torch.stack([tuned_lens(resid_TPD[t], t) for t in range(start, min(T, start + per_chunk))])
         p, i = logits.float().softmax(-1).topk(min(top_k, model.cfg.d_vocab), dim=-1)
         probs.append(p.cpu())
         ids.append(i.cpu())

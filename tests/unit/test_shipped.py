@@ -26,9 +26,9 @@ def test_the_table_lists_every_registered_model_and_every_zoo_folder_with_its_ca
     assert models.name.tolist() == list(REGISTRY)
     assert models.description.tolist() == [entry.description for entry in REGISTRY.values()]
     on_disk = sorted((folder.parents[1].name, folder.parent.name, folder.name)
-                     for sub in ("saes", "transcoders") for folder in ZOO.glob(f"*/{sub}/*/"))
+                     for sub in ("saes", "transcoders", "lenses") for folder in ZOO.glob(f"*/{sub}/*/"))
     rows = table[table.kind != "model"]
-    assert sorted(zip(rows.model, rows.kind.map({"sae": "saes", "transcoders": "transcoders"}), rows.name)) == on_disk
+    assert sorted(zip(rows.model, rows.kind.map({"sae": "saes", "transcoders": "transcoders", "lens": "lenses"}), rows.name)) == on_disk
     for row in rows.itertuples():
         assert row.description == _card_title(Path(row.path)) and row.description
         assert Path(row.path).resolve().is_relative_to(ZOO.resolve())
@@ -38,7 +38,7 @@ def test_the_table_filters_by_kind_and_model():
     assert wb.shipped(kind="sae", model="toy-attn-2l").name.tolist() == ["toy-attn-2l-resid1-topk"]
     assert wb.shipped(kind="transcoders").name.tolist() == ["toy-moe-2l-clt", "toy-moe-2l-skip-transcoders"]
     assert wb.shipped(model="no-such-model").empty
-    assert wb.shipped(kind="lens").empty  # no lens ships yet; the kind is known
+    assert wb.shipped(kind="lens").name.tolist() == ["smollm2-135m-tuned-lens"]  # tuned-lens 0.2's files
     with pytest.raises(InputError, match="kind must be one of"):
         wb.shipped(kind="saes")
 
