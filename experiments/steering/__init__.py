@@ -9,13 +9,16 @@ layers=None, read_token_index=-1, method="caa" | "actadd" | "pca")`` returns a `
 - ``vector``: ``SteeringVector`` (``hooks``, ``apply`` as a context manager, ``save`` / ``load``)
 - ``training``: ``train_steering_vector`` and the readers of contrast activations
 - ``control_gguf``: llama.cpp control vectors as repeng 0.4 writes them (``export_gguf`` / ``import_gguf``)
+- ``continuation``: ``continue_with_vector``, clean and steered continuations side by side
 - ``sweep``: a coefficient sweep against a behaviour measure (``logit_difference``, ``token_probability``,
-  ``direction_score``); ``experiments.plots.steering`` draws it
+  ``direction_score``); ``plot.sweep_figure`` draws it
+- ``files``: the vector on disk, safetensors + JSON
 """
 
+from experiments.steering.continuation import continue_with_vector
 from experiments.steering.sweep import coefficient_sweep, direction_score, logit_difference, token_probability
 from experiments.steering.training import METHODS, read_contrast_activations, train_steering_vector
 from experiments.steering.vector import SteeringVector
 
-__all__ = ["SteeringVector", "train_steering_vector", "read_contrast_activations", "METHODS", "coefficient_sweep",
-           "logit_difference", "token_probability", "direction_score"]
+__all__ = ["SteeringVector", "train_steering_vector", "continue_with_vector", "read_contrast_activations", "METHODS",
+           "coefficient_sweep", "logit_difference", "token_probability", "direction_score"]
