@@ -1,6 +1,6 @@
 """``train_steering_vector``: a direction per layer from contrast pairs, read at one token of each prompt.
 
-Legend: N pairs, D d_model.
+Legend: D d_model.
 
 - ``"caa"`` (contrastive activation addition, steering-vectors' ``mean_aggregator``): the mean over pairs of
   positive minus negative activation;
@@ -48,12 +48,12 @@ def train_steering_vector(model, pairs: Sequence, layers: Optional[Sequence[int]
     if method == "pca" and len(positives) < 2:
         raise InputError(f"pca needs at least 2 pairs (it finds the main axis of their differences), got {len(positives)}")
     layer_list = _checked_layers(model, layers)
-    pos_NLD, neg_NLD = read_contrast_activations(model, positives, negatives, layer_list, read_token_index, batch_size)
+    pos_acts, neg_acts = read_contrast_activations(model, positives, negatives, layer_list, read_token_index, batch_size)
     directions = {}
     for i, layer in enumerate(layer_list):
-        diffs_ND = pos_NLD[:, i] - neg_NLD[:, i]
-        directions[layer] = (_pca_direction(diffs_ND, pos_NLD[:, i], neg_NLD[:, i], layer) if method == "pca"
-                             else diffs_ND.mean(dim=0))
+        diffs = pos_acts[:, i] - neg_acts[:, i]
+        directions[layer] = (_pca_direction(diffs, pos_acts[:, i], neg_acts[:, i], layer) if method == "pca"
+                             else diffs.mean(dim=0))
     meta = {"method": method, "layers": layer_list, "read_token_index": int(read_token_index), "n_pairs": len(positives)}
     return SteeringVector(directions, meta=meta)
 
@@ -78,8 +78,8 @@ def read_contrast_activations(model, positives: Sequence[Prompt], negatives: Seq
     rows = []
     for start in range(0, len(prompts), batch_size):
         rows.append(_read_batch(model, prompts[start:start + batch_size], names, max(layers), read_token_index))
-    acts_NLD = torch.cat(rows).float()
-    return acts_NLD[:len(positives)], acts_NLD[len(positives):]
+    acts = torch.cat(rows).float()
+    return acts[:len(positives)], acts[len(positives):]
 
 
 def _read_batch(model, prompts: list[list[int]], names: list[str], deepest: int, read_token_index: int) -> Tensor:
@@ -150,13 +150,13 @@ def _checked_layers(model, layers: Optional[Sequence[int]]) -> list[int]:
     return checked
 
 
-def _pca_direction(diffs_ND: Tensor, pos_ND: Tensor, neg_ND: Tensor, layer: int) -> Float[Tensor, "d_model"]:
-    centred_ND = (diffs_ND - diffs_ND.mean(dim=0)).double()
-    if float(centred_ND.abs().max()) == 0.0:
+def _pca_direction(diffs: Tensor, pos: Tensor, neg: Tensor, layer: int) -> Float[Tensor, "d_model"]:
+    centred = (diffs - diffs.mean(dim=0)).double()
+    if float(centred.abs().max()) == 0.0:
         raise InputError(f"layer {layer}: every pair's difference is the same, so it has no principal axis; use "
                          "method='caa'")
-    direction_D = torch.linalg.svd(centred_ND, full_matrices=False).Vh[0].float()
+    direction_D = torch.linalg.svd(centred, full_matrices=False).Vh[0].float()
     # repeng's sign: the positive above its negative in most pairs (ties keep the component's sign)
-    above = ((pos_ND @ direction_D) > (neg_ND @ direction_D)).float().mean()
-    below = ((pos_ND @ direction_D) < (neg_ND @ direction_D)).float().mean()
+    above = ((pos @ direction_D) > (neg @ direction_D)).float().mean()
+    below = ((pos @ direction_D) < (neg @ direction_D)).float().mean()
     return -direction_D if below > above else direction_D
