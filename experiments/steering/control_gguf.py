@@ -13,18 +13,19 @@ import gguf
 import numpy as np
 import torch
 
-from experiments.steering.vector import SteeringVector
+from torch import Tensor
+
 from workbench.errors import CheckpointError, InputError
 
 ARCH = "controlvector"
 
 
-def write_control_vector(vector: SteeringVector, path: Union[str, Path], model_hint: str = "llama") -> Path:
-    """Writes ``vector`` as a control vector GGUF at ``path`` (its folder must exist).
+def write_control_vector(directions: dict[int, Tensor], path: Union[str, Path], model_hint: str = "llama") -> Path:
+    """Writes a vector's ``directions`` (layer -> ``[D]``) as a control vector GGUF at ``path`` (its folder must exist).
 
     Example:
         >>> import tempfile, os
-        >>> path = write_control_vector(SteeringVector({0: torch.ones(4)}), os.path.join(tempfile.mkdtemp(), "c.gguf"))
+        >>> path = write_control_vector({0: torch.ones(4)}, os.path.join(tempfile.mkdtemp(), "c.gguf"))
         >>> path.stat().st_size > 0
         True
     """
@@ -37,8 +38,8 @@ def write_control_vector(vector: SteeringVector, path: Union[str, Path], model_h
     try:
         writer = gguf.GGUFWriter(str(temporary), ARCH)
         writer.add_string(f"{ARCH}.model_hint", model_hint)
-        writer.add_uint32(f"{ARCH}.layer_count", len(vector.layer_activations))
-        for layer, direction in sorted(vector.layer_activations.items()):
+        writer.add_uint32(f"{ARCH}.layer_count", len(directions))
+        for layer, direction in sorted(directions.items()):
             writer.add_tensor(f"direction.{layer}", direction.detach().to("cpu", torch.float32).numpy())
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -50,15 +51,15 @@ def write_control_vector(vector: SteeringVector, path: Union[str, Path], model_h
     return path
 
 
-def read_control_vector(path: Union[str, Path]) -> SteeringVector:
-    """The control vector GGUF at ``path``: every ``direction.{layer}`` tensor, each checked to be a 1-D float of
-    one common size; the model hint kept in ``meta``.
+def read_control_vector(path: Union[str, Path]) -> tuple[dict[int, Tensor], object]:
+    """The control vector GGUF at ``path`` as (directions, model hint): every ``direction.{layer}`` tensor, each
+    checked to be a 1-D float of one common size.
 
     Example:
         >>> import tempfile, os
-        >>> path = write_control_vector(SteeringVector({3: torch.arange(4.0)}), os.path.join(tempfile.mkdtemp(), "c.gguf"))
-        >>> vector = read_control_vector(path)
-        >>> vector.layer_activations[3].tolist(), vector.meta["model_hint"]
+        >>> path = write_control_vector({3: torch.arange(4.0)}, os.path.join(tempfile.mkdtemp(), "c.gguf"))
+        >>> directions, hint = read_control_vector(path)
+        >>> directions[3].tolist(), hint
         ([0.0, 1.0, 2.0, 3.0], 'llama')
     """
     path = Path(path)
@@ -88,7 +89,7 @@ def read_control_vector(path: Union[str, Path]) -> SteeringVector:
     if len({d.shape[0] for d in directions.values()}) != 1:
         raise CheckpointError(f"{path}: the directions have different sizes "
                               f"{sorted({d.shape[0] for d in directions.values()})}")
-    return SteeringVector(dict(sorted(directions.items())), meta={"model_hint": _string_field(reader, f"{ARCH}.model_hint")})
+    return dict(sorted(directions.items())), _string_field(reader, f"{ARCH}.model_hint")
 
 
 def _string_field(reader: "gguf.GGUFReader", key: str):

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+from torch import Tensor
 
-from experiments.steering.vector import SteeringVector
 from workbench.errors import CheckpointError
 from workbench.safe_files import inside, read_json, save_files
 
@@ -25,33 +25,36 @@ FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float
 MAX_JSON_BYTES = 1 << 20
 
 
-def save_vector(vector: SteeringVector, folder: Union[str, Path]) -> Path:
-    """Writes ``vector`` into ``folder``; a failed save leaves the previous files.
+def save_vector(directions: dict[int, Tensor], folder: Union[str, Path], layer_type: str = "decoder_block",
+                meta: Optional[dict] = None) -> Path:
+    """Writes a vector's ``directions`` (layer -> ``[D]``, checked by ``SteeringVector``) into ``folder``; a failed
+    save leaves the previous files.
 
     Example:
         >>> import tempfile
-        >>> folder = save_vector(SteeringVector({0: torch.ones(3)}), tempfile.mkdtemp())
+        >>> folder = save_vector({0: torch.ones(3)}, tempfile.mkdtemp())
         >>> sorted(p.name for p in folder.iterdir())
         ['vector.json', 'vector.safetensors']
     """
     tensors = {f"layer.{layer}": direction.detach().to("cpu").contiguous()
-               for layer, direction in sorted(vector.layer_activations.items())}
-    meta = {"format": FORMAT, "version": VERSION, "layer_type": vector.layer_type,
-            "layers": sorted(vector.layer_activations), "d_model": vector.d_model, "meta": vector.meta}
+               for layer, direction in sorted(directions.items())}
+    d_model = next(iter(directions.values())).shape[0]
+    meta = {"format": FORMAT, "version": VERSION, "layer_type": layer_type,
+            "layers": sorted(directions), "d_model": d_model, "meta": meta or {}}
     text = json.dumps(meta, indent=2, default=str)
     return save_files(folder, {TENSORS: lambda path: save_file(tensors, str(path)),
                                META: lambda path: path.write_text(text)}, what="steering vector folder")
 
 
-def load_vector(folder: Union[str, Path]) -> SteeringVector:
-    """The vector in ``folder``; a JSON or header that does not describe ``[d_model]`` float tensors, one per
-    listed layer, is refused (``CheckpointError``) before any tensor is read.
+def load_vector(folder: Union[str, Path]) -> tuple[dict[int, Tensor], str, dict]:
+    """The vector in ``folder`` as (directions, layer type, meta); a JSON or header that does not describe
+    ``[d_model]`` float tensors, one per listed layer, is refused (``CheckpointError``) before any tensor is read.
 
     Example:
         >>> import tempfile
-        >>> folder = save_vector(SteeringVector({2: torch.arange(3.0)}), tempfile.mkdtemp())
-        >>> load_vector(folder).layer_activations
-        {2: tensor([0., 1., 2.])}
+        >>> folder = save_vector({2: torch.arange(3.0)}, tempfile.mkdtemp(), meta={"method": "caa"})
+        >>> load_vector(folder)
+        ({2: tensor([0., 1., 2.])}, 'decoder_block', {'method': 'caa'})
     """
     folder = Path(folder)
     meta_path = inside(folder, META, what="steering vector folder")
@@ -81,7 +84,7 @@ def load_vector(folder: Union[str, Path]) -> SteeringVector:
     for layer, direction in directions.items():
         if not bool(torch.isfinite(direction).all()):
             raise CheckpointError(f"{tensor_path}: layer {layer}'s direction holds NaN or infinity")
-    return SteeringVector(directions, layer_type, dict(meta.get("meta") or {}))
+    return directions, layer_type, dict(meta.get("meta") or {})
 
 
 def _checked_meta(meta: object, path: Path) -> tuple[list[int], int, str]:

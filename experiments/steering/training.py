@@ -61,7 +61,7 @@ def train_steering_vector(model, pairs: Sequence, layers: Optional[Sequence[int]
 @torch.no_grad()
 def read_contrast_activations(model, positives: Sequence[Prompt], negatives: Sequence[Prompt], layers: Sequence[int],
                               read_token_index: int = -1, batch_size: int = 16
-                              ) -> tuple[Float[Tensor, "n layer d_model"], Float[Tensor, "n layer d_model"]]:
+                              ) -> tuple[Float[Tensor, "pair layer d_model"], Float[Tensor, "pair layer d_model"]]:
     """Each prompt's block outputs at ``layers`` at its ``read_token_index`` (positives and negatives), float32.
 
     Example:

@@ -24,6 +24,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from experiments.steering.control_gguf import read_control_vector, write_control_vector
+from experiments.steering.files import load_vector, save_vector
 from workbench.errors import InputError
 
 Hook = tuple[str, Callable[[Tensor, object], Tensor]]
@@ -160,8 +162,7 @@ class SteeringVector:
             >>> SteeringVector.load(folder).layer_activations[1].sum().item()
             128.0
         """
-        from experiments.steering.files import save_vector
-        return save_vector(self, folder)
+        return save_vector(self.layer_activations, folder, self.layer_type, self.meta)
 
     @classmethod
     def load(cls, folder: Union[str, Path]) -> "SteeringVector":
@@ -173,8 +174,8 @@ class SteeringVector:
             Traceback (most recent call last):
             workbench.errors.CheckpointError: /nonexistent/vector.json: not found
         """
-        from experiments.steering.files import load_vector
-        return load_vector(folder)
+        directions, layer_type, meta = load_vector(folder)
+        return cls(directions, layer_type, meta)
 
     def export_gguf(self, path: Union[str, Path], model_hint: str = "llama") -> Path:
         """Writes a llama.cpp control vector (repeng 0.4's GGUF: ``direction.{layer}`` tensors, ``model_hint``).
@@ -185,8 +186,7 @@ class SteeringVector:
             >>> SteeringVector.import_gguf(path).layer_activations[1].shape
             torch.Size([128])
         """
-        from experiments.steering.control_gguf import write_control_vector
-        return write_control_vector(self, path, model_hint)
+        return write_control_vector(self.layer_activations, path, model_hint)
 
     @classmethod
     def import_gguf(cls, path: Union[str, Path]) -> "SteeringVector":
@@ -197,8 +197,8 @@ class SteeringVector:
             Traceback (most recent call last):
             workbench.errors.CheckpointError: /nonexistent.gguf: not found
         """
-        from experiments.steering.control_gguf import read_control_vector
-        return read_control_vector(path)
+        directions, hint = read_control_vector(path)
+        return cls(directions, meta={"model_hint": hint})
 
 
 def _finite(value: object, name: str) -> float:

@@ -52,6 +52,8 @@ def test_steering_page(browser, server_url, screenshot, model):
     page.locator(".st-key-steering_generate button").click()
     page.locator(".st-key-steering_steered").wait_for()
     wait_idle(page)
+    page.wait_for_function("() => ['clean', 'steered'].every(side => { const e = document.querySelector("
+                           "'.st-key-steering_' + side); return e && e.innerText.trim().length > 0; })")
     assert_no_traceback(page)
     assert page.locator(".st-key-steering_clean").inner_text().split() == expected.clean_text.split()
     assert page.locator(".st-key-steering_steered").inner_text().split() == expected.ablated_text.split()
