@@ -151,7 +151,7 @@ def test_sweep_scores_move_by_the_hand_computed_projection(toy):
         assert swept.loc[(swept.coefficient == 0.0) & (swept.prompt == 0), "score"].item() == float(
             measure(toy, toy.to_tokens("The cat sat"))[0])
     figure = sweep_figure(table, score.label)
-    assert figure.data[-1].name == "mean" and figure.data[-1].y.tolist() == pytest.approx(expected, rel=1e-4, abs=1e-3)
+    assert figure.data[-1].name == "mean" and list(figure.data[-1].y) == pytest.approx(expected, rel=1e-4, abs=1e-3)
 
 
 def test_save_load_and_control_vector_gguf_round_trip(tmp_path, toy):
