@@ -59,6 +59,9 @@ COMPARISONS = [
      "EAP at most 0.5x TransformerLens's attribution_patch (edge) time on the same pairs (an MHA model: TL refuses "
      "GQA); batched exact edge patching at least 5x one forward per edge"),
     ("bench_lenses", "14. Tuned-lens training against tuned-lens 0.2", "reported: tokens/s of both trainers side by side"),
+    ("bench_steering", "15. Steering vectors: CAA training, steered generation",
+     "CAA vector over N pairs reported against one cached forward per prompt to the deepest layer used; steered "
+     "generation within 1.05x of plain generation"),
 ]
 GPU_TITLE = "7. GPU: Triton FlashAttention-2 vs SDPA's flash backend; forward, cache-all and generation"
 GPU_GOAL = ("Triton forward at least 0.9x and forward+backward at least 0.8x of SDPA's throughput; cache-all within "
