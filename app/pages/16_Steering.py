@@ -18,7 +18,7 @@ from app.url_state import linked
 from app.widgets import Prompt, page_setup, prompt_box, require_model, run_page
 from experiments.plots.continuations import highlighted_html
 from experiments.steering import METHODS, SteeringVector
-from experiments.steering.plot import sweep_figure
+from experiments.plots.steering import sweep_figure
 
 PAIRS, FILE = "Typed contrast pairs", "A saved file"
 METHOD_LABELS = {"caa": "CAA (mean difference)", "actadd": "ActAdd (one pair)", "pca": "PCA reading vector (repeng)"}

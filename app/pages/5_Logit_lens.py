@@ -11,40 +11,17 @@ import html
 
 import pandas as pd
 import streamlit as st
-import torch
 
 from app import downloads, results
-from app.results.models import BY_MODEL_KEY
 from app.safe_text import quoted
 from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import Prompt, page_setup, prompt_box, require_model, run_page
-from experiments import lens as logit_lens_readout
-from experiments.lenses import TunedLens, lens_kl_by_layer
 from experiments.plots.lenses import lens_kl_figure
 from experiments.lenses.shipped import shipped_tuned_lens
 from experiments.plots import lens as lens_plots
 
 LENS_KINDS = {"logit": "Logit lens", "tuned": "Tuned lens (shipped)"}
-
-
-@st.cache_resource(show_spinner="Loading the tuned lens …", max_entries=2)
-def _tuned_lens(path: str) -> TunedLens:
-    return TunedLens.load(path)
-
-
-@st.cache_data(show_spinner="Reading every layer through the tuned lens …", max_entries=16, hash_funcs=BY_MODEL_KEY)
-def _tuned_table(loaded: LoadedModel, ids: tuple[int, ...], top_k: int, path: str) -> pd.DataFrame:
-    with loaded.lock:
-        lens = _tuned_lens(path).attach(loaded.model)
-        return logit_lens_readout.logit_lens(loaded.model, torch.tensor([ids]), top_k=top_k, tuned_lens=lens)
-
-
-@st.cache_data(show_spinner="KL to the model's output, layer by layer …", max_entries=16, hash_funcs=BY_MODEL_KEY)
-def _kl_by_layer(loaded: LoadedModel, ids: tuple[int, ...], path: str) -> pd.DataFrame:
-    with loaded.lock:
-        lens = _tuned_lens(path).attach(loaded.model) if path else None
-        return lens_kl_by_layer(loaded.model, torch.tensor([ids]), lens)
 
 
 def _token_id(loaded: LoadedModel, text: str, what: str) -> int:
@@ -99,7 +76,7 @@ def main() -> None:
     kind = linked(st.radio, "Lens", options=kinds, index=0, format_func=LENS_KINDS.get, horizontal=True,
                   key="lens_kind")
     if kind == "tuned" and tuned_path is not None:
-        table = _tuned_table(loaded, prompt.ids, top_k, str(tuned_path))
+        table = results.tuned_lens_table(loaded, prompt.ids, top_k, results.load_artifact(loaded, "lens", tuned_path))
         st.caption("Rows: the residual stream entering each layer, moved by that layer's tuned-lens translator, "
                    "then read through the final norm and unembedding (card: "
                    f"{tuned_path.relative_to(tuned_path.parents[2])}/CARD.md).")
@@ -112,7 +89,8 @@ def main() -> None:
         downloads.table(table, "logit_lens", key="logit_lens_table", height=300)
     if len(prompt.ids) >= 3:
         with st.expander("KL by layer: how far each layer's readout is from the model's output"):
-            kl = _kl_by_layer(loaded, prompt.ids, str(tuned_path) if tuned_path is not None else "")
+            held = results.load_artifact(loaded, "lens", tuned_path) if tuned_path is not None else None
+            kl = results.lens_kl(loaded, prompt.ids, held)
             downloads.figure(lens_kl_figure(kl), "lens_kl_by_layer", key="lens_kl")
             st.caption("KL(model's output || lens) in nats, averaged over this prompt's positions that have a next "
                        "token (BOS left out)" + ("" if tuned_path is not None else "; no tuned lens ships for this model"))

@@ -39,7 +39,7 @@ from app.results.features import (LoadedSAE, active_features, feature_continuati
                                    sae_choices)
 from app.results.flow import flow_contributions, flow_vocab_projection
 from app.results.induction import induction_loss, induction_scores
-from app.results.lens import direct_logit_attribution, logit_lens
+from app.results.lens import direct_logit_attribution, lens_kl, logit_lens, tuned_lens_table
 from app.results.long_runs import ProgressBar
 from app.results.models import load_model
 from app.results.neurons import (model_corpus, neuron_activation, neuron_corpus_maxima, neuron_logit_effect,

@@ -1,4 +1,4 @@
-"""The one holder of the dictionaries the pages open (SAEs, transcoder sets): what is shipped for the open model
+"""The one holder of the dictionaries and lenses the pages open (SAEs, transcoder sets, tuned lenses): what is shipped for the open model
 (rows of ``wb.shipped``, by the label a picker shows) and each artifact loaded once per process.
 
 An artifact is kept by ``st.cache_resource`` under its kind, path, the stamp of its files (so rewritten files are
@@ -18,13 +18,15 @@ import streamlit as st
 import workbench as wb
 from app.state import LoadedModel
 from experiments.features import open_sae, shipped_choices
+from experiments.lenses import TunedLens
 
 # How each kind is opened on the model's device (the loaders' own errors propagate: pages quote them).
 LOADERS: dict[str, Callable[[str, str], Any]] = {
     "sae": lambda path, device: open_sae(path, device=device),
     "transcoders": lambda path, device: wb.load_transcoders(path, device=device),
+    "lens": lambda path, device: TunedLens.load(path),  # read on the CPU, where attach() puts it beside the model
 }
-SPINNERS = {"sae": "Loading the SAE …", "transcoders": "Loading the transcoders …"}
+SPINNERS = {"sae": "Loading the SAE …", "transcoders": "Loading the transcoders …", "lens": "Loading the tuned lens …"}
 MAX_STAMPED_FILES = 200  # a folder's stamp reads at most this many files' sizes and times
 
 

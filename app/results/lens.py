@@ -1,5 +1,6 @@
-"""The Logit lens page's results: what each layer's residual stream predicts, and each component's
-direct contribution to one logit.
+"""The Logit lens page's results: what each layer's residual stream predicts (through the logit lens, or a tuned
+lens held by ``app.results.artifacts``), its KL to the model's output by layer, and each component's direct
+contribution to one logit.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ import pandas as pd
 import streamlit as st
 import torch
 
+from app.results.artifacts import BY_ARTIFACT_KEY, LoadedArtifact
 from app.results.models import BY_MODEL_KEY
 from app.state import LoadedModel
 from experiments import lens
+from experiments.lenses import lens_kl_by_layer
 
 
 @st.cache_data(show_spinner="Reading every layer through the unembedding …", max_entries=16, hash_funcs=BY_MODEL_KEY)
@@ -42,3 +45,36 @@ def direct_logit_attribution(loaded: LoadedModel, ids: tuple[int, ...], target: 
     """
     with loaded.lock:
         return lens.direct_logit_attribution(loaded.model, torch.tensor([ids]), target, baseline, position)
+
+
+@st.cache_data(show_spinner="Reading every layer through the tuned lens …", max_entries=16,
+               hash_funcs={**BY_MODEL_KEY, **BY_ARTIFACT_KEY})
+def tuned_lens_table(loaded: LoadedModel, ids: tuple[int, ...], top_k: int, held: LoadedArtifact) -> pd.DataFrame:
+    """``logit_lens``'s table with each layer's residual stream moved by the tuned lens ``held`` first.
+
+    Example:
+        >>> from experiments.lenses import TunedLens
+        >>> loaded = LoadedModel(model, "toy-attn-2l|sdpa")
+        >>> held = LoadedArtifact("lens", "/demo", TunedLens.for_model(model), "demo")   # identity translators
+        >>> table = tuned_lens_table(loaded, tuple(tokens[0].tolist()), 3, held)
+        >>> table.equals(logit_lens(loaded, tuple(tokens[0].tolist()), 3))   # an untrained lens is the logit lens
+        True
+    """
+    with loaded.lock:
+        return lens.logit_lens(loaded.model, torch.tensor([ids]), top_k=top_k,
+                               tuned_lens=held.artifact.attach(loaded.model))
+
+
+@st.cache_data(show_spinner="KL to the model's output, layer by layer …", max_entries=16,
+               hash_funcs={**BY_MODEL_KEY, **BY_ARTIFACT_KEY})
+def lens_kl(loaded: LoadedModel, ids: tuple[int, ...], held: Optional[LoadedArtifact]) -> pd.DataFrame:
+    """KL and cross-entropy by layer on the prompt: the logit lens, and the tuned lens ``held`` when one is given.
+
+    Example:
+        >>> loaded = LoadedModel(model, "toy-attn-2l|sdpa")
+        >>> sorted(lens_kl(loaded, tuple(tokens[0].tolist()), None)["lens"].unique())
+        ['logit']
+    """
+    with loaded.lock:
+        tuned = held.artifact.attach(loaded.model) if held is not None else None
+        return lens_kl_by_layer(loaded.model, torch.tensor([ids]), tuned)

@@ -28,9 +28,10 @@ PARAMS = {"model": HOSTILE, "impl": HOSTILE, "prompt": HOSTILE, "patching_answer
           # The Features page's corpus search reads no link value (its windows come from the bundled corpus), and
           # it is 40 s of SmolLM2 forwards on one core: switched off by the link, as a user can.
           "features_corpus": "false", "probe_first": HOSTILE, "probe_second": HOSTILE,
-          "probe_monitor_prompt": HOSTILE, "sae_compare_paths": HOSTILE}
+          "probe_monitor_prompt": HOSTILE, "sae_compare_paths": HOSTILE, "steering_pairs": HOSTILE,
+          "steering_path": HOSTILE, "steering_tokens": HOSTILE}
 PAGES = ["", "Attention", "Heads", "Induction", "Ablation", "Logit_lens", "Router", "Patching", "Information_flow",
-         "Token_view", "Neurons", "Generate", "Features", "Attribution", "Circuits", "SAE_compare", "Probes"]
+         "Token_view", "Neurons", "Generate", "Features", "Attribution", "Circuits", "SAE_compare", "Steering", "Probes"]
 LINKS_JS = ("() => [...document.querySelectorAll('a[href], img[src], image, source, iframe')]"
             ".map(e => e.getAttribute('href') || e.getAttribute('src') || e.getAttribute('xlink:href') || '')")
 

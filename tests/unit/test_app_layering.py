@@ -29,7 +29,8 @@ APP_MODULES = ["app"] + sorted([f"app.{path.stem}" for path in APP.glob("*.py") 
 PAGE_HELPERS = ["experiments.ablation", "experiments.attention", "experiments.continuations", "experiments.datasets",
                 "experiments.features", "experiments.flow", "experiments.heads", "experiments.induction",
                 "experiments.lens", "experiments.neurons", "experiments.patching", "experiments.router",
-                "experiments.token_view", "experiments.plots"]
+                "experiments.token_view", "experiments.plots", "experiments.steering", "experiments.probes",
+                "experiments.lenses"]
 SENTINEL_THREADS = (os.cpu_count() or 1) + 3  # never what "leave a core free" would choose
 
 IMPORT_PROBE = f"""

@@ -10,7 +10,7 @@ import workbench as wb
 from experiments.features import steering_hook
 from experiments.steering import (SteeringVector, coefficient_sweep, direction_score, logit_difference,
                                   token_probability, train_steering_vector)
-from experiments.steering.plot import sweep_figure
+from experiments.plots.steering import sweep_figure
 from tests.unit.helpers import make_model
 
 PAIRS = [("The cat sat on the mat", "The dog sat on the mat"), ("A cat", "A dog"), ("cats and more", "dogs and")]
