@@ -98,3 +98,15 @@ def test_toy_model_over_seeds_and_bad_input(model):
         absorption_metrics(model, lost, progress=False)
     with pytest.raises(InputError, match="max_words"):
         absorption_metrics(model, sae, max_words=3, progress=False)
+
+
+def test_command_line_runs_the_chosen_measures(tmp_path):
+    from experiments.cli.sae import bench
+
+    table = bench(["--model", "toy-attn-2l", "--sae", "toy-attn-2l-resid1-topk", "--measures", "absorption",
+                   "--max-words", "40", "--seeds", "2", "--out", str(tmp_path), "--no-progress", "--quiet"])
+    assert set(table["eval"]) == {"absorption"} and {"seed_0", "seed_1"} <= set(table.columns)
+    assert (tmp_path / "bench.csv").is_file()
+    with pytest.raises(InputError, match="not a SAEBench measure"):
+        bench(["--model", "toy-attn-2l", "--sae", "toy-attn-2l-resid1-topk", "--measures", "nonsense",
+               "--out", str(tmp_path), "--no-progress", "--quiet"])

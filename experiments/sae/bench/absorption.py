@@ -1,7 +1,9 @@
 """SAEBench 0.6's feature absorption on the first-letter task (``sae_bench/evals/absorption``), per seed and with
 the spread over seeds.
 
-Legend: N words, i d_in, X d_sae.
+Legend: N flattened tokens, i d_in, X d_sae.
+
+Here each row of an ``N`` axis is one word (its token in its prompt).
 
 SAEBench's steps, with its defaults:
 

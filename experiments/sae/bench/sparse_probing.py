@@ -1,7 +1,9 @@
 """SAEBench 0.6's sparse probing (``sae_bench/evals/sparse_probing``): top-k-latent probes against probes on the
 raw activation, on labelled text (``experiments.datasets.labelled``), per seed and with the spread over seeds.
 
-Legend: N texts, B batch, P position, i d_in, X d_sae.
+Legend: N flattened tokens, B batch, P position, i d_in, X d_sae.
+
+Here each row of an ``N`` axis is one text (its tokens pooled).
 
 SAEBench's steps, with its defaults:
 
@@ -47,11 +49,11 @@ CONTEXT_LENGTH = 128
 ENGINE = "workbench-saebench-sparse-probing-1"  # the cache's format
 
 
-def measure_names(k_values: Sequence[int] = K_VALUES) -> tuple[str, ...]:
+def _measure_names(k_values: Sequence[int] = K_VALUES) -> tuple[str, ...]:
     """SAEBench's keys: the full probes' and the top-k probes' test accuracy.
 
     Example:
-        >>> measure_names((1,))
+        >>> _measure_names((1,))
         ('llm_test_accuracy', 'llm_top_1_test_accuracy', 'sae_test_accuracy', 'sae_top_1_test_accuracy')
     """
     return ("llm_test_accuracy", *(f"llm_top_{k}_test_accuracy" for k in k_values),
@@ -136,7 +138,7 @@ def pooled_activations(model, sae: SAE, texts: Sequence[str], context_length: in
 
 def probing_pass(acts_Ni: Float[Tensor, "N i"], latents_NX: Float[Tensor, "N X"], labels_N: Int[Tensor, "N"],
                  seed: int, k_values: Sequence[int] = K_VALUES, test_fraction: float = 0.2) -> dict[str, float]:
-    """One seed's sparse probing of one labelled set: each of ``measure_names(k_values)``, the held-out accuracy
+    """One seed's sparse probing of one labelled set: each of ``_measure_names(k_values)``, the held-out accuracy
     averaged over the classes (each one against the rest).
 
     Example (latent 0 is the label, the raw activation is noise: the top-1 latent probe is exact):
@@ -148,7 +150,7 @@ def probing_pass(acts_Ni: Float[Tensor, "N i"], latents_NX: Float[Tensor, "N X"]
     labels_N = torch.as_tensor(labels_N)
     train_N, test_N = stratified_split(labels_N, test_fraction, seed)
     generator = torch.Generator().manual_seed(int(seed))
-    scores: dict[str, list[float]] = {name: [] for name in measure_names(k_values)}
+    scores: dict[str, list[float]] = {name: [] for name in _measure_names(k_values)}
     for positive in torch.unique(labels_N).tolist():
         train_rows, train_y = one_against_rest(labels_N, train_N, positive, generator)
         test_rows, test_y = one_against_rest(labels_N, test_N, positive, generator)
@@ -162,11 +164,11 @@ def probing_pass(acts_Ni: Float[Tensor, "N i"], latents_NX: Float[Tensor, "N X"]
     return {name: sum(values) / len(values) for name, values in scores.items()}
 
 
-def check_k_values(k_values: Any, widths: dict[str, int]) -> tuple[int, ...]:
+def _check_k_values(k_values: Any, widths: dict[str, int]) -> tuple[int, ...]:
     """``k_values`` as a tuple of positive integers no larger than every width in ``widths``, else ``InputError``.
 
     Example:
-        >>> check_k_values([1, 2], {"d_sae": 4})
+        >>> _check_k_values([1, 2], {"d_sae": 4})
         (1, 2)
     """
     if isinstance(k_values, (str, bytes)) or not isinstance(k_values, Sequence) or not k_values:
@@ -181,12 +183,12 @@ def check_k_values(k_values: Any, widths: dict[str, int]) -> tuple[int, ...]:
     return tuple(k_values)
 
 
-def labelled_sets(tasks: Sequence[Union[str, LabelledTexts]], per_class: int) -> list[LabelledTexts]:
+def _labelled_sets(tasks: Sequence[Union[str, LabelledTexts]], per_class: int) -> list[LabelledTexts]:
     """Each task as ``LabelledTexts`` (a name is read by ``labelled_texts``), checked to have two classes with two
     texts each (a held-out split needs them).
 
     Example:
-        >>> [s.task for s in labelled_sets([LabelledTexts("mine", ("a", "b", "c", "d"), (0, 0, 1, 1), ("x", "y"))], 10)]
+        >>> [s.task for s in _labelled_sets([LabelledTexts("mine", ("a", "b", "c", "d"), (0, 0, 1, 1), ("x", "y"))], 10)]
         ['mine']
     """
     if isinstance(tasks, (str, LabelledTexts)) or not isinstance(tasks, Sequence) or not tasks:
@@ -206,37 +208,37 @@ def labelled_sets(tasks: Sequence[Union[str, LabelledTexts]], per_class: int) ->
     return sets
 
 
-def data_digest(data: LabelledTexts) -> str:
+def _data_digest(data: LabelledTexts) -> str:
     """A digest of a labelled set's texts and labels (its cache key).
 
     Example:
-        >>> len(data_digest(LabelledTexts("t", ("a",), (0,), ("x",))))
+        >>> len(_data_digest(LabelledTexts("t", ("a",), (0,), ("x",))))
         64
     """
     return hashlib.sha256(repr((data.texts, data.labels, data.classes)).encode()).hexdigest()
 
 
-def with_task_means(result_by_task: dict[str, dict[str, float]], k_values: Sequence[int]) -> dict[str, float]:
+def _with_task_means(result_by_task: dict[str, dict[str, float]], k_values: Sequence[int]) -> dict[str, float]:
     """One seed's flat result: ``task/measure`` for each task, and each measure's mean over the tasks.
 
     Example:
-        >>> flat = with_task_means({"a": {"llm_test_accuracy": 1.0, "sae_test_accuracy": 0.5},
+        >>> flat = _with_task_means({"a": {"llm_test_accuracy": 1.0, "sae_test_accuracy": 0.5},
         ...                         "b": {"llm_test_accuracy": 0.5, "sae_test_accuracy": 0.5}}, ())
         >>> flat["llm_test_accuracy"], flat["b/llm_test_accuracy"]
         (0.75, 0.5)
     """
     flat = {f"{task}/{name}": value for task, result in result_by_task.items() for name, value in result.items()}
-    for name in measure_names(k_values):
+    for name in _measure_names(k_values):
         values = [result[name] for result in result_by_task.values()]
         flat[name] = sum(values) / len(values)
     return flat
 
 
-def as_frame(table: pd.DataFrame) -> pd.DataFrame:
+def _as_frame(table: pd.DataFrame) -> pd.DataFrame:
     """The table with a ``task`` column (``"mean"`` for the means over tasks).
 
     Example:
-        >>> as_frame(pd.DataFrame({"value": [1.0]}, index=pd.Index(["t/x"], name="measure")))["task"].tolist()
+        >>> _as_frame(pd.DataFrame({"value": [1.0]}, index=pd.Index(["t/x"], name="measure")))["task"].tolist()
         ['t']
     """
     table = table.copy()
@@ -273,10 +275,10 @@ def sparse_probing_metrics(model, sae: SAE, tasks: Sequence[Union[str, LabelledT
     if not isinstance(sae, SAE):
         raise InputError(f"sae must be a wb.SAE (wb.load_sae or train_sae), got {type(sae).__name__}")
     check_hook(model, sae.cfg.hook_name, "sae.cfg.metadata.hook_name")
-    k_values = check_k_values(k_values, {"d_sae": sae.cfg.d_sae, "d_in": sae.cfg.d_in})
+    k_values = _check_k_values(k_values, {"d_sae": sae.cfg.d_sae, "d_in": sae.cfg.d_in})
     if not 0 < test_fraction < 1:
         raise InputError(f"test_fraction must be between 0 and 1, got {test_fraction!r}")
-    sets = labelled_sets(tasks, per_class)
+    sets = _labelled_sets(tasks, per_class)
     pooled: dict[str, tuple[Tensor, Tensor]] = {}
 
     def compute(seed: int) -> dict[str, float]:
@@ -286,14 +288,14 @@ def sparse_probing_metrics(model, sae: SAE, tasks: Sequence[Union[str, LabelledT
                 pooled[data.task] = pooled_activations(model, sae, data.texts, context_length, batch_size, progress)
             acts, latents = pooled[data.task]
             by_task[data.task] = probing_pass(acts, latents, torch.tensor(data.labels), seed, k_values, test_fraction)
-        return with_task_means(by_task, k_values)
+        return _with_task_means(by_task, k_values)
 
     def key_of(seed: int) -> dict[str, Any]:
         return {"engine": ENGINE, "model": weights_digest(model), "sae": sae_digest(sae),
-                "data": [data_digest(data) for data in sets],
+                "data": [_data_digest(data) for data in sets],
                 "settings": {"seed": seed, "k_values": list(k_values), "test_fraction": test_fraction,
                              "context_length": context_length}}
 
-    names = list(measure_names(k_values)) + [f"{d.task}/{n}" for d in sets for n in measure_names(k_values)]
+    names = list(_measure_names(k_values)) + [f"{d.task}/{n}" for d in sets for n in _measure_names(k_values)]
     results = per_seed("sparse_probing", key_of, seeds, names, compute, use_disk)
-    return as_frame(spread_table(seeds, results, names))
+    return _as_frame(spread_table(seeds, results, names))
