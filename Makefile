@@ -35,8 +35,8 @@ setup-browser:
 
 # English prose for the shipped SmolLM2 SAE's training and held-out evaluation (experiments.datasets.english).
 setup-corpus:
-	test -d /usr/share/doc/debian-handbook/html/en-US -a -d /usr/share/games/fortunes || \
-		(apt-get update -q && apt-get install -y -q --no-install-recommends fortunes debian-handbook)
+	test -d /usr/share/doc/debian-handbook/html/en-US -a -d /usr/share/games/fortunes/de -a -d /usr/share/games/fortunes/es || \
+		(apt-get update -q && apt-get install -y -q --no-install-recommends fortunes fortunes-de fortunes-es debian-handbook)
 
 run: setup setup-corpus
 	$(PYTHON) -m streamlit run app/Home.py --server.address 127.0.0.1 --server.port $(PORT) --server.headless true

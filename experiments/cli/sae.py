@@ -9,8 +9,10 @@
 - ``evaluate --model M --sae DIR_OR_NAME --data D --out DIR [--windows N]``: ``evaluate_sae``, written as
   ``sae_eval.json`` / ``.csv`` / ``.html`` (the feature-density histogram).
 
-- ``bench --model M --sae A --sae B ... --out DIR [--data D --tokens N --seeds 3]``: ``run_bench``'s SAEBench core
-  measures of each SAE over seeds 0..N-1 (``experiments.sae.bench``), written as ``DIR/core.csv`` and printed.
+- ``bench --model M --sae A --sae B ... --out DIR [--measures core,sparse_probing,absorption --data D --tokens N
+  --seeds 3 --tasks language,code_vs_prose --per-class 200 --max-words 1500]``: ``run_bench``'s SAEBench measures
+  of each SAE over seeds 0..N-1 (``experiments.sae.bench``), written as ``DIR/core.csv`` (core alone) or
+  ``DIR/bench.csv`` and printed.
 
 ``--data``: ``english`` / ``english-held-out`` (``experiments.datasets.english``: the training and held-out
 documents of the Debian packages ``fortunes`` and ``debian-handbook``), ``stdlib`` / ``stdlib-held-out`` (the
@@ -32,6 +34,7 @@ import torch
 from experiments import _cli
 from experiments.datasets.corpus import corpus_windows
 from experiments.sae.bench import core_metrics, run_bench
+from experiments.sae.bench.sparse_probing import TASKS as SPARSE_PROBING_TASKS
 from experiments.sae.clt import train_clt
 from experiments.sae.evaluate import evaluate_sae
 from experiments.sae.inputs import hook_layer
@@ -233,25 +236,35 @@ def bench(argv: Optional[Sequence[str]] = None) -> pd.DataFrame:
     parser.add_argument("--tokens", type=int, default=4096, help="tokens each seed evaluates")
     parser.add_argument("--seeds", type=int, default=3, help="number of seeds (0 .. N-1)")
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--measures", default="core", help="comma-separated SAEBench measures: core, "
+                        "sparse_probing, absorption")
+    parser.add_argument("--tasks", default=",".join(SPARSE_PROBING_TASKS), help="sparse probing's labelled tasks "
+                        "(comma-separated: language, code_vs_prose, handbook_chapter)")
+    parser.add_argument("--per-class", type=int, default=200, help="sparse probing: texts per class")
+    parser.add_argument("--max-words", type=int, default=1500, help="absorption: words of the tokenizer")
     parser.add_argument("--quiet", action="store_true", help="do not print the table")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.tokens < 1:
         parser.error(f"--seeds and --tokens must be at least 1, got {args.seeds} and {args.tokens}")
+    measures = tuple(m.strip() for m in args.measures.split(",") if m.strip())
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
     model = _cli.load(args)
     saes = {name: load_sae(name, dtype="float32") for name in args.sae}  # a shipped SAE may be stored in float16
-    pool = data_windows(model, args.data, POOL_FACTOR * math.ceil(args.tokens / WINDOW))
-    table = run_bench(model, saes, pool, seeds=tuple(range(args.seeds)), n_tokens=args.tokens,
-                      batch_size=args.batch_size, progress=not args.no_progress)
+    pool = data_windows(model, args.data, POOL_FACTOR * math.ceil(args.tokens / WINDOW)) if "core" in measures else None
+    table = run_bench(model, saes, pool, measures=measures, seeds=tuple(range(args.seeds)), n_tokens=args.tokens,
+                      batch_size=args.batch_size, progress=not args.no_progress, tasks=tasks,
+                      per_class=args.per_class, max_words=args.max_words)
     figure = go.Figure()
-    for name, sae in saes.items():  # cached: the histograms come back without a forward pass
+    for name, sae in (saes.items() if "core" in measures else ()):  # cached: no forward pass
         histogram = core_metrics(model, sae, pool, seeds=tuple(range(args.seeds)), n_tokens=args.tokens,
                                  batch_size=args.batch_size, progress=False).attrs["feature_density_histogram"]
         edges = histogram["edges"]
         figure.add_bar(x=[(lo + hi) / 2 for lo, hi in zip(edges, edges[1:])], y=histogram["counts"][0], name=name)
     figure.update_layout(title="Feature density (log10 of the fraction of kept tokens a feature fires on; seed 0; "
                          "-10: dead)", xaxis_title="log10 density", yaxis_title="features", barmode="overlay")
-    summary = {"model": args.model, "saes": args.sae, "data": args.data, "tokens": args.tokens, "seeds": args.seeds}
-    _cli.write_outputs(args.out, "core", table, figure, summary)
+    summary = {"model": args.model, "saes": args.sae, "data": args.data, "tokens": args.tokens, "seeds": args.seeds,
+               "measures": list(measures)}
+    _cli.write_outputs(args.out, "core" if measures == ("core",) else "bench", table, figure, summary)
     if not args.quiet:
         with pd.option_context("display.max_rows", None, "display.width", 160):
             print(table[["sae", "measure", "value", "std"]].to_string(index=False))

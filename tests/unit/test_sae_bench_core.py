@@ -193,7 +193,7 @@ def test_bad_input_is_a_clear_error(model, pool):
     with pytest.raises(InputError, match="seeds"):
         core_metrics(model, _scaled(model, 1.0), pool, seeds=(), progress=False)
     with pytest.raises(InputError, match="not built yet"):
-        run_bench(model, {"a": _scaled(model, 1.0)}, pool, measures=("sparse_probing",))
+        run_bench(model, {"a": _scaled(model, 1.0)}, pool, measures=("scr",))
     with pytest.raises(InputError, match="not a SAEBench measure"):
         run_bench(model, {"a": _scaled(model, 1.0)}, pool, measures=("nonsense",))
     with pytest.raises(InputError, match="sae=.nobody"):
