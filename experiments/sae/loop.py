@@ -237,7 +237,7 @@ def learning_rate(cfg: Any, step: int) -> float:
     Example:
         >>> from experiments.sae.train import TrainSAEConfig
         >>> cfg = TrainSAEConfig(training_tokens=40, train_batch_size_tokens=4, lr=1.0, lr_decay_steps=5)
-        >>> learning_rate(cfg, 0), learning_rate(cfg, 9)
+        >>> learning_rate(cfg, 0), round(learning_rate(cfg, 9), 6)
         (1.0, 0.1)
     """
     if cfg.lr_warm_up_steps and step < cfg.lr_warm_up_steps:

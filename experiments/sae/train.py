@@ -173,7 +173,6 @@ def run_training(model, module, tokens: Tensor, input_hooks: list[str], target_h
 
     Example:
         >>> from experiments.sae.modules import TrainingSAE
-from experiments.sae.parallel import current_world
         >>> cfg = TrainSAEConfig(training_tokens=512, train_batch_size_tokens=128, buffer_tokens=256, log_every=4)
         >>> sae = TrainingSAE("standard", 128, 16, options=training_options(cfg, None))
         >>> result = run_training(model, sae, tokens.repeat(8, 1), ["blocks.0.hook_resid_post"], [], cfg,

@@ -81,7 +81,7 @@ def training_form(name: object) -> TrainingForm:
         'jumprelu'
         >>> training_form("gated")
         Traceback (most recent call last):
-        workbench.errors.InputError: architecture must be one of ('standard', 'jumprelu', 'topk', 'batchtopk'), got 'gated'
+        workbench.errors.InputError: architecture must be one of ('standard', 'jumprelu', 'topk', 'batchtopk', 'matryoshka_batchtopk'), got 'gated'
     """
     form = TRAINING_FORMS.get(name) if isinstance(name, str) else None
     if form is None:
