@@ -1,6 +1,8 @@
 """The one SAE training loop: ``train_sae``, ``train_saes`` and ``train_clt`` all run ``train_members``.
 
-Legend: N flattened tokens, i a buffered row's width.
+Legend: N flattened tokens, i d_in.
+
+(A buffered row holds every hook any member needs side by side; ``i`` below is that row's width.)
 
 The loop is SAELens 6's ``SAETrainer``: Adam (betas 0.9 / 0.999), a constant learning rate with optional linear
 warm-up and a linear decay to ``lr / 10`` over the last ``lr_decay_steps``, gradients clipped to norm 1, the

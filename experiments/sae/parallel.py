@@ -2,7 +2,9 @@
 on CPU, NCCL on GPUs): ``train_sae`` / ``train_saes`` / ``train_clt`` run unchanged in every process of an
 initialised process group (``init_process_group`` first, or ``world_from_environment``).
 
-Legend: N flattened tokens, i a buffered row's width.
+Legend: N flattened tokens, i d_in, X d_sae.
+
+(``i`` below is a buffered row's width; a process's share of a batch is ``N`` rows too.)
 
 Every process reads the same stream (the model's forward or the disk cache, one buffer of ``buffer_tokens`` rows,
 the same shuffling generator), so the batches are the one-process batches and memory per process is bounded by
@@ -46,7 +48,7 @@ class World:
         """Whether this process writes checkpoints and results (rank 0)."""
         return self.rank == 0
 
-    def rows(self, rows: Float[Tensor, "N i"]) -> Float[Tensor, "n i"]:
+    def rows(self, rows: Float[Tensor, "N i"]) -> Float[Tensor, "N i"]:
         """This process's share of a batch: rows ``rank::size``."""
         return rows if self.size == 1 else rows[self.rank::self.size]
 
@@ -66,7 +68,7 @@ class World:
             p.grad = flat[start:start + g.numel()].view_as(g).clone()
             start += g.numel()
 
-    def fired(self, feature_acts: Float[Tensor, "n X"]) -> Float[Tensor, "m X"]:
+    def fired(self, feature_acts: Float[Tensor, "N X"]) -> Float[Tensor, "N X"]:
         """Which features fired on any process's rows (with one process, ``feature_acts`` itself; else a one-row
         stand-in for the batch's activations)."""
         if self.size == 1:
@@ -76,7 +78,7 @@ class World:
             dist.all_reduce(fired, op=dist.ReduceOp.MAX)
         return fired
 
-    def gather(self, rows: Float[Tensor, "n i"]) -> Float[Tensor, "N i"]:
+    def gather(self, rows: Float[Tensor, "N i"]) -> Float[Tensor, "N i"]:
         """Every process's rows, in rank order (all of a batch, for its log row)."""
         if self.size == 1:
             return rows
