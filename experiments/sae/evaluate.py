@@ -52,6 +52,9 @@ def evaluate_sae(model, sae: SAE, data: Any, batch_size: int = 8, exclude_specia
     """
     if not isinstance(sae, SAE):
         raise InputError(f"sae must be a wb.SAE (wb.load_sae or train_sae), got {type(sae).__name__}")
+    if sae.spec.encoding.reads_sequences:  # its codes read earlier positions: per-token splicing is not its metric
+        raise InputError(f"evaluate_sae scores SAEs that code each token alone; a {sae.cfg.architecture()!r} SAE's "
+                         "codes read the positions before them (encode it on [batch, pos, d_in] with sae.encode)")
     check_hook(model, sae.cfg.hook_name, "sae.cfg.metadata.hook_name")
     check_hook(model, sae.cfg.hook_name_out, "sae.cfg.metadata.hook_name_out")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:

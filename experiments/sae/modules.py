@@ -106,12 +106,14 @@ class TrainingSAE(nn.Module):
         out = math.decode(self.sae, acts, math.NormState())
         return out + math.skip_term(self.sae, x) if self.skip and x is not None else out
 
-    def decode_sparse(self, indices: Tensor, values: Tensor) -> Float[Tensor, "N o"]:
+    def decode_sparse(self, indices: Tensor, values: Tensor, with_bias: bool = True) -> Float[Tensor, "N o"]:
         """``decode`` of activations given as (feature indices [N, k], values [N, k]) without the zeros: one
-        ``embedding_bag`` (a dense decode costs N * F * O; this N * k * O), used by top-k in training."""
+        ``embedding_bag`` (a dense decode costs N * F * O; this N * k * O), used by top-k in training;
+        ``with_bias=False``: without ``b_dec`` (the aux-k reconstruction of the residual, which holds it already)."""
         if self.rescales:
             values = values / self.W_dec.norm(dim=-1)[indices]
-        return nn.functional.embedding_bag(indices, self.W_dec, per_sample_weights=values, mode="sum") + self.b_dec
+        out = nn.functional.embedding_bag(indices, self.W_dec, per_sample_weights=values, mode="sum")
+        return out + self.b_dec if with_bias else out
 
     def training_forward(self, x: Float[Tensor, "N i"], target: Float[Tensor, "N o"], dead: Tensor,
                          coefficient_scale: float = 1.0) -> dict[str, Any]:
@@ -125,7 +127,10 @@ class TrainingSAE(nn.Module):
         losses = {"mse_loss": (out - target).pow(2).sum(-1).mean()}
         losses.update(self.form.sparsity_loss(acts, hidden_pre, self.form_state, self.W_dec.norm(dim=-1), self.options,
                                               coefficient_scale))
-        losses.update(self.form.auxiliary_loss(hidden_pre, target - out, dead, self.decode_sparse, self.options))
+        # SAELens 6.54's aux-k reconstruction is W_dec z without b_dec (the residual holds b_dec already)
+        losses.update(self.form.auxiliary_loss(hidden_pre, target - out, dead,
+                                               lambda i, v: self.decode_sparse(i, v, with_bias=False), self.options))
+        losses.update(self.form.nested_losses(acts, target, self.W_dec, self.b_dec, self.options, self.rescales))
         self.form.after_batch(acts, self.form_state, self.options)
         return {"loss": sum(losses.values()), "losses": losses, "feature_acts": acts, "sae_out": out}
 

@@ -1,10 +1,6 @@
 """``train_saes``: several SAEs and transcoders from one forward pass per batch (SAELens's ``MultiSAETrainingRunner``
 in spirit); ``train_transcoders``: a per-layer ``wb.TranscoderSet`` trained that way.
 
-Legend: N flattened tokens, i d_in.
-
-(A buffered row holds every hook any SAE needs side by side; ``i`` below is that row's width.)
-
 One model forward per chunk captures every hook the specs name (each once, in the order first named); the rows go
 through one shuffling buffer, so every SAE sees the same rows in the same order. Each SAE then trains on its own
 columns of each batch, with its own scales, ``b_dec`` initialisation, learning-rate schedule, sparsity warm-up,
@@ -14,8 +10,8 @@ interact). ``train_sae`` draws its initialisation and its data order from genera
 ``seed``, so each SAE here ends exactly as ``train_sae`` would train it alone on the same data, seed and settings
 (with ``outlier_norm_ratio`` set, a row that is an outlier at any hook is left out for every SAE).
 
-The pieces are ``train_sae``'s (``experiments.sae.train``: schedule, initialisation, logging, dead-feature
-tracker; ``activations``: chunks and buffer; ``checkpoints``): a checkpoint here holds every SAE's state (as one
+The loop is the one ``train_sae`` runs (``experiments.sae.loop.train_members``, with a member per SAE): a
+checkpoint here holds every SAE's state (as one
 ``nn.ModuleList``), the shared buffer and each SAE's scales and log rows, and is refused by a run of other specs.
 """
 
@@ -26,19 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
-import pandas as pd
 import torch
-from jaxtyping import Float
 from torch import Tensor, nn
 
-from experiments._progress import Progress, ProgressArg
-from experiments.sae.activations import ShuffleBuffer, activation_chunks, special_token_ids
-from experiments.sae.checkpoints import load_checkpoint, run_identity, save_checkpoint
+from experiments._progress import ProgressArg
+from experiments.sae.checkpoints import run_identity
 from experiments.sae.clt import INPUT_HOOK, OUTPUT_HOOK
-from experiments.sae.inputs import check_hook, check_train_config, check_train_inputs, hook_layer, token_rows
+from experiments.sae.inputs import check_hook, check_train_inputs, token_rows
+from experiments.sae.loop import Member, hook_columns, train_members
 from experiments.sae.modules import TrainingSAE
-from experiments.sae.train import (LOG_COLUMNS, LOG_FILE, TrainSAEConfig, _config_overrides, _initialise, _log_row,
-                                   _lr, _scaled, _Tracker, saved_metadata, training_options)
+from experiments.sae.parallel import current_world
+from experiments.sae.train import LOG_FILE, TrainSAEConfig, _config_overrides, saved_metadata, training_options
 from workbench.errors import InputError
 from workbench.sae import SAE
 from workbench.transcoders import TranscoderSet
@@ -47,6 +41,7 @@ from workbench.transcoders import TranscoderSet
 PER_SAE_FIELDS = ("lr", "lr_warm_up_steps", "lr_decay_steps", "adam_beta1", "adam_beta2", "l1_coefficient", "lp_norm",
                   "l1_warm_up_steps", "l0_coefficient", "l0_warm_up_steps", "jumprelu_bandwidth",
                   "jumprelu_init_threshold", "aux_loss_coefficient", "topk_threshold_lr", "decoder_init_norm",
+                  "matryoshka_widths",
                   "b_dec_init", "dead_feature_window")
 
 
@@ -105,25 +100,24 @@ def train_saes(model, specs: Union[Sequence[Union[SAESpec, Mapping[str, Any]]], 
     for spec in specs:
         hooks += [h for h in (spec.hook_name, spec.hook_name_out) if h is not None and h not in hooks]
     members = [_member(model, spec, cfg, tokens) for spec in specs]
-    columns = _hook_columns(model, hooks, tokens)
-    for member in members:
-        member.columns = (columns[member.spec.hook_name], columns.get(member.spec.hook_name_out))
-    ensemble = nn.ModuleList([member.sae for member in members])
-    ensemble.architecture = "+".join(f"{m.spec.label}:{m.spec.architecture}" for m in members)  # what a resume checks
-    ensemble.options = {"k": [m.spec.k for m in members]}
-    ensemble.n_features = sum(m.sae.n_features for m in members)
-    optimizer = torch.optim.Adam([{"params": list(m.sae.parameters()), "lr": m.cfg.lr,
-                                   "betas": (m.cfg.adam_beta1, m.cfg.adam_beta2)} for m in members])
-    logs = _train_together(model, ensemble, members, optimizer, tokens, hooks, cfg, activation_cache, checkpoint_dir,
-                           resume_from, progress)
+    columns = hook_columns(model, hooks, tokens)
+    for spec, member in zip(specs, members):
+        member.columns = (columns[spec.hook_name], columns.get(spec.hook_name_out))
+    ensemble = nn.ModuleList([member.module for member in members])
+    ensemble.architecture = "+".join(f"{s.label}:{s.architecture}" for s in specs)  # what a resume checks
+    ensemble.options = {"k": [s.k for s in specs]}
+    ensemble.n_features = sum(m.module.n_features for m in members)
+    logs = train_members(model, members, tokens, hooks, cfg, torch.Generator().manual_seed(cfg.seed),
+                         run_identity(ensemble, hooks, [], cfg, tokens), ensemble, activation_cache, checkpoint_dir,
+                         resume_from, progress, desc=f"training {len(members)} SAEs", log_per_member=True)
     trained = []
-    for member, log in zip(members, logs):
-        sae = member.sae.to_sae(saved_metadata(model, cfg, tokens, member.spec.hook_name, member.spec.hook_name_out),
-                                scale_in=member.scales[0], scale_out=member.scales[1], dtype=save_dtype)
+    for spec, member, log in zip(specs, members, logs):
+        sae = member.module.to_sae(saved_metadata(model, cfg, tokens, spec.hook_name, spec.hook_name_out),
+                                   scale_in=member.scales[0][0], scale_out=member.scales[1][0], dtype=save_dtype)
         sae.training_log = log
-        if out is not None:
-            sae.save(Path(out) / member.spec.label)
-            log.to_csv(Path(out) / member.spec.label / LOG_FILE, index=False)
+        if out is not None and current_world().writes:  # data-parallel: rank 0 writes
+            sae.save(Path(out) / spec.label)
+            log.to_csv(Path(out) / spec.label / LOG_FILE, index=False)
         trained.append(sae)
     return trained
 
@@ -153,7 +147,7 @@ def train_transcoders(model, data: Any, d_transcoder: int = 4096, architecture: 
     tc = TranscoderSet(feature_input_hook=INPUT_HOOK, feature_output_hook=OUTPUT_HOOK, layers=layers,
                        scan=getattr(model.cfg, "model_name", None))
     tc.training_logs = [layer.training_log for layer in layers]
-    if out is not None:
+    if out is not None and current_world().writes:
         tc.save(out)
         for layer, log in enumerate(tc.training_logs):
             log.to_csv(Path(out) / f"training_log_{layer}.csv", index=False)
@@ -188,19 +182,7 @@ def _as_fields(spec: Any, where: str) -> dict[str, Any]:
     return dict(spec)
 
 
-@dataclass
-class _Member:
-    """One SAE of the run: its spec, settings, module, buffer columns (input, target), scales and tracker."""
-
-    spec: SAESpec
-    cfg: TrainSAEConfig
-    sae: TrainingSAE
-    columns: tuple[slice, Optional[slice]]
-    scales: tuple[float, float] = (1.0, 1.0)
-    tracker: Any = None
-
-
-def _member(model, spec: SAESpec, cfg: TrainSAEConfig, tokens: Tensor) -> _Member:
+def _member(model, spec: SAESpec, cfg: TrainSAEConfig, tokens: Tensor) -> Member:
     """The spec checked (``train_sae``'s checks, with its own settings) and its SAE initialised as ``train_sae``
     initialises it; its columns are set once every spec is checked."""
     where = f"SAE {spec.label!r}"
@@ -217,101 +199,4 @@ def _member(model, spec: SAESpec, cfg: TrainSAEConfig, tokens: Tensor) -> _Membe
     sae = TrainingSAE(spec.architecture, d_in, spec.d_sae, d_out, skip=spec.skip,
                       transcoder=spec.hook_name_out is not None, options=training_options(own, spec.k),
                       generator=torch.Generator().manual_seed(cfg.seed))
-    return _Member(spec, own, sae, (slice(0), None), tracker=_Tracker(spec.d_sae))
-
-
-def _hook_columns(model, hooks: list[str], tokens: Tensor) -> dict[str, slice]:
-    """Each hook's columns in a buffered row (the hooks' widths side by side, in ``hooks``' order), from one
-    two-token forward."""
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens[:1, :2].to(model.cfg.device), names_filter=list(hooks),
-                                        stop_at_layer=max(hook_layer(model, h) for h in hooks) + 1, return_type=None)
-    columns, start = {}, 0
-    for hook in hooks:
-        columns[hook] = slice(start, start + int(cache[hook].shape[-1]))
-        start = columns[hook].stop
-    return columns
-
-
-# ---- the loop ----------------------------------------------------------------------------------------------------
-class _Columns:
-    """A view of the shared buffer holding one SAE's columns (input, then target): what ``_initialise`` peeks."""
-
-    def __init__(self, buffer: ShuffleBuffer, member: _Member):
-        self.buffer, self.member = buffer, member
-        self.batch_rows, self.capacity = buffer.batch_rows, buffer.capacity
-
-    def peek(self, n_rows: int) -> Float[Tensor, "n_rows i"]:
-        return _sides(self.buffer.peek(n_rows), self.member)
-
-
-def _sides(rows: Float[Tensor, "N i"], member: _Member) -> Tensor:
-    x_cols, y_cols = member.columns  # contiguous, as the rows a lone SAE's buffer holds
-    return rows[:, x_cols].contiguous() if y_cols is None else torch.cat([rows[:, x_cols], rows[:, y_cols]], dim=-1)
-
-
-def _train_together(model, ensemble: nn.ModuleList, members: list[_Member], optimizer: torch.optim.Optimizer,
-                    tokens: Tensor, hooks: list[str], cfg: TrainSAEConfig, activation_cache, checkpoint_dir,
-                    resume_from, progress: ProgressArg) -> list[pd.DataFrame]:
-    """``run_training``'s loop for several SAEs on one stream; each member's scales and tracker are set here and
-    each SAE's log is returned."""
-    exclude = special_token_ids(model) if cfg.exclude_special_tokens else []
-    check_train_config(cfg, tokens, exclude)
-    run = run_identity(ensemble, hooks, [], cfg, tokens)
-    state = None
-    if resume_from is not None:
-        state = load_checkpoint(resume_from, run, ensemble, optimizer, cfg.total_steps, len(members),
-                                chunk_rows=cfg.store_batch_size_prompts * tokens.shape[1])
-    chunks = activation_chunks(model, tokens, hooks, cfg.store_batch_size_prompts,
-                               max(hook_layer(model, h) for h in hooks) + 1, exclude,
-                               start_row=state["buffer"]["rows_consumed"] if state else 0, cache_dirs=activation_cache,
-                               outlier_norm_ratio=cfg.outlier_norm_ratio)
-    buffer = ShuffleBuffer(chunks, cfg.buffer_tokens, cfg.train_batch_size_tokens,
-                           torch.Generator().manual_seed(cfg.seed), state=state["buffer"] if state else None)
-    if state:
-        counters = state["tracker"]["steps_since_fired"].split([m.sae.n_features for m in members])
-        for i, member in enumerate(members):
-            member.scales = (state["scales"][0][i], state["scales"][1][i])
-            member.tracker.steps_since_fired = counters[i].clone()
-        step, log_rows = state["step"], state["log"]
-    else:
-        for member in members:
-            scale_in, scale_out = _initialise(member.sae, _Columns(buffer, member), 1, member.columns[1] is not None,
-                                              member.cfg.b_dec_init)
-            member.scales = (scale_in[0], scale_out[0])
-        step, log_rows = 0, []
-    with Progress(progress, total=cfg.total_steps, desc=f"training {len(members)} SAEs") as bar:
-        bar.advance(step)
-        while step < cfg.total_steps:
-            rows = buffer.next_batch()
-            outs = [_forward(member, group, rows, step) for member, group in zip(members, optimizer.param_groups)]
-            sum(out["loss"] for out, _, _ in outs).backward()  # disjoint parameters: each SAE gets its own gradient
-            for member in members:
-                torch.nn.utils.clip_grad_norm_(member.sae.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad()
-            for member, (out, _, _) in zip(members, outs):
-                member.tracker.update(out["feature_acts"])
-            step += 1
-            bar.advance()
-            if step % cfg.log_every == 0 or step == cfg.total_steps:
-                log_rows.append({"step": step, "saes": [_log_row(step, m.cfg, out, target, m.tracker, lr)
-                                                        for m, (out, target, lr) in zip(members, outs)]})
-            if checkpoint_dir is not None and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                scales = ([m.scales[0] for m in members], [m.scales[1] for m in members])
-                fired = torch.cat([m.tracker.steps_since_fired for m in members])
-                save_checkpoint(Path(checkpoint_dir) / f"step-{step}", run, ensemble, optimizer, buffer.state(), fired,
-                                scales, step, log_rows)
-    return [pd.DataFrame([row["saes"][i] for row in log_rows], columns=list(LOG_COLUMNS)) for i in range(len(members))]
-
-
-def _forward(member: _Member, group: dict[str, Any], rows: Float[Tensor, "N i"], step: int) -> tuple[dict, Tensor, float]:
-    """One SAE's training forward on its columns of ``rows`` (its lr set on its parameter group): (out, target, lr)."""
-    x_cols, y_cols = member.columns
-    x = _scaled(rows[:, x_cols], [member.scales[0]])
-    target = _scaled(rows[:, y_cols], [member.scales[1]]) if y_cols is not None else x
-    lr = group["lr"] = _lr(member.cfg, step)
-    warm = getattr(member.cfg, member.sae.form.warm_up) if member.sae.form.warm_up else 0
-    out = member.sae.training_forward(x, target, member.tracker.dead(member.cfg.dead_feature_window),
-                                      coefficient_scale=min(1.0, (step + 1) / warm) if warm else 1.0)
-    return out, target, lr
+    return Member(sae, own)

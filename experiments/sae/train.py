@@ -2,7 +2,7 @@
 
 Legend: B batch, P position, N flattened tokens, i d_in, o d_out.
 
-The loop is SAELens 6's ``SAETrainer``: Adam (betas 0.9 / 0.999), a constant learning rate with optional linear
+The loop (``experiments.sae.loop``, the one ``train_saes`` and ``train_clt`` run too) is SAELens 6's ``SAETrainer``: Adam (betas 0.9 / 0.999), a constant learning rate with optional linear
 warm-up and a linear decay to ``lr / 10`` over the last ``lr_decay_steps``, gradients clipped to norm 1, the
 sparsity coefficient warmed up, and dead features tracked as SAELens does (a feature is dead when it has not
 fired for ``dead_feature_window`` steps; top-k's aux-k loss trains them). Activations come from
@@ -15,25 +15,26 @@ every ``checkpoint_every`` steps ``checkpoint_dir/step-{n}/`` receives the full 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 import pandas as pd
 import torch
-from jaxtyping import Int
 from torch import Tensor
 
-from experiments._progress import Progress, ProgressArg
-from experiments.sae.activations import ShuffleBuffer, activation_chunks, special_token_ids
-from experiments.sae.checkpoints import load_checkpoint, run_identity, save_checkpoint
-from experiments.sae.inputs import check_train_config, check_train_inputs, hook_layer, token_rows
+from experiments._progress import ProgressArg
+from experiments.sae.activations import special_token_ids
+from experiments.sae.checkpoints import run_identity
+from experiments.sae.inputs import check_train_inputs, token_rows
+from experiments.sae.loop import LOG_COLUMNS, Member, geometric_median, hook_columns, train_members
 from experiments.sae.modules import TrainingSAE
+from experiments.sae.parallel import current_world
 from workbench.errors import InputError
 from workbench.sae import SAE
 LOG_FILE = "training_log.csv"  # checkpoints' files: experiments.sae.checkpoints
-LOG_COLUMNS = ("step", "tokens", "loss", "mse_loss", "sparsity_loss", "l0", "explained_variance", "dead_fraction", "lr")
+__all__ = ["TrainSAEConfig", "train_sae", "training_options", "saved_metadata", "run_training", "TrainingResult",
+           "geometric_median", "LOG_COLUMNS", "LOG_FILE"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +62,7 @@ class TrainSAEConfig:
     jumprelu_init_threshold: float = 0.01
     aux_loss_coefficient: float = 1.0
     topk_threshold_lr: float = 0.01
+    matryoshka_widths: tuple[int, ...] = ()  # matryoshka_batchtopk's levels (d_sae is added as the last)
     decoder_init_norm: Optional[float] = 0.1
     b_dec_init: str = "mean"  # "mean", "geometric_median" or "zeros"
     dead_feature_window: int = 1000
@@ -116,7 +118,7 @@ def train_sae(model, hook_name: str, data: Any, architecture: str = "topk", d_sa
     metadata = saved_metadata(model, cfg, tokens, hook_name, hook_name_out)
     trained = sae.to_sae(metadata, scale_in=result.scales[0][0], scale_out=result.scales[1][0], dtype=save_dtype)
     trained.training_log = result.log
-    if out is not None:
+    if out is not None and current_world().writes:  # data-parallel: rank 0 writes
         trained.save(out)
         result.log.to_csv(Path(out) / LOG_FILE, index=False)
     return trained
@@ -131,7 +133,8 @@ def training_options(cfg: TrainSAEConfig, k: Optional[float]) -> dict[str, Any]:
     """
     options = {name: getattr(cfg, name) for name in ("l1_coefficient", "lp_norm", "l0_coefficient", "jumprelu_bandwidth",
                                                      "jumprelu_init_threshold", "aux_loss_coefficient",
-                                                     "topk_threshold_lr", "decoder_init_norm")}
+                                                     "topk_threshold_lr", "decoder_init_norm",
+                                                     "matryoshka_widths")}
     options["k"] = k
     return options
 
@@ -164,65 +167,28 @@ class TrainingResult:
 def run_training(model, module, tokens: Tensor, input_hooks: list[str], target_hooks: list[str], cfg: TrainSAEConfig,
                  generator: torch.Generator, activation_cache, checkpoint_dir, resume_from, progress: ProgressArg,
                  scale_groups: int = 1, desc: str = "training") -> TrainingResult:
-    """The training loop shared by ``train_sae`` and ``train_clt``: ``module`` (a ``TrainingSAE`` or
-    ``TrainingCLT``: ``training_forward``, ``b_dec``, ``n_features``, ``form``) trained on rows holding ``input_hooks``'
-    activations (then ``target_hooks``', none: the inputs are the targets), each side scaled per group of
-    ``scale_groups`` equal-width slices."""
+    """``module`` (a ``TrainingSAE`` or ``TrainingCLT``) trained alone by the one loop (``experiments.sae.loop``)
+    on rows holding ``input_hooks``' activations (then ``target_hooks``', none: the inputs are the targets), each
+    side scaled per group of ``scale_groups`` equal-width slices; what ``train_sae`` and ``train_clt`` run.
+
+    Example:
+        >>> from experiments.sae.modules import TrainingSAE
+        >>> cfg = TrainSAEConfig(training_tokens=512, train_batch_size_tokens=128, buffer_tokens=256, log_every=4)
+        >>> sae = TrainingSAE("standard", 128, 16, options=training_options(cfg, None))
+        >>> result = run_training(model, sae, tokens.repeat(8, 1), ["blocks.0.hook_resid_post"], [], cfg,
+        ...                       torch.Generator().manual_seed(0), None, None, None, progress=False)
+        >>> len(result.scales[0]), list(result.log.step)
+        (1, [4])
+    """
     hooks = input_hooks + target_hooks
-    optimizer = torch.optim.Adam(module.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2))
-    exclude = special_token_ids(model) if cfg.exclude_special_tokens else []
-    check_train_config(cfg, tokens, exclude)
+    columns = hook_columns(model, hooks, tokens)
+    x_cols = slice(columns[input_hooks[0]].start, columns[input_hooks[-1]].stop)
+    y_cols = slice(columns[target_hooks[0]].start, columns[target_hooks[-1]].stop) if target_hooks else None
+    member = Member(module, cfg, (x_cols, y_cols), groups=scale_groups)
     run = run_identity(module, input_hooks, target_hooks, cfg, tokens)
-    state = None
-    if resume_from is not None:  # checked whole, then loaded into the module and the optimizer
-        state = load_checkpoint(resume_from, run, module, optimizer, cfg.total_steps, scale_groups,
-                                chunk_rows=cfg.store_batch_size_prompts * tokens.shape[1])
-    stop_at = max(hook_layer(model, h) for h in hooks) + 1
-    chunks = activation_chunks(model, tokens, hooks, cfg.store_batch_size_prompts, stop_at, exclude,
-                               start_row=state["buffer"]["rows_consumed"] if state else 0, cache_dirs=activation_cache,
-                               outlier_norm_ratio=cfg.outlier_norm_ratio)
-    buffer = ShuffleBuffer(chunks, cfg.buffer_tokens, cfg.train_batch_size_tokens, generator,
-                           state=state["buffer"] if state else None)
-    tracker = _Tracker(module.n_features)
-    if state:
-        tracker.load(state["tracker"])
-        scales, step, log_rows = state["scales"], state["step"], state["log"]
-    else:
-        scales = _initialise(module, buffer, scale_groups, bool(target_hooks), cfg.b_dec_init)
-        step, log_rows = 0, []
-    n_in = buffer.peek(1).shape[1] // (2 if target_hooks else 1)
-    warm = getattr(cfg, module.form.warm_up) if module.form.warm_up else 0  # the sparsity coefficient's warm-up
-    with Progress(progress, total=cfg.total_steps, desc=desc) as bar:
-        bar.advance(step)
-        while step < cfg.total_steps:
-            rows = buffer.next_batch()
-            x = _scaled(rows[:, :n_in], scales[0])
-            target = _scaled(rows[:, n_in:], scales[1]) if target_hooks else x
-            lr = _lr(cfg, step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            out = module.training_forward(x, target, tracker.dead(cfg.dead_feature_window),
-                                          coefficient_scale=min(1.0, (step + 1) / warm) if warm else 1.0)
-            out["loss"].backward()
-            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad()
-            tracker.update(out["feature_acts"])
-            step += 1
-            bar.advance()
-            if step % cfg.log_every == 0 or step == cfg.total_steps:
-                log_rows.append(_log_row(step, cfg, out, target, tracker, lr))
-            if checkpoint_dir is not None and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                save_checkpoint(Path(checkpoint_dir) / f"step-{step}", run, module, optimizer, buffer.state(),
-                                tracker.steps_since_fired, scales, step, log_rows)
-    return TrainingResult(scales=(list(scales[0]), list(scales[1])), log=pd.DataFrame(log_rows, columns=list(LOG_COLUMNS)))
-
-
-def _scaled(rows: Tensor, scales: list[float]) -> Tensor:
-    """``rows`` [N, G*W] with slice g multiplied by ``scales[g]``."""
-    if len(scales) == 1:
-        return rows * scales[0]
-    return (rows.reshape(rows.shape[0], len(scales), -1) * torch.tensor(scales)[:, None]).flatten(1)
+    (log,) = train_members(model, [member], tokens, hooks, cfg, generator, run, module, activation_cache,
+                           checkpoint_dir, resume_from, progress, desc=desc)
+    return TrainingResult(scales=(list(member.scales[0]), list(member.scales[1])), log=log)
 
 
 def _config_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -231,86 +197,3 @@ def _config_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise InputError(f"train_sae got unknown argument(s) {unknown}; TrainSAEConfig fields are {sorted(known)}")
     return overrides
-
-
-def _lr(cfg: TrainSAEConfig, step: int) -> float:
-    """SAELens's "constant" schedule: linear warm-up to ``lr``, then constant, then a linear decay to ``lr / 10``
-    over the last ``lr_decay_steps``."""
-    if cfg.lr_warm_up_steps and step < cfg.lr_warm_up_steps:
-        return cfg.lr * (step + 1) / cfg.lr_warm_up_steps
-    decay_start = cfg.total_steps - cfg.lr_decay_steps
-    if cfg.lr_decay_steps and step >= decay_start:
-        return cfg.lr * (1 - 0.9 * (step - decay_start + 1) / cfg.lr_decay_steps)
-    return cfg.lr
-
-
-@torch.no_grad()
-def _initialise(module, buffer: ShuffleBuffer, groups: int, has_targets: bool, b_dec_init: str) -> tuple[list, list]:
-    """Per-group input / target scales (mean norm -> sqrt(width): SAELens's ``expected_average_only_in``) and
-    ``b_dec`` (mean or geometric median of the scaled targets) from the first mixed rows, which stay in the buffer
-    and are trained on as usual."""
-    sample = buffer.peek(max(buffer.batch_rows, min(buffer.capacity // 2, 8192)))
-    n_in = sample.shape[1] // (2 if has_targets else 1)
-    x = sample[:, :n_in].reshape(len(sample), groups, -1)
-    y = sample[:, n_in:].reshape(len(sample), groups, -1) if has_targets else x
-
-    def scales_of(acts: Tensor) -> list[float]:
-        return [math.sqrt(acts.shape[-1]) / float(acts[:, g].norm(dim=-1).mean().clamp_min(1e-12)) for g in range(groups)]
-
-    scale_in = scales_of(x)
-    scale_out = scales_of(y) if has_targets else scale_in
-    y = y * torch.tensor(scale_out)[:, None]
-    if b_dec_init == "mean":
-        module.b_dec.copy_(y.mean(0).reshape(module.b_dec.shape))
-    elif b_dec_init == "geometric_median":
-        module.b_dec.copy_(geometric_median(y.flatten(1)).reshape(module.b_dec.shape))
-    return scale_in, scale_out
-
-
-def geometric_median(points: torch.Tensor, iterations: int = 100, eps: float = 1e-8) -> torch.Tensor:
-    """Weiszfeld's algorithm: the point minimising the summed distances to ``points`` [N, D] (SAELens's
-    ``compute_geometric_median``, which ``b_dec_init_method="geometric_median"`` used).
-
-    Example (on the diagonal the distances to the first and last points add up to a constant, so the median is
-    where the middle two are nearest, (0.5, 0.5); the mean would be (2.75, 2.75)):
-        >>> geometric_median(torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [10.0, 10.0]])).round(decimals=2)
-        tensor([0.5000, 0.5000])
-    """
-    median = points.mean(0)
-    for _ in range(iterations):
-        weights = 1 / (points - median).norm(dim=-1).clamp_min(eps)
-        new = (weights[:, None] * points).sum(0) / weights.sum()
-        if (new - median).norm() < eps * max(1.0, float(median.norm())):
-            return new
-        median = new
-    return median
-
-
-class _Tracker:
-    """SAELens's dead-feature bookkeeping: steps since each feature last fired."""
-
-    def __init__(self, d_sae: int):
-        self.steps_since_fired = torch.zeros(d_sae)
-
-    def dead(self, window: int) -> Tensor:
-        return self.steps_since_fired > window
-
-    def update(self, feature_acts: Tensor) -> None:
-        self.steps_since_fired += 1
-        self.steps_since_fired[(feature_acts > 0).any(0)] = 0
-
-    def load(self, state: dict[str, Tensor]) -> None:
-        self.steps_since_fired = state["steps_since_fired"].clone()
-
-
-def _log_row(step: int, cfg: TrainSAEConfig, out: dict[str, Any], target: Tensor, tracker: _Tracker, lr: float) -> dict:
-    """SAELens's training metrics: explained variance ``1 - mean ||y - y_hat||^2 / mean ||y - mean y||^2``, L0."""
-    with torch.no_grad():
-        residual = (target - out["sae_out"]).pow(2).sum(-1).mean()
-        variance = (target - target.mean(0)).pow(2).sum(-1).mean()
-        sparsity = sum(float(v) for name, v in out["losses"].items() if name != "mse_loss")
-        return {"step": step, "tokens": step * cfg.train_batch_size_tokens, "loss": float(out["loss"]),
-                "mse_loss": float(out["losses"]["mse_loss"]), "sparsity_loss": sparsity,
-                "l0": float((out["feature_acts"] > 0).sum(-1).float().mean()),
-                "explained_variance": float(1 - residual / variance),
-                "dead_fraction": float(tracker.dead(cfg.dead_feature_window).float().mean()), "lr": lr}

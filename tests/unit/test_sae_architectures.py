@@ -24,14 +24,14 @@ MODULES = sorted(info.name for info in pkgutil.iter_modules(architectures.__path
 def test_every_architecture_module_is_registered_and_the_table_is_built_from_them():
     registered = {module.__name__.rsplit(".", 1)[1] for module in architectures._MODULES}
     assert registered == set(MODULES) == {"standard", "gated", "jumprelu", "topk", "batchtopk", "temporal",
-                                          "abstopk", "matching_pursuit", "batchtopk_checkpoint"}
+                                          "abstopk", "matching_pursuit", "batchtopk_checkpoint", "matryoshka"}
     specs = [spec for name in MODULES for spec in importlib.import_module(f"{architectures.__name__}.{name}").SPECS]
     assert sorted(spec.name for spec in specs) == sorted(architectures.ARCHITECTURES)
     assert list(architectures.ARCHITECTURES) == ["standard", "gated", "jumprelu", "topk", "temporal",
                                                  "abstopk", "matching_pursuit", "batchtopk", "matryoshka_batchtopk",
                                                  "transcoder", "skip_transcoder", "jumprelu_transcoder",
                                                  "jumprelu_skip_transcoder"]
-    assert set(architectures.TRAINING_FORMS) == {"standard", "jumprelu", "topk", "batchtopk"}
+    assert set(architectures.TRAINING_FORMS) == {"standard", "jumprelu", "topk", "batchtopk", "matryoshka_batchtopk"}
     for form in architectures.TRAINING_FORMS.values():  # every form saves as rows of the table
         assert {name for name in form.saved_as if name} <= set(architectures.ARCHITECTURES), form.name
 

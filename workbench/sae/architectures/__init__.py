@@ -9,6 +9,8 @@ built from them.
 - ``jumprelu``: JumpReLU (and its transcoders), trained with the log-threshold, straight-through estimator, L0;
 - ``topk``: top-k with the decoder-norm rescaling, trained with the aux-k loss;
 - ``batchtopk``: batch-top-k, a training form only (saved as ``jumprelu``, as SAELens saves it);
+- ``matryoshka``: Matryoshka batch-top-k, batch-top-k with nested prefix reconstruction losses (a training form
+  only, saved as ``jumprelu``);
 - ``temporal``: attention layers predict codes from the earlier positions, a sparse code holds the novel rest
   (inference only; its attention layers are submodules, ``Encoding.submodules``);
 - ``abstopk``: top-k by magnitude, keeping the sign (inference only);
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 from workbench.errors import ConfigError, InputError
 from workbench.sae.architectures import (abstopk, batchtopk, batchtopk_checkpoint, gated, jumprelu, matching_pursuit,
-                                        standard, temporal, topk)
+                                        matryoshka, standard, temporal, topk)
 from workbench.sae.architectures.base import Activation, ArchitectureSpec, Encoding, TrainingForm
 
 # The registry: one line per architecture module.
@@ -41,6 +43,7 @@ _MODULES = (
     jumprelu,
     topk,
     batchtopk,
+    matryoshka,
     temporal,
     abstopk,
     matching_pursuit,
@@ -78,7 +81,7 @@ def training_form(name: object) -> TrainingForm:
         'jumprelu'
         >>> training_form("gated")
         Traceback (most recent call last):
-        workbench.errors.InputError: architecture must be one of ('standard', 'jumprelu', 'topk', 'batchtopk'), got 'gated'
+        workbench.errors.InputError: architecture must be one of ('standard', 'jumprelu', 'topk', 'batchtopk', 'matryoshka_batchtopk'), got 'gated'
     """
     form = TRAINING_FORMS.get(name) if isinstance(name, str) else None
     if form is None:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 Activation = Literal["relu", "jumprelu", "topk", "abstopk", "gated", "temporal", "matching_pursuit",
                      "batchtopk_threshold"]
 HookFn = Callable[[Tensor], Tensor]
-# A sparse decode: (feature indices [N, k], values [N, k]) -> the reconstruction [N, o].
+# A sparse decode: (feature indices [N, k], values [N, k]) -> the reconstruction [N, o] (no b_dec in the aux-k loss).
 SparseDecode = Callable[[Tensor, Tensor], Tensor]
 
 
@@ -53,6 +53,8 @@ class Encoding:
     config_fields: ClassVar[tuple[str, ...]] = ()
     # Input normalisations of this architecture's beyond the generic ones (``SAEConfig.normalize_activations``).
     normalizations: ClassVar[tuple[str, ...]] = ()
+    # Whether a code reads the positions before it (a temporal SAE's), so ``encode`` takes [batch, pos, d_in] only.
+    reads_sequences: ClassVar[bool] = False
 
     def encode(self, sae: nn.Module, x: Float[Tensor, "... d_in"], acts_pre: HookFn) -> Float[Tensor, "... d_sae"]:
         """Feature activations of centred, normalised ``x`` (before ``hook_sae_acts_post``): the affine map,
@@ -160,6 +162,9 @@ class TrainingForm:
     rescales: ClassVar[bool] = False
     # The ``TrainSAEConfig`` field that warms the sparsity coefficient up (None: no sparsity coefficient).
     warm_up: ClassVar[Optional[str]] = None
+    # Whether the activation couples a batch's rows (batch-top-k: the k * N largest of the batch), so the batch
+    # cannot be split over processes.
+    couples_rows: ClassVar[bool] = False
 
     def saved_name(self, transcoder: bool, skip: bool) -> Optional[str]:
         """The architecture the trained dictionary is saved as (None: none of SAELens's formats holds it)."""
@@ -219,6 +224,12 @@ class TrainingForm:
     def auxiliary_loss(self, hidden_pre: Float[Tensor, "N X"], residual: Float[Tensor, "N o"], dead: Tensor,
                        decode_sparse: SparseDecode, options: Mapping[str, Any]) -> dict[str, Tensor]:
         """Auxiliary term(s) by name (top-k's aux-k loss on the dead features); ``residual`` is ``target - out``."""
+        return {}
+
+    def nested_losses(self, acts: Float[Tensor, "N X"], target: Float[Tensor, "N o"], W_dec: Float[Tensor, "X o"],
+                      b_dec: Float[Tensor, "o"], options: Mapping[str, Any], rescale: bool) -> dict[str, Tensor]:
+        """Reconstruction term(s) of parts of the dictionary by name (Matryoshka's prefixes); ``rescale``: the
+        activations are to be divided by the decoder norms before decoding, as the whole decode does."""
         return {}
 
     def after_batch(self, acts: Float[Tensor, "N X"], state: Mapping[str, Tensor], options: Mapping[str, Any]) -> None:

@@ -32,6 +32,7 @@ class BatchTopKTraining(TopKTraining):
     """
 
     name = "batchtopk"
+    couples_rows = True
     saved_as = ("jumprelu", "jumprelu_transcoder", "jumprelu_skip_transcoder")
 
     def new_state(self, layers: tuple[int, ...], d_sae: int, options: Mapping[str, Any]) -> dict[str, Tensor]:

@@ -93,6 +93,7 @@ class Temporal(Encoding):
     config_fields = ("n_heads", "n_attn_layers", "bottleneck_factor", "sae_diff_type", "kval_topk", "tied_weights",
                      "activation_normalization_factor")
     normalizations = ("constant_scalar_rescale",)
+    reads_sequences = True
 
     def encode(self, sae: nn.Module, x: Float[Tensor, "B P i"], acts_pre: HookFn) -> Float[Tensor, "B P X"]:
         return self.encode_with_predictions(sae, x, acts_pre)[0]

@@ -5,7 +5,8 @@ and divided by it again before decoding (so the decoder's norm cannot drift the 
 Legend: N flattened tokens, X d_sae, o d_out.
 
 Training rescales (SAELens's default), decodes the ``k`` active columns only, and adds the aux-k loss: the top
-``d_out // 2`` dead features (by pre-activation) reconstruct the detached residual ``y - y_hat``, scaled by
+``d_out // 2`` dead features (by pre-activation) reconstruct the detached residual ``y - y_hat`` as ``W_dec z``
+(no ``b_dec``: SAELens 6.54, after the paper's appendix A.2, since the residual holds it already), scaled by
 ``min(n_dead / (d_out // 2), 1) * aux_loss_coefficient``. Saved as ``topk`` with ``k``; no transcoder format.
 """
 
