@@ -344,6 +344,17 @@ class Decoder(TokenMethods, HookMethods, SAESpliceMethods, WeightMethods, Readou
         checked.check_for(self.config)  # pre-norm only: an error leaves the model as it was
         self.options.use_split_qkv_input = checked.use_split_qkv_input
 
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        """Always compute ``blocks.{l}.hook_mlp_in`` [batch, pos, d_model] (the MLP's own copy of its input: an
+        edit there reaches the MLP only), as TransformerLens's flag; off, only where hooked. Needs MLPs.
+
+        Example:
+            >>> with_mlp = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8))
+            >>> with_mlp.set_use_hook_mlp_in(True); with_mlp.cfg.use_hook_mlp_in
+            True
+        """
+        self.cfg.use_hook_mlp_in = bool(use_hook_mlp_in)  # checked: an error leaves the model as it was
+
     def set_ungroup_grouped_query_attention(self, ungroup: bool) -> None:
         """TransformerLens 3's switch: a grouped-query model's ``hook_k``/``hook_v`` (``hook_rot_k``, the split
         inputs, the KV cache) carry [batch, pos, n_heads, d_head], each query head its group's copy, so per-head

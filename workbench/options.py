@@ -2,7 +2,7 @@
 
 ``ModelConfig`` describes an architecture and never changes after a model is built. These options do: the
 storage dtype and device (kept current by ``Decoder.to``), the attention kernel (``set_attn_impl``),
-TransformerLens's switches (``set_use_attn_result``, ``set_use_split_qkv_input``,
+TransformerLens's switches (``set_use_attn_result``, ``set_use_split_qkv_input``, ``set_use_hook_mlp_in``,
 ``set_ungroup_grouped_query_attention``) and the record of
 what weight processing has done. A ``Decoder`` owns one ``RuntimeOptions`` and every component that reads
 an option holds that same object, so a switch is one validated assignment and no copy goes stale.
@@ -62,11 +62,12 @@ def _steps(value: Any) -> tuple[str, ...]:
 
 # Each option's check, which also normalises (a dtype's name to the dtype, a list of steps to a tuple).
 _CHECKS = {"dtype": _dtype, "device": str, "attn_impl": _attn_impl, "use_attn_result": _switch("use_attn_result"),
-           "use_split_qkv_input": _switch("use_split_qkv_input"), "weight_processing": _steps,
+           "use_split_qkv_input": _switch("use_split_qkv_input"), "use_hook_mlp_in": _switch("use_hook_mlp_in"),
+           "weight_processing": _steps,
            "default_prepend_bos": _switch("default_prepend_bos"),
            "ungroup_grouped_query_attention": _switch("ungroup_grouped_query_attention")}
 # Written into a saved model's config.json beside the architecture (the device is where it is loaded).
-SAVED_OPTIONS = ("dtype", "attn_impl", "use_attn_result", "use_split_qkv_input", "weight_processing",
+SAVED_OPTIONS = ("dtype", "attn_impl", "use_attn_result", "use_split_qkv_input", "use_hook_mlp_in", "weight_processing",
                  "default_prepend_bos", "ungroup_grouped_query_attention")
 
 
@@ -91,6 +92,8 @@ class RuntimeOptions:
     # copy of the attention input (hook_q_input / hook_k_input / hook_v_input [batch, pos, heads, d_model]).
     use_attn_result: bool = False
     use_split_qkv_input: bool = False
+    # Always compute blocks.{l}.hook_mlp_in, the MLP's own copy of its input (off: only where hooked, same values).
+    use_hook_mlp_in: bool = False
     # What ``Decoder.process_weights_`` has done to the weights, in order ("fold_ln", ...); () = as loaded.
     weight_processing: tuple[str, ...] = ()
     # TransformerLens's: tokenizing text puts BOS first (when the tokenizer has one) unless told otherwise.
@@ -107,7 +110,8 @@ class RuntimeOptions:
 
     def check_for(self, cfg: ModelConfig) -> None:
         """The options that depend on the architecture: ``use_split_qkv_input`` needs a norm in front of
-        attention to give each head its own copy of (pre-norm) and heads with their own keys and values.
+        attention to give each head its own copy of (pre-norm) and heads with their own keys and values;
+        ``use_hook_mlp_in`` needs MLPs (as TransformerLens refuses it on an attention-only model).
 
         Example:
             >>> cfg = ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=8, norm_placement="post")
@@ -123,6 +127,9 @@ class RuntimeOptions:
             if cfg.qk_norm == "projection" and cfg.n_key_value_heads != cfg.n_heads:
                 raise ConfigError("ungroup_grouped_query_attention: this model's key norm (qk_norm='projection') "
                                   "normalises all key/value heads together, which per-query-head copies would change")
+        if self.use_hook_mlp_in and cfg.attn_only:
+            raise ConfigError("use_hook_mlp_in needs MLPs: this model is attention-only (attn_only=True), it has no "
+                              "blocks.{l}.hook_mlp_in")
         if not self.use_split_qkv_input:
             return
         if cfg.norm_placement != "pre":

@@ -3,7 +3,8 @@
 Reference: ``TransformerBridge.boot_transformers(hf_model=...)`` wraps the very `transformers` model we
 saved (a multi-head GPT-2 and a grouped-query Llama from ``hf_tiny``), and each tool is called the same
 way on it and on ``wb.load_model`` of the same directory. The tools that refuse our model, and why, are
-listed in docs/tl_analysis_tools.md; the random-init control has our own ``experiments.causal.reinitialized``.
+listed in docs/guides/coming-from-transformerlens.md (edge granularity and ``attention_head_subspace_affinity``:
+test_tl_edge_tools.py); the random-init control has our own ``experiments.causal.reinitialized``.
 """
 
 from __future__ import annotations

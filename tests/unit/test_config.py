@@ -61,8 +61,8 @@ def test_unknown_field_in_dict_is_named():
         wb.ModelConfig.from_dict({**BASE, "bogus": 1})
 
 
-RUNTIME_OPTIONS = ("dtype", "device", "attn_impl", "use_attn_result", "use_split_qkv_input", "weight_processing",
-                   "default_prepend_bos", "ungroup_grouped_query_attention")
+RUNTIME_OPTIONS = ("dtype", "device", "attn_impl", "use_attn_result", "use_split_qkv_input", "use_hook_mlp_in",
+                   "weight_processing", "default_prepend_bos", "ungroup_grouped_query_attention")
 
 
 def test_the_architecture_holds_no_runtime_option():

@@ -13,7 +13,8 @@ With ``use_split_qkv_input`` (TransformerLens's switch, pre-norm only) each quer
 key/value head reads its own copy of the residual stream (``hook_q_input`` [B, P, H, D],
 ``hook_k_input``/``hook_v_input`` [B, P, G, D]), normed by ln1, so one head's input can be patched.
 ``hook_mlp_in`` (TransformerLens's name) is the MLP's own copy of its input before its norm, computed only
-when observed: an edit there reaches the MLP and not the residual stream (circuit edges into the MLP).
+when observed or with ``use_hook_mlp_in`` (TransformerLens's switch): an edit there reaches the MLP and not
+the residual stream (circuit edges into the MLP).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.norm_placement = cfg.norm_placement
         self.parallel = cfg.parallel_attn_mlp
-        self.options = options  # the model's own: its use_split_qkv_input switch here too
+        self.options = options  # the model's own: its use_split_qkv_input and use_hook_mlp_in switches here too
         sublayer_output = cfg.norm_placement == "sublayer_output"
         post_norms = cfg.norm_placement in ("sandwich", "sublayer_output")
         self.ln1 = None if sublayer_output else make_norm(cfg, options)
@@ -82,7 +83,7 @@ class TransformerBlock(nn.Module):
             self.ln2 = None if sublayer_output else make_norm(cfg, options)
             self.ln2_post = make_norm(cfg, options) if post_norms else None
             self.mlp = make_mlp(cfg, options)
-            self.hook_mlp_in = HookPoint()  # [B, P, D], the MLP's own copy of its input; only when observed
+            self.hook_mlp_in = HookPoint()  # [B, P, D], the MLP's own copy of its input; observed or use_hook_mlp_in
             if not self.parallel:
                 self.hook_resid_mid = HookPoint()  # [B, P, D]
             self.hook_mlp_out = HookPoint()  # [B, P, D]
@@ -116,9 +117,9 @@ class TransformerBlock(nn.Module):
 
     def _mlp_side(self) -> tuple[Optional[Callable[[Tensor], Tensor]], Callable[[Tensor], Tensor]]:
         """(the norm in front of the MLP, the MLP), with ``hook_mlp_in`` on a copy of the MLP's input before its
-        norm when observed (the fast path is unchanged): post-norm blocks have no norm there, so it goes in front
-        of the MLP itself."""
-        if not is_observed(self.hook_mlp_in):
+        norm when observed or switched on (the fast path is unchanged): post-norm blocks have no norm there, so it
+        goes in front of the MLP itself."""
+        if not (self.options.use_hook_mlp_in or is_observed(self.hook_mlp_in)):
             return self.ln2, self.mlp
         hooked = lambda x: self.hook_mlp_in(x.clone())  # noqa: E731  (a copy: an edit stays out of the residual)
         if self.norm_placement == "post":
