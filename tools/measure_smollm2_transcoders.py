@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 NAME = "smollm2-135m-skip-transcoders"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, not an installed copy
 
 
 def layer_quality(model, tc, windows) -> list[dict]:

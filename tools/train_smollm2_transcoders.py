@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's packages, not an installed copy
 OUT = ROOT / "workbench" / "zoo" / "smollm2-135m" / "transcoders" / "smollm2-135m-skip-transcoders"
 
 
