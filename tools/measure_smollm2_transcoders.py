@@ -94,11 +94,12 @@ def card_tables(figures: dict) -> str:
     """The card's tables (markdown) from the figures ``main`` writes: per-layer quality, the spliced loss, the graphs."""
     lines = ["| layer | explained variance | L0 |", "|---|---|---|"]
     lines += [f"| {row['layer']} | {row['explained_variance']:.4f} | {row['l0']:.1f} |" for row in figures["layers"]]
-    spliced = figures["spliced"]
-    lines += ["", "| clean loss | spliced loss (all 30 MLPs replaced) | MLPs zeroed | loss recovered |",
-              "|---|---|---|---|",
-              f"| {spliced['ce_loss_clean']:.4f} | {spliced['ce_loss_spliced']:.4f} | {spliced['ce_loss_ablated']:.4f} "
-              f"| {spliced['loss_recovered']:.4f} |"]
+    spliced = figures.get("spliced")
+    if spliced:
+        lines += ["", "| clean loss | spliced loss (all 30 MLPs replaced) | MLPs zeroed | loss recovered |",
+                  "|---|---|---|---|",
+                  f"| {spliced['ce_loss_clean']:.4f} | {spliced['ce_loss_spliced']:.4f} "
+                  f"| {spliced['ce_loss_ablated']:.4f} | {spliced['loss_recovered']:.4f} |"]
     if figures.get("graphs"):
         lines += ["", "| held-out prompt | tokens | active features | replacement | completeness |", "|---|---|---|---|---|"]
         lines += [f"| {json.dumps(row['prompt'])[1:-1].replace('|', '/')} | {row['n_tokens']} | {row['active_features']} "
