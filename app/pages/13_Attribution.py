@@ -24,6 +24,10 @@ PREFIX = "attribution"  # the feature card's widget keys (app.feature_card)
 NODE_KEY, PIN_KEY, CHART_KEY = "attribution_node", "attribution_pinned", "attribution_graph"
 MAX_NODES, MAX_EDGES = 150, 400  # what the drawing sends the browser, whatever the graph's size
 TOP_LOGITS = 10
+# Feature nodes by default: the most influential (circuit-tracer's order), so a real model's graph (SmolLM2 with its
+# shipped transcoders: thousands of active features on the default prompt) is traced in seconds on a CPU; a toy's
+# graph, with fewer active features, is whole. 0 in the box: every active feature.
+DEFAULT_FEATURE_NODES = 200
 INTERVENTIONS = {"Scale the activation by": "scale", "Set the activation to": "set"}
 _CLICKED = "_attribution_clicked"   # the node clicked last, applied to the select box on the next run
 
@@ -51,7 +55,8 @@ def _settings() -> tuple[Settings, float, float]:
         prob = linked(st.number_input, "Logit probability covered", min_value=0.05, max_value=1.0, value=0.95,
                       step=0.05, key="attribution_logit_prob")
     with cols[2]:
-        max_features = linked(st.number_input, "Feature nodes (0: all)", min_value=0, max_value=100_000, value=0,
+        max_features = linked(st.number_input, "Feature nodes (0: all)", min_value=0, max_value=100_000,
+                              value=DEFAULT_FEATURE_NODES,
                               step=100, key="attribution_max_features",
                               help="Above this many active features, only the most influential become nodes.")
     with cols[3]:
@@ -170,6 +175,10 @@ def main() -> None:
         st.metric("Nodes", graph.n_nodes)
         st.metric("Replacement score", f"{replacement:.4f}")
         st.metric("Completeness score", f"{completeness:.4f}")
+    st.caption("Replacement score: the share of the logits' influence that comes from the prompt's tokens through "
+               "features rather than through the transcoders' errors; completeness: the share of every node's input "
+               "that is not error (circuit-tracer's scores; 1 for transcoders that reconstruct the MLPs exactly). "
+               "A shipped set's card gives both on held-out prompts.")
     nodes = results.graph_nodes(loaded, loaded_tc, prompt.ids, settings, node_threshold, edge_threshold)
     node, _ = _graph_view(loaded, loaded_tc, prompt, settings, (node_threshold, edge_threshold), nodes.labels,
                           nodes.kept, nodes.kept_features)

@@ -1,4 +1,5 @@
-"""The Attribution graph page in a real browser on the committed circuit-tracer fixture (a tiny random Llama and
+"""The Attribution graph page in a real browser: by default it traces SmolLM2 with its shipped transcoders (no
+click); and on the committed circuit-tracer fixture (a tiny random Llama and
 its per-layer transcoders): a link names the model and the transcoders, each opened by a click; the page then shows
 circuit-tracer's replacement score, the graph drawn by plotly with a clickable point per node, a feature's card, and
 a click on a feature in the graph opens that feature's card.
@@ -43,6 +44,34 @@ def test_a_linked_graph_draws_and_a_click_opens_a_feature(browser, server_url, s
         screenshot(page, "attribution_graph")
         header, now = click_points_until_heading_changes(page, "attribution_graph", "Feature")
         assert now != header, "no click on the graph opened another feature"
+        assert page.locator('[data-testid="stException"]').count() == 0
+    finally:
+        page.close()
+
+
+def test_the_default_page_traces_smollm2_with_its_shipped_transcoders(browser, server_url, screenshot):
+    try:
+        import workbench as wb
+
+        wb.load_model("smollm2-135m", progress=False)
+    except wb.CheckpointError as error:
+        pytest.skip(f"SmolLM2 is not installed: {error}")
+    page = browser.new_page(viewport={"width": 1400, "height": 2400})
+    page.set_default_timeout(180_000)   # a limit, not a rate: SmolLM2's graph on a loaded 2-core machine
+    try:
+        # No link parameter but the model and the corpus scan off: the shipped set is picked and traced, no click.
+        page.goto(f"{server_url}/Attribution?model=smollm2-135m&attribution_corpus=false")
+        wait_chart(page, "attribution_graph", timeout_ms=300_000)
+        wait_idle(page)
+        picker = page.locator(".st-key-attribution_tc_source")
+        assert "smollm2-135m-skip-transcoders" in picker.inner_text()
+        for label in ("Replacement score", "Completeness score"):
+            score = page.locator('[data-testid="stMetric"]').filter(has_text=label)
+            value = float(score.locator('[data-testid="stMetricValue"]').inner_text())
+            assert 0.0 <= value <= 1.0, (label, value)
+        points = page.locator(".st-key-attribution_graph_chart .scatterlayer .trace .points path")
+        assert points.count() > 5
+        screenshot(page, "attribution_default_smollm2")
         assert page.locator('[data-testid="stException"]').count() == 0
     finally:
         page.close()

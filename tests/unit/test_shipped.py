@@ -36,7 +36,8 @@ def test_the_table_lists_every_registered_model_and_every_zoo_folder_with_its_ca
 
 def test_the_table_filters_by_kind_and_model():
     assert wb.shipped(kind="sae", model="toy-attn-2l").name.tolist() == ["toy-attn-2l-resid1-topk"]
-    assert wb.shipped(kind="transcoders").name.tolist() == ["toy-moe-2l-clt", "toy-moe-2l-skip-transcoders"]
+    assert wb.shipped(kind="transcoders").name.tolist() == ["smollm2-135m-skip-transcoders", "toy-moe-2l-clt",
+                                                            "toy-moe-2l-skip-transcoders"]
     assert wb.shipped(model="no-such-model").empty
     assert wb.shipped(kind="lens").name.tolist() == ["smollm2-135m-tuned-lens"]  # tuned-lens 0.2's files
     with pytest.raises(InputError, match="kind must be one of"):
