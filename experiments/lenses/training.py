@@ -68,7 +68,7 @@ def _frozen(model):
 
 @torch.no_grad()
 def streams_and_targets(model, tokens_BP: Int[Tensor, "batch pos"], first: int
-                        ) -> tuple[Float[Tensor, "layers n d_model"], Float[Tensor, "n d_model"]]:
+                        ) -> tuple[Float[Tensor, "layers N D"], Float[Tensor, "N D"]]:
     """The streams entering each block and after the last, at positions ``first:`` of every window, flattened.
 
     Example:

@@ -60,7 +60,7 @@ def _measure_names(k_values: Sequence[int] = K_VALUES) -> tuple[str, ...]:
             "sae_test_accuracy", *(f"sae_top_{k}_test_accuracy" for k in k_values))
 
 
-def top_k_mean_diff(x_Ni: Float[Tensor, "N i"], labels_N: Int[Tensor, "N"], k: int) -> Int[Tensor, "k"]:
+def top_k_mean_diff(x_Ni: Float[Tensor, "N i"], labels_N: Int[Tensor, "N"], k: int) -> Int[Tensor, "chosen"]:
     """The ``k`` columns whose mean over label-1 rows differs most (in absolute value) from the mean over label-0
     rows: SAEBench's rule for choosing a sparse probe's inputs.
 
