@@ -74,8 +74,8 @@ NOTES: dict[str, str] = {
                                "on its own; patch one head's input here",
     "blocks.{l}.hook_k_input": "as hook_q_input, one copy per key/value head",
     "blocks.{l}.hook_v_input": "as hook_q_input, one copy per key/value head",
-    "blocks.{l}.hook_mlp_in": "opt-in: computed only when hooked or cached by name (not by cache-all, as in "
-                              "TransformerLens): the MLP's own copy of its input before its norm (resid_mid; the "
+    "blocks.{l}.hook_mlp_in": "opt-in: computed only when hooked, cached by name, or with "
+                              "set_use_hook_mlp_in(True) (then cache-all too, as in TransformerLens): the MLP's own copy of its input before its norm (resid_mid; the "
                               "block input with parallel_attn_mlp); an edit reaches the MLP only",
     "blocks.{l}.ln2.hook_scale": "as ln1, on the MLP side (never split)",
     "blocks.{l}.ln2.hook_normalized": "as ln1, on the MLP side",

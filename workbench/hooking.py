@@ -186,7 +186,8 @@ class HookMethods(_Host):
         """``names_filter`` (None, a hook name, a list of hook names or a function of the name) as a function
         of the name, as TransformerLens reads it, a string or list checked against the model's hook points.
         None is every hook that fires without an opt-in: ``attn.hook_result`` only with
-        ``model.set_use_attn_result(True)``, ``hook_mlp_in`` never (a filter or list that names either caches it).
+        ``model.set_use_attn_result(True)``, ``hook_mlp_in`` only with ``model.set_use_hook_mlp_in(True)``, as
+        TransformerLens (a filter or list that names either caches it).
 
         Example:
             >>> is_cached = model.cached_names(None)
@@ -201,8 +202,9 @@ class HookMethods(_Host):
         # None and functions see each point once, under its own name (an alias is cached when named).
         aliases = self.hook_aliases
         if names_filter is None:
-            fires = (lambda name: not name.endswith(".hook_mlp_in")) if self.cfg.use_attn_result else _fires_without_opt_in
-            return lambda name: name not in aliases and fires(name)
+            opted_out = tuple(suffix for suffix, opted_in in (("attn.hook_result", self.cfg.use_attn_result),
+                                                              (".hook_mlp_in", self.cfg.use_hook_mlp_in)) if not opted_in)
+            return lambda name: name not in aliases and not name.endswith(opted_out)
         if callable(names_filter):
             return lambda name: name not in aliases and names_filter(name)
         raise InputError(f"names_filter must be None, a hook name, a list of hook names or a function of the name, "
@@ -304,11 +306,6 @@ class HookMethods(_Host):
             self.check_hook_names(names_filter)
         return names_filter
 
-
-def _fires_without_opt_in(name: str) -> bool:
-    """Every hook point but the opt-in per-head ``attn.hook_result`` and the MLP's own input copy ``hook_mlp_in``
-    (TransformerLens's "cache all", where both wait for their switches)."""
-    return not name.endswith(("attn.hook_result", ".hook_mlp_in"))
 
 
 class _Trusted(partial):

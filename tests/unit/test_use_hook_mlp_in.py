@@ -64,3 +64,17 @@ def test_the_switch_is_checked_saved_and_read_through_cfg():
     model = _model()
     model.cfg.use_hook_mlp_in = True  # TransformerLens's way: the model's one options object
     assert model.options.use_hook_mlp_in and wb.Decoder(model.cfg).cfg.use_hook_mlp_in
+
+
+def test_cache_all_holds_hook_mlp_in_only_with_the_switch_on_as_transformer_lens():
+    model = wb.load_model("toy-moe-2l")
+    tokens = model.to_tokens("def f(x): return x")
+    _, cache = model.run_with_cache(tokens)
+    assert "blocks.0.hook_mlp_in" not in cache
+    model.set_use_hook_mlp_in(True)
+    try:
+        _, cache = model.run_with_cache(tokens)
+        assert "blocks.0.hook_mlp_in" in cache and "blocks.0.attn.hook_result" not in cache
+        assert torch.equal(cache["blocks.0.hook_mlp_in"], cache["blocks.0.hook_resid_mid"])
+    finally:
+        model.set_use_hook_mlp_in(False)
