@@ -1,5 +1,6 @@
-"""Home: pick the model every page works on (registered, a path, or from the Hugging Face Hub), and see its card
-(config, size, hook points, kernel).
+"""Home: pick the model every page works on (registered, a path, or from the Hugging Face Hub), see its card
+(config, size, hook points, kernel) and a first plot: the default prompt's head whose last token reads content
+the most (the Attention page opens on the same cached patterns).
 
 Run with ``make run`` or ``streamlit run app/Home.py``; the other pages are in ``app/pages/``.
 """
@@ -8,11 +9,15 @@ from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
+import torch
 
 import workbench as wb
-from app import hub_picker, state
+from app import downloads, hub_picker, results, state
+from app.attention_views import strongest_reader
 from app.safe_text import quoted
-from app.widgets import open_model, page_setup, run_page
+from app.special_tokens import scale_max, special_positions
+from app.widgets import DEFAULT_PROMPT, MAX_PROMPT_TOKENS, open_model, page_setup, run_page
+from experiments.plots.attention import pattern_figure
 
 REGISTERED, PATH = "Registered model", "Path on this machine"
 
@@ -76,6 +81,24 @@ def _card(loaded: state.LoadedModel, description: str = "") -> None:
                 "address to share the view.")
 
 
+def _first_plot(loaded: state.LoadedModel) -> None:
+    """The default prompt's strongest content-reading head (``strongest_reader``), its pattern with special tokens
+    out of the colour scale: the same cached patterns the Attention page draws."""
+    model = loaded.model
+    ids = tuple(int(i) for i in model.to_tokens(DEFAULT_PROMPT)[0].tolist())
+    if len(ids) > min(MAX_PROMPT_TOKENS, model.cfg.n_ctx):
+        return  # a model with a tiny context: its pages say how long a prompt may be
+    patterns_LHPS = results.attention_patterns(loaded, ids)
+    special = special_positions(model, ids)
+    layer, head = strongest_reader(patterns_LHPS, special)
+    st.subheader(f"First look: L{layer}H{head}, the head whose last token reads the prompt most")
+    fig = pattern_figure(patterns_LHPS[layer, head], model.to_str_tokens(torch.tensor(ids)), f"L{layer}H{head}")
+    fig.update_traces(zmin=0, zmax=scale_max(patterns_LHPS[layer, head], special, axes=(0, 1)))
+    downloads.figure(fig, f"attention_L{layer}H{head}", key="home_pattern", stretch=False)
+    st.caption("The default prompt's attention (special tokens left out of the colour scale). Every head, your own "
+               "prompt and more views are on the **Attention** page.")
+
+
 def main() -> None:
     st.title("Mechanistic-interpretability workbench")
     _picker()
@@ -83,6 +106,7 @@ def main() -> None:
     if loaded is not None:
         models = wb.list_models().set_index("name")["description"]
         _card(loaded, models.get(state.model_source(), ""))
+        _first_plot(loaded)
 
 
 page_setup("Workbench")

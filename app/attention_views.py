@@ -64,6 +64,26 @@ def default_grid_layers(patterns_LHPS: Float[Tensor, "L H P S"], special: Sequen
     return first, first + width - 1
 
 
+def strongest_reader(patterns_LHPS: Float[Tensor, "L H P S"], special: Sequence[int]) -> tuple[int, int]:
+    """The (layer, head) whose last query reads content the most (``content_reads_L``'s measure, per head): the
+    head the Home page draws first. The first such head on a tie, (0, 0) when no key is left to read.
+
+    Example:
+        >>> patterns_LHPS = torch.zeros(2, 3, 4, 4)
+        >>> patterns_LHPS[1, 2, 3, 1] = 0.6   # L1H2's last query reads token 1
+        >>> strongest_reader(patterns_LHPS, special=(0,))
+        (1, 2)
+    """
+    n_keys = patterns_LHPS.shape[-1]
+    left_out = {*special, n_keys - 1, n_keys - 2}
+    keep = [key for key in range(n_keys) if key not in left_out]
+    if not keep:
+        return 0, 0
+    reads_LH = patterns_LHPS[:, :, -1, keep].amax(dim=-1)
+    layer, head = divmod(int(torch.argmax(reads_LH)), reads_LH.shape[1])
+    return layer, head
+
+
 def attention_to_key_LH(patterns_LHPS: Float[Tensor, "L H P S"], key: int, from_last: bool) -> Float[Tensor, "L H"]:
     """Every head's attention to key position ``key``: from the last query (``from_last``), else the mean over
     the queries at or after ``key`` (the ones that can see it).

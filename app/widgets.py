@@ -17,6 +17,7 @@ import torch
 
 import workbench as wb
 from app import hub_picker, results, state, url_state
+from app.results.models import warm_model
 from app.runtime import leave_a_core_free
 from app.safe_text import quoted
 from app.state import LoadedModel
@@ -55,7 +56,8 @@ class Prompt:
 def page_setup(title: str) -> None:
     """Page title and the wide layout (heatmaps need the width); call first on every page.
 
-    Also where the dashboard applies its process settings (once, whichever page opens first).
+    Also where the dashboard applies its process settings (once, whichever page opens first) and starts loading the
+    session's model in the background (``app.results.models.warm_model``).
 
     Example:
         >>> page_setup("Attention")   # doctest: +SKIP
@@ -63,6 +65,8 @@ def page_setup(title: str) -> None:
     leave_a_core_free()
     st.set_page_config(page_title=f"{title} · workbench", layout="wide")
     state.open_linked_model()
+    # The session's model starts loading now (once per process), while the page draws its controls.
+    warm_model(state.model_source(), state.attn_impl())
     linked_model_offer()
 
 

@@ -108,12 +108,37 @@ def test_home_shows_the_model_card_and_opens_another_model(dense, moe):
     labels = {m.label: m.value for m in at.metric}
     assert {"Parameters", "Layers", "Hook points", "Attention kernel"} <= set(labels)
     assert labels["Layers"] == "2" and int(labels["Hook points"]) > 10
+    first_plot = chart(at, "home_pattern")  # the first page a researcher sees has a plot: one head's pattern
+    assert first_plot["data"][0]["type"] == "heatmap" and first_plot["layout"]["title"]["text"].startswith("L")
     at.radio(key="home_mode").set_value("Path on this machine")
     at.text_input(key="home_path").input(moe)
     at.button[0].click().run()  # the form's "Open model"
     assert_clean(at)
     assert at.session_state["model_source"] == moe
     assert "mixture of experts" in " ".join(c.value for c in at.caption)
+
+
+def test_warming_and_a_page_share_one_load_and_a_failed_warming_is_kept(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from app.results.models import load_model, warm_failure, warm_model
+    source = _tiny(tmp_path / "warmed", moe=False)  # a path no other test loaded: not in the cache yet
+    calls, real_load = [], wb.load_model
+
+    def slow_load(*args, **kwargs):
+        calls.append(args)
+        time.sleep(0.5)  # the page asks while the warm-up is still loading
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(wb, "load_model", slow_load)
+    thread = warm_model(source, "sdpa")
+    assert isinstance(thread, threading.Thread) and warm_model(source, "sdpa") is thread
+    loaded = load_model(source, "sdpa")
+    thread.join()
+    assert len(calls) == 1 and load_model(source, "sdpa") is loaded
+    warm_model(str(tmp_path / "missing"), "sdpa").join()
+    assert "missing" in warm_failure(str(tmp_path / "missing"), "sdpa")
 
 
 def test_missing_model_is_a_message_not_a_traceback(dense):
