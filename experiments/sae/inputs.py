@@ -15,7 +15,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from experiments.sae.activations import kept_positions, special_token_ids
-from experiments.sae.modules import SAVED_AS, TRAINABLE
+from experiments.sae.modules import K_KIND, SAVED_AS, TRAINABLE
 from workbench.errors import InputError
 
 B_DEC_INITS = ("mean", "geometric_median", "zeros")
@@ -87,10 +87,10 @@ def check_train_inputs(model, hook_name: Any, hook_name_out: Any, architecture: 
         raise InputError("skip=True is for transcoders: give hook_name_out (the hook the transcoder predicts)")
     if isinstance(d_sae, bool) or not isinstance(d_sae, int) or d_sae < 1:
         raise InputError(f"d_sae must be a positive integer, got {d_sae!r}")
-    if architecture in ("topk", "batchtopk"):
+    if K_KIND[architecture] is not None:
         if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 < k <= d_sae:
             raise InputError(f"k must be a number of features from 1 to d_sae={d_sae} for a {architecture} SAE, got {k!r}")
-        if architecture == "topk" and k != int(k):
+        if K_KIND[architecture] == "integer" and k != int(k):
             raise InputError(f"k must be an integer for a topk SAE, got {k!r}")
     check_train_config(cfg, tokens, special_token_ids(model) if cfg.exclude_special_tokens else [])
     if tokens.max() >= model.cfg.d_vocab or tokens.min() < 0:

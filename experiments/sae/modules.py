@@ -34,6 +34,8 @@ from workbench.sae.architectures import TRAINING_FORMS, training_form
 TRAINABLE = tuple(TRAINING_FORMS)
 # What each trained architecture is saved as: an SAE, a transcoder, a skip transcoder (None: no such format).
 SAVED_AS = {name: form.saved_as for name, form in TRAINING_FORMS.items()}
+# How each trained architecture reads k (None: it has none; "integer": per row; "mean": on average over a batch).
+K_KIND = {name: form.k_kind for name, form in TRAINING_FORMS.items()}
 
 
 def _of_the_sae(name: str) -> property:

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from experiments.sae.synthetic.activation_generator import ActivationGenerator
 from experiments.sae.synthetic.feature_dictionary import FeatureDictionary
+from experiments.sae.modules import K_KIND
 from experiments.sae.train import train_sae
 from workbench.errors import InputError
 from workbench.sae import SAE
@@ -68,7 +69,7 @@ def train_sae_on_synthetic_data(feature_dict: FeatureDictionary, activations_gen
         ('topk', 8, 'hook_synthetic')
     """
     d_sae = feature_dict.num_features if d_sae is None else d_sae
-    if k is None and architecture in ("topk", "batchtopk"):
+    if k is None and K_KIND.get(architecture) is not None:
         k = max(1, round(float(activations_generator.firing_probabilities.sum())))
     source = SyntheticActivationSource(feature_dict, activations_generator)
     settings = {"training_tokens": training_samples, "train_batch_size_tokens": batch_size,

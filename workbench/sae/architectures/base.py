@@ -165,6 +165,9 @@ class TrainingForm:
     # Whether the activation couples a batch's rows (batch-top-k: the k * N largest of the batch), so the batch
     # cannot be split over processes.
     couples_rows: ClassVar[bool] = False
+    # How the form reads ``k``: None (it has no k), "integer" (exactly k features per row, top-k) or "mean" (k on
+    # average over a batch's rows, batch-top-k: a fraction is allowed). The trainer's checks read it.
+    k_kind: ClassVar[Optional[str]] = None
 
     def saved_name(self, transcoder: bool, skip: bool) -> Optional[str]:
         """The architecture the trained dictionary is saved as (None: none of SAELens's formats holds it)."""

@@ -32,6 +32,7 @@ class BatchTopKTraining(TopKTraining):
     """
 
     name = "batchtopk"
+    k_kind = "mean"
     couples_rows = True
     saved_as = ("jumprelu", "jumprelu_transcoder", "jumprelu_skip_transcoder")
 

@@ -56,6 +56,7 @@ class TopKTraining(TrainingForm):
     """
 
     name = "topk"
+    k_kind = "integer"
     saved_as = ("topk", None, None)
     rescales = True
 
