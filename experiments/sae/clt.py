@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from experiments._progress import ProgressArg
 from experiments.sae.modules import _kaiming_uniform
+from experiments.sae.parallel import current_world
 from experiments.sae.train import TrainSAEConfig, _config_overrides, run_training
 from experiments.sae.inputs import check_hook, hook_widths, token_rows
 from workbench.errors import InputError
@@ -166,7 +167,7 @@ def train_clt(model, data: Any, d_transcoder: int = 1024, architecture: str = "s
     tc = clt.to_transcoders(torch.tensor(result.scales[0]), torch.tensor(result.scales[1]),
                             scan=getattr(model.cfg, "model_name", None))
     tc.training_log = result.log
-    if out is not None:
+    if out is not None and current_world().writes:  # data-parallel: rank 0 writes
         tc.save(out)
         result.log.to_csv(Path(out) / "training_log.csv", index=False)
     return tc
