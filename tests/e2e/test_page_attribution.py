@@ -62,7 +62,7 @@ def test_the_default_page_traces_smollm2_with_its_shipped_transcoders(browser, s
         # No link parameter but the model and the corpus scan off: the shipped set is picked and traced, no click.
         page.goto(f"{server_url}/Attribution?model=smollm2-135m&attribution_corpus=false")
         wait_chart(page, "attribution_graph", timeout_ms=300_000)
-        wait_idle(page)
+        wait_idle(page, 300_000)   # the rest of the page (the picked feature's card) follows the graph
         picker = page.locator(".st-key-attribution_tc_source")
         assert "smollm2-135m-skip-transcoders" in picker.inner_text()
         for label in ("Replacement score", "Completeness score"):

@@ -6,7 +6,7 @@ import torch
 
 import workbench as wb
 from experiments.plots.probes import probe_scores_figure
-from experiments.probes import probe_activations, probe_monitor, train_probe, fit_mass_mean
+from experiments.probes import fit_mass_mean, probe_activations, probe_monitor, sparse_probe, train_probe
 from workbench.errors import InputError
 
 HOOK = "blocks.1.hook_resid_post"
@@ -97,3 +97,28 @@ def test_a_monitor_left_by_an_error_is_detached(model):
     with pytest.raises(InputError, match="two-class"):
         with probe_monitor(model, object(), HOOK):
             pass
+
+
+def test_a_sparse_probe_reads_the_latent_that_carries_the_planted_feature(model, texts):
+    # A hand-built ReLU SAE: latent 0 reads a fixed direction ten times harder than the other latents read theirs,
+    # so its class-mean difference is by far the largest when the labels are "latent 0 fires well above zero".
+    hook = "blocks.1.hook_resid_post"
+    acts = probe_activations(model, texts, [hook], progress=False)[hook]
+    generator = torch.Generator().manual_seed(0)
+    sae = wb.SAE(wb.SAEConfig("standard", d_in=acts.shape[1], d_sae=8, metadata={"hook_name": hook}))
+    with torch.no_grad():
+        sae.W_enc.copy_(torch.randn(acts.shape[1], 8, generator=generator) * 0.01)
+        direction = torch.randn(acts.shape[1], generator=generator)
+        sae.W_enc[:, 0] = direction / direction.norm()
+        sae.b_enc.zero_(), sae.b_dec.zero_()
+        sae.b_enc[0] = -float((acts @ sae.W_enc[:, 0]).median())   # fires on about half the texts
+        latent0 = sae.encode(acts)[:, 0]
+    keep = (latent0 == 0) | (latent0 > latent0[latent0 > 0].median() * 0.2)   # a margin around the boundary
+    kept_texts = [t for t, k in zip(texts, keep.tolist()) if k]
+    labels = (latent0[keep] > 0).long()
+    table = sparse_probe(model, sae, kept_texts, labels, k_values=(1,), test_fraction=0.25, C=100.0, progress=False)
+    one = table[table["inputs"] == "sae latents"].iloc[0]
+    assert one["latents"] == [0] and one["accuracy"] >= 0.95
+    assert table["inputs"].tolist() == ["sae latents", "activation"] and _attached(model) == 0
+    with pytest.raises(InputError, match="d_sae"):
+        sparse_probe(model, sae, kept_texts, labels, k_values=(9,), progress=False)

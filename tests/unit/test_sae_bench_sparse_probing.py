@@ -9,8 +9,8 @@ import torch
 import workbench as wb
 from experiments.datasets.labelled import LabelledTexts, labelled_texts
 from experiments.sae.bench import run_bench
-from experiments.sae.bench.sparse_probing import (one_against_rest, probing_pass, sparse_probing_metrics,
-                                                  top_k_mean_diff)
+from experiments.probes import top_k_mean_diff
+from experiments.sae.bench.sparse_probing import one_against_rest, probing_pass, sparse_probing_metrics
 from workbench.errors import InputError
 
 HOOK = "blocks.0.hook_resid_post"

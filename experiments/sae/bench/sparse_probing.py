@@ -37,7 +37,7 @@ from torch import Tensor
 
 from experiments._progress import Progress, ProgressArg
 from experiments.datasets.labelled import LabelledTexts, labelled_texts
-from experiments.probes import accuracy, fit_logistic, stratified_split
+from experiments.probes import accuracy, fit_logistic, stratified_split, top_k_mean_diff
 from experiments.sae.activations import special_token_ids
 from experiments.sae.inputs import check_hook
 from workbench.errors import InputError
@@ -58,20 +58,6 @@ def _measure_names(k_values: Sequence[int] = K_VALUES) -> tuple[str, ...]:
     """
     return ("llm_test_accuracy", *(f"llm_top_{k}_test_accuracy" for k in k_values),
             "sae_test_accuracy", *(f"sae_top_{k}_test_accuracy" for k in k_values))
-
-
-def top_k_mean_diff(x_Ni: Float[Tensor, "N i"], labels_N: Int[Tensor, "N"], k: int) -> Int[Tensor, "chosen"]:
-    """The ``k`` columns whose mean over label-1 rows differs most (in absolute value) from the mean over label-0
-    rows: SAEBench's rule for choosing a sparse probe's inputs.
-
-    Example:
-        >>> x = torch.tensor([[0.0, 1.0, 5.0], [0.0, 3.0, 5.0], [2.0, 1.0, 0.0], [2.0, 3.0, 1.0]])
-        >>> top_k_mean_diff(x, torch.tensor([0, 0, 1, 1]), 2).tolist()  # |diff| = 2, 0, 4.5
-        [2, 0]
-    """
-    labels_N = torch.as_tensor(labels_N)
-    difference = (x_Ni[labels_N == 1].float().mean(0) - x_Ni[labels_N == 0].float().mean(0)).abs()
-    return torch.argsort(difference, descending=True, stable=True)[:k]
 
 
 def one_against_rest(labels_N: Int[Tensor, "N"], rows_N: Int[Tensor, "N"], positive: int,
