@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 
 def frontier_figure(points: pd.DataFrame, y_label: str) -> go.Figure:
-    """A scatter of ``points`` (``app.sae_compare.frontier_points``: ``sae``, ``l0``, ``l0_std``, ``y``,
+    """A scatter of ``points`` (``app.results.sae_compare.frontier_points``: ``sae``, ``l0``, ``l0_std``, ``y``,
     ``y_std``), one labelled marker per SAE with its spreads as error bars; ``y_label`` names the y measure.
 
     Example:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import downloads
-from app import sae_compare as compare
+from app.results import sae_compare as compare
 from app.results.artifacts import artifact_choices, load_artifact
 from app.safe_text import quoted
 from app.sae_compare_figure import frontier_figure

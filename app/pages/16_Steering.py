@@ -11,7 +11,8 @@ from typing import Optional
 
 import streamlit as st
 
-from app import downloads, steering_view
+from app import downloads
+from app.results import steering as steering_view
 from app.safe_text import quoted
 from app.state import LoadedModel
 from app.url_state import linked

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
 
@@ -63,8 +63,9 @@ def test_the_default_page_traces_smollm2_with_its_shipped_transcoders(browser, s
         page.goto(f"{server_url}/Attribution?model=smollm2-135m&attribution_corpus=false")
         wait_chart(page, "attribution_graph", timeout_ms=300_000)
         wait_idle(page, 300_000)   # the rest of the page (the picked feature's card) follows the graph
-        picker = page.locator(".st-key-attribution_tc_source")
-        assert "smollm2-135m-skip-transcoders" in picker.inner_text()
+        # The picker's choice is in the link, as every choice (a select box shows its value in an input, not as text).
+        picked = parse_qs(urlparse(page.url).query).get("attribution_tc_source", [""])[0]
+        assert picked.startswith("smollm2-135m-skip-transcoders"), page.url
         for label in ("Replacement score", "Completeness score"):
             score = page.locator('[data-testid="stMetric"]').filter(has_text=label)
             value = float(score.locator('[data-testid="stMetricValue"]').inner_text())

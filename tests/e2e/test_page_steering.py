@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, urlencode, urlparse
 import pytest
 
 import workbench as wb
-from app.steering_view import DEFAULT_PAIRS, coefficients, parse_pairs
+from app.results.steering import DEFAULT_PAIRS, coefficients, parse_pairs
 from experiments.steering import coefficient_sweep, continue_with_vector, logit_difference, train_steering_vector
 from tests.e2e.dashboard import page_messages, wait_chart, wait_idle
 

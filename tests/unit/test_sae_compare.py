@@ -15,7 +15,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 import workbench as wb
-from app import sae_compare as compare
+from app.results import sae_compare as compare
 from app.artifact_picker import A_PATH, PICKERS
 from app.sae_compare_figure import frontier_figure
 
