@@ -20,7 +20,10 @@ Packages: ``circuits`` (edge graphs, EAP, exact edge patching), ``attribution`` 
 through transcoders), ``sae`` (training and evaluating sparse autoencoders and transcoders),
 ``features`` (SAE features on a prompt and over a corpus), ``neurons`` (MLP neurons over the corpus),
 ``datasets`` (IOI prompts, repeated tokens, corpus windows), ``distributed`` (experiments sharded over
-Ray workers), ``plots`` (the figures), ``cli`` (the command lines).
+Ray workers), ``probes`` (linear probes: per hook, sparse on SAE latents, as monitors), ``steering`` (steering vectors: CAA,
+ActAdd, PCA reading vectors, control vectors), ``lenses`` (the tuned lens and the Jacobian lens), ``causal``
+(interchange interventions and DAS with their controls; TransformerLens 4.3's tools on our models), ``plots``
+(the figures), ``cli`` (the command lines).
 
 Shared plumbing: ``_batched`` (many single-layer edits in few batched passes), ``_cli`` (the commands'
 arguments and outputs), ``_progress`` (progress reporting), ``_tokens`` (token ids as labels).

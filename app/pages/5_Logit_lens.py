@@ -18,7 +18,6 @@ from app.state import LoadedModel
 from app.url_state import linked
 from app.widgets import Prompt, page_setup, prompt_box, require_model, run_page
 from experiments.plots.lenses import lens_kl_figure
-from experiments.lenses.shipped import shipped_tuned_lens
 from experiments.plots import lens as lens_plots
 
 LENS_KINDS = {"logit": "Logit lens", "tuned": "Tuned lens (shipped)"}
@@ -70,8 +69,8 @@ def main() -> None:
         return
     top_k = linked(st.slider, "Top tokens kept per layer and position", min_value=1, max_value=10, value=5,
                    key="lens_top_k")
-    # The registered name the model was opened by (the key's first part), not cfg.model_name (a GGUF's own title).
-    tuned_path = shipped_tuned_lens(loaded.key.split("|")[0])
+    # The tuned lens shipped for the open model (by its config name or the registered name it was opened by).
+    tuned_path = next(iter(results.artifact_choices(loaded, "lens").values()), None)
     kinds = ["logit", "tuned"] if tuned_path is not None else ["logit"]
     kind = linked(st.radio, "Lens", options=kinds, index=0, format_func=LENS_KINDS.get, horizontal=True,
                   key="lens_kind")

@@ -16,7 +16,8 @@ and its arguments. This layer draws nothing of its own and imports no widget or 
 One module per page or pair of pages, each caching what ``experiments.<same name>`` computes:
 ``attention`` (Attention, Heads), ``induction``, ``ablation`` (Ablation, Token view, Generate),
 ``lens``, ``router``, ``patching``, ``flow`` (Information flow), ``neurons`` (Neurons, Token view),
-``features`` (Features: SAEs), ``attribution`` (Attribution graph: transcoders), ``circuits`` (Circuits);
+``features`` (Features: SAEs), ``attribution`` (Attribution graph: transcoders), ``circuits`` (Circuits),
+``sae_compare`` (SAE compare), ``steering`` (Steering), ``probes`` (Probes);
 ``artifacts``, the one holder of the dictionaries a page opens (what is shipped for the model, each loaded once
 per process), which ``app.artifact_picker`` offers.
 A new page's computation goes in its page's module as a named function, cached like its neighbours.

@@ -50,7 +50,7 @@ BY_ARTIFACT_KEY = {LoadedArtifact: lambda held: held.key}
 
 
 def artifact_choices(loaded: LoadedModel, kind: str) -> dict[str, Path]:
-    """The artifacts of ``kind`` ("sae", "transcoders") shipped for the open model, by its config's name or the
+    """The artifacts of ``kind`` ("sae", "transcoders", "lens") shipped for the open model, by its config's name or the
     registered name it was opened by: the one list a picker offers before "a path on this machine".
 
     Example:

@@ -13,7 +13,8 @@ Legend: B batch, P position.
   one batch at a time so the whole dataset's cache is never held.
 - ``resample_reference``: a seeded draw of rows of a batch, for resample ablation.
 
-Modules: ``ioi``, ``random_tokens``, ``corpus``, ``english`` and ``references`` (``mean_activations``,
+Modules: ``ioi``, ``random_tokens``, ``corpus``, ``english``, ``labelled`` (labelled offline text for probing:
+languages, code against prose, handbook chapters; ``experiments.datasets.labelled``) and ``references`` (``mean_activations``,
 ``resample_reference``); every public name is importable from here.
 """
 

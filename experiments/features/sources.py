@@ -16,7 +16,7 @@ SHIPPED_ROOTS = (ZOO_ROOT,)
 
 
 def shipped_choices(kind: str, model_name: str | None) -> dict[str, Path]:
-    """The dictionaries of ``kind`` ("sae" or "transcoders") shipped for the model called ``model_name`` (a zoo
+    """The dictionaries of ``kind`` ("sae", "transcoders" or "lens") shipped for the model called ``model_name`` (a zoo
     name such as ``toy-attn-2l``), by the label a picker shows: an SAE's name and the hook it reads, a
     transcoder set's name; empty where none is shipped.
 

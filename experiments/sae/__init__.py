@@ -11,7 +11,9 @@
 - ``modules``: the SAE under training (SAELens 6's definitions) and its inference form;
 - ``activations``: activations streamed from the model or a disk cache, and the shuffling buffer;
 - ``checkpoints``: training checkpoints, saved atomically and checked against the resuming run;
-- ``inputs``: argument checks.
+- ``inputs``: argument checks;
+- ``loop``: the one training loop every trainer runs (``train_members``);
+- ``parallel``: data-parallel training over ``torch.distributed`` (rank 0 writes).
 - ``synthetic``: ground truth like SAELens's SynthSAEBench (``FeatureDictionary``, ``ActivationGenerator``,
   ``eval_sae_on_synthetic_data``, SAELens's saved synthetic models; ``experiments.sae.synthetic``).
 

@@ -38,8 +38,13 @@ def test_the_choices_are_the_tables_rows_for_the_open_model(loaded):
     moe = LoadedModel(wb.load_model("toy-moe-2l", progress=False).eval(), "toy-moe-2l|sdpa")
     transcoders = wb.shipped(kind="transcoders", model="toy-moe-2l")
     assert artifact_choices(moe, "transcoders") == {row.name: Path(row.path) for row in transcoders.itertuples()}
+    # A tuned lens is an artifact too: SmolLM2's, by the name the model was opened by (a toy model stands in).
+    smol_named = LoadedModel(loaded.model, "smollm2-135m|sdpa")
+    lenses = wb.shipped(kind="lens", model="smollm2-135m")
+    assert artifact_choices(smol_named, "lens") == {row.name: Path(row.path) for row in lenses.itertuples()}
+    assert artifact_choices(loaded, "lens") == {}
     with pytest.raises(wb.InputError, match="kind must be one of"):
-        artifact_choices(loaded, "lens")
+        artifact_choices(loaded, "model")
 
 
 def test_an_artifact_is_loaded_once_and_again_when_its_files_change(loaded, tmp_path):

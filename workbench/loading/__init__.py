@@ -11,7 +11,8 @@ against the contract in ``family``), ``gguf`` (GGUF files, through the same fami
 format); what they share: ``common`` (progress bars, refusing a value, the layer-count check), ``weights``
 (named tensors into a ``Decoder``, every name and shape checked first), ``build`` (every loader's last step),
 ``placement`` (device maps and offload folders), ``memory_plan`` (``plan_memory``'s table) and ``weights_cache``
-(a converted checkpoint kept on disk, so a GGUF opens in about a second after its first load).
+(a converted checkpoint kept on disk, so a GGUF opens in about a second after its first load) with
+``entry_stamps`` (a checked entry's stamp, so an unchanged file is not hashed again).
 """
 
 from __future__ import annotations
