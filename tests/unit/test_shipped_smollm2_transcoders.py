@@ -56,7 +56,7 @@ def test_the_card_shows_the_measured_figures():
     figures = json.loads((FOLDER / "metrics.json").read_text())
     card = (FOLDER / "CARD.md").read_text()
     assert measure_tool().card_tables(figures) in card
-    assert len(figures["layers"]) == N_LAYERS and len(figures.get("graphs", [])) <= 5   # fewer: the run stopped early (the card says)
+    assert len(figures["layers"]) == N_LAYERS and len(figures["graphs"]) == 5   # five held-out prompts
     assert "tools/measure_smollm2_transcoders.py" in card and "tools/train_smollm2_transcoders.py" in card
 
 
