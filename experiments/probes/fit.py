@@ -13,6 +13,7 @@ other's, thresholded half-way, optionally whitened by the pooled covariance (the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from jaxtyping import Float, Int
@@ -148,10 +149,10 @@ def _summed_cross_entropy(logits_NY: Tensor, index_N: Tensor) -> Tensor:
     return torch.nn.functional.cross_entropy(logits_NY, index_N, reduction="sum")
 
 
-def _checked_rows(x_Ni: Tensor, d_in: int) -> Tensor:
+def _checked_rows(x_Ni: Tensor, d_in: Optional[int]) -> Tensor:
     if not isinstance(x_Ni, Tensor) or x_Ni.ndim != 2:
         raise InputError(f"probe inputs must be a [rows, d_in] tensor, got {getattr(x_Ni, 'shape', type(x_Ni))}")
-    if x_Ni.shape[1] != d_in:
+    if d_in is not None and x_Ni.shape[1] != d_in:
         raise InputError(f"probe inputs have width {x_Ni.shape[1]}, the probe was fitted on width {d_in}")
     if not torch.is_floating_point(x_Ni) or not torch.isfinite(x_Ni).all():
         raise InputError("probe inputs must be finite floating-point values")
@@ -160,9 +161,7 @@ def _checked_rows(x_Ni: Tensor, d_in: int) -> Tensor:
 
 def _checked_data(x_Ni: Tensor, labels_N: Tensor) -> tuple[Tensor, tuple[int, ...], Tensor]:
     """The inputs checked, the sorted label values, and each row's index into them."""
-    if not isinstance(x_Ni, Tensor) or x_Ni.ndim != 2:
-        raise InputError(f"probe inputs must be a [rows, d_in] tensor, got {getattr(x_Ni, 'shape', type(x_Ni))}")
-    x_Ni = _checked_rows(x_Ni, x_Ni.shape[1])
+    x_Ni = _checked_rows(x_Ni, x_Ni.shape[1] if isinstance(x_Ni, Tensor) and x_Ni.ndim == 2 else None)
     labels_N = torch.as_tensor(labels_N)
     if labels_N.ndim != 1 or len(labels_N) != len(x_Ni) or torch.is_floating_point(labels_N):
         raise InputError(f"labels must be {len(x_Ni)} integers, one per input row, got shape "

@@ -15,8 +15,8 @@ from torch import Tensor
 
 from experiments._progress import ProgressArg
 from experiments.probes.fit import fit_logistic
-from experiments.probes.scores import accuracy, auroc, stratified_split
-from experiments.probes.train import Reading, probe_activations
+from experiments.probes.scores import stratified_split
+from experiments.probes.train import Reading, held_out_scores, probe_activations
 from workbench.errors import InputError
 
 
@@ -65,23 +65,16 @@ def sparse_probe(model, sae, texts: Sequence[str], labels: Union[Sequence[int], 
         latents_NX = sae.encode(acts_Ni.to(sae.W_enc.dtype)).float()
     _, labels_N = torch.unique(labels_N, return_inverse=True)   # 0 and 1, in sorted order
     splits = [stratified_split(labels_N, test_fraction, seed) for seed in seeds]
+    fit = (lambda x, y: fit_logistic(x, y, C=C))
     rows = []
     for k in (*k_values, None):
-        accuracies, areas, first_latents = [], [], []
-        for index, (train, test) in enumerate(splits):
-            if k is None:
-                x_train, x_test = acts_Ni[train], acts_Ni[test]
-            else:
-                chosen = top_k_mean_diff(latents_NX[train], labels_N[train], k)
-                x_train, x_test = latents_NX[train][:, chosen], latents_NX[test][:, chosen]
-                first_latents = chosen.tolist() if index == 0 else first_latents
-            probe = fit_logistic(x_train, labels_N[train], C=C)
-            accuracies.append(accuracy(probe.predict(x_test), labels_N[test]))
-            areas.append(auroc(probe.score(x_test), labels_N[test]))
-        acc, area = torch.tensor(accuracies, dtype=torch.float64), torch.tensor(areas, dtype=torch.float64)
-        spread = (lambda values: values.std().item() if len(values) > 1 else 0.0)
+        if k is None:   # the raw activation, read whole
+            _, scores, _ = held_out_scores(acts_Ni, labels_N, splits, fit)
+            latents = []
+        else:           # each split chooses its k latents on its own training rows
+            choose = (lambda train, k=k: top_k_mean_diff(latents_NX[train], labels_N[train], k))
+            _, scores, first_choice = held_out_scores(latents_NX, labels_N, splits, fit, choose)
+            latents = first_choice.tolist()
         rows.append({"inputs": "activation" if k is None else "sae latents", "k": float("nan") if k is None else k,
-                     "accuracy": acc.mean().item(), "accuracy_std": spread(acc), "auroc": area.mean().item(),
-                     "auroc_std": spread(area), "latents": first_latents, "hook_name": hook_name,
-                     "seeds": len(splits)})
+                     **scores, "latents": latents, "hook_name": hook_name, "seeds": len(splits)})
     return pd.DataFrame.from_records(rows)
