@@ -41,6 +41,8 @@ GOAL_TOKENS, REPEATS = 64, 5
 PROMPT_PAGES = [("Attention", "Attention patterns"), ("Heads", "Compare heads across layers"), ("Ablation", "Ablation"),
                 ("Logit lens", "Logit lens"), ("Information flow", "Information flow"), ("Token view", "Token view"),
                 ("Neurons", "Neurons"), ("Features", "Features"), ("Generate", "Generate")]
+SHOWN_LAYER_JS = ("() => { const t = [...document.querySelectorAll('.st-key-layer_patterns_chart .gtitle')]"
+                  ".map(e => e.textContent).join(' '); return Number(t.match(/Layer (\\d+): every head/)[1]); }")
 TOKENS_JS = "() => { const e = document.querySelector('.st-key-prompt_tokens'); return e ? e.textContent : ''; }"
 PASSAGE = ("The history of the region goes back thousands of years. The first written records describe farmers, "
            "traders and travellers who crossed the river valley on their way to the coast, where small markets "
@@ -114,19 +116,20 @@ def _prompt_change(page, n: int, text: str) -> float:
     return seconds
 
 
-def _rerenders(page, prompts: list[tuple[int, str]], layer_moves: int) -> list[tuple[str, int, float]]:
+def _rerenders(page, prompts: list[tuple[int, str]], layer_moves: int, n_layers: int) -> list[tuple[str, int, float]]:
     """(what, tokens, seconds) for each prompt change on the Attention page and each layer move after it."""
     title_js = ("(t) => [...document.querySelectorAll('.st-key-layer_patterns_chart .gtitle')]"
                 ".some(e => e.textContent.includes(t))")
     slider = page.locator(".st-key-attention_layer input[type=range]")
     timings = []
-    layer = 0
     for n, text in prompts:
         timings.append(("prompt change", n, _prompt_change(page, n, text)))
         for _ in range(layer_moves):
+            # the layer shown now: the page may pick another layer for a new prompt (its view follows the prompt)
+            layer = page.evaluate(SHOWN_LAYER_JS)
+            key, target = ("ArrowRight", layer + 1) if layer + 1 < n_layers else ("ArrowLeft", layer - 1)
             slider.focus()
-            layer += 1
-            timings.append(("layer change", n, _press_and_wait(page, "ArrowRight", title_js, f"Layer {layer}: every head")))
+            timings.append(("layer change", n, _press_and_wait(page, key, title_js, f"Layer {target}: every head")))
     return timings
 
 
@@ -217,7 +220,7 @@ def run(quick: bool = False) -> list[dict]:
                     if attempt == 0:
                         dashboard.wait_idle(page)
                         cold_tokens = int(page.locator(".st-key-prompt_tokens").inner_text().split()[0])
-                        rerenders = _rerenders(page, attention_prompts, layer_moves=2)
+                        rerenders = _rerenders(page, attention_prompts, layer_moves=2, n_layers=model.cfg.n_layers)
                         rounds = _page_rounds(page, pages, page_prompts, repeats)
                 finally:
                     page.close()
