@@ -21,7 +21,7 @@ from app.widgets import Prompt, progress_callback
 from experiments.corpus_windows import CORPUS_LABELS, CORPUS_SOURCES, default_corpus
 from experiments.plots.features import density_figure
 from experiments.plots.token_view import token_html
-from experiments.sae.inputs import hook_layer
+from experiments._depth import hook_layer
 from workbench.errors import InputError
 
 TOP_K = 10

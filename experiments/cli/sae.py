@@ -37,7 +37,7 @@ from experiments.sae.bench import core_metrics, run_bench
 from experiments.sae.bench.sparse_probing import TASKS as SPARSE_PROBING_TASKS
 from experiments.sae.clt import train_clt
 from experiments.sae.evaluate import evaluate_sae
-from experiments.sae.inputs import hook_layer
+from experiments._depth import stop_at_layer_for
 from experiments.sae.train import TrainSAEConfig, train_sae
 from workbench.sae import load_sae
 
@@ -153,7 +153,7 @@ def _cache(args: argparse.Namespace) -> None:
         if (folder / "index.json").is_file():
             continue  # finished by an earlier run
         model.run_with_cache(windows[start:start + args.chunk], names_filter=args.hook, return_type=None,
-                             stop_at_layer=hook_layer(model, args.hook) + 1, batch_size=args.batch_size,
+                             stop_at_layer=stop_at_layer_for(model, [args.hook]), batch_size=args.batch_size,
                              cache_dir=folder, progress=not args.no_progress)
         print(f"wrote {folder}")
 

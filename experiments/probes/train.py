@@ -19,6 +19,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from experiments._depth import stop_at_layer_for
 from experiments._progress import Progress, ProgressArg
 from experiments.metrics import prompt_batch
 from experiments.probes.fit import LinearProbe, fit_logistic, fit_mass_mean
@@ -59,7 +60,7 @@ def probe_activations(model, texts: Sequence[str], hook_names: Sequence[str], re
         raise InputError("texts must be a non-empty list of non-empty strings")
     if not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be a positive int, got {batch_size!r}")
-    stop_at_layer = _stop_layer(model, hook_names)
+    stop_at_layer = stop_at_layer_for(model, hook_names)
     rows: dict[str, list[Tensor]] = {name: [] for name in hook_names}
     starts = range(0, len(texts), batch_size)
     with Progress(progress, total=len(starts), desc="probe activations") as bar:
@@ -112,16 +113,6 @@ def train_probe(model, texts: Sequence[str], labels: Union[Sequence[int], Tensor
     table = pd.DataFrame.from_records(records)
     table["layer"] = table["layer"].astype("Int64")  # hooks outside the blocks have none
     return ProbeRun(probes, table)
-
-
-def _stop_layer(model, hook_names: list[str]) -> Union[int, None]:
-    """The block after the deepest hook, so later blocks never run; None when a hook lies after the blocks."""
-    layers = [model.layer_of(name) for name in hook_names]
-    # Outside the blocks, only the embedding hooks come before them (the final norm's come after).
-    if any(layer is None and not name.startswith(("hook_embed", "hook_pos_embed", "hook_tokens"))
-           for layer, name in zip(layers, hook_names)):
-        return None
-    return max((layer for layer in layers if layer is not None), default=0) + 1
 
 
 def held_out_scores(x_Ni: Float[Tensor, "N i"], labels_N: Tensor, splits: Sequence[tuple[Tensor, Tensor]],

@@ -6,7 +6,6 @@ Legend: B batch, P position.
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -14,6 +13,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from experiments._depth import hook_layer, stop_at_layer_for  # noqa: F401 - hook_layer is part of this module's API
 from experiments.sae.activations import kept_positions, special_token_ids
 from experiments.sae.modules import K_KIND, SAVED_AS, TRAINABLE
 from workbench.errors import InputError
@@ -23,7 +23,6 @@ B_DEC_INITS = ("mean", "geometric_median", "zeros")
 WHOLE_NUMBERS = {"training_tokens": 1, "train_batch_size_tokens": 1, "buffer_tokens": 1, "store_batch_size_prompts": 1,
                  "dead_feature_window": 1, "log_every": 1, "checkpoint_every": 0, "lr_warm_up_steps": 0,
                  "lr_decay_steps": 0, "l1_warm_up_steps": 0, "l0_warm_up_steps": 0, "seed": 0}
-_BLOCK = re.compile(r"^blocks\.(\d+)\.")
 
 
 def token_rows(model, data: Any, window: int = 128) -> Int[Tensor, "B P"]:
@@ -47,20 +46,6 @@ def token_rows(model, data: Any, window: int = 128) -> Int[Tensor, "B P"]:
 
         return corpus_windows(model, data, window=window).cpu()
     raise InputError(f"data must be token ids [batch, pos], texts or a path, got {type(data).__name__}")
-
-
-def hook_layer(model, hook_name: str) -> int:
-    """The block a hook point is in (-1 before the blocks, ``n_layers - 1`` after them): ``stop_at_layer`` is
-    this plus one.
-
-    Example:
-        >>> hook_layer(model, "blocks.1.hook_resid_post"), hook_layer(model, "hook_embed")
-        (1, -1)
-    """
-    match = _BLOCK.match(hook_name)
-    if match:
-        return int(match.group(1))
-    return -1 if hook_name in ("hook_embed", "hook_pos_embed", "hook_tokens") else model.cfg.n_layers - 1
 
 
 def check_hook(model, hook_name: Any, argument: str) -> None:
@@ -138,7 +123,7 @@ def check_train_config(cfg: Any, tokens: Tensor, exclude: Sequence[int]) -> None
 
 def hook_widths(model, hook_names: list[str], tokens: Tensor) -> tuple[int, int]:
     """The last-axis widths of the hooks (the first and the last), from a forward pass over two tokens."""
-    stop = max(hook_layer(model, h) for h in hook_names) + 1
+    stop = stop_at_layer_for(model, hook_names)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens[:1, :2].to(model.cfg.device), names_filter=hook_names,
                                         stop_at_layer=stop, return_type=None)

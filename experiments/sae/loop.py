@@ -33,7 +33,8 @@ from torch import Tensor, nn
 from experiments._progress import Progress, ProgressArg
 from experiments.sae.activations import ShuffleBuffer, activation_chunks, special_token_ids
 from experiments.sae.checkpoints import load_checkpoint, save_checkpoint
-from experiments.sae.inputs import check_train_config, hook_layer
+from experiments._depth import stop_at_layer_for
+from experiments.sae.inputs import check_train_config
 from experiments.sae.parallel import World, check_parallel_forms, current_world
 
 LOG_COLUMNS = ("step", "tokens", "loss", "mse_loss", "sparsity_loss", "l0", "explained_variance", "dead_fraction", "lr")
@@ -91,7 +92,7 @@ def hook_columns(model, hooks: list[str], tokens: Tensor) -> dict[str, slice]:
     """
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens[:1, :2].to(model.cfg.device), names_filter=list(hooks),
-                                        stop_at_layer=max(hook_layer(model, h) for h in hooks) + 1, return_type=None)
+                                        stop_at_layer=stop_at_layer_for(model, hooks), return_type=None)
     columns, start = {}, 0
     for hook in hooks:
         columns[hook] = slice(start, start + int(cache[hook].shape[-1]))
@@ -129,7 +130,7 @@ def train_members(model, members: list[Member], tokens: Tensor, hooks: list[str]
         state = load_checkpoint(resume_from, run, state_module, optimizer, cfg.total_steps,
                                 sum(m.groups for m in members), chunk_rows=cfg.store_batch_size_prompts * tokens.shape[1])
     chunks = activation_chunks(model, tokens, hooks, cfg.store_batch_size_prompts,
-                               max(hook_layer(model, h) for h in hooks) + 1, exclude,
+                               stop_at_layer_for(model, hooks), exclude,
                                start_row=state["buffer"]["rows_consumed"] if state else 0, cache_dirs=activation_cache,
                                outlier_norm_ratio=cfg.outlier_norm_ratio)
     buffer = ShuffleBuffer(chunks, cfg.buffer_tokens, cfg.train_batch_size_tokens, generator,

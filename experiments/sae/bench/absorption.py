@@ -48,6 +48,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from experiments._depth import stop_at_layer_for
 from experiments._progress import Progress, ProgressArg
 from experiments.probes import fit_logistic
 from experiments.sae.bench.sparse_probing import one_against_rest
@@ -173,7 +174,9 @@ def word_activations(model, sae: SAE, prompts: Sequence[str], batch_size: int = 
             tokens, mask = model.tokenizer.to_tokens_and_mask(list(prompts[start:start + batch_size]),
                                                              padding_side="right")
             position_B = mask.sum(1) - 1 - tail
-            _, cache = model.run_with_cache(tokens.to(model.cfg.device), names_filter=[sae.cfg.hook_name])
+            _, cache = model.run_with_cache(tokens.to(model.cfg.device), names_filter=[sae.cfg.hook_name],
+                                            stop_at_layer=stop_at_layer_for(model, [sae.cfg.hook_name]),
+                                            return_type=None)
             x_Bi = cache[sae.cfg.hook_name][torch.arange(len(tokens)), position_B.to(tokens.device)]
             x_Bi = x_Bi.to(sae.cfg.torch_dtype)
             acts.append(x_Bi.float().cpu())

@@ -35,6 +35,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from experiments._depth import stop_at_layer_for
 from experiments._progress import Progress, ProgressArg
 from experiments.datasets.labelled import LabelledTexts, labelled_texts
 from experiments.probes import accuracy, fit_logistic, stratified_split, top_k_mean_diff
@@ -112,7 +113,9 @@ def pooled_activations(model, sae: SAE, texts: Sequence[str], context_length: in
             keep_BP = mask & ~torch.isin(tokens, special)
             if not keep_BP.any(1).all():
                 raise InputError("a labelled text has no token besides BOS / EOS / padding")
-            _, cache = model.run_with_cache(tokens.to(model.cfg.device), names_filter=[sae.cfg.hook_name])
+            _, cache = model.run_with_cache(tokens.to(model.cfg.device), names_filter=[sae.cfg.hook_name],
+                                            stop_at_layer=stop_at_layer_for(model, [sae.cfg.hook_name]),
+                                            return_type=None)
             x_BPi = cache[sae.cfg.hook_name].to(sae.cfg.torch_dtype)
             weight_BP1 = keep_BP.to(x_BPi.device, torch.float32)[..., None]
             count_B1 = weight_BP1.sum(1)
