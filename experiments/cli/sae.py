@@ -4,8 +4,9 @@
   (seed 0; ``windows.pt``), then their activations at ``H`` (only the layers up to it run) written chunk by chunk
   into ``DIR/chunk-NNN`` (``run_with_cache(..., cache_dir=...)``): an interrupted run keeps its finished chunks.
 - ``train --model M --hook H --data D --out DIR [--architecture topk --d-sae 4096 --k 32 --hook-out H2 --skip
-  --cache DIR --training-tokens N ...]``: ``train_sae``; with ``--cache`` the activations are read from a
-  ``cache`` directory (its windows are the data). ``--clt`` trains a cross-layer transcoder (``train_clt``).
+  --cache DIR --training-tokens N --matryoshka-widths 128,512 --use-matryoshka-aux-loss ...]``: ``train_sae``;
+  with ``--cache`` the activations are read from a ``cache`` directory (its windows are the data). ``--clt``
+  trains a cross-layer transcoder (``train_clt``).
 - ``evaluate --model M --sae DIR_OR_NAME --data D --out DIR [--windows N]``: ``evaluate_sae``, written as
   ``sae_eval.json`` / ``.csv`` / ``.html`` (the feature-density histogram).
 
@@ -133,6 +134,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--l1-coefficient", type=float, default=TrainSAEConfig.l1_coefficient)
     parser.add_argument("--l0-coefficient", type=float, default=TrainSAEConfig.l0_coefficient)
     parser.add_argument("--dead-feature-window", type=int, default=TrainSAEConfig.dead_feature_window)
+    parser.add_argument("--matryoshka-widths", type=_widths, default=(), help="matryoshka_batchtopk's levels, "
+                        "comma-separated (e.g. 128,512; --d-sae is added as the last)")
+    parser.add_argument("--use-matryoshka-aux-loss", action="store_true", help="matryoshka_batchtopk: one aux-k loss "
+                        "per level, each level's dead features reconstructing the residual of the levels up to it")
     parser.add_argument("--outlier-norm-ratio", type=float, default=None,
                         help="leave out activations with norm above this many times the median")
     parser.add_argument("--checkpoint-every", type=int, default=0)
@@ -140,6 +145,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--save-dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     args = parser.parse_args(rest)
     _train(args)
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    """``--matryoshka-widths``'s comma-separated whole numbers (``train_sae`` checks them against ``--d-sae``)."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers such as 128,512, got {text!r}") from None
 
 
 def _cache(args: argparse.Namespace) -> None:
@@ -177,7 +190,8 @@ def _train(args: argparse.Namespace) -> None:
                          buffer_tokens=args.buffer_tokens, lr=args.lr, lr_decay_steps=args.lr_decay_steps,
                          l1_coefficient=args.l1_coefficient, l0_coefficient=args.l0_coefficient,
                          dead_feature_window=args.dead_feature_window, checkpoint_every=args.checkpoint_every,
-                         outlier_norm_ratio=args.outlier_norm_ratio)
+                         outlier_norm_ratio=args.outlier_norm_ratio, matryoshka_widths=args.matryoshka_widths,
+                         use_matryoshka_aux_loss=args.use_matryoshka_aux_loss)
     k = int(args.k) if args.architecture == "topk" else args.k
     common = dict(config=cfg, activation_cache=chunks, out=args.out, progress=not args.no_progress,
                   checkpoint_dir=Path(args.out) / "checkpoints" if args.checkpoint_every else None,

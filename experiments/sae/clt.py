@@ -31,7 +31,7 @@ from experiments._progress import ProgressArg
 from experiments.sae.modules import _kaiming_uniform
 from experiments.sae.parallel import current_world
 from experiments.sae.train import TrainSAEConfig, _config_overrides, run_training
-from experiments.sae.inputs import check_hook, hook_widths, token_rows
+from experiments.sae.inputs import check_hook, check_matryoshka_aux_loss, hook_widths, token_rows
 from workbench.errors import InputError
 from workbench.sae.architectures import TRAINING_FORMS, training_form
 from workbench.transcoders import TranscoderSet
@@ -146,6 +146,7 @@ def train_clt(model, data: Any, d_transcoder: int = 1024, architecture: str = "s
     cfg = dataclasses.replace(config or TrainSAEConfig(), **_config_overrides(overrides))
     if architecture not in CLT_ARCHITECTURES:
         raise InputError(f"architecture must be one of {CLT_ARCHITECTURES} for a cross-layer transcoder, got {architecture!r}")
+    check_matryoshka_aux_loss(architecture, cfg)
     if isinstance(d_transcoder, bool) or not isinstance(d_transcoder, int) or d_transcoder < 1:
         raise InputError(f"d_transcoder must be a positive integer, got {d_transcoder!r}")
     if architecture == "batchtopk" and (isinstance(k, bool) or not isinstance(k, (int, float)) or not 0 < k <= d_transcoder):

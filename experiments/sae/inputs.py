@@ -62,6 +62,7 @@ def check_train_inputs(model, hook_name: Any, hook_name_out: Any, architecture: 
     read from one short forward pass."""
     if architecture not in TRAINABLE:
         raise InputError(f"architecture must be one of {TRAINABLE}, got {architecture!r}")
+    check_matryoshka_aux_loss(architecture, cfg)
     check_hook(model, hook_name, "hook_name")
     if hook_name_out is not None:
         check_hook(model, hook_name_out, "hook_name_out")
@@ -81,6 +82,25 @@ def check_train_inputs(model, hook_name: Any, hook_name_out: Any, architecture: 
     if tokens.max() >= model.cfg.d_vocab or tokens.min() < 0:
         raise InputError(f"data holds token ids outside the vocabulary [0, {model.cfg.d_vocab})")
     return hook_widths(model, [hook_name] + ([hook_name_out] if hook_name_out else []), tokens)
+
+
+def check_matryoshka_aux_loss(architecture: str, cfg: Any) -> None:
+    """An ``InputError`` naming ``use_matryoshka_aux_loss`` unless it is True or False, and False for every
+    architecture but ``matryoshka_batchtopk`` (the per-level aux-k loss needs its levels; elsewhere the option
+    would be silently ignored).
+
+    Example:
+        >>> from experiments.sae.train import TrainSAEConfig
+        >>> check_matryoshka_aux_loss("batchtopk", TrainSAEConfig(use_matryoshka_aux_loss=True))
+        Traceback (most recent call last):
+        workbench.errors.InputError: use_matryoshka_aux_loss=True is for architecture='matryoshka_batchtopk' only (its per-level aux-k loss), got architecture='batchtopk'
+    """
+    value = cfg.use_matryoshka_aux_loss
+    if not isinstance(value, bool):
+        raise InputError(f"use_matryoshka_aux_loss must be True or False, got {value!r}")
+    if value and architecture != "matryoshka_batchtopk":
+        raise InputError("use_matryoshka_aux_loss=True is for architecture='matryoshka_batchtopk' only (its "
+                         f"per-level aux-k loss), got architecture={architecture!r}")
 
 
 def check_train_config(cfg: Any, tokens: Tensor, exclude: Sequence[int]) -> None:

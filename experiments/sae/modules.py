@@ -22,6 +22,7 @@ reads raw activations.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import torch
@@ -48,7 +49,7 @@ class TrainingSAE(nn.Module):
 
     ``options`` are the architecture's coefficients (``TrainSAEConfig`` fills them): ``k``, ``l1_coefficient``,
     ``lp_norm``, ``l0_coefficient``, ``jumprelu_bandwidth``, ``jumprelu_init_threshold``, ``aux_loss_coefficient``,
-    ``topk_threshold_lr``, ``decoder_init_norm``.
+    ``topk_threshold_lr``, ``decoder_init_norm``, ``matryoshka_widths``, ``use_matryoshka_aux_loss``.
 
     Example:
         >>> sae = TrainingSAE("topk", d_in=8, d_sae=32, options={"k": 4}, generator=torch.Generator().manual_seed(0))
@@ -130,9 +131,10 @@ class TrainingSAE(nn.Module):
         losses.update(self.form.sparsity_loss(acts, hidden_pre, self.form_state, self.W_dec.norm(dim=-1), self.options,
                                               coefficient_scale))
         # SAELens 6.54's aux-k reconstruction is W_dec z without b_dec (the residual holds b_dec already)
-        losses.update(self.form.auxiliary_loss(hidden_pre, target - out, dead,
-                                               lambda i, v: self.decode_sparse(i, v, with_bias=False), self.options))
-        losses.update(self.form.nested_losses(acts, target, self.W_dec, self.b_dec, self.options, self.rescales))
+        aux_decode = functools.partial(self.decode_sparse, with_bias=False)
+        losses.update(self.form.auxiliary_loss(hidden_pre, target - out, dead, aux_decode, self.options))
+        losses.update(self.form.nested_losses(acts, hidden_pre, target, dead, self.W_dec, self.b_dec, aux_decode,
+                                              self.options, self.rescales))
         self.form.after_batch(acts, self.form_state, self.options)
         return {"loss": sum(losses.values()), "losses": losses, "feature_acts": acts, "sae_out": out}
 

@@ -41,7 +41,7 @@ from workbench.transcoders import TranscoderSet
 PER_SAE_FIELDS = ("lr", "lr_warm_up_steps", "lr_decay_steps", "adam_beta1", "adam_beta2", "l1_coefficient", "lp_norm",
                   "l1_warm_up_steps", "l0_coefficient", "l0_warm_up_steps", "jumprelu_bandwidth",
                   "jumprelu_init_threshold", "aux_loss_coefficient", "topk_threshold_lr", "decoder_init_norm",
-                  "matryoshka_widths",
+                  "matryoshka_widths", "use_matryoshka_aux_loss",
                   "b_dec_init", "dead_feature_window")
 
 

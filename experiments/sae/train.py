@@ -63,6 +63,7 @@ class TrainSAEConfig:
     aux_loss_coefficient: float = 1.0
     topk_threshold_lr: float = 0.01
     matryoshka_widths: tuple[int, ...] = ()  # matryoshka_batchtopk's levels (d_sae is added as the last)
+    use_matryoshka_aux_loss: bool = False  # matryoshka_batchtopk: one aux-k loss per level, on that level's residual
     decoder_init_norm: Optional[float] = 0.1
     b_dec_init: str = "mean"  # "mean", "geometric_median" or "zeros"
     dead_feature_window: int = 1000
@@ -134,7 +135,7 @@ def training_options(cfg: TrainSAEConfig, k: Optional[float]) -> dict[str, Any]:
     options = {name: getattr(cfg, name) for name in ("l1_coefficient", "lp_norm", "l0_coefficient", "jumprelu_bandwidth",
                                                      "jumprelu_init_threshold", "aux_loss_coefficient",
                                                      "topk_threshold_lr", "decoder_init_norm",
-                                                     "matryoshka_widths")}
+                                                     "matryoshka_widths", "use_matryoshka_aux_loss")}
     options["k"] = k
     return options
 

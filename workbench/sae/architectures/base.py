@@ -229,9 +229,11 @@ class TrainingForm:
         """Auxiliary term(s) by name (top-k's aux-k loss on the dead features); ``residual`` is ``target - out``."""
         return {}
 
-    def nested_losses(self, acts: Float[Tensor, "N X"], target: Float[Tensor, "N o"], W_dec: Float[Tensor, "X o"],
-                      b_dec: Float[Tensor, "o"], options: Mapping[str, Any], rescale: bool) -> dict[str, Tensor]:
-        """Reconstruction term(s) of parts of the dictionary by name (Matryoshka's prefixes); ``rescale``: the
+    def nested_losses(self, acts: Float[Tensor, "N X"], hidden_pre: Float[Tensor, "N X"], target: Float[Tensor, "N o"],
+                      dead: Tensor, W_dec: Float[Tensor, "X o"], b_dec: Float[Tensor, "o"], decode_sparse: SparseDecode,
+                      options: Mapping[str, Any], rescale: bool) -> dict[str, Tensor]:
+        """Term(s) of parts of the dictionary by name (Matryoshka's prefix reconstructions, and its per-level aux-k
+        loss on the ``dead`` features with ``decode_sparse`` as ``auxiliary_loss`` has it); ``rescale``: the
         activations are to be divided by the decoder norms before decoding, as the whole decode does."""
         return {}
 

@@ -71,18 +71,35 @@ class TopKTraining(TrainingForm):
 
     def auxiliary_loss(self, hidden_pre: Float[Tensor, "N X"], residual: Float[Tensor, "N o"], dead: Tensor,
                        decode_sparse: SparseDecode, options: Mapping[str, Any]) -> dict[str, Tensor]:
-        n_dead, half = int(dead.sum()), residual.shape[-1] // 2
-        if n_dead == 0:
-            return {"aux_loss": hidden_pre.new_tensor(0.0)}
-        scale = min(n_dead / half, 1.0)
-        masked = torch.where(dead[None], hidden_pre, torch.tensor(-torch.inf, dtype=hidden_pre.dtype))
-        top = masked.topk(min(half, n_dead), sorted=False)
-        recons = decode_sparse(top.indices, top.values)
-        loss = (recons - residual.detach()).pow(2).sum(-1).mean()
-        return {"aux_loss": options.get("aux_loss_coefficient", 1.0) * scale * loss}
+        return {"aux_loss": aux_k_loss(hidden_pre, residual, dead, decode_sparse,
+                                       options.get("aux_loss_coefficient", 1.0))}
 
     def inference_config(self, options: Mapping[str, Any]) -> dict[str, Any]:
         return {"k": int(options["k"]), "rescale_acts_by_decoder_norm": True}
+
+
+def aux_k_loss(hidden_pre: Float[Tensor, "N X"], residual: Float[Tensor, "N o"], dead: Tensor,
+               decode_sparse: SparseDecode, coefficient: float = 1.0) -> Tensor:
+    """The aux-k term (SAELens's ``calculate_topk_aux_loss``): the top ``d_out // 2`` dead
+    features of each row (by pre-activation) reconstruct the detached ``residual`` through ``decode_sparse``
+    (feature indices, values), the squared error summed over the width and averaged over rows, scaled by
+    ``min(n_dead / (d_out // 2), 1)`` and ``coefficient``; 0 when no feature is dead. Matryoshka's per-level
+    aux loss calls it on each level's slice of the features.
+
+    Example (d_out 2: the one dead feature, pre-activation 2, rebuilds a residual of (3, 3) through a decoder
+    row of ones):
+        >>> decode = lambda indices, values: values.sum(-1, keepdim=True).expand(-1, 2)
+        >>> aux_k_loss(torch.tensor([[5.0, 2.0]]), torch.tensor([[3.0, 3.0]]), torch.tensor([False, True]), decode)
+        tensor(2.)
+    """
+    n_dead, half = int(dead.sum()), residual.shape[-1] // 2
+    if n_dead == 0:
+        return hidden_pre.new_tensor(0.0)
+    scale = min(n_dead / half, 1.0)
+    masked = torch.where(dead[None], hidden_pre, torch.tensor(-torch.inf, dtype=hidden_pre.dtype))
+    top = masked.topk(min(half, n_dead), sorted=False)
+    recons = decode_sparse(top.indices, top.values)
+    return coefficient * scale * (recons - residual.detach()).pow(2).sum(-1).mean()
 
 
 SPECS = rows(TopK(), "topk")
