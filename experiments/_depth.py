@@ -1,7 +1,5 @@
 """How far a forward pass must run for some hook points to fire: the one place that knows the final norm's hooks
 lie after the blocks, where ``stop_at_layer=n_layers`` never reaches.
-
-Legend: none (no tensors).
 """
 
 from __future__ import annotations
