@@ -16,7 +16,7 @@ A part's importance in its sum (the method's proximity rule): max(||whole||_1 - 
 divided by the total over the parts of that sum, so the importances of one sum add up to 1. As in
 the tool, attention parts are per (source, head); an attention edge j -> i weighs the sum over
 heads and keeps the per-head values to say which heads carry it. The bias b_O, where the model
-has one, is a part of its own (the tool leaves it out of the parts).
+has one (with an output norm: its constant part), is a part of its own (the tool leaves it out of the parts).
 
 The graph, from the final residual state at the chosen token down: nodes are residual states
 (``embed``, after attention ``mid``, after the block ``post``) at (layer, position) and MLP block
@@ -24,8 +24,13 @@ nodes (``mlp``); edges are attention edges, residual edges and the MLP's in/out 
 their importance is at least the threshold and their target is reachable from the start. The
 tool merges the self-attention edge j = i into the residual edge; here they stay two edges.
 
-Only pre-norm models: with a norm after a sublayer (post, sandwich, sublayer_output) a residual
-update is not the sum of the parts above, so those models are refused with an ``InputError``.
+Sandwich blocks (x + ln_post(f(ln(x))), Gemma 2/3) and sublayer_output blocks (x + ln_post(f(x)),
+OLMo 2) keep each residual update a plain sum, of the sublayer's normed output: ``hook_mlp_out`` is
+the MLP's (already normed), and attention's splits through ln1_post's linear part with its scale s_i
+frozen at its value at target i (``Decoder.apply_output_norm``): c_ijh = A[h, i, j] / s_i *
+ln1_post.linear(v[j, h] @ W_O[h]), and the bias part is b_O through it too (plus a LayerNorm
+ln1_post's own bias), so the parts sum exactly to ``hook_attn_out``. Post-norm models (ln(x + f(x)))
+are refused with an ``InputError``: there the norm after the residual sum mixes its parts.
 
 ``python -m experiments.flow --model NAME --out DIR [--prompt TEXT --position P --threshold T]``
 The command line is ``experiments.cli.flow``, the figures ``experiments.plots.flow``.
@@ -42,6 +47,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from experiments._flow_parts import (_attention_parts, _one_prompt, _require_flow_model,
+                                     attention_by_source, run_flow_cache)  # noqa: F401  (re-exported)
 from experiments._progress import Progress, ProgressArg
 from experiments._tokens import str_tokens
 from workbench.tokens_api import TextOrTokens
@@ -106,72 +113,6 @@ def importance(parts: Float[Tensor, "parts *cases d_model"], whole: Float[Tensor
     return proximity / proximity.sum(0, keepdim=True)
 
 
-def _hook_names(model) -> list[str]:
-    """The hook points ``flow_contributions`` reads, in one forward pass."""
-    cfg, names = model.cfg, []
-    for l in range(cfg.n_layers):
-        names += [f"blocks.{l}.hook_resid_pre", f"blocks.{l}.hook_resid_post", f"blocks.{l}.attn.hook_pattern",
-                  f"blocks.{l}.attn.hook_v"]
-        if not cfg.attn_only:
-            names.append(f"blocks.{l}.hook_mlp_out")
-            if not cfg.parallel_attn_mlp:
-                names.append(f"blocks.{l}.hook_resid_mid")
-    return names
-
-
-def _require_flow_model(model) -> None:
-    if model.cfg.norm_placement != "pre":
-        raise InputError(f"information flow needs a pre-norm model (norm_placement='pre'; this one has "
-                         f"{model.cfg.norm_placement!r}): a norm after a sublayer makes a residual update something "
-                         "other than the sum of its parts")
-
-
-def _one_prompt(model, tokens: TextOrTokens) -> Tensor:
-    tokens_BP = model.as_tokens(tokens)
-    if tokens_BP.shape[0] != 1:
-        raise InputError(f"information flow reads one prompt; got a batch of {tokens_BP.shape[0]}")
-    return tokens_BP
-
-
-def run_flow_cache(model, tokens: TextOrTokens):
-    """One forward pass caching what the contributions need (``_hook_names``); returns the ActivationCache.
-
-    Example:
-        >>> sorted(run_flow_cache(model, "The cat sat"))[:4]
-        ['blocks.0.attn.hook_pattern', 'blocks.0.attn.hook_v', 'blocks.0.hook_resid_post', 'blocks.0.hook_resid_pre']
-    """
-    _require_flow_model(model)
-    names = set(_hook_names(model))
-    with torch.no_grad():
-        _, cache = model.run_with_cache(_one_prompt(model, tokens), stop_at_layer=model.cfg.n_layers,
-                                        names_filter=lambda n: n in names)
-    return cache
-
-
-def _value_out(model, cache, layer: int) -> Float[Tensor, "key_pos n_heads d_model"]:
-    """v[j, h] @ W_O[h] for every source and head (a key/value head repeated for its group's query heads)."""
-    v_SGK = cache[f"blocks.{layer}.attn.hook_v"][0].float()
-    v_SHK = v_SGK.repeat_interleave(model.cfg.n_heads // v_SGK.shape[1], dim=1)  # query head h reads kv head h // g
-    return torch.einsum("shk,hkd->shd", v_SHK, model.layer_W_O(layer).float())
-
-
-def attention_by_source(model, cache, layer: int) -> Float[Tensor, "pos key_pos n_heads d_model"]:
-    """c[i, j, h] = A[h, i, j] * v[j, h] @ W_O[h]: layer ``layer``'s attention output at i split by source and head.
-
-    ``cache`` from ``run_flow_cache``; summed over sources and heads, plus ``b_O``, it is ``hook_attn_out``.
-    Holds P * S * H * D floats: the contributions themselves are computed in chunks.
-
-    Example:
-        >>> c_PSHD = attention_by_source(model, run_flow_cache(model, tokens), layer=0)
-        >>> c_PSHD.shape   # [pos, key_pos, n_heads, d_model]
-        torch.Size([14, 14, 4, 128])
-        >>> torch.allclose(c_PSHD.sum((1, 2)), cache["blocks.0.hook_attn_out"][0], atol=1e-5)   # no b_O here
-        True
-    """
-    pattern_PSH = cache[f"blocks.{layer}.attn.hook_pattern"][0].float().permute(1, 2, 0)
-    return pattern_PSH[..., None] * _value_out(model, cache, layer)[None]
-
-
 def _attention_proximity(pattern_PSH: Tensor, vo_SHD: Tensor, whole_PD: Tensor) -> Tensor:
     """Raw proximity of every c_ijh to whole[i], target chunk by target chunk, 0 for j > i: [P, S, H]."""
     (P, S, H), device = pattern_PSH.shape, pattern_PSH.device
@@ -196,11 +137,10 @@ def _layer_importance(model, cache, layer: int) -> dict[str, Optional[Tensor]]:
     pre_PD, post_PD = at("hook_resid_pre"), at("hook_resid_post")
     has_mlp, parallel = not cfg.attn_only, cfg.parallel_attn_mlp
     whole_PD = post_PD if (parallel or not has_mlp) else at("hook_resid_mid")
-    pattern_PSH = cache[f"blocks.{layer}.attn.hook_pattern"][0].float().permute(1, 2, 0)
-    attn_PSH = _attention_proximity(pattern_PSH, _value_out(model, cache, layer), whole_PD)
+    weights_PSH, values_SHD, constant_PD = _attention_parts(model, cache, layer)
+    attn_PSH = _attention_proximity(weights_PSH, values_SHD, whole_PD)
     resid_P = _proximity(pre_PD, whole_PD)
-    b_O = model.layer_b_O(layer)  # None without a bias (model.b_O would be zeros)
-    bias_P = _proximity(b_O.float().expand_as(whole_PD), whole_PD) if b_O is not None else torch.zeros_like(resid_P)
+    bias_P = _proximity(constant_PD, whole_PD) if constant_PD is not None else torch.zeros_like(resid_P)
     mlp_P = _proximity(at("hook_mlp_out"), whole_PD) if parallel else torch.zeros_like(resid_P)
     total_P = attn_PSH.sum((1, 2)) + resid_P + bias_P + mlp_P
     out = dict(attn=attn_PSH / total_P[:, None, None], attn_resid=resid_P / total_P, attn_bias=bias_P / total_P,
@@ -214,7 +154,7 @@ def _layer_importance(model, cache, layer: int) -> dict[str, Optional[Tensor]]:
 def flow_contributions(model, tokens: TextOrTokens, *, progress: ProgressArg = False) -> FlowContributions:
     """The importance of every attention edge (per head), residual, bias and MLP of one prompt, layer by layer.
 
-    One forward pass with a names filter (``_hook_names``); then each layer's attention output is
+    One forward pass with a names filter (``run_flow_cache``); then each layer's attention output is
     decomposed by source and head (``attention_by_source``, computed in chunks of targets) and scored
     by ``importance``. ``progress``: True (a bar), False or a ``(done, total)`` callable, per layer.
 

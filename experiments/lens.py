@@ -8,11 +8,17 @@ exactly the model's logits. ``logit_lens`` shows one prompt's top tokens (``row`
 batch, its pads dropped); ``logit_lens_metric`` reads a dataset-level metric (e.g. ``LogitDiff`` at
 each prompt's last real token) through every snapshot, as the mean over prompts or per prompt.
 
-Direct logit attribution (pre-norm models): the final residual is a sum of components
-(embeddings, each head's output, each attention bias, each MLP output). With the final norm's
-scale frozen at its value on this input, the norm is linear (``Decoder.apply_final_norm`` with
-``frozen_scale``), so each component's share of logit[target] - logit[baseline] is
-norm(component) . (W_U[target] - W_U[baseline]); a LayerNorm bias adds one more term. The shares sum exactly to the logit difference.
+Direct logit attribution: the final residual is a sum of components (embeddings, each head's
+output, each attention bias, each MLP output). With the final norm's scale frozen at its value on
+this input, the norm is linear (``Decoder.apply_final_norm`` with ``frozen_scale``), so each
+component's share of logit[target] - logit[baseline] is norm(component) . (W_U[target] - W_U[baseline]);
+a LayerNorm bias adds one more term. The shares sum exactly to the logit difference.
+Sandwich blocks (x + ln_post(f(ln(x))), Gemma 2/3) and sublayer_output blocks (x + ln_post(f(x)), OLMo 2)
+keep the residual a plain sum: a sublayer's component is its normed output. Attention's is split
+into heads (and its bias) through ln1_post's linear part, its scale frozen at its value on this input
+(``Decoder.apply_output_norm``), so the heads' shares sum exactly to the normed output; a LayerNorm
+ln1_post's bias is one more component. Post-norm models (ln(x + f(x))) are refused: there the
+norm after each residual sum mixes the components.
 Over a batch each prompt is read at its own position (its last real token by default) with its
 own target and baseline, and the shares are averaged over prompts (they sum to the mean logit difference).
 
@@ -202,6 +208,15 @@ def promoted_and_suppressed(model, effect_V: Float[Tensor, "d_vocab"], k: int = 
                          "effect": torch.cat([top.values, bottom.values]).numpy()})
 
 
+def _attention_share(model, layer: int, scale_B1: Optional[Tensor], share):
+    """``share`` of vectors [B, n, D] summing to layer ``layer``'s attention output before its output norm: through
+    that norm's linear part (its scale frozen at ``scale_B1``, each row's own) first, where the block has one."""
+    if scale_B1 is None:
+        return share
+    frozen = scale_B1.float()[:, None]  # [B, 1, 1]
+    return lambda vectors_BnD: share(model.apply_output_norm(layer, "attn", vectors_BnD, frozen_scale=frozen))
+
+
 @torch.no_grad()
 def direct_logit_attribution(model, tokens: TextOrTokens, target_token: TokenIds, baseline_token: Optional[TokenIds] = None,
                              position: PositionSelector = "last", *, per_prompt: bool = False,
@@ -209,9 +224,12 @@ def direct_logit_attribution(model, tokens: TextOrTokens, target_token: TokenIds
     """Each component's direct contribution to logit[target] (minus logit[baseline]) at ``position``.
 
     Returns DataFrame[component, layer, head, attribution] with component in {"embed",
-    "pos_embed", "head", "attn_bias", "mlp", "ln_final_bias", "unembed_bias"} (layer/head -1 where
-    they do not apply); the rows sum to the logit (difference), stored in ``df.attrs["logit_diff"]``,
-    with processed weights or without (``df.attrs["weights"]`` says which).
+    "pos_embed", "head", "attn_bias", "attn_norm_bias", "mlp", "ln_final_bias", "unembed_bias"}
+    (layer/head -1 where they do not apply); the rows sum to the logit (difference), stored in
+    ``df.attrs["logit_diff"]``, with processed weights or without (``df.attrs["weights"]`` says which).
+    Pre-norm, sandwich and sublayer_output models (a head's share is read through its layer's output
+    norm with the scale frozen, see the module docstring; "attn_norm_bias" is a LayerNorm output
+    norm's bias); post-norm models, soft-capped logits and normed embeddings are an ``InputError``.
 
     Over a batch: ``target_token`` / ``baseline_token`` are one id or text, or one per prompt;
     ``position`` is "last" (each prompt's last real token, the default), an int column or one
@@ -228,10 +246,10 @@ def direct_logit_attribution(model, tokens: TextOrTokens, target_token: TokenIds
         True
     """
     cfg = model.cfg
-    if cfg.norm_placement != "pre":
-        raise InputError(f"direct logit attribution needs a pre-norm model (norm_placement='pre', this one has "
-                         f"{cfg.norm_placement!r}): a norm after a sublayer or after the residual sum mixes the "
-                         f"components it sees non-linearly")
+    if cfg.norm_placement == "post":
+        raise InputError("direct logit attribution needs a residual stream that is a sum of components (norm_placement "
+                         "'pre', 'sandwich' or 'sublayer_output'); this model is post-norm, ln(x + f(x)): the norm after "
+                         "each residual sum mixes the components it sees non-linearly")
     if cfg.output_logits_soft_cap is not None or cfg.embed_norm:
         raise InputError("direct logit attribution needs logits linear in the residual stream and embeddings "
                          "entering it as they are: this model soft-caps its logits or norms its embeddings")
@@ -252,6 +270,10 @@ def direct_logit_attribution(model, tokens: TextOrTokens, target_token: TokenIds
     final = f"blocks.{L - 1}.hook_resid_post"
     names = {"hook_embed", final} | ({"hook_pos_embed"} & set(model.hook_dict))
     names |= {f"blocks.{l}.attn.hook_z" for l in range(L)} | {f"blocks.{l}.hook_mlp_out" for l in range(L)}
+    # Sandwich / sublayer_output blocks norm attention's output before it joins the stream (hook_mlp_out is
+    # already normed): its divisor, frozen, makes each head's share of the normed output linear.
+    attn_scales = [model.output_norm_scale_hook(l, "attn") for l in range(L)]
+    names |= {name for name in attn_scales if name is not None}
     _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.mask, stop_at_layer=L,
                                     names_filter=lambda n: n in names)
     at = lambda name: cache[name][rows_B, positions_B]  # noqa: E731  each row at its own position: [B, ...]
@@ -273,12 +295,16 @@ def direct_logit_attribution(model, tokens: TextOrTokens, target_token: TokenIds
     if "hook_pos_embed" in names:
         parts.append(("pos_embed", -1, -1, share(at("hook_pos_embed")[:, None])[:, 0]))
     for l in range(L):
+        attn_share = _attention_share(model, l, None if attn_scales[l] is None else at(attn_scales[l]), share)
         z_BHK = at(f"blocks.{l}.attn.hook_z").float()
         result_BHD = torch.einsum("bhk,hkd->bhd", z_BHK, model.layer_W_O(l).float())
-        parts += [("head", l, h, values_B) for h, values_B in enumerate(share(result_BHD).unbind(1))]
+        parts += [("head", l, h, values_B) for h, values_B in enumerate(attn_share(result_BHD).unbind(1))]
         b_O = model.layer_b_O(l)  # None without a bias: no row (model.b_O would be zeros)
         if b_O is not None:
-            parts.append(("attn_bias", l, -1, share(b_O.expand(B, 1, -1))[:, 0]))
+            parts.append(("attn_bias", l, -1, attn_share(b_O.float().expand(B, 1, -1))[:, 0]))
+        if attn_scales[l] is not None and cfg.normalization == "LN":  # the output norm's bias: its norm of zeros
+            bias_D = model.apply_output_norm(l, "attn", torch.zeros(cfg.d_model, dtype=cfg.dtype, device=cfg.device))
+            parts.append(("attn_norm_bias", l, -1, share(bias_D.float().expand(B, 1, -1))[:, 0]))
         if not cfg.attn_only:
             parts.append(("mlp", l, -1, share(at(f"blocks.{l}.hook_mlp_out")[:, None])[:, 0]))
     if cfg.normalization == "LN":  # the bias is the norm of a zero vector

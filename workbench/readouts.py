@@ -15,6 +15,9 @@ one-layer companions, plus the two pieces of mixture-of-experts math no hook poi
   ``layer_W_O``/``layer_b_O``  one layer's attention output weights [H, J, D] and bias [D] (None where the
                             layer has none: the stacked ``model.b_O`` is zeros there, as in TransformerLens,
                             so it cannot say whether a bias exists)
+  ``apply_output_norm``     the norm on a sublayer's output before it joins the residual stream (ln1_post,
+                            ln2_post of sandwich and sublayer_output blocks), whole or with its scale frozen
+                            (``output_norm_scale_hook``), so a head's share of the normed output is linear
 
 A wrong request is an ``InputError`` naming it: a layer out of range, an expert of a dense layer, a
 shared expert a mixture lacks, an MLP read of an attention-only model.
@@ -25,12 +28,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from jaxtyping import Float
-from torch import Tensor
+from torch import Tensor, nn
 
 from workbench.components.moe import MixtureOfExperts
 from workbench.config import ModelConfig
 from workbench.errors import InputError
 from workbench.host import DecoderHost
+
+SUBLAYERS = ("attn", "mlp")  # the sublayers whose outputs join the residual stream
 
 
 def check_layer(cfg: ModelConfig, layer: int) -> None:
@@ -106,6 +111,63 @@ class ReadoutMethods(_Host):
         """
         check_layer(self.cfg, layer)
         return self.blocks[layer].attn.stored_bias("b_O")  # attn.b_O reads zeros where absent
+
+    # ---- the norms on sublayer outputs (sandwich, sublayer_output) -------------------------------------
+    def _output_norm(self, layer: int, sublayer: str) -> Optional[nn.Module]:
+        """ln1_post ("attn") or ln2_post ("mlp") of layer ``layer``, None where the block has none (pre-norm)."""
+        check_layer(self.cfg, layer)
+        if sublayer not in SUBLAYERS or (sublayer == "mlp" and self.cfg.attn_only):
+            raise InputError(f"sublayer must be one of {SUBLAYERS if not self.cfg.attn_only else ('attn',)} for this "
+                             f"model, got {sublayer!r}")
+        if self.cfg.norm_placement == "post":
+            raise InputError("a post-norm block norms the residual sum ln(x + f(x)), not its sublayer's output: no "
+                             "norm maps a sublayer's output alone into the residual stream")
+        return getattr(self.blocks[layer], "ln1_post" if sublayer == "attn" else "ln2_post")
+
+    def output_norm_scale_hook(self, layer: int, sublayer: str) -> Optional[str]:
+        """The hook point holding the divisor [B, P, 1] of the norm on ``sublayer``'s output ("attn" or "mlp") at
+        ``layer`` (``blocks.{layer}.ln1_post.hook_scale`` / ``ln2_post``), or None where the output joins the residual
+        stream unnormed (pre-norm blocks). A post-norm model is an ``InputError`` (see ``apply_output_norm``).
+
+        Example:
+            >>> model.output_norm_scale_hook(0, "attn") is None   # toy-attn-2l is pre-norm
+            True
+            >>> sandwich = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=4,
+            ...                                      normalization="RMS", norm_placement="sandwich"))
+            >>> sandwich.output_norm_scale_hook(0, "mlp")
+            'blocks.0.ln2_post.hook_scale'
+        """
+        return None if self._output_norm(layer, sublayer) is None else \
+            f"blocks.{layer}.{'ln1_post' if sublayer == 'attn' else 'ln2_post'}.hook_scale"
+
+    def apply_output_norm(self, layer: int, sublayer: str, out: Float[Tensor, "... d_model"],
+                          frozen_scale: Optional[Float[Tensor, "... 1"]] = None) -> Float[Tensor, "... d_model"]:
+        """The norm ``sublayer``'s output ("attn" or "mlp") of ``layer`` passes before it joins the residual stream
+        (ln1_post / ln2_post of sandwich and sublayer_output blocks, x + ln_post(f(...))); the identity for pre-norm
+        blocks, whose outputs join it as they are.
+
+        With ``frozen_scale`` (the divisor on ``output_norm_scale_hook``, read on this input) only the norm's linear
+        part, as ``apply_final_norm`` takes it: the gain as the model applies it (Gemma's 1 + w is already in the
+        loaded ``w``), no bias, linear in ``out``, so the shares of the parts of a sublayer's output (its heads, its
+        bias) add up to its normed output; a LayerNorm's bias is then ``apply_output_norm(layer, sublayer, zeros)``.
+        No hook fires on that path. A post-norm model (ln(x + f(x))) is an ``InputError``: there the norm
+        mixes the output with the residual, and no share of the output alone enters the stream.
+
+        Example:
+            >>> sandwich = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=4,
+            ...                                      normalization="RMS", norm_placement="sandwich"))
+            >>> heads_HD = torch.randn(2, 8)
+            >>> scale = (heads_HD.sum(0).pow(2).mean() + sandwich.cfg.norm_eps).sqrt().reshape(1)
+            >>> shares_HD = sandwich.apply_output_norm(0, "attn", heads_HD, frozen_scale=scale)
+            >>> torch.allclose(shares_HD.sum(0), sandwich.apply_output_norm(0, "attn", heads_HD.sum(0)), atol=1e-6)
+            True
+            >>> torch.equal(model.apply_output_norm(0, "attn", heads_HD[0].repeat(16)), heads_HD[0].repeat(16))
+            True
+        """
+        norm = self._output_norm(layer, sublayer)
+        if norm is None:
+            return out
+        return norm(out) if frozen_scale is None else norm.linear_part(out, frozen_scale)
 
     # ---- MLPs and experts --------------------------------------------------------------------------
     def layer_W_out(self, layer: int, expert: Optional[int] = None, shared: bool = False
