@@ -94,7 +94,7 @@ def test_dla_of_a_head_is_its_output_read_through_the_frozen_norm(tokens):
 
 
 def test_dla_rejects_post_norm_models_and_bad_tokens(tokens):
-    with pytest.raises(wb.InputError, match="pre-norm"):
+    with pytest.raises(wb.InputError, match=r"post-norm, ln\(x \+ f\(x\)\)"):
         direct_logit_attribution(make_model("sinusoidal_postnorm"), tokens, 5)
     with pytest.raises(wb.InputError, match="outside the vocabulary"):
         direct_logit_attribution(make_model("mha_learned_ln"), tokens, 500)

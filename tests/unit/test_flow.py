@@ -290,7 +290,7 @@ def test_bad_threshold_is_an_input_error(threshold):
 
 
 def test_post_norm_models_batches_and_bad_blocks_are_refused():
-    with pytest.raises(wb.InputError, match="pre-norm model"):
+    with pytest.raises(wb.InputError, match=r"post-norm, ln\(x \+ f\(x\)\)"):
         flow.flow_contributions(make_model("sinusoidal_postnorm"), TOKENS)
     model = model_of("attn_only")
     with pytest.raises(wb.InputError, match="one prompt"):
