@@ -247,9 +247,9 @@ def direct_logit_attribution(model, tokens: TextOrTokens, target_token: TokenIds
     """
     cfg = model.cfg
     if cfg.norm_placement == "post":
-        raise InputError("direct logit attribution needs a residual stream that is a sum of components (norm_placement "
-                         "'pre', 'sandwich' or 'sublayer_output'); this model is post-norm, ln(x + f(x)): the norm after "
-                         "each residual sum mixes the components it sees non-linearly")
+        raise InputError("direct logit attribution needs a residual stream that is a sum of components "
+                         "(norm_placement 'pre', 'sandwich' or 'sublayer_output'); this model is post-norm, "
+                         "ln(x + f(x)): the norm after each residual sum mixes the components it sees non-linearly")
     if cfg.output_logits_soft_cap is not None or cfg.embed_norm:
         raise InputError("direct logit attribution needs logits linear in the residual stream and embeddings "
                          "entering it as they are: this model soft-caps its logits or norms its embeddings")
