@@ -27,7 +27,8 @@ ActAdd, PCA reading vectors, control vectors), ``lenses`` (the tuned lens and th
 
 Shared plumbing: ``_batched`` (many single-layer edits in few batched passes), ``_cli`` (the commands'
 arguments and outputs), ``_progress`` (progress reporting), ``_tokens`` (token ids as labels), ``_flow_parts``
-(information flow's forward pass and its split of attention's output into parts).
+(information flow's forward pass and its split of attention's output into parts), ``_depth`` (how far a forward
+must run for some hooks to fire).
 
 Example:
     >>> from experiments.induction import induction_scores
