@@ -1,4 +1,4 @@
-"""Driving the real dashboard: start `streamlit run` on a free loopback port, open Debian's
+"""Driving the real dashboard: start its server (`python -m app.serve`, i.e. `streamlit run app/Home.py`) on a free loopback port, open Debian's
 Chromium through Playwright, and wait for Streamlit to finish a rerun.
 
 Shared by the browser test (tests/e2e) and the dashboard benchmark (tests/benchmarks). No
@@ -48,16 +48,17 @@ def free_port() -> int:
 
 
 def start_server(port: int, log: IO, env: Optional[dict] = None, explicit: bool = True) -> subprocess.Popen:
-    """`python -m streamlit run app/Home.py` on 127.0.0.1:``port``, output to ``log``.
+    """`python -m app.serve` (`streamlit run app/Home.py` with the default model loading from launch, as `make run`
+    starts it) on 127.0.0.1:``port``, output to ``log``.
 
     ``explicit=False`` names only the port and the file watcher, so the repository's
-    .streamlit/config.toml decides the rest (as in a user's `streamlit run app/Home.py`).
+    .streamlit/config.toml decides the rest (as in a user's `make run`).
 
     Example:
         >>> server = start_server(free_port(), open("server.log", "w"))   # doctest: +SKIP
     """
     settings = ["--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
-    command = [sys.executable, "-m", "streamlit", "run", str(REPO / "app" / "Home.py"), "--server.port", str(port),
+    command = [sys.executable, "-m", "app.serve", "--server.port", str(port),
                "--server.fileWatcherType", "none", *(settings if explicit else [])]
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     return subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=full_env)

@@ -141,6 +141,17 @@ def test_warming_and_a_page_share_one_load_and_a_failed_warming_is_kept(tmp_path
     assert "missing" in warm_failure(str(tmp_path / "missing"), "sdpa")
 
 
+def test_the_launcher_warms_the_model_a_new_session_opens(monkeypatch):
+    from app import runtime, serve, state
+    from app.results import models
+    monkeypatch.setattr(wb, "default_model_name", lambda: "toy-attn-2l")  # what a new session's state picks
+    monkeypatch.setattr(runtime, "leave_a_core_free", lambda: None)  # the test process keeps its threads
+    serve.start_warming().join()
+    key = ("toy-attn-2l", state.DEFAULT_IMPL)
+    assert key in models._WARMING and not models._WARMING[key].is_alive() and models.warm_failure(*key) is None
+    assert serve.streamlit_argv(["--server.port", "9"]) == ["streamlit", "run", str(serve.HOME), "--server.port", "9"]
+
+
 def test_missing_model_is_a_message_not_a_traceback(dense):
     for page in PAGES:
         at = run_page(page, "/no/such/model")

@@ -1,0 +1,74 @@
+"""The dashboard's server: ``python -m app.serve [options of streamlit run]`` is ``streamlit run app/Home.py
+[options]`` with the default model loading from the moment the server launches.
+
+Streamlit has no server-start hook: a page can start loading the model only when a browser first opens it, after
+the server has started and the page's imports have run. Here a background thread starts the session's default
+model (``app.results.models.warm_model``, the registry's default name and kernel, as a new session's
+``app.state`` picks them) and the page modules' imports, then Streamlit's own command line runs in this same
+process: the first page's ``results.load_model`` (kept once per process) finds the model loaded, or waits for
+the same load, never a second copy. A failed warm-up is only logged; the page's own load tries again and shows its
+message.
+
+    python -m app.serve --server.port 8502          # what `make run` and the browser tests start
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from typing import Optional, Sequence
+
+HOME = Path(__file__).resolve().parent / "Home.py"
+
+
+def streamlit_argv(options: Sequence[str]) -> list[str]:
+    """The ``streamlit`` command line this launcher hands over to: ``streamlit run app/Home.py [options]``.
+
+    Example:
+        >>> streamlit_argv(["--server.port", "8502"])[:2], streamlit_argv([])[2].endswith("Home.py")
+        (['streamlit', 'run'], True)
+    """
+    return ["streamlit", "run", str(HOME), *options]
+
+
+def _warm_default_model() -> None:
+    import workbench as wb
+    from app import state
+    from app.results.models import warm_model
+    from app.runtime import leave_a_core_free
+
+    leave_a_core_free()  # the threads the pages would set, before the load competes with the server's start
+    warm_model(wb.default_model_name(), state.DEFAULT_IMPL).join()
+    # What every page imports, loaded while the server starts and the browser fetches the page.
+    import app.widgets  # noqa: F401
+    import experiments.plots.attention  # noqa: F401
+
+
+def start_warming() -> threading.Thread:
+    """Starts loading the default model (and the pages' common imports) in a daemon thread; returns it.
+
+    Example:
+        >>> start_warming().join()   # doctest: +SKIP
+    """
+    thread = threading.Thread(target=_warm_default_model, name="warm default model", daemon=True)
+    thread.start()
+    return thread
+
+
+def main(options: Optional[Sequence[str]] = None) -> None:
+    """Starts the warm-up, then runs ``streamlit run app/Home.py [options]`` in this process (returns when the
+    server stops; exits with Streamlit's status on an error).
+
+    Example:
+        >>> main(["--server.port", "8502", "--server.headless", "true"])   # doctest: +SKIP
+    """
+    from streamlit.web import cli
+
+    start_warming()
+    sys.argv = streamlit_argv(sys.argv[1:] if options is None else options)
+    cli.main()
+
+
+if __name__ == "__main__":
+    main()
