@@ -187,8 +187,15 @@ def test_prompt_checks_empty_and_too_long(dense):
 
 def test_heads_page_compares_every_score_and_two_heads(dense):
     at = run_page("heads", dense, SHORT_PROMPT)
-    for score in ("induction", "previous_token", "duplicate_token", "entropy", "ablation_delta"):
-        assert chart(at, f"heads_{score}")["data"][0]["type"] == "heatmap"
+    titles = ["Induction", "Previous token", "Duplicate token", "Entropy (nats)", "Ablation effect (loss change)"]
+    scores = ["induction", "previous_token", "duplicate_token", "entropy", "ablation_delta"]
+    assert [tab.label for tab in at.tabs] == titles
+    for title, score in zip(titles, scores):  # only the open tab's heatmap is drawn
+        at.session_state["heads_score_tab"] = title
+        at.run()
+        drawn = [key for key in (f"heads_{s}" for s in scores)
+                 if any(c.proto.id.endswith(f"-{key}_chart") for c in at.get("plotly_chart"))]
+        assert drawn == [f"heads_{score}"] and chart(at, f"heads_{score}")["data"][0]["type"] == "heatmap"
     table = at.dataframe[0].value
     assert len(table) == 2 * table["head"].nunique() and table["ablation_delta"].notna().all()
     at.selectbox(key="heads_right_layer").set_value(0).run()
