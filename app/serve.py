@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -32,7 +33,22 @@ def streamlit_argv(options: Sequence[str]) -> list[str]:
     return ["streamlit", "run", str(HOME), *options]
 
 
+def _wait_for_the_server(limit_s: float = 5.0) -> None:
+    """Returns once Streamlit's runtime has started (the server answers, so a browser can fetch the page and parse
+    its scripts while the imports below run), or after ``limit_s``: the imports hold the GIL, and started at once
+    they delayed the server's first answer by 0.4-0.6 s."""
+    from streamlit import runtime
+    from streamlit.runtime.runtime import RuntimeState
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if runtime.exists() and runtime.get_instance().state != RuntimeState.INITIAL:
+            return
+        time.sleep(0.02)
+
+
 def _warm_default_model() -> None:
+    _wait_for_the_server()
     import workbench as wb
     from app import state
     from app.results.models import warm_model
@@ -63,9 +79,9 @@ def main(options: Optional[Sequence[str]] = None) -> None:
     Example:
         >>> main(["--server.port", "8502", "--server.headless", "true"])   # doctest: +SKIP
     """
+    start_warming()
     from streamlit.web import cli
 
-    start_warming()
     sys.argv = streamlit_argv(sys.argv[1:] if options is None else options)
     cli.main()
 
