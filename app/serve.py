@@ -47,8 +47,9 @@ def _wait_for_the_server(limit_s: float = 5.0) -> None:
         time.sleep(0.02)
 
 
-def _warm_default_model() -> None:
-    _wait_for_the_server()
+def _warm_default_model(wait_for_server: bool) -> None:
+    if wait_for_server:
+        _wait_for_the_server()
     import workbench as wb
     from app import state
     from app.results.models import warm_model
@@ -61,13 +62,15 @@ def _warm_default_model() -> None:
     import experiments.plots.attention  # noqa: F401
 
 
-def start_warming() -> threading.Thread:
-    """Starts loading the default model (and the pages' common imports) in a daemon thread; returns it.
+def start_warming(wait_for_server: bool = True) -> threading.Thread:
+    """Starts loading the default model (and the pages' common imports) in a daemon thread, once Streamlit's server
+    has started (at once without ``wait_for_server``; it waits at most 5 s); returns the thread.
 
     Example:
-        >>> start_warming().join()   # doctest: +SKIP
+        >>> start_warming(wait_for_server=False).join()   # doctest: +SKIP
     """
-    thread = threading.Thread(target=_warm_default_model, name="warm default model", daemon=True)
+    thread = threading.Thread(target=_warm_default_model, args=(wait_for_server,), name="warm default model",
+                              daemon=True)
     thread.start()
     return thread
 

@@ -146,7 +146,7 @@ def test_the_launcher_warms_the_model_a_new_session_opens(monkeypatch):
     from app.results import models
     monkeypatch.setattr(wb, "default_model_name", lambda: "toy-attn-2l")  # what a new session's state picks
     monkeypatch.setattr(runtime, "leave_a_core_free", lambda: None)  # the test process keeps its threads
-    serve.start_warming().join()
+    serve.start_warming(wait_for_server=False).join()  # no server here to wait for
     key = ("toy-attn-2l", state.DEFAULT_IMPL)
     assert key in models._WARMING and not models._WARMING[key].is_alive() and models.warm_failure(*key) is None
     assert serve.streamlit_argv(["--server.port", "9"]) == ["streamlit", "run", str(serve.HOME), "--server.port", "9"]
@@ -232,6 +232,13 @@ def test_ablation_changes_the_loss_and_the_sweep_draws_a_heatmap(dense):
 def test_logit_lens_and_attribution_follow_the_target(dense):
     at = run_page("lens", dense, SHORT_PROMPT)
     assert chart(at, "logit_lens")["data"][0]["type"] == "heatmap"
+    charts = lambda: [c.proto.id.rsplit("-", 1)[-1] for c in at.get("plotly_chart")]
+    assert "lens_kl_chart" not in charts() and not at.dataframe[:-1]  # closed expanders: not computed, not sent
+    at.session_state["lens_kl_open"] = True
+    at.session_state["lens_table_open"] = True
+    at.run()
+    assert chart(at, "lens_kl")["data"][0]["type"] == "scatter"
+    assert set(at.dataframe[0].value.columns) >= {"layer", "position", "rank", "token"}
     at.text_input(key="lens_target").input(" the").run()  # one token in the zoo's code BPE and the tiny one
     assert_clean(at)
     assert "' the'" in chart(at, "dla")["layout"]["title"]["text"]
