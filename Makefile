@@ -38,8 +38,9 @@ setup-corpus:
 	test -d /usr/share/doc/debian-handbook/html/en-US -a -d /usr/share/games/fortunes/de -a -d /usr/share/games/fortunes/es || \
 		(apt-get update -q && apt-get install -y -q --no-install-recommends fortunes fortunes-de fortunes-es debian-handbook)
 
+# app.serve is `streamlit run app/Home.py` with the default model loading from launch (app/serve.py).
 run: setup setup-corpus
-	$(PYTHON) -m streamlit run app/Home.py --server.address 127.0.0.1 --server.port $(PORT) --server.headless true
+	$(PYTHON) -m app.serve --server.address 127.0.0.1 --server.port $(PORT) --server.headless true
 
 # Two workers (pytest-xdist), a file's tests on one: the browser and Ray tests mostly wait, so the other worker's
 # tests run meanwhile (tests/conftest.py gives each worker one torch thread and orders the files, slow ones first;

@@ -2,7 +2,9 @@
 (config, size, hook points, kernel) and a first plot: the default prompt's head whose last token reads content
 the most (the Attention page opens on the same cached patterns).
 
-Run with ``make run`` or ``streamlit run app/Home.py``; the other pages are in ``app/pages/``.
+Run with ``make run`` or ``python -m app.serve`` (``streamlit run app/Home.py`` with the default model loading from
+launch; plain ``streamlit run app/Home.py`` works too, loading it on the first page run); the other pages are in
+``app/pages/``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The Streamlit dashboard: ``streamlit run app/Home.py`` (or ``make run``).
+"""The Streamlit dashboard: ``python -m app.serve`` (``streamlit run app/Home.py`` with the default model loading
+from launch; ``make run``).
 
 Pages live in ``app/pages/`` and only lay out. The shared helpers, each importing only those
 listed after it: ``widgets`` (page setup, error and model guards, prompt box, head and layer
@@ -9,5 +10,5 @@ view), ``special_tokens`` (BOS, pad left out of colour scales and defaults; the 
 ``url_state`` (what a link may set, checked), ``safe_text`` (user and link values shown as literal text), ``downloads`` (CSV / HTML / PNG buttons), ``results`` (the one cache
 layer: the loaded models and every cached call into ``experiments``), ``state`` (which model
 the session has chosen) and ``runtime`` (process settings, applied when a page starts, never on
-import). The app only draws: every number and figure on a page comes from ``experiments``.
+import); ``serve`` is the server's launcher. The app only draws: every number and figure on a page comes from ``experiments``.
 """

@@ -18,7 +18,7 @@ import torch
 import workbench as wb
 from app import hub_picker, results, state, url_state
 from app.results.models import warm_model
-from app.runtime import leave_a_core_free
+from app.runtime import freeze_long_lived, leave_a_core_free
 from app.safe_text import quoted
 from app.state import LoadedModel
 from app.url_state import linked
@@ -56,13 +56,15 @@ class Prompt:
 def page_setup(title: str) -> None:
     """Page title and the wide layout (heatmaps need the width); call first on every page.
 
-    Also where the dashboard applies its process settings (once, whichever page opens first) and starts loading the
-    session's model in the background (``app.results.models.warm_model``).
+    Also where the dashboard applies its process settings (once, whichever page opens first), starts loading the
+    session's model in the background (``app.results.models.warm_model``) and, on a page's first run, freezes what
+    its imports made (``app.runtime.freeze_long_lived``: Streamlit's collection after every run stops scanning it).
 
     Example:
         >>> page_setup("Attention")   # doctest: +SKIP
     """
     leave_a_core_free()
+    freeze_long_lived(f"page {title}")  # the page's modules are imported by now (its script's first lines)
     st.set_page_config(page_title=f"{title} · workbench", layout="wide")
     state.open_linked_model()
     # The session's model starts loading now (once per process), while the page draws its controls.

@@ -16,7 +16,7 @@ The command line is ``experiments.cli.heads``.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Optional
 
 import numpy as np
 import pandas as pd
@@ -32,37 +32,56 @@ from workbench.errors import InputError
 
 
 @torch.no_grad()
-def pattern_scores(model, tokens: TextOrTokens, exclude_bos: bool = False) -> dict[str, Float[Tensor, "n_layers n_heads"]]:
+def pattern_scores(model, tokens: TextOrTokens, exclude_bos: bool = False,
+                   patterns_LHPS: Optional[Float[Tensor, "n_layers n_heads pos key_pos"]] = None,
+                   ) -> dict[str, Float[Tensor, "n_layers n_heads"]]:
     """Induction, previous-token and duplicate-token ("mul") scores and mean entropy, from one forward pass.
+
+    ``patterns_LHPS``: the patterns of a one-prompt ``tokens`` already computed
+    (``experiments.attention.attention_patterns``), scored without running the model again.
 
     Example:
         >>> {name: tuple(scores.shape) for name, scores in pattern_scores(model, tokens).items()}   # [n_layers, n_heads]
         {'previous_token': (2, 4), 'duplicate_token': (2, 4), 'induction': (2, 4), 'entropy': (2, 4)}
+        >>> from experiments.attention import attention_patterns
+        >>> again = pattern_scores(model, tokens[:1], patterns_LHPS=attention_patterns(model, tokens[:1]))
+        >>> torch.allclose(again["induction"], pattern_scores(model, tokens[:1])["induction"])
+        True
     """
     tokens_BP = model.as_tokens(tokens)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     detections = {kind: detection_patterns(kind, tokens_BP) for kind in HEAD_KINDS}
     scores = {name: torch.zeros(L, H) for name in (*HEAD_KINDS, "entropy")}
 
-    def score_layer(pattern_BHPS: Tensor, hook) -> None:
-        layer = hook.layer()
+    def score_layer(pattern_BHPS: Tensor, layer: int) -> None:
         for kind, detection in detections.items():
             scores[kind][layer] = score_patterns(pattern_BHPS, detection, exclude_bos=exclude_bos).cpu()
         scores["entropy"][layer] = head_statistics(pattern_BHPS)["entropy"].mean(0).cpu()  # batch in the layer slot
 
+    if patterns_LHPS is not None:
+        n_tokens = tokens_BP.shape[1]
+        if tokens_BP.shape[0] != 1 or tuple(patterns_LHPS.shape) != (L, H, n_tokens, n_tokens):
+            raise InputError(f"patterns of shape {tuple(patterns_LHPS.shape)} are not this model's for one prompt of "
+                             f"{n_tokens} tokens ([{L}, {H}, {n_tokens}, {n_tokens}]; tokens {tuple(tokens_BP.shape)})")
+        for layer in range(L):
+            score_layer(patterns_LHPS[layer].unsqueeze(0), layer)
+        return scores
     model.run_with_hooks(tokens_BP, return_type=None,
-                         fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", score_layer) for l in range(L)])
+                         fwd_hooks=[(f"blocks.{l}.attn.hook_pattern", lambda p, hook: score_layer(p, hook.layer()))
+                                    for l in range(L)])
     return scores
 
 
 def head_scores_table(model, tokens: TextOrTokens, include_ablation: bool = True, progress: ProgressArg = True,
-                      exclude_bos: bool = False) -> pd.DataFrame:
+                      exclude_bos: bool = False,
+                      patterns_LHPS: Optional[Float[Tensor, "n_layers n_heads pos key_pos"]] = None) -> pd.DataFrame:
     """DataFrame[layer, head, induction, previous_token, duplicate_token, entropy, ablation_delta].
 
     The three head-type scores are TransformerLens's "mul" detector scores on ``tokens``
     (averaged over the batch); entropy is the mean entropy (nats) of each query's attention;
     ablation_delta is the change in mean loss when the head is zero-ablated (NaN without
-    ``include_ablation``).
+    ``include_ablation``). ``patterns_LHPS``: a one-prompt ``tokens``' patterns already computed
+    (``pattern_scores``), for the scores without another forward pass.
 
     Example:
         >>> from experiments.induction import repeated_random_tokens
@@ -75,7 +94,7 @@ def head_scores_table(model, tokens: TextOrTokens, include_ablation: bool = True
     from experiments.ablation import head_sweep
 
     tokens_BP = model.as_tokens(tokens)
-    scores = pattern_scores(model, tokens_BP, exclude_bos)
+    scores = pattern_scores(model, tokens_BP, exclude_bos, patterns_LHPS)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     table = pd.DataFrame({"layer": np.repeat(np.arange(L), H), "head": np.tile(np.arange(H), L),
                           "induction": scores["induction"].reshape(-1).numpy(),

@@ -1,7 +1,8 @@
 """The ``workbench`` console script: ``train``, ``run`` (the dashboard), ``models`` and ``plan``.
 
 ``train`` and ``run`` start the layers above the library in their own process
-(``python -m experiments.zoo``, ``streamlit run app/Home.py``): the library never imports them.
+(``python -m experiments.zoo``, ``python -m app.serve``: ``streamlit run app/Home.py`` with the default model
+loading from launch): the library never imports them.
 
 Example:
     workbench models
@@ -27,10 +28,10 @@ def dashboard_command(port: int = 8501, address: str = "127.0.0.1") -> list[str]
     """The command that serves the Streamlit dashboard (headless, local address only).
 
     Example:
-        >>> dashboard_command(8502)[:4] == [sys.executable, "-m", "streamlit", "run"]
+        >>> dashboard_command(8502)[:3] == [sys.executable, "-m", "app.serve"]
         True
     """
-    return [sys.executable, "-m", "streamlit", "run", str(DASHBOARD), "--server.address", address,
+    return [sys.executable, "-m", "app.serve", "--server.address", address,
             "--server.port", str(port), "--server.headless", "true"]
 
 

@@ -28,6 +28,8 @@ from experiments.plots import attention as attention_plots
 # The grid sends every pattern value to the browser; past this many cells it draws fewer
 # layers by default (the user can widen the range) so the page stays quick. At 250,000 cells a
 # 64-token prompt change took 2.4 s in Chromium, at 150,000 1.8 s (BENCHMARKS.md, section 6).
+# Since then the figure's bytes matter less: at 75,000 cells (2 layers at 64 tokens instead of 4) Chromium's CPU
+# per prompt change fell only from 0.79 to 0.76 s (interleaved, medians of 9), so the budget stays.
 GRID_CELL_BUDGET = 150_000
 
 
@@ -43,7 +45,9 @@ def _layer_view(loaded: LoadedModel, prompt: Prompt, patterns_LHPS: torch.Tensor
     downloads.figure(fig, f"attention_layer{layer}", key="layer_patterns")
 
     # Drawn on request: each plotly figure costs the browser 0.15-0.25 s, and the prompt-change re-render
-    # at 64 tokens has a 1 s budget (BENCHMARKS.md, section 6).
+    # at 64 tokens has a 0.5 s goal (BENCHMARKS.md, section 6). Chromium's CPU per 64-token prompt change on this
+    # page, each view left out in turn (issue 52, load 6-8): this layer figure 0.26 s, the grid 0.21 s, the table
+    # 0.07 s, who-attends 0.03 s, the rest of the page 0.15 s; the server's 0.25 s is mostly the forward pass.
     head = linked(st.selectbox, "Look closer at one head of this layer", options=[None, *range(loaded.model.cfg.n_heads)],
                   format_func=lambda h: "choose a head" if h is None else f"L{layer}H{h}", key="attention_focus_head")
     if head is not None:

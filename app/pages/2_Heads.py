@@ -25,11 +25,16 @@ SCORES = {
     "entropy": ("Entropy (nats)", "Viridis", None),
     "ablation_delta": ("Ablation effect (loss change)", "RdBu_r", 0.0),
 }
+SCORE_TAB_KEY = "heads_score_tab"  # the open tab's title
 
 
 def _heatmaps(table, n_layers: int, n_heads: int) -> None:
-    tabs = st.tabs([title for title, _, _ in SCORES.values()])
+    # Only the open tab's heatmap is built and sent (choosing another tab reruns the page, its scores cached): the
+    # browser drew all five plotly figures on every prompt change and every visit, four of them unseen.
+    tabs = st.tabs([title for title, _, _ in SCORES.values()], key=SCORE_TAB_KEY, on_change="rerun")
     for tab, (column, (title, colorscale, zmid)) in zip(tabs, SCORES.items()):
+        if not tab.open:
+            continue
         with tab:
             if table[column].isna().all():
                 st.info("Not computed: tick “Include the ablation effect” above to run the head sweep.")

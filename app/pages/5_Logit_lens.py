@@ -84,10 +84,17 @@ def main() -> None:
         st.caption("Rows: the residual stream entering each layer, read through the final norm and unembedding; "
                    "the last row is the model's own prediction. Cells show the top token, coloured by its probability.")
     downloads.figure(lens_plots.logit_lens_figure(table, prompt.str_tokens), "logit_lens", key="logit_lens", stretch=False)
-    with st.expander("All top-k tokens as a table"):
-        downloads.table(table, "logit_lens", key="logit_lens_table", height=300)
-    if len(prompt.ids) >= 3:
-        with st.expander("KL by layer: how far each layer's readout is from the model's output"):
+    # The expanders are filled only when opened (opening one reruns the page): closed, the table still sent every
+    # top-k row (480 KB at 64 tokens) and KL by layer read every layer through the unembedding again, once per lens
+    # (on SmolLM2 at 64 tokens most of a 4-9 s prompt change).
+    table_view = st.expander("All top-k tokens as a table", key="lens_table_open", on_change="rerun")
+    if table_view.open:
+        with table_view:
+            downloads.table(table, "logit_lens", key="logit_lens_table", height=300)
+    kl_view = (st.expander("KL by layer: how far each layer's readout is from the model's output", key="lens_kl_open",
+                           on_change="rerun") if len(prompt.ids) >= 3 else None)
+    if kl_view is not None and kl_view.open:
+        with kl_view:
             held = results.load_artifact(loaded, "lens", tuned_path) if tuned_path is not None else None
             kl = results.lens_kl(loaded, prompt.ids, held)
             downloads.figure(lens_kl_figure(kl), "lens_kl_by_layer", key="lens_kl")

@@ -46,8 +46,9 @@ def head_summary(loaded: LoadedModel, ids: tuple[int, ...]) -> pd.DataFrame:
     return attention.head_summary(attention_patterns(loaded, ids), torch.tensor([ids]))
 
 
-def _head_scores(model, ids: tuple[int, ...], include_ablation: bool, progress) -> pd.DataFrame:
-    return heads.head_scores_table(model, torch.tensor([ids]), include_ablation=include_ablation, progress=progress)
+def _head_scores(model, ids: tuple[int, ...], include_ablation: bool, progress, patterns_LHPS=None) -> pd.DataFrame:
+    return heads.head_scores_table(model, torch.tensor([ids]), include_ablation=include_ablation, progress=progress,
+                                   patterns_LHPS=patterns_LHPS)
 
 
 _HEAD_SCORES = LongRun("Scoring heads", _head_scores)
@@ -64,4 +65,8 @@ def head_scores(loaded: LoadedModel, ids: tuple[int, ...], include_ablation: boo
         >>> table.columns.tolist()
         ['layer', 'head', 'induction', 'previous_token', 'duplicate_token', 'entropy', 'ablation_delta']
     """
-    return _HEAD_SCORES(loaded, ids, include_ablation, bar=bar)
+    if _HEAD_SCORES.is_stored(loaded, ids, include_ablation):
+        return _HEAD_SCORES(loaded, ids, include_ablation, bar=bar)
+    # Scored from the prompt's cached patterns (the Heads page draws two of them; the Attention page, all): one
+    # forward pass fewer on a new prompt.
+    return _HEAD_SCORES(loaded, ids, include_ablation, bar=bar, patterns_LHPS=attention_patterns(loaded, ids))

@@ -56,8 +56,11 @@ class LongRun:
     def _key(self, loaded: LoadedModel, args: tuple[Hashable, ...]) -> tuple:
         return loaded.key, self.text, args
 
-    def __call__(self, loaded: LoadedModel, *args: Hashable, bar: ProgressBar) -> Any:
-        """The stored result, or ``compute`` run with ``bar(text)``'s progress bar (then stored)."""
+    def __call__(self, loaded: LoadedModel, *args: Hashable, bar: ProgressBar, **unkeyed: Any) -> Any:
+        """The stored result, or ``compute`` run with ``bar(text)``'s progress bar (then stored).
+
+        ``unkeyed``: inputs that follow from ``args`` (the prompt's cached patterns), handed to ``compute`` as
+        keywords and left out of the store's key."""
         store, store_lock = _store()
         key = self._key(loaded, args)
         with store_lock:
@@ -67,7 +70,7 @@ class LongRun:
         report, finish = bar(self.text)
         try:
             with loaded.lock:
-                result = self.compute(loaded.model, *args, progress=report)
+                result = self.compute(loaded.model, *args, progress=report, **unkeyed)
         finally:
             finish()
         with store_lock:

@@ -7,7 +7,9 @@ Prompt change: from the key press that applies a new prompt (Ctrl+Enter) until t
 drawn and Streamlit is idle, on every page whose default view runs the model (5 different 64-token prompts
 each; on Attention also 16 and 32 tokens, and two moves of the layer slider after each prompt). Page switch:
 from the click on a page's sidebar link until its heading is shown and Streamlit is idle, first with a prompt
-the page has not seen, then again after a round of the other pages.
+the page has not seen, then again after a round of the other pages. "Idle" is the server's word that the run the
+action started has completed (its ``script_finished`` message, ``dashboard.ScriptRuns``), then no element left
+stale in the browser: the browser's markers alone read idle too early on some pages (Heads: 0.1 s for a run of 1 s).
 
 Every row reports the median, min and max of its repeats and, from the same run, ``ratio_to_floor``: its median
 over the floor, a plain forward of a 64-token prompt timed in this process (with the server's thread count)
@@ -81,71 +83,79 @@ def _timed(action, done) -> float:
     return time.perf_counter() - start
 
 
-def _cold_start(browser, log_dir: Path) -> tuple[float, object, object]:
-    """Seconds from `streamlit run` to the first drawn heatmap; returns the live server and page too."""
+def _cold_start(browser, log_dir: Path) -> tuple[float, object, object, dashboard.ScriptRuns]:
+    """Seconds from `streamlit run` to the first drawn heatmap; returns the live server, page and its run counter."""
     port = dashboard.free_port()
     log = open(log_dir / f"server-{port}.log", "w")
     start = time.perf_counter()
     server = dashboard.start_server(port, log)
     dashboard.wait_healthy(port, server, timeout=120)
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    runs = dashboard.ScriptRuns(page)
     page.goto(f"http://127.0.0.1:{port}/Attention")
     dashboard.wait_chart(page, "layer_patterns", "Layer 0: every head", timeout_ms=120_000)
-    return time.perf_counter() - start, server, page
+    return time.perf_counter() - start, server, page, runs
 
 
-def _press_and_wait(page, key: str, expect_js: str, arg) -> float:
+def _press_and_wait(page, runs: dashboard.ScriptRuns, key: str, expect_js: str, arg) -> float:
+    before = runs.done
+
     def act():
         page.keyboard.press(key)
 
     def done():
         page.wait_for_function(expect_js, arg=arg, timeout=60_000)
+        runs.wait_after(page, before)
         dashboard.wait_idle(page)
 
     return _timed(act, done)
 
 
-def _prompt_change(page, n: int, text: str) -> float:
+def _prompt_change(page, runs: dashboard.ScriptRuns, n: int, text: str) -> float:
     """Seconds from Ctrl+Enter on a new ``n``-token prompt until the page is redrawn and idle."""
     box = page.locator(".st-key-prompt textarea")
     box.fill(text)
     box.focus()
     before = page.evaluate(TOKENS_JS)
-    seconds = _press_and_wait(page, "Control+Enter", f"(before) => ({TOKENS_JS})() !== before", before)
+    seconds = _press_and_wait(page, runs, "Control+Enter", f"(before) => ({TOKENS_JS})() !== before", before)
     assert page.evaluate(TOKENS_JS).startswith(f"{n} tokens"), page.evaluate(TOKENS_JS)[:40]
     return seconds
 
 
-def _rerenders(page, prompts: list[tuple[int, str]], layer_moves: int, n_layers: int) -> list[tuple[str, int, float]]:
+def _rerenders(page, runs: dashboard.ScriptRuns, prompts: list[tuple[int, str]], layer_moves: int,
+               n_layers: int) -> list[tuple[str, int, float]]:
     """(what, tokens, seconds) for each prompt change on the Attention page and each layer move after it."""
     title_js = ("(t) => [...document.querySelectorAll('.st-key-layer_patterns_chart .gtitle')]"
                 ".some(e => e.textContent.includes(t))")
     slider = page.locator(".st-key-attention_layer input[type=range]")
     timings = []
     for n, text in prompts:
-        timings.append(("prompt change", n, _prompt_change(page, n, text)))
+        timings.append(("prompt change", n, _prompt_change(page, runs, n, text)))
         for _ in range(layer_moves):
             # the layer shown now: the page may pick another layer for a new prompt (its view follows the prompt)
             layer = page.evaluate(SHOWN_LAYER_JS)
             key, target = ("ArrowRight", layer + 1) if layer + 1 < n_layers else ("ArrowLeft", layer - 1)
             slider.focus()
-            timings.append(("layer change", n, _press_and_wait(page, key, title_js, f"Layer {target}: every head")))
+            timings.append(("layer change", n, _press_and_wait(page, runs, key, title_js, f"Layer {target}: every head")))
     return timings
 
 
-def _switch(page, link: str, heading: str) -> float:
+def _switch(page, runs: dashboard.ScriptRuns, link: str, heading: str) -> float:
     """Seconds from the click on ``link`` in the sidebar until ``heading`` is shown and Streamlit is idle."""
+    before = runs.done
+
     def act():
         page.locator('[data-testid="stSidebarNav"] a', has_text=link).first.click()
 
     def done():
         page.get_by_role("heading", name=heading, exact=True).first.wait_for(timeout=120_000)
+        runs.wait_after(page, before, 120_000)
         dashboard.wait_idle(page, 120_000)
 
     return _timed(act, done)
 
 
-def _page_rounds(page, pages: list[tuple[str, str]], prompts: list[str], repeats: int) -> dict[str, list]:
+def _page_rounds(page, runs: dashboard.ScriptRuns, pages: list[tuple[str, str]], prompts: list[str], repeats: int) -> dict[str, list]:
     """Starting on ``pages[0]`` (whose prompt changes were timed already): per other page its first switch (the
     prompt new to it) and ``repeats`` prompt changes, then back to the first; then a second round of switches
     (each page seen before): {"switch": [(page, s)], "again": [(page, s)], page: [s, ...]}."""
@@ -153,11 +163,11 @@ def _page_rounds(page, pages: list[tuple[str, str]], prompts: list[str], repeats
     fresh = iter(prompts)
     order = pages[1:] + pages[:1]
     for link, heading in order:
-        timings["switch"].append((link, _switch(page, link, heading)))
+        timings["switch"].append((link, _switch(page, runs, link, heading)))
         if (link, heading) != pages[0]:
-            timings[link] = [_prompt_change(page, GOAL_TOKENS, next(fresh)) for _ in range(repeats)]
+            timings[link] = [_prompt_change(page, runs, GOAL_TOKENS, next(fresh)) for _ in range(repeats)]
     for link, heading in order:
-        timings["again"].append((link, _switch(page, link, heading)))
+        timings["again"].append((link, _switch(page, runs, link, heading)))
     return timings
 
 
@@ -214,14 +224,15 @@ def run(quick: bool = False) -> list[dict]:
         browser = dashboard.launch_chromium(playwright)
         try:
             for attempt in range(1 if quick else 3):
-                seconds, server, page = _cold_start(browser, Path(logs))
+                seconds, server, page, runs = _cold_start(browser, Path(logs))
                 cold.append(seconds)
                 try:
                     if attempt == 0:
                         dashboard.wait_idle(page)
                         cold_tokens = int(page.locator(".st-key-prompt_tokens").inner_text().split()[0])
-                        rerenders = _rerenders(page, attention_prompts, layer_moves=2, n_layers=model.cfg.n_layers)
-                        rounds = _page_rounds(page, pages, page_prompts, repeats)
+                        rerenders = _rerenders(page, runs, attention_prompts, layer_moves=2,
+                                               n_layers=model.cfg.n_layers)
+                        rounds = _page_rounds(page, runs, pages, page_prompts, repeats)
                 finally:
                     page.close()
                     dashboard.stop_server(server)

@@ -1,4 +1,4 @@
-"""Driving the real dashboard: start `streamlit run` on a free loopback port, open Debian's
+"""Driving the real dashboard: start its server (`python -m app.serve`, i.e. `streamlit run app/Home.py`) on a free loopback port, open Debian's
 Chromium through Playwright, and wait for Streamlit to finish a rerun.
 
 Shared by the browser test (tests/e2e) and the dashboard benchmark (tests/benchmarks). No
@@ -48,16 +48,17 @@ def free_port() -> int:
 
 
 def start_server(port: int, log: IO, env: Optional[dict] = None, explicit: bool = True) -> subprocess.Popen:
-    """`python -m streamlit run app/Home.py` on 127.0.0.1:``port``, output to ``log``.
+    """`python -m app.serve` (`streamlit run app/Home.py` with the default model loading from launch, as `make run`
+    starts it) on 127.0.0.1:``port``, output to ``log``.
 
     ``explicit=False`` names only the port and the file watcher, so the repository's
-    .streamlit/config.toml decides the rest (as in a user's `streamlit run app/Home.py`).
+    .streamlit/config.toml decides the rest (as in a user's `make run`).
 
     Example:
         >>> server = start_server(free_port(), open("server.log", "w"))   # doctest: +SKIP
     """
     settings = ["--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
-    command = [sys.executable, "-m", "streamlit", "run", str(REPO / "app" / "Home.py"), "--server.port", str(port),
+    command = [sys.executable, "-m", "app.serve", "--server.port", str(port),
                "--server.fileWatcherType", "none", *(settings if explicit else [])]
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
     return subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=full_env)
@@ -99,6 +100,51 @@ def launch_chromium(playwright):
 def wait_idle(page, timeout_ms: float = 60_000) -> None:
     """Waits until Streamlit is not running a script and nothing on the page is stale."""
     page.wait_for_function(IDLE_JS, timeout=timeout_ms)
+
+
+class ScriptRuns:
+    """Counts the script runs the server reports complete on ``page``'s websockets (a whole run or a fragment's;
+    not one cut short for a rerun), so a timing can wait for the run its action started.
+
+    The page's markers (the status widget, stale elements) can read idle in the moment after a rerun's first
+    elements arrive and before the rest of the run is known to the browser: on the Heads page a prompt change read
+    done in 0.1 s while its run went on for a second. The server's ``script_finished`` message cannot.
+
+    Example:
+        >>> runs = ScriptRuns(page)   # doctest: +SKIP
+        >>> before = runs.done; page.keyboard.press("Control+Enter"); runs.wait_after(page, before)   # doctest: +SKIP
+    """
+
+    def __init__(self, page) -> None:
+        from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+
+        self._message, self._cut_short = ForwardMsg, ForwardMsg.FINISHED_EARLY_FOR_RERUN
+        self.done, self._socket = 0, None
+        page.on("websocket", self._on_socket)
+
+    def _on_socket(self, socket) -> None:
+        self._socket = socket  # a reload opens a new one; a page switch keeps it
+        socket.on("framereceived", self._on_frame)
+
+    def _on_frame(self, payload) -> None:
+        if not isinstance(payload, (bytes, bytearray)):
+            return
+        message = self._message()
+        message.ParseFromString(payload)
+        if message.WhichOneof("type") == "script_finished" and message.script_finished != self._cut_short:
+            self.done += 1
+
+    def wait_after(self, page, before: int, timeout_ms: float = 60_000) -> None:
+        """Waits until a run completes after ``before`` runs had (then the browser still draws: ``wait_idle``).
+
+        It sleeps until the socket's next frame, each time (no polling: a timing loop would take the CPU the
+        browser and the server are timed on)."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while self.done <= before:
+            left_ms = (deadline - time.monotonic()) * 1000
+            if left_ms <= 0 or self._socket is None:
+                raise TimeoutError(f"no script run completed within {timeout_ms / 1000:.0f} s")
+            self._socket.wait_for_event("framereceived", timeout=left_ms)
 
 
 def wait_chart(page, key: str, title: Optional[str] = None, timeout_ms: float = 60_000) -> None:

@@ -141,6 +141,17 @@ def test_warming_and_a_page_share_one_load_and_a_failed_warming_is_kept(tmp_path
     assert "missing" in warm_failure(str(tmp_path / "missing"), "sdpa")
 
 
+def test_the_launcher_warms_the_model_a_new_session_opens(monkeypatch):
+    from app import runtime, serve, state
+    from app.results import models
+    monkeypatch.setattr(wb, "default_model_name", lambda: "toy-attn-2l")  # what a new session's state picks
+    monkeypatch.setattr(runtime, "leave_a_core_free", lambda: None)  # the test process keeps its threads
+    serve.start_warming(wait_for_server=False).join()  # no server here to wait for
+    key = ("toy-attn-2l", state.DEFAULT_IMPL)
+    assert key in models._WARMING and not models._WARMING[key].is_alive() and models.warm_failure(*key) is None
+    assert serve.streamlit_argv(["--server.port", "9"]) == ["streamlit", "run", str(serve.HOME), "--server.port", "9"]
+
+
 def test_missing_model_is_a_message_not_a_traceback(dense):
     for page in PAGES:
         at = run_page(page, "/no/such/model")
@@ -176,8 +187,15 @@ def test_prompt_checks_empty_and_too_long(dense):
 
 def test_heads_page_compares_every_score_and_two_heads(dense):
     at = run_page("heads", dense, SHORT_PROMPT)
-    for score in ("induction", "previous_token", "duplicate_token", "entropy", "ablation_delta"):
-        assert chart(at, f"heads_{score}")["data"][0]["type"] == "heatmap"
+    titles = ["Induction", "Previous token", "Duplicate token", "Entropy (nats)", "Ablation effect (loss change)"]
+    scores = ["induction", "previous_token", "duplicate_token", "entropy", "ablation_delta"]
+    assert [tab.label for tab in at.tabs] == titles
+    for title, score in zip(titles, scores):  # only the open tab's heatmap is drawn
+        at.session_state["heads_score_tab"] = title
+        at.run()
+        drawn = [key for key in (f"heads_{s}" for s in scores)
+                 if any(c.proto.id.endswith(f"-{key}_chart") for c in at.get("plotly_chart"))]
+        assert drawn == [f"heads_{score}"] and chart(at, f"heads_{score}")["data"][0]["type"] == "heatmap"
     table = at.dataframe[0].value
     assert len(table) == 2 * table["head"].nunique() and table["ablation_delta"].notna().all()
     at.selectbox(key="heads_right_layer").set_value(0).run()
@@ -214,6 +232,13 @@ def test_ablation_changes_the_loss_and_the_sweep_draws_a_heatmap(dense):
 def test_logit_lens_and_attribution_follow_the_target(dense):
     at = run_page("lens", dense, SHORT_PROMPT)
     assert chart(at, "logit_lens")["data"][0]["type"] == "heatmap"
+    charts = lambda: [c.proto.id.rsplit("-", 1)[-1] for c in at.get("plotly_chart")]
+    assert "lens_kl_chart" not in charts() and not at.dataframe[:-1]  # closed expanders: not computed, not sent
+    at.session_state["lens_kl_open"] = True
+    at.session_state["lens_table_open"] = True
+    at.run()
+    assert chart(at, "lens_kl")["data"][0]["type"] == "scatter"
+    assert set(at.dataframe[0].value.columns) >= {"layer", "position", "rank", "token"}
     at.text_input(key="lens_target").input(" the").run()  # one token in the zoo's code BPE and the tiny one
     assert_clean(at)
     assert "' the'" in chart(at, "dla")["layout"]["title"]["text"]

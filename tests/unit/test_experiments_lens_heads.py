@@ -15,7 +15,9 @@ from transformer_lens import FactoredMatrix
 from transformer_lens.utilities import composition_scores as tl_composition_scores
 
 import workbench as wb
+from workbench.errors import InputError
 from experiments.ablation import head_sweep
+from experiments.attention import attention_patterns
 from experiments.detectors import head_detector_scores
 from experiments.heads import composition_scores, head_scores_table
 from experiments.lens import direct_logit_attribution, logit_lens, logit_lens_logits
@@ -154,3 +156,10 @@ def test_head_scores_table_collects_every_score():
     entropy = -(p * p.clamp_min(1e-30).log()).sum(-1).mean()
     assert table[(table.layer == 1) & (table["head"] == 2)].entropy.item() == pytest.approx(entropy.item(), abs=1e-5)
     assert head_scores_table(model, tokens, include_ablation=False).ablation_delta.isna().all()
+    # One prompt's patterns computed already (the dashboard's cached ones): the same scores, no forward pass.
+    one = tokens[:1]
+    from_patterns = head_scores_table(model, one, include_ablation=False, patterns_LHPS=attention_patterns(model, one))
+    for kind, scores in head_detector_scores(model, one).items():
+        torch.testing.assert_close(torch.tensor(from_patterns[kind].values), scores.flatten())
+    with pytest.raises(InputError, match="one prompt"):
+        head_scores_table(model, tokens, include_ablation=False, patterns_LHPS=attention_patterns(model, one))

@@ -215,8 +215,9 @@ def test_seed_fixes_the_run(small_corpus, small_tokenizer):
 # ---- CLI ---------------------------------------------------------------------------------------
 def test_cli_dashboard_command_serves_app_home_on_localhost():
     command = cli.dashboard_command(8600)
-    assert command[1:4] == ["-m", "streamlit", "run"]
-    assert Path(command[4]) == Path(__file__).resolve().parents[2] / "app" / "Home.py"
+    assert command[1:3] == ["-m", "app.serve"]  # streamlit run app/Home.py, the default model loading from launch
+    from app import serve
+    assert Path(serve.streamlit_argv([])[2]) == Path(__file__).resolve().parents[2] / "app" / "Home.py"
     assert command[command.index("--server.port") + 1] == "8600"
     assert command[command.index("--server.address") + 1] == "127.0.0.1"
     assert command[command.index("--server.headless") + 1] == "true"
