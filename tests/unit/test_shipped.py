@@ -39,7 +39,7 @@ def test_the_table_filters_by_kind_and_model():
     assert wb.shipped(kind="transcoders").name.tolist() == ["smollm2-135m-skip-transcoders", "toy-moe-2l-clt",
                                                             "toy-moe-2l-skip-transcoders"]
     assert wb.shipped(model="no-such-model").empty
-    assert wb.shipped(kind="lens").name.tolist() == ["smollm2-135m-tuned-lens"]  # tuned-lens 0.2's files
+    assert wb.shipped(kind="lens").name.tolist() == ["gemma-3-270m-tuned-lens", "smollm2-135m-tuned-lens"]  # tuned-lens 0.2's
     with pytest.raises(InputError, match="kind must be one of"):
         wb.shipped(kind="saes")
 

@@ -216,3 +216,13 @@ def test_the_shipped_smollm2_lens_is_a_tuned_lens_folder_with_a_card():
     assert (lens.config.d_model, lens.config.num_hidden_layers) == (576, 30)
     assert lens.layer_translators[0].weight.dtype == torch.float16
     assert shipped_tuned_lens("toy-attn-2l") is None
+
+
+def test_the_shipped_gemma_lens_is_a_tuned_lens_folder_with_a_card():
+    from experiments.lenses.shipped import shipped_tuned_lens
+
+    folder = shipped_tuned_lens("gemma-3-270m")
+    assert folder is not None and folder.name == "gemma-3-270m-tuned-lens" and (folder / "CARD.md").is_file()
+    lens = TunedLens.load(folder)   # every key, shape and value checked
+    assert (lens.config.d_model, lens.config.num_hidden_layers) == (640, 18)   # Gemma 3 270M's width and depth
+    assert lens.layer_translators[0].weight.dtype == torch.float16
