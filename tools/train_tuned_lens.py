@@ -38,6 +38,8 @@ def main(argv=None) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=4)
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--precision", default="float32", choices=["float32", "bfloat16"],
+                        help="bfloat16: the lens under bfloat16 autocast, as tuned-lens trains (fast on CPUs with bf16 units)")
     parser.add_argument("--init", default="identity", choices=["identity", "least_squares"])
     parser.add_argument("--init-tokens", type=int, default=2048)
     parser.add_argument("--ridge", type=float, default=1e-3)
@@ -67,7 +69,7 @@ def main(argv=None) -> None:
                                 batch_windows=1, window=args.window, optimizer=args.optimizer, lr=args.lr,
                                 checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                                 progress=True, init=args.init, init_tokens=args.init_tokens,
-                                ridge=args.ridge)
+                                ridge=args.ridge, precision=args.precision)
     seconds = time.time() - started
     lens.config.base_model_name_or_path = args.model  # the registered name (cfg.model_name is a GGUF's own title)
     lens.to(getattr(torch, args.dtype)).save(args.out)
@@ -82,7 +84,7 @@ def main(argv=None) -> None:
               "optimizer": args.optimizer, "lr": args.lr, "weight_decay": 1e-3, "schedule": "linear warmup, linear decay",
               "loss": "KL(final || lens), summed over layers", "init": args.init, "init_tokens": args.init_tokens if args.init == "least_squares" else 0,
               "ridge": args.ridge if args.init == "least_squares" else None,
-              "dtype": args.dtype, "threads": args.threads, "seconds_this_run": round(seconds, 1)}
+              "precision": args.precision, "dtype": args.dtype, "threads": args.threads, "seconds_this_run": round(seconds, 1)}
     (args.out / "recipe.json").write_text(json.dumps(recipe, indent=2))
     print(json.dumps(recipe))
 

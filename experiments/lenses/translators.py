@@ -197,7 +197,8 @@ def train_tuned_lens(model, data, *, lens: Optional[TunedLens] = None, **options
     arguments, loss, schedule, bounded memory, checkpoints and resume are ``experiments.lenses.training``'s
     (``fit_translators``): ``tokens``, ``tokens_per_step``, ``batch_windows``, ``chunk_tokens``, ``window``,
     ``optimizer`` ("adam" or "sgd"), ``lr``, ``weight_decay``, ``warmup_steps``, ``checkpoint_dir``,
-    ``checkpoint_every``, ``progress``, ``seed``, ``init`` ("identity" or "least_squares"), ``init_tokens``, ``ridge``.
+    ``checkpoint_every``, ``progress``, ``seed``, ``init`` ("identity" or "least_squares"), ``init_tokens``, ``ridge``,
+    ``precision`` ("float32", or "bfloat16" autocast as tuned-lens trains).
 
     Example:
         >>> lens = train_tuned_lens(model, tokens.repeat(4, 1), tokens=104, tokens_per_step=26, progress=False)

@@ -58,7 +58,7 @@ def make(folder: str) -> None:
     torch.save(windows, Path(folder) / "windows.pt")
 
 
-def ours(folder: str, steps: int) -> dict:
+def ours(folder: str, steps: int, precision: str = "float32") -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -68,10 +68,11 @@ def ours(folder: str, steps: int) -> dict:
     model = wb.load_model(folder, progress=False).eval()
     windows = torch.load(Path(folder) / "windows.pt", weights_only=True)
     per_window = WINDOW - 1   # BOS not trained
-    train_tuned_lens(model, windows, tokens=TOKENS_PER_STEP, tokens_per_step=TOKENS_PER_STEP, progress=False)
+    train_tuned_lens(model, windows, tokens=TOKENS_PER_STEP, tokens_per_step=TOKENS_PER_STEP, progress=False,
+                     precision=precision)
     start = time.perf_counter()
     lens = train_tuned_lens(model, windows, tokens=steps * TOKENS_PER_STEP, tokens_per_step=TOKENS_PER_STEP,
-                            batch_windows=4, progress=False)
+                            batch_windows=4, progress=False, precision=precision)
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "tokens": lens.log[-1]["tokens"], "per_window": per_window}
 
@@ -126,7 +127,10 @@ def run(quick: bool = False) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         _child(REF_PYTHON if have_reference else Path(sys.executable), "make", folder)
-        measured = {"workbench": [_child(Path(sys.executable), "ours", folder, str(steps))]}
+        measured = {"workbench": [_child(Path(sys.executable), "ours", folder, str(steps))],
+                    # tuned-lens's own precision, our opt-in (a tuned mode has its own row)
+                    "workbench, precision='bfloat16'": [_child(Path(sys.executable), "ours", folder, str(steps),
+                                                               "bfloat16")]}
         if have_reference:
             measured["tuned-lens 0.2"] = [_child(REF_PYTHON, "reference", folder, str(steps))]
         rates = {name: statistics.median(r["tokens"] / r["seconds"] for r in runs) for name, runs in measured.items()}
@@ -144,7 +148,8 @@ def run(quick: bool = False) -> list[dict]:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] in ("make", "ours", "reference"):
         mode, folder = sys.argv[1], sys.argv[2]
-        result = make(folder) if mode == "make" else (ours if mode == "ours" else reference)(folder, int(sys.argv[3]))
+        result = (make(folder) if mode == "make" else ours(folder, int(sys.argv[3]), *sys.argv[4:]) if mode == "ours"
+                  else reference(folder, int(sys.argv[3])))
         print(json.dumps(result or {}))
     else:
         from tests.benchmarks.common import script_main

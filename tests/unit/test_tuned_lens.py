@@ -226,3 +226,18 @@ def test_the_shipped_gemma_lens_is_a_tuned_lens_folder_with_a_card():
     lens = TunedLens.load(folder)   # every key, shape and value checked
     assert (lens.config.d_model, lens.config.num_hidden_layers) == (640, 18)   # Gemma 3 270M's width and depth
     assert lens.layer_translators[0].weight.dtype == torch.float16
+
+
+def test_bfloat16_training_measures_the_same_kl_and_still_trains(model, tokens):
+    # The first step's KL is read before any update, so the two precisions see the same lens: they differ only by
+    # bfloat16's rounding of the readout (8 bits of mantissa: a few parts in a thousand of each logit).
+    windows = tokens.repeat(4, 1)
+    exact = TunedLens.train(model, windows, tokens=104, tokens_per_step=26, lr=3e-3, progress=False)
+    fast = TunedLens.train(model, windows, tokens=104, tokens_per_step=26, lr=3e-3, progress=False,
+                           precision="bfloat16")
+    for layer in range(model.cfg.n_layers):
+        assert fast.log[0][f"kl_{layer}"] == pytest.approx(exact.log[0][f"kl_{layer}"], rel=0.05)
+        assert fast.log[-1][f"kl_{layer}"] < fast.log[0][f"kl_{layer}"]          # it trains
+    assert fast.layer_translators[0].weight.dtype == torch.float32                # autocast leaves the weights alone
+    with pytest.raises(InputError, match="precision must be one of"):
+        TunedLens.train(model, windows, tokens=26, tokens_per_step=26, progress=False, precision="float16")
