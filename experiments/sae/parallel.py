@@ -19,6 +19,7 @@ float tolerance (sums are taken in another order). A training form whose activat
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 from typing import Iterable
@@ -118,7 +119,9 @@ def current_world() -> World:
 def world_from_environment(backend: str = "gloo") -> World:
     """Initialises the process group from the variables ``torchrun`` / ``accelerate launch`` set (``RANK``,
     ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``; ``backend``: ``gloo`` on CPU, ``nccl`` on GPUs) unless one
-    is; an ``InputError`` naming what is missing otherwise.
+    is; an ``InputError`` naming what is missing otherwise. A group started here is destroyed when the process
+    exits: left to the interpreter's shutdown, gloo's threads can abort the process (SIGABRT, "terminate called
+    without an active exception") after its work is done, failing the launcher.
 
     Example:
         >>> world_from_environment() if "RANK" in os.environ else World()
@@ -130,7 +133,13 @@ def world_from_environment(backend: str = "gloo") -> World:
     if missing:
         raise InputError(f"world_from_environment needs {missing} set (launch with torchrun or accelerate launch)")
     dist.init_process_group(backend)
+    atexit.register(_destroy_process_group)
     return current_world()
+
+
+def _destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def check_parallel_forms(world: World, modules: Iterable[torch.nn.Module]) -> None:
