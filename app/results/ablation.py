@@ -40,10 +40,8 @@ def ablation_effects(loaded: LoadedModel, ids: tuple[int, ...], targets: Targets
     """
     tokens, ref = torch.tensor([ids]), _reference_tensor(reference)
     chosen = [ablation.AblationTarget(kind, layer, index) for kind, layer, index in targets]
-    with loaded.lock:
-        per_token = ablation.per_token_loss_change(loaded.model, tokens, chosen, method, ref)
-        top = ablation.top_predictions_change(loaded.model, tokens, chosen, method, k=5, reference_tokens=ref)
-    return per_token, top
+    with loaded.lock:  # one clean and one ablated forward serve both tables
+        return ablation.loss_and_top_predictions_change(loaded.model, tokens, chosen, method, k=5, reference_tokens=ref)
 
 
 # What a head sweep scores: ("loss",) the whole prompt's mean loss; ("probability", answer) the answer's probability

@@ -56,9 +56,20 @@ def per_token_loss_change(model, tokens: TextOrTokens, targets: Sequence[Ablatio
     row, real_P = _one_row(batch, row)
     hooks = hooks_for_input(model, batch, targets, method, reference_tokens, reference_mask, reference_means,
                             padding_side)
-    clean = model(batch.tokens, attention_mask=batch.mask, return_type="loss", loss_per_token=True)[row]
-    ablated = model.run_with_hooks(batch.tokens, attention_mask=batch.mask, return_type="loss", loss_per_token=True,
-                                   fwd_hooks=hooks)[row]
+    (_, clean), (_, ablated) = _clean_and_ablated(model, batch, hooks)
+    return _loss_table(model, batch, row, real_P, clean[row], ablated[row])
+
+
+def _clean_and_ablated(model, batch: PromptBatch, hooks: list[Hook]) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """(logits [B, P, V], per-token loss [B, P - 1]) of the clean run and of the run with ``hooks``: the two forwards
+    every table here reads."""
+    clean = model(batch.tokens, attention_mask=batch.mask, return_type="both", loss_per_token=True)
+    ablated = model.run_with_hooks(batch.tokens, attention_mask=batch.mask, return_type="both", loss_per_token=True,
+                                   fwd_hooks=hooks)
+    return clean, ablated
+
+
+def _loss_table(model, batch: PromptBatch, row: int, real_P: Tensor, clean: Tensor, ablated: Tensor) -> pd.DataFrame:
     scored = real_P[:-1] & real_P[1:]  # loss p predicts column p + 1 from column p
     if not bool(scored.any()):
         raise InputError(f"prompt {row} has fewer than two real tokens: no next-token loss to show")
@@ -95,17 +106,53 @@ def top_predictions_change(model, tokens: TextOrTokens, targets: Sequence[Ablati
     """
     batch = prompt_batch(model, tokens, attention_mask, padding_side)
     row, real_P = _one_row(batch, row)
+    column = _prediction_column(batch, row, real_P, position)
+    hooks = hooks_for_input(model, batch, targets, method, reference_tokens, reference_mask, reference_means,
+                            padding_side)
+    (clean, _), (ablated, _) = _clean_and_ablated(model, batch, hooks)
+    return _top_table(model, clean[row, column], ablated[row, column], k)
+
+
+@torch.no_grad()
+def loss_and_top_predictions_change(model, tokens: TextOrTokens, targets: Sequence[AblationTarget],
+                                    method: Method = "zero", k: int = 5,
+                                    reference_tokens: Optional[TextOrTokens] = None,
+                                    position: Union[int, Literal["last"]] = "last", *, row: int = 0,
+                                    attention_mask: Optional[Tensor] = None, padding_side: str = "right",
+                                    reference_mask: Optional[Tensor] = None,
+                                    reference_means: Optional[dict] = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``per_token_loss_change`` and ``top_predictions_change`` of one ablation, from one clean and one ablated
+    forward (each alone runs both). Arguments as theirs.
+
+    Example:
+        >>> losses, top = loss_and_top_predictions_change(model, tokens, [AblationTarget("head", 1, 0)], k=3)
+        >>> losses.equals(per_token_loss_change(model, tokens, [AblationTarget("head", 1, 0)]))
+        True
+        >>> top.equals(top_predictions_change(model, tokens, [AblationTarget("head", 1, 0)], k=3))
+        True
+    """
+    batch = prompt_batch(model, tokens, attention_mask, padding_side)
+    row, real_P = _one_row(batch, row)
+    column = _prediction_column(batch, row, real_P, position)
+    hooks = hooks_for_input(model, batch, targets, method, reference_tokens, reference_mask, reference_means,
+                            padding_side)
+    (clean_logits, clean_loss), (ablated_logits, ablated_loss) = _clean_and_ablated(model, batch, hooks)
+    return (_loss_table(model, batch, row, real_P, clean_loss[row], ablated_loss[row]),
+            _top_table(model, clean_logits[row, column], ablated_logits[row, column], k))
+
+
+def _prediction_column(batch: PromptBatch, row: int, real_P: Tensor, position: Union[int, Literal["last"]]) -> int:
+    """The batch column of prompt ``row``'s ``position`` ("last" or an index into its real tokens)."""
     columns = real_P.nonzero().flatten()
     index = -1 if position == "last" else position
     if isinstance(index, str) or not -len(columns) <= int(index) < len(columns):
         raise InputError(f"position must be 'last' or an index into prompt {row}'s {len(columns)} real tokens, "
                          f"got {position!r}")
-    column = int(columns[int(index)])
-    hooks = hooks_for_input(model, batch, targets, method, reference_tokens, reference_mask, reference_means,
-                            padding_side)
-    clean = model(batch.tokens, attention_mask=batch.mask)[row, column].float().softmax(-1)
-    ablated = model.run_with_hooks(batch.tokens, attention_mask=batch.mask,
-                                   fwd_hooks=hooks)[row, column].float().softmax(-1)
+    return int(columns[int(index)])
+
+
+def _top_table(model, clean_logits_V: Tensor, ablated_logits_V: Tensor, k: int) -> pd.DataFrame:
+    clean, ablated = clean_logits_V.float().softmax(-1), ablated_logits_V.float().softmax(-1)
     clean_p, clean_ids = clean.topk(k)
     ablated_p, ablated_ids = ablated.topk(k)
     return pd.DataFrame({

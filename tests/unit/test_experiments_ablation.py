@@ -212,3 +212,29 @@ def test_targets_that_do_not_exist_are_input_errors(model, tokens):
         ablation_hooks(model, [AblationTarget("head", 0, 0)], "mean")
     with pytest.raises(wb.InputError, match="another prompt"):
         run_ablated(model, tokens[:1], [AblationTarget("head", 0, 0)], "resample")
+
+
+def test_both_tables_from_one_pair_of_forwards_equal_each_alone(model):
+    from experiments.ablation import loss_and_top_predictions_change, top_predictions_change
+
+    prompts = torch.randint(0, 61, (2, 10), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 7:] = 0   # row 1 is a 7-token prompt, right-padded
+    targets = [AblationTarget("head", 1, 0), AblationTarget("mlp_layer", 0)]
+    forwards = []
+    hook = model.hook_dict["hook_embed"]
+    hook.add_hook(lambda activation, hook: forwards.append(1), level=None, is_permanent=True)
+    try:
+        for row in (0, 1):   # a padded row reads as its prompt alone in both
+            kwargs = dict(method="mean", row=row, attention_mask=mask)
+            before = len(forwards)
+            losses, top = loss_and_top_predictions_change(model, prompts, targets, k=4, **kwargs)
+            together = len(forwards) - before
+            assert losses.equals(per_token_loss_change(model, prompts, targets, **kwargs))
+            alone = len(forwards) - before - together
+            assert top.equals(top_predictions_change(model, prompts, targets, k=4, **kwargs))
+            assert together == alone   # both tables for the forwards of one ("mean" adds one for its reference)
+    finally:
+        model.reset_hooks(including_permanent=True)
+    with pytest.raises(wb.InputError, match="position must be 'last' or an index"):
+        loss_and_top_predictions_change(model, prompts, targets, position=99)
