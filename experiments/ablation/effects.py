@@ -6,7 +6,7 @@ Legend: B batch, P position.
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Sequence, Union
+from typing import Literal, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -52,24 +52,42 @@ def per_token_loss_change(model, tokens: TextOrTokens, targets: Sequence[Ablatio
         >>> per_token_loss_change(model, ["The cat sat", "The dog"], [AblationTarget("head", 1, 0)], row=1)["token"].tolist()
         ['The', ' do', 'g']
     """
+    run = _clean_and_ablated(model, tokens, targets, method, reference_tokens, None, row, attention_mask,
+                             padding_side, reference_mask, reference_means)
+    return _loss_table(model, run)
+
+
+class _Runs(NamedTuple):
+    """The checked inputs and the two forwards every table here reads: (logits [B, P, V], per-token loss
+    [B, P - 1]) clean and with the ablation's hooks."""
+    batch: PromptBatch
+    row: int
+    real_P: Tensor
+    column: Optional[int]
+    clean: tuple[Tensor, Tensor]
+    ablated: tuple[Tensor, Tensor]
+
+
+def _clean_and_ablated(model, tokens: TextOrTokens, targets: Sequence[AblationTarget], method: Method,
+                       reference_tokens: Optional[TextOrTokens], position: Union[int, Literal["last"], None], row: int,
+                       attention_mask: Optional[Tensor], padding_side: str, reference_mask: Optional[Tensor],
+                       reference_means: Optional[dict]) -> _Runs:
+    """The batch, ``row`` and (``position`` not None) its column checked before any forward, then the clean run and
+    the ablated one."""
     batch = prompt_batch(model, tokens, attention_mask, padding_side)
     row, real_P = _one_row(batch, row)
+    column = None if position is None else _prediction_column(batch, row, real_P, position)
     hooks = hooks_for_input(model, batch, targets, method, reference_tokens, reference_mask, reference_means,
                             padding_side)
-    (_, clean), (_, ablated) = _clean_and_ablated(model, batch, hooks)
-    return _loss_table(model, batch, row, real_P, clean[row], ablated[row])
-
-
-def _clean_and_ablated(model, batch: PromptBatch, hooks: list[Hook]) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    """(logits [B, P, V], per-token loss [B, P - 1]) of the clean run and of the run with ``hooks``: the two forwards
-    every table here reads."""
     clean = model(batch.tokens, attention_mask=batch.mask, return_type="both", loss_per_token=True)
     ablated = model.run_with_hooks(batch.tokens, attention_mask=batch.mask, return_type="both", loss_per_token=True,
                                    fwd_hooks=hooks)
-    return clean, ablated
+    return _Runs(batch, row, real_P, column, clean, ablated)
 
 
-def _loss_table(model, batch: PromptBatch, row: int, real_P: Tensor, clean: Tensor, ablated: Tensor) -> pd.DataFrame:
+def _loss_table(model, run: _Runs) -> pd.DataFrame:
+    batch, row, real_P = run.batch, run.row, run.real_P
+    clean, ablated = run.clean[1][row], run.ablated[1][row]
     scored = real_P[:-1] & real_P[1:]  # loss p predicts column p + 1 from column p
     if not bool(scored.any()):
         raise InputError(f"prompt {row} has fewer than two real tokens: no next-token loss to show")
@@ -104,13 +122,9 @@ def top_predictions_change(model, tokens: TextOrTokens, targets: Sequence[Ablati
         1     2         and           and
         2     3          is            is
     """
-    batch = prompt_batch(model, tokens, attention_mask, padding_side)
-    row, real_P = _one_row(batch, row)
-    column = _prediction_column(batch, row, real_P, position)
-    hooks = hooks_for_input(model, batch, targets, method, reference_tokens, reference_mask, reference_means,
-                            padding_side)
-    (clean, _), (ablated, _) = _clean_and_ablated(model, batch, hooks)
-    return _top_table(model, clean[row, column], ablated[row, column], k)
+    run = _clean_and_ablated(model, tokens, targets, method, reference_tokens, position, row, attention_mask,
+                             padding_side, reference_mask, reference_means)
+    return _top_table(model, run, k)
 
 
 @torch.no_grad()
@@ -131,14 +145,9 @@ def loss_and_top_predictions_change(model, tokens: TextOrTokens, targets: Sequen
         >>> top.equals(top_predictions_change(model, tokens, [AblationTarget("head", 1, 0)], k=3))
         True
     """
-    batch = prompt_batch(model, tokens, attention_mask, padding_side)
-    row, real_P = _one_row(batch, row)
-    column = _prediction_column(batch, row, real_P, position)
-    hooks = hooks_for_input(model, batch, targets, method, reference_tokens, reference_mask, reference_means,
-                            padding_side)
-    (clean_logits, clean_loss), (ablated_logits, ablated_loss) = _clean_and_ablated(model, batch, hooks)
-    return (_loss_table(model, batch, row, real_P, clean_loss[row], ablated_loss[row]),
-            _top_table(model, clean_logits[row, column], ablated_logits[row, column], k))
+    run = _clean_and_ablated(model, tokens, targets, method, reference_tokens, position, row, attention_mask,
+                             padding_side, reference_mask, reference_means)
+    return _loss_table(model, run), _top_table(model, run, k)
 
 
 def _prediction_column(batch: PromptBatch, row: int, real_P: Tensor, position: Union[int, Literal["last"]]) -> int:
@@ -151,8 +160,9 @@ def _prediction_column(batch: PromptBatch, row: int, real_P: Tensor, position: U
     return int(columns[int(index)])
 
 
-def _top_table(model, clean_logits_V: Tensor, ablated_logits_V: Tensor, k: int) -> pd.DataFrame:
-    clean, ablated = clean_logits_V.float().softmax(-1), ablated_logits_V.float().softmax(-1)
+def _top_table(model, run: _Runs, k: int) -> pd.DataFrame:
+    at = (run.row, run.column)
+    clean, ablated = run.clean[0][at].float().softmax(-1), run.ablated[0][at].float().softmax(-1)
     clean_p, clean_ids = clean.topk(k)
     ablated_p, ablated_ids = ablated.topk(k)
     return pd.DataFrame({
