@@ -46,8 +46,7 @@ from workbench.tokens_api import TextOrTokens
 from experiments.metrics import (MetricLike, PositionSelector, TokenIds, as_metric, per_prompt_table, prompt_batch,
                                  token_ids)
 from workbench.errors import InputError
-
-LOGITS_BYTES_PER_CHUNK = 2**28
+from workbench.readouts import fast_screen_dtype
 
 
 def _prompt_alone(model, tokens: TextOrTokens, row: int, attention_mask: Optional[Tensor],
@@ -98,13 +97,18 @@ def logit_lens_logits(model, tokens: TextOrTokens, row: int = 0, *, attention_ma
 
 @torch.no_grad()
 def logit_lens(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, attention_mask: Optional[Tensor] = None,
-               padding_side: str = "right", tuned_lens=None) -> pd.DataFrame:
+               padding_side: str = "right", tuned_lens=None, screen: bool = False) -> pd.DataFrame:
     """Top-k tokens of each layer's residual stream at each position of prompt ``row``.
 
     Returns DataFrame[layer, position, rank, token, token_id, prob]; layer l < n_layers is the
     stream entering block l, layer n_layers the final stream (the model's own prediction). A padded
     batch takes ``attention_mask``; positions are the row's real tokens (its pads dropped). With
     ``tuned_lens`` (an ``experiments.lenses.TunedLens``) each layer is read through its translator first.
+    ``screen=True`` reads the vocabulary through a bfloat16 screen where the device runs bfloat16 fast
+    (``Decoder.top_logits_from_resid``; exact elsewhere): about 4x less unembedding time on such a CPU, the top
+    tokens' logits exact, and their probabilities off by the screen's error on the rest of the vocabulary (at most
+    0.002 over SmolLM2's 31 snapshots of five 64-token prompts); ``df.attrs["screen"]`` names the screen's dtype
+    (None: exact).
 
     Example:
         >>> df = logit_lens(model, model.to_tokens("The cat sat"), top_k=5)   # 6 tokens, 3 snapshots
@@ -117,27 +121,23 @@ def logit_lens(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, att
     if top_k < 1:
         raise InputError(f"top_k must be at least 1, got {top_k}")
     resid_TPD = residual_snapshots(model, tokens, row, attention_mask=attention_mask, padding_side=padding_side)
-    T, P, _ = resid_TPD.shape
-    per_chunk = max(1, LOGITS_BYTES_PER_CHUNK // (4 * P * model.cfg.d_vocab))
-    probs, ids = [], []
-    for start in range(0, T, per_chunk):
-        if tuned_lens is None:
-            logits = model.logits_from_resid(resid_TPD[start:start + per_chunk])
-        else:
-            logits = torch.stack([tuned_lens(resid_TPD[t], t) for t in range(start, min(T, start + per_chunk))])
-        p, i = logits.float().softmax(-1).topk(min(top_k, model.cfg.d_vocab), dim=-1)
-        probs.append(p.cpu())
-        ids.append(i.cpu())
-    probs_TPk, ids_TPk = torch.cat(probs), torch.cat(ids)
-    k = ids_TPk.shape[-1]
-    flat_ids = ids_TPk.reshape(-1)
+    T, P, D = resid_TPD.shape
+    if tuned_lens is not None:  # each snapshot through its layer's translator, then the model's own readout
+        resid_TPD = torch.stack([tuned_lens.transform_hidden(resid_TPD[t], t) for t in range(T)])
+    screen_dtype = fast_screen_dtype(resid_TPD.device) if screen else None
+    values_Nk, ids_Nk, lse_N = model.top_logits_from_resid(resid_TPD.reshape(-1, D), top_k, screen_dtype)
+    probs_Nk, ids_Nk = (values_Nk - lse_N[:, None]).exp().cpu(), ids_Nk.cpu()
+    k = ids_Nk.shape[-1]
+    flat_ids = ids_Nk.reshape(-1)
     unique, inverse = flat_ids.unique(return_inverse=True)
     text = np.array(str_tokens(model, unique), dtype=object)[inverse.numpy()]
-    return pd.DataFrame({
+    table = pd.DataFrame({
         "layer": np.repeat(np.arange(T), P * k), "position": np.tile(np.repeat(np.arange(P), k), T),
         "rank": np.tile(np.arange(1, k + 1), T * P), "token": text, "token_id": flat_ids.numpy(),
-        "prob": probs_TPk.reshape(-1).numpy(),
+        "prob": probs_Nk.reshape(-1).numpy(),
     })
+    table.attrs["screen"] = None if screen_dtype is None else str(screen_dtype).removeprefix("torch.")
+    return table
 
 
 @torch.no_grad()

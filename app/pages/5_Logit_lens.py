@@ -21,6 +21,8 @@ from experiments.plots.lenses import lens_kl_figure
 from experiments.plots import lens as lens_plots
 
 LENS_KINDS = {"logit": "Logit lens", "tuned": "Tuned lens (shipped)"}
+SCREEN_NOTE = (" The vocabulary is screened in bfloat16 and each cell's best tokens scored again in float32: the tokens "
+               "are float32's, their probabilities within about 0.002 (see `experiments.lens.logit_lens`'s `screen`).")
 
 
 def _token_id(loaded: LoadedModel, text: str, what: str) -> int:
@@ -82,7 +84,8 @@ def main() -> None:
     else:
         table = results.logit_lens(loaded, prompt.ids, top_k)
         st.caption("Rows: the residual stream entering each layer, read through the final norm and unembedding; "
-                   "the last row is the model's own prediction. Cells show the top token, coloured by its probability.")
+                   "the last row is the model's own prediction. Cells show the top token, coloured by its probability."
+                   + SCREEN_NOTE * bool(table.attrs.get("screen")))
     downloads.figure(lens_plots.logit_lens_figure(table, prompt.str_tokens), "logit_lens", key="logit_lens", stretch=False)
     # The expanders are filled only when opened (opening one reruns the page): closed, the table still sent every
     # top-k row (480 KB at 64 tokens) and KL by layer read every layer through the unembedding again, once per lens

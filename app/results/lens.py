@@ -29,7 +29,7 @@ def logit_lens(loaded: LoadedModel, ids: tuple[int, ...], top_k: int) -> pd.Data
         [1, 2, 3]
     """
     with loaded.lock:
-        return lens.logit_lens(loaded.model, torch.tensor([ids]), top_k=top_k)
+        return lens.logit_lens(loaded.model, torch.tensor([ids]), top_k=top_k, screen=True)
 
 
 @st.cache_data(show_spinner="Attributing the logit …", max_entries=32, hash_funcs=BY_MODEL_KEY)
@@ -61,7 +61,7 @@ def tuned_lens_table(loaded: LoadedModel, ids: tuple[int, ...], top_k: int, held
         True
     """
     with loaded.lock:
-        return lens.logit_lens(loaded.model, torch.tensor([ids]), top_k=top_k,
+        return lens.logit_lens(loaded.model, torch.tensor([ids]), top_k=top_k, screen=True,
                                tuned_lens=held.artifact.attach(loaded.model))
 
 

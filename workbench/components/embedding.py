@@ -181,6 +181,60 @@ class Unembed(ZeroBiases, nn.Module):
         """
         return x_BPD if self.logits_scale == 1.0 else x_BPD * self.logits_scale
 
+    def logits_at(self, x_NkD: Float[Tensor, "... d_model"], ids_NkC: Int[Tensor, "... cand"]) -> Float[Tensor, "... cand"]:
+        """The logits of the tokens ``ids`` only ([..., C]: row r's own C candidates), as ``forward`` would give them
+        (scale, bias, soft cap), without the other d_vocab - C.
+
+        Example:
+            >>> normed = cache["ln_final.hook_normalized"]
+            >>> ids = torch.tensor([[[0, 5]] * normed.shape[1]])
+            >>> torch.allclose(model.unembed.logits_at(normed, ids), logits[..., [0, 5]], atol=1e-5)
+            True
+        """
+        x = self.scaled_input(x_NkD)
+        logits = torch.einsum("...d,...cd->...c", x, self._W_U_lin[ids_NkC])
+        bias = self.stored_bias("b_U")
+        return soft_capped(logits if bias is None else logits + bias[ids_NkC], self.soft_cap)
+
+    def screened_top_k(self, x_ND: Float[Tensor, "rows d_model"], k: int, screen_dtype: torch.dtype,
+                       margin: int = 32) -> tuple[Float[Tensor, "rows k"], Int[Tensor, "rows k"], Float[Tensor, "rows"]]:
+        """The ``k`` highest logits of each row with their ids, and the row's logsumexp, from a low-precision screen.
+
+        Every logit is first computed in ``screen_dtype`` (bfloat16 runs 4-5x faster than float32 on CPUs with
+        bfloat16 units; the unembedding over a large vocabulary is most of a logit lens); the ``k + margin`` best of the
+        screen are computed again in full precision (``logits_at``), and the top k chosen among them, so the values are
+        exact and the ids those of the full-precision logits unless a token outside the screen's ``k + margin`` best
+        would beat them (its screened logit off by more than the gap). The logsumexp reads the exact candidates and the
+        screened rest: its error is the screen's error on the tail's share of the probability mass.
+
+        Example:
+            >>> x = cache["ln_final.hook_normalized"][0]
+            >>> values, ids, lse = model.unembed.screened_top_k(x, 3, torch.bfloat16)
+            >>> exact = logits[0].topk(3)
+            >>> torch.equal(ids, exact.indices), torch.allclose(values, exact.values, atol=1e-5)
+            (True, True)
+            >>> bool((lse - logits[0].logsumexp(-1)).abs().max() < 0.05)
+            True
+        """
+        screen_NV = soft_capped(F.linear(self.scaled_input(x_ND).to(screen_dtype), self._screen_weight(screen_dtype),
+                                         None if (bias := self.stored_bias("b_U")) is None else bias.to(screen_dtype)),
+                                self.soft_cap).float()
+        candidates_NC = screen_NV.topk(min(k + margin, screen_NV.shape[-1]), dim=-1).indices
+        exact_NC = self.logits_at(x_ND, candidates_NC).float()
+        lse_N = screen_NV.scatter_(-1, candidates_NC, exact_NC).logsumexp(-1)
+        values_Nk, order_Nk = exact_NC.topk(min(k, exact_NC.shape[-1]), dim=-1)
+        return values_Nk, candidates_NC.gather(-1, order_Nk), lse_N
+
+    def _screen_weight(self, dtype: torch.dtype) -> Float[Tensor, "d_vocab d_model"]:
+        """The unembedding in ``dtype``, converted once and kept while the weights are unchanged (their storage and
+        version), since converting a large vocabulary's matrix costs a good part of the screen itself."""
+        key = (dtype, self._W_U_lin.data_ptr(), self._W_U_lin._version)
+        held = getattr(self, "_screen_copy", None)
+        if held is None or held[0] != key:
+            held = (key, self._W_U_lin.detach().to(dtype))
+            self._screen_copy = held
+        return held[1]
+
     @property
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
         """TransformerLens's [D, V] unembedding: a transposed view of the stored [V, D] matrix.
