@@ -3,7 +3,7 @@
 Legend: B batch, P position, N flattened tokens, D d_model, i d_in.
 
 ``probe_activations`` runs the model once per batch of texts up to the deepest hook asked for and keeps one
-row per text at each hook (its last real token, or the mean over its real tokens). ``train_probe`` fits a
+row per text at each hook (its last real token, or the mean over its real tokens; ``experiments._hook_rows``). ``train_probe`` fits a
 probe per hook on a stratified split for each seed (the split is what a seed changes: the fits themselves are
 deterministic) and tabulates held-out accuracy and AUROC with their spread; the probes it returns are fitted on
 the first seed's training rows.
@@ -19,9 +19,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from experiments._depth import stop_at_layer_for
-from experiments._progress import Progress, ProgressArg
-from experiments.metrics import prompt_batch
+from experiments._hook_rows import hook_rows
+from experiments._progress import ProgressArg
 from experiments.probes.fit import LinearProbe, fit_logistic, fit_mass_mean
 from experiments.probes.scores import accuracy, auroc, stratified_split
 from workbench.errors import InputError
@@ -42,7 +41,6 @@ class ProbeRun:
     table: pd.DataFrame
 
 
-@torch.no_grad()
 def probe_activations(model, texts: Sequence[str], hook_names: Sequence[str], reading: Reading = "last",
                       batch_size: int = 16, progress: ProgressArg = True) -> dict[str, Float[Tensor, "N i"]]:
     """One activation row per text at each hook: its last real token (``"last"``) or the mean of its real tokens.
@@ -58,20 +56,7 @@ def probe_activations(model, texts: Sequence[str], hook_names: Sequence[str], re
         raise InputError(f"reading must be 'last' or 'mean', got {reading!r}")
     if isinstance(texts, str) or not texts or not all(isinstance(t, str) and t for t in texts):
         raise InputError("texts must be a non-empty list of non-empty strings")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise InputError(f"batch_size must be a positive int, got {batch_size!r}")
-    stop_at_layer = stop_at_layer_for(model, hook_names)
-    rows: dict[str, list[Tensor]] = {name: [] for name in hook_names}
-    starts = range(0, len(texts), batch_size)
-    with Progress(progress, total=len(starts), desc="probe activations") as bar:
-        for start in starts:
-            batch = prompt_batch(model, list(texts[start:start + batch_size]))
-            _, cache = model.run_with_cache(batch.tokens, names_filter=hook_names, stop_at_layer=stop_at_layer,
-                                            attention_mask=batch.mask, progress=False)
-            for name in hook_names:
-                rows[name].append(_read(cache[name], batch, reading))
-            bar.advance()
-    return {name: torch.cat(parts).float() for name, parts in rows.items()}
+    return hook_rows(model, list(texts), hook_names, reading, batch_size, progress, desc="probe activations")
 
 
 def train_probe(model, texts: Sequence[str], labels: Union[Sequence[int], Tensor], hook_names: Sequence[str],
@@ -144,17 +129,6 @@ def held_out_scores(x_Ni: Float[Tensor, "N i"], labels_N: Tensor, splits: Sequen
     scores = {"accuracy": acc.mean().item(), "accuracy_std": spread(acc), "auroc": area.mean().item(),
               "auroc_std": spread(area)}
     return firsts[0], scores, firsts[1]
-
-
-def _read(activation: Tensor, batch, reading: str) -> Tensor:
-    """One row per text from a hook's [B, P, ...] activation (trailing axes flattened)."""
-    activation_BPi = activation.reshape(*activation.shape[:2], -1).float()
-    if reading == "last":
-        return activation_BPi[torch.arange(batch.size), batch.last_positions]
-    if batch.mask is None:
-        return activation_BPi.mean(1)
-    mask_BP1 = batch.mask[..., None].float()
-    return (activation_BPi * mask_BP1).sum(1) / mask_BP1.sum(1)
 
 
 def _checked_hooks(model, hook_names: Sequence[str]) -> list[str]:

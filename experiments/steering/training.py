@@ -10,22 +10,22 @@ Legend: D d_model.
   project above their negatives.
 
 Each prompt costs one forward that stops after the deepest layer read, batched with right padding (causal
-attention: the read token never sees the padding).
+attention: the read token never sees the padding): ``experiments._hook_rows``, the reader probes share.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from experiments._hook_rows import Prompt, hook_rows
 from experiments.steering.vector import SteeringVector, block_output, checked_layer
 from workbench.errors import InputError
 
 METHODS = ("caa", "actadd", "pca")
-Prompt = Union[str, Sequence[int], Tensor]
 
 
 def train_steering_vector(model, pairs: Sequence, layers: Optional[Sequence[int]] = None,
@@ -58,11 +58,11 @@ def train_steering_vector(model, pairs: Sequence, layers: Optional[Sequence[int]
     return SteeringVector(directions, meta=meta)
 
 
-@torch.no_grad()
 def read_contrast_activations(model, positives: Sequence[Prompt], negatives: Sequence[Prompt], layers: Sequence[int],
                               read_token_index: int = -1, batch_size: int = 16
                               ) -> tuple[Float[Tensor, "pair layer d_model"], Float[Tensor, "pair layer d_model"]]:
-    """Each prompt's block outputs at ``layers`` at its ``read_token_index`` (positives and negatives), float32.
+    """Each prompt's block outputs at ``layers`` at its ``read_token_index`` (positives and negatives), float32
+    (read by ``experiments._hook_rows``, the engine probes use too).
 
     Example:
         >>> pos, neg = read_contrast_activations(model, ["A cat"], ["A dog"], [1])
@@ -71,53 +71,11 @@ def read_contrast_activations(model, positives: Sequence[Prompt], negatives: Seq
     """
     if isinstance(read_token_index, bool) or not isinstance(read_token_index, int):
         raise InputError(f"read_token_index must be an int, got {read_token_index!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InputError(f"batch_size must be a positive int, got {batch_size!r}")
-    prompts = [_token_list(model, prompt) for prompt in list(positives) + list(negatives)]
     names = [block_output(layer) for layer in layers]
-    rows = []
-    for start in range(0, len(prompts), batch_size):
-        rows.append(_read_batch(model, prompts[start:start + batch_size], names, max(layers), read_token_index))
-    acts = torch.cat(rows).float()
+    rows = hook_rows(model, list(positives) + list(negatives), names, read_token_index, batch_size,
+                     reading_name="read_token_index")
+    acts = torch.stack([rows[name] for name in names], dim=1)
     return acts[:len(positives)], acts[len(positives):]
-
-
-def _read_batch(model, prompts: list[list[int]], names: list[str], deepest: int, read_token_index: int) -> Tensor:
-    lengths = [len(ids) for ids in prompts]
-    width = max(lengths)
-    reads = []
-    for row, n in enumerate(lengths):
-        position = n + read_token_index if read_token_index < 0 else read_token_index
-        if not 0 <= position < n:
-            raise InputError(f"read_token_index {read_token_index} is outside a prompt of {n} tokens")
-        reads.append(position)
-    tokens_BP = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask_BP = torch.zeros(len(prompts), width, dtype=torch.bool)
-    for row, ids in enumerate(prompts):
-        tokens_BP[row, :len(ids)] = torch.tensor(ids)
-        mask_BP[row, :len(ids)] = True
-    device = model.cfg.device
-    kwargs = {} if bool(mask_BP.all()) else {"attention_mask": mask_BP.to(device)}
-    _, cache = model.run_with_cache(tokens_BP.to(device), names_filter=names, stop_at_layer=deepest + 1,
-                                    return_type=None, progress=False, **kwargs)
-    rows = torch.arange(len(prompts))
-    return torch.stack([cache[name][rows, torch.tensor(reads)].detach().cpu() for name in names], dim=1)
-
-
-def _token_list(model, prompt: Prompt) -> list[int]:
-    if isinstance(prompt, str):
-        if not prompt:
-            raise InputError("a contrast prompt is empty")
-        return model.to_tokens(prompt)[0].tolist()
-    if isinstance(prompt, Tensor):
-        prompt = prompt.reshape(-1).tolist()
-    try:
-        ids = [int(i) for i in prompt]
-    except (TypeError, ValueError):
-        raise InputError(f"a contrast prompt must be text or token ids, got {type(prompt).__name__}") from None
-    if not ids or min(ids) < 0 or max(ids) >= model.cfg.d_vocab:
-        raise InputError(f"a contrast prompt's token ids must be 0..{model.cfg.d_vocab - 1} and not empty")
-    return ids
 
 
 def _split_pairs(pairs: Sequence) -> tuple[list, list]:
