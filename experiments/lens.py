@@ -59,25 +59,73 @@ def _prompt_alone(model, tokens: TextOrTokens, row: int, attention_mask: Optiona
     return (tokens_P if batch.mask is None else tokens_P[batch.mask[row]])[None]
 
 
+def snapshot_hook_names(model) -> list[str]:
+    """The hooks the logit lens reads: the stream entering each block, then after the last.
+
+    Example:
+        >>> snapshot_hook_names(model)
+        ['blocks.0.hook_resid_pre', 'blocks.1.hook_resid_pre', 'blocks.1.hook_resid_post']
+    """
+    L = model.cfg.n_layers
+    return [f"blocks.{l}.hook_resid_pre" for l in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
+
+
+def attribution_hook_names(model) -> list[str]:
+    """The hooks ``direct_logit_attribution`` reads: the embeddings, each layer's ``hook_z`` and MLP output, the
+    output norms' divisors (sandwich / sublayer_output blocks) and the final stream.
+
+    Example:
+        >>> attribution_hook_names(model)   # toy-attn-2l: attention only, pre-norm, rotary
+        ['blocks.0.attn.hook_z', 'blocks.1.attn.hook_z', 'blocks.1.hook_resid_post', 'hook_embed']
+    """
+    L = model.cfg.n_layers
+    names = {"hook_embed", f"blocks.{L - 1}.hook_resid_post"} | ({"hook_pos_embed"} & set(model.hook_dict))
+    names |= {f"blocks.{l}.attn.hook_z" for l in range(L)}
+    names |= set() if model.cfg.attn_only else {f"blocks.{l}.hook_mlp_out" for l in range(L)}
+    names |= {name for l in range(L) if (name := model.output_norm_scale_hook(l, "attn")) is not None}
+    return sorted(names)
+
+
+def _activations(model, tokens_BP: Tensor, mask_BP: Optional[Tensor], names: list[str], cache) -> dict[str, Tensor]:
+    """``names`` of a run on ``tokens_BP``: read from ``cache`` (an ``ActivationCache`` or dict of that very run, as
+    TransformerLens's analyses take one), or from a run that stops after the blocks."""
+    if cache is None:
+        _, cache = model.run_with_cache(tokens_BP, attention_mask=mask_BP, stop_at_layer=model.cfg.n_layers,
+                                        names_filter=lambda n: n in names)
+        return {name: cache[name] for name in names}
+    missing = [name for name in names if name not in cache]
+    if missing:
+        raise InputError(f"the cache lacks {missing[:4]}{' ...' if len(missing) > 4 else ''}; run "
+                         "model.run_with_cache(tokens) on these tokens (or cache at least those hooks)")
+    wrong = [name for name in names if tuple(cache[name].shape[:2]) != tuple(tokens_BP.shape)]
+    if wrong:
+        raise InputError(f"the cache's {wrong[0]} is {tuple(cache[wrong[0]].shape[:2])} [batch, pos], but these tokens "
+                         f"are {tuple(tokens_BP.shape)}: pass the cache of a run on these very tokens")
+    return {name: cache[name] for name in names}
+
+
 @torch.no_grad()
 def residual_snapshots(model, tokens: TextOrTokens, row: int = 0, *, attention_mask: Optional[Tensor] = None,
-                       padding_side: str = "right") -> Float[Tensor, "snapshots pos d_model"]:
+                       padding_side: str = "right", cache=None) -> Float[Tensor, "snapshots pos d_model"]:
     """The residual stream of prompt ``row`` entering each layer, then after the last: [L + 1, P, D].
 
     A padded batch takes ``attention_mask`` (a list of texts builds it); the row's pads are
-    dropped (P is its real tokens), so it equals the prompt alone.
+    dropped (P is its real tokens), so it equals the prompt alone. ``cache``: the activations of a run on the
+    prompt alone ([1, P]; ``snapshot_hook_names`` at least), read instead of running the model.
 
     Example:
         >>> residual_snapshots(model, tokens).shape   # 2 layers: 3 snapshots of 14 positions
         torch.Size([3, 14, 128])
         >>> residual_snapshots(model, ["a b c", "a"], row=1).shape   # BOS and "a"
         torch.Size([3, 2, 128])
+        >>> _, cache = model.run_with_cache(tokens)
+        >>> torch.allclose(residual_snapshots(model, tokens, cache=cache), residual_snapshots(model, tokens), atol=1e-5)
+        True
     """
     tokens_1P = _prompt_alone(model, tokens, row, attention_mask, padding_side)
-    L = model.cfg.n_layers
-    names = [f"blocks.{l}.hook_resid_pre" for l in range(L)] + [f"blocks.{L - 1}.hook_resid_post"]
-    _, cache = model.run_with_cache(tokens_1P, stop_at_layer=L, names_filter=lambda n: n in names)
-    return torch.cat([cache[name] for name in names])
+    names = snapshot_hook_names(model)
+    acts = _activations(model, tokens_1P, None, names, cache)
+    return torch.cat([acts[name] for name in names])
 
 
 @torch.no_grad()
@@ -97,7 +145,7 @@ def logit_lens_logits(model, tokens: TextOrTokens, row: int = 0, *, attention_ma
 
 @torch.no_grad()
 def logit_lens(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, attention_mask: Optional[Tensor] = None,
-               padding_side: str = "right", tuned_lens=None, screen: bool = False) -> pd.DataFrame:
+               padding_side: str = "right", tuned_lens=None, screen: bool = False, cache=None) -> pd.DataFrame:
     """Top-k tokens of each layer's residual stream at each position of prompt ``row``.
 
     Returns DataFrame[layer, position, rank, token, token_id, prob]; layer l < n_layers is the
@@ -108,7 +156,7 @@ def logit_lens(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, att
     (``Decoder.top_logits_from_resid``; exact elsewhere): about 4x less unembedding time on such a CPU, the top
     tokens' logits exact, and their probabilities off by the screen's error on the rest of the vocabulary (at most
     0.002 over SmolLM2's 31 snapshots of five 64-token prompts); ``df.attrs["screen"]`` names the screen's dtype
-    (None: exact).
+    (None: exact). ``cache``: as ``residual_snapshots`` takes it.
 
     Example:
         >>> df = logit_lens(model, model.to_tokens("The cat sat"), top_k=5)   # 6 tokens, 3 snapshots
@@ -120,7 +168,8 @@ def logit_lens(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, att
     """
     if top_k < 1:
         raise InputError(f"top_k must be at least 1, got {top_k}")
-    resid_TPD = residual_snapshots(model, tokens, row, attention_mask=attention_mask, padding_side=padding_side)
+    resid_TPD = residual_snapshots(model, tokens, row, attention_mask=attention_mask, padding_side=padding_side,
+                                   cache=cache)
     T, P, D = resid_TPD.shape
     if tuned_lens is not None:  # each snapshot through its layer's translator, then the model's own readout
         resid_TPD = torch.stack([tuned_lens.transform_hidden(resid_TPD[t], t) for t in range(T)])
@@ -220,7 +269,8 @@ def _attention_share(model, layer: int, scale_B1: Optional[Tensor], share):
 @torch.no_grad()
 def direct_logit_attribution(model, tokens: TextOrTokens, target_token: TokenIds, baseline_token: Optional[TokenIds] = None,
                              position: PositionSelector = "last", *, per_prompt: bool = False,
-                             attention_mask: Optional[Tensor] = None, padding_side: str = "right") -> pd.DataFrame:
+                             attention_mask: Optional[Tensor] = None, padding_side: str = "right",
+                             cache=None) -> pd.DataFrame:
     """Each component's direct contribution to logit[target] (minus logit[baseline]) at ``position``.
 
     Returns DataFrame[component, layer, head, attribution] with component in {"embed",
@@ -236,13 +286,19 @@ def direct_logit_attribution(model, tokens: TextOrTokens, target_token: TokenIds
     position per prompt; a padded batch takes ``attention_mask`` (a list of texts builds it). The
     attribution is the mean over prompts, so the rows sum to the mean logit difference
     (``attrs["logit_diff"]``; each prompt's in ``attrs["logit_diff_per_prompt"]``);
-    ``per_prompt=True`` gives one row per component and prompt (a ``prompt`` column).
+    ``per_prompt=True`` gives one row per component and prompt (a ``prompt`` column). ``cache``: the activations of
+    a run on these tokens (``attribution_hook_names`` at least; ``model.run_with_cache(tokens)``'s serve), read
+    instead of running the model, so a logit lens and attributions of one prompt share one forward.
 
     Example:
         >>> dla = direct_logit_attribution(model, tokens, model.to_single_token(" s"), model.to_single_token(" m"))
         >>> dla.component.unique().tolist()   # toy-attn-2l: LayerNorm, no attention biases, no MLPs
         ['embed', 'head', 'ln_final_bias']
         >>> bool(abs(dla.attribution.sum() - dla.attrs["logit_diff"]) < 1e-4)   # the shares sum to the logit difference
+        True
+        >>> _, cache = model.run_with_cache(tokens)   # one run read by several attributions
+        >>> shared = direct_logit_attribution(model, tokens, " s", cache=cache).attribution
+        >>> bool((shared - direct_logit_attribution(model, tokens, " s").attribution).abs().max() < 1e-4)
         True
     """
     cfg = model.cfg
@@ -268,15 +324,12 @@ def direct_logit_attribution(model, tokens: TextOrTokens, target_token: TokenIds
                          f"(position='last' is each prompt's last real token)")
     L = cfg.n_layers
     final = f"blocks.{L - 1}.hook_resid_post"
-    names = {"hook_embed", final} | ({"hook_pos_embed"} & set(model.hook_dict))
-    names |= {f"blocks.{l}.attn.hook_z" for l in range(L)} | {f"blocks.{l}.hook_mlp_out" for l in range(L)}
+    names = attribution_hook_names(model)
     # Sandwich / sublayer_output blocks norm attention's output before it joins the stream (hook_mlp_out is
     # already normed): its divisor, frozen, makes each head's share of the normed output linear.
     attn_scales = [model.output_norm_scale_hook(l, "attn") for l in range(L)]
-    names |= {name for name in attn_scales if name is not None}
-    _, cache = model.run_with_cache(batch.tokens, attention_mask=batch.mask, stop_at_layer=L,
-                                    names_filter=lambda n: n in names)
-    at = lambda name: cache[name][rows_B, positions_B]  # noqa: E731  each row at its own position: [B, ...]
+    acts = _activations(model, batch.tokens, batch.mask, names, cache)
+    at = lambda name: acts[name][rows_B, positions_B]  # noqa: E731  each row at its own position: [B, ...]
     # Only the read positions go through the final norm and unembedding; the norm's scale is kept there.
     kept: dict[str, Tensor] = {}
     with model.hooks(fwd_hooks=[("ln_final.hook_scale", lambda scale, hook: kept.update(scale=scale))]):

@@ -95,6 +95,27 @@ def test_dla_of_a_head_is_its_output_read_through_the_frozen_norm(tokens):
     assert row.attribution.item() == pytest.approx(expected.item(), abs=1e-5)
 
 
+@pytest.mark.parametrize("variant", ["mha_learned_ln", "gqa_rotary_rms_swiglu"])
+def test_one_run_serves_the_logit_lens_and_every_attribution(variant, tokens):
+    # TransformerLens's way: run_with_cache once, then analyses read the cache. The values are those of each
+    # function's own run, and a cache that lacks a hook or is of other tokens is refused.
+    model = make_model(variant)
+    _, cache = model.run_with_cache(tokens)
+    for target in (3, 7):
+        shared = direct_logit_attribution(model, tokens, target, 5, cache=cache)
+        alone = direct_logit_attribution(model, tokens, target, 5)
+        torch.testing.assert_close(torch.tensor(shared.attribution.values), torch.tensor(alone.attribution.values),
+                                   rtol=0, atol=1e-5)
+    lens_shared, lens_alone = logit_lens(model, tokens, 3, cache=cache), logit_lens(model, tokens, 3)
+    assert lens_shared.token_id.tolist() == lens_alone.token_id.tolist()
+    assert (lens_shared.prob - lens_alone.prob).abs().max() < 1e-5
+    partial = {name: cache[name] for name in cache.keys() if "hook_z" not in name}
+    with pytest.raises(InputError, match="the cache lacks .*hook_z"):
+        direct_logit_attribution(model, tokens, 3, cache=partial)
+    with pytest.raises(InputError, match=r"the cache's .* is \(1, 9\) \[batch, pos\], but these tokens are \(1, 4\)"):
+        logit_lens(model, tokens[:, :4], 3, cache=cache)
+
+
 def test_dla_rejects_post_norm_models_and_bad_tokens(tokens):
     with pytest.raises(wb.InputError, match=r"post-norm, ln\(x \+ f\(x\)\)"):
         direct_logit_attribution(make_model("sinusoidal_postnorm"), tokens, 5)
