@@ -33,6 +33,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from workbench.components.embedding import logsumexp
 from workbench.components.moe import MixtureOfExperts
 from workbench.config import ModelConfig
 from workbench.errors import InputError
@@ -157,7 +158,7 @@ class ReadoutMethods(_Host):
                 blocks.append(self.unembed.screened_top_k(normed_nD, k, screen_dtype))
                 continue
             logits_nV = self.unembed(normed_nD).float()
-            blocks.append((*logits_nV.topk(min(k, logits_nV.shape[-1]), dim=-1), logits_nV.logsumexp(-1)))
+            blocks.append((*logits_nV.topk(min(k, logits_nV.shape[-1]), dim=-1), logsumexp(logits_nV)))
         values_Nk, ids_Nk, lse_N = (torch.cat(parts) for parts in zip(*blocks))
         return values_Nk, ids_Nk, lse_N
 
