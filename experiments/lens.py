@@ -32,7 +32,7 @@ The command line is ``experiments.cli.lens``, the figures ``experiments.plots.le
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -113,7 +113,8 @@ def logit_lens_logits(model, tokens: TextOrTokens, row: int = 0, *, attention_ma
 
 @torch.no_grad()
 def logit_lens(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, attention_mask: Optional[Tensor] = None,
-               padding_side: str = "right", tuned_lens=None, screen: bool = False, cache=None) -> pd.DataFrame:
+               padding_side: str = "right", tuned_lens=None, screen: bool = False, cache=None,
+               positions: Optional[Sequence[int]] = None) -> pd.DataFrame:
     """Top-k tokens of each layer's residual stream at each position of prompt ``row``.
 
     Returns DataFrame[layer, position, rank, token, token_id, prob]; layer l < n_layers is the
@@ -124,7 +125,9 @@ def logit_lens(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, att
     (``Decoder.top_logits_from_resid``; exact elsewhere): about 4x less unembedding time on such a CPU, the top
     tokens' logits exact, and their probabilities off by the screen's error on the rest of the vocabulary (at most
     0.002 over SmolLM2's 31 snapshots of five 64-token prompts); ``df.attrs["screen"]`` names the screen's dtype
-    (None: exact). ``cache``: as ``residual_snapshots`` takes it.
+    (None: exact). ``cache``: as ``residual_snapshots`` takes it. ``positions``: read only these positions of the
+    prompt (each snapshot's readout is per position: the rows are those of the whole table); ``df.attrs["prompt_positions"]``
+    is the prompt's length either way.
 
     Example:
         >>> df = logit_lens(model, model.to_tokens("The cat sat"), top_k=5)   # 6 tokens, 3 snapshots
@@ -133,11 +136,16 @@ def logit_lens(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, att
         >>> last = df[(df["rank"] == 1) & (df.position == df.position.max())]   # each snapshot's top token at the end
         >>> last.layer.tolist(), int(last.token_id.iloc[-1]) == int(model(model.to_tokens("The cat sat"))[0, -1].argmax())
         ([0, 1, 2], True)
+        >>> logit_lens(model, model.to_tokens("The cat sat"), positions=[4, 5]).position.unique().tolist()
+        [4, 5]
     """
     if top_k < 1:
         raise InputError(f"top_k must be at least 1, got {top_k}")
     resid_TPD = residual_snapshots(model, tokens, row, attention_mask=attention_mask, padding_side=padding_side,
                                    cache=cache)
+    prompt_positions = resid_TPD.shape[1]
+    read_P = np.arange(prompt_positions) if positions is None else _checked_positions(positions, prompt_positions)
+    resid_TPD = resid_TPD[:, torch.as_tensor(read_P)]
     T, P, D = resid_TPD.shape
     if tuned_lens is not None:  # each snapshot through its layer's translator, then the model's own readout
         resid_TPD = torch.stack([tuned_lens.transform_hidden(resid_TPD[t], t) for t in range(T)])
@@ -149,12 +157,24 @@ def logit_lens(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, att
     unique, inverse = flat_ids.unique(return_inverse=True)
     text = np.array(str_tokens(model, unique), dtype=object)[inverse.numpy()]
     table = pd.DataFrame({
-        "layer": np.repeat(np.arange(T), P * k), "position": np.tile(np.repeat(np.arange(P), k), T),
+        "layer": np.repeat(np.arange(T), P * k), "position": np.tile(np.repeat(read_P, k), T),
         "rank": np.tile(np.arange(1, k + 1), T * P), "token": text, "token_id": flat_ids.numpy(),
         "prob": probs_Nk.reshape(-1).numpy(),
     })
     table.attrs["screen"] = None if screen_dtype is None else str(screen_dtype).removeprefix("torch.")
+    table.attrs["prompt_positions"] = prompt_positions
     return table
+
+
+def _checked_positions(positions: Sequence[int], n: int) -> np.ndarray:
+    """``positions`` as sorted distinct ints in [0, n), or an ``InputError`` naming what does not fit."""
+    try:
+        read = sorted({int(p) for p in positions})
+    except (TypeError, ValueError):
+        raise InputError(f"positions must be ints, got {positions!r}") from None
+    if not read or read[0] < 0 or read[-1] >= n:
+        raise InputError(f"positions must be some of the prompt's positions 0..{n - 1}, got {list(positions)!r}")
+    return np.array(read)
 
 
 @torch.no_grad()

@@ -8,6 +8,7 @@ layers through it instead, and "KL by layer" compares both lenses on the prompt.
 from __future__ import annotations
 
 import html
+from typing import Optional
 
 import pandas as pd
 import streamlit as st
@@ -15,12 +16,13 @@ import streamlit as st
 from app import downloads, results
 from app.safe_text import quoted
 from app.state import LoadedModel
-from app.url_state import linked
+from app.url_state import follow, linked
 from app.widgets import Prompt, page_setup, prompt_box, require_model, run_page
 from experiments.plots.lenses import lens_kl_figure
 from experiments.plots import lens as lens_plots
 
 LENS_KINDS = {"logit": "Logit lens", "tuned": "Tuned lens (shipped)"}
+WINDOW = 16  # positions the grid shows by default
 SCREEN_NOTE = (" The vocabulary is screened in bfloat16 and each cell's best tokens scored again in float32: the tokens "
                "are float32's, their probabilities within about 0.002 (see `experiments.lens.logit_lens`'s `screen`).")
 
@@ -41,6 +43,10 @@ def _attribution(loaded: LoadedModel, prompt: Prompt, table: pd.DataFrame) -> No
     position = linked(st.selectbox, "Position (predicting the token after it)", options=range(n), index=n - 1,
                       format_func=lambda p: f"{p}: {prompt.str_tokens[p]!r}", key="lens_position")
     final = table[(table["layer"] == table["layer"].max()) & (table["position"] == position)].sort_values("rank")
+    if final.empty:  # a position outside the grid's window: its own readout (the run is cached)
+        top_k = int(table["rank"].max())
+        final = results.logit_lens(loaded, prompt.ids, top_k, (position, position))
+        final = final[final["layer"] == final["layer"].max()].sort_values("rank")
     top_tokens = final["token"].tolist()
     left, right = st.columns(2)
     with left:
@@ -63,6 +69,19 @@ def _attribution(loaded: LoadedModel, prompt: Prompt, table: pd.DataFrame) -> No
                     key="dla_table", height=250)
 
 
+def _positions_window(prompt: Prompt) -> Optional[tuple[int, int]]:
+    """The first and last position the grid reads: by default the last ``WINDOW`` (the prediction being built at
+    the end, the grid one screen wide; each column costs a readout of every layer through the whole vocabulary);
+    a new prompt brings the default back."""
+    n = len(prompt.ids)
+    if n <= WINDOW:
+        return None
+    follow("lens_window", prompt.ids, "lens_positions")
+    first, last = linked(st.slider, "Positions shown", min_value=0, max_value=n - 1, value=(n - WINDOW, n - 1),
+                         key="lens_positions")
+    return first, last
+
+
 def main() -> None:
     st.title("Logit lens")
     loaded = require_model()
@@ -71,18 +90,21 @@ def main() -> None:
         return
     top_k = linked(st.slider, "Top tokens kept per layer and position", min_value=1, max_value=10, value=5,
                    key="lens_top_k")
+    window = _positions_window(prompt)
     # The tuned lens shipped for the open model (by its config name or the registered name it was opened by).
     tuned_path = next(iter(results.artifact_choices(loaded, "lens").values()), None)
     kinds = ["logit", "tuned"] if tuned_path is not None else ["logit"]
     kind = linked(st.radio, "Lens", options=kinds, index=0, format_func=LENS_KINDS.get, horizontal=True,
                   key="lens_kind")
     if kind == "tuned" and tuned_path is not None:
-        table = results.tuned_lens_table(loaded, prompt.ids, top_k, results.load_artifact(loaded, "lens", tuned_path))
+        table = results.tuned_lens_table(loaded, prompt.ids, top_k, results.load_artifact(loaded, "lens", tuned_path),
+                                         window)
         st.caption("Rows: the residual stream entering each layer, moved by that layer's tuned-lens translator, "
                    "then read through the final norm and unembedding (card: "
-                   f"{tuned_path.relative_to(tuned_path.parents[2])}/CARD.md).")
+                   f"{tuned_path.relative_to(tuned_path.parents[2])}/CARD.md)."
+                   + SCREEN_NOTE * bool(table.attrs.get("screen")))
     else:
-        table = results.logit_lens(loaded, prompt.ids, top_k)
+        table = results.logit_lens(loaded, prompt.ids, top_k, window)
         st.caption("Rows: the residual stream entering each layer, read through the final norm and unembedding; "
                    "the last row is the model's own prediction. Cells show the top token, coloured by its probability."
                    + SCREEN_NOTE * bool(table.attrs.get("screen")))

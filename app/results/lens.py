@@ -33,18 +33,23 @@ def _run_of(loaded: LoadedModel, ids: tuple[int, ...]) -> dict[str, torch.Tensor
 
 
 @st.cache_data(show_spinner="Reading every layer through the unembedding …", max_entries=16, hash_funcs=BY_MODEL_KEY)
-def logit_lens(loaded: LoadedModel, ids: tuple[int, ...], top_k: int) -> pd.DataFrame:
-    """The top ``top_k`` tokens each layer's residual stream predicts at each position.
+def logit_lens(loaded: LoadedModel, ids: tuple[int, ...], top_k: int,
+               positions: Optional[tuple[int, int]] = None) -> pd.DataFrame:
+    """The top ``top_k`` tokens each layer's residual stream predicts at each position (``positions``: the first and
+    last position read; default every one).
 
     Example:
         >>> loaded = LoadedModel(model, "toy-attn-2l|sdpa")
         >>> table = logit_lens(loaded, tuple(tokens[0].tolist()), top_k=3)
         >>> sorted(table["rank"].unique().tolist())
         [1, 2, 3]
+        >>> logit_lens(loaded, tuple(tokens[0].tolist()), 3, positions=(2, 4)).position.unique().tolist()
+        [2, 3, 4]
     """
     run = _run_of(loaded, ids)  # before the lock: the run takes it itself
     with loaded.lock:
-        return lens.logit_lens(loaded.model, torch.tensor([ids]), top_k=top_k, screen=True, cache=run)
+        return lens.logit_lens(loaded.model, torch.tensor([ids]), top_k=top_k, screen=True, cache=run,
+                               positions=_span(positions))
 
 
 @st.cache_data(show_spinner="Attributing the logit …", max_entries=32, hash_funcs=BY_MODEL_KEY)
@@ -65,7 +70,8 @@ def direct_logit_attribution(loaded: LoadedModel, ids: tuple[int, ...], target: 
 
 @st.cache_data(show_spinner="Reading every layer through the tuned lens …", max_entries=16,
                hash_funcs={**BY_MODEL_KEY, **BY_ARTIFACT_KEY})
-def tuned_lens_table(loaded: LoadedModel, ids: tuple[int, ...], top_k: int, held: LoadedArtifact) -> pd.DataFrame:
+def tuned_lens_table(loaded: LoadedModel, ids: tuple[int, ...], top_k: int, held: LoadedArtifact,
+                     positions: Optional[tuple[int, int]] = None) -> pd.DataFrame:
     """``logit_lens``'s table with each layer's residual stream moved by the tuned lens ``held`` first.
 
     Example:
@@ -79,7 +85,11 @@ def tuned_lens_table(loaded: LoadedModel, ids: tuple[int, ...], top_k: int, held
     run = _run_of(loaded, ids)  # before the lock: the run takes it itself
     with loaded.lock:
         return lens.logit_lens(loaded.model, torch.tensor([ids]), top_k=top_k, screen=True, cache=run,
-                               tuned_lens=held.artifact.attach(loaded.model))
+                               positions=_span(positions), tuned_lens=held.artifact.attach(loaded.model))
+
+
+def _span(positions: Optional[tuple[int, int]]) -> Optional[range]:
+    return None if positions is None else range(positions[0], positions[1] + 1)
 
 
 @st.cache_data(show_spinner="KL to the model's output, layer by layer …", max_entries=16,

@@ -37,7 +37,7 @@ def _row_labels(str_toks: Sequence, row: int, attention_mask: Optional[Tensor]) 
 
 def logit_lens_figure(df: pd.DataFrame, str_toks: Optional[Sequence] = None, row: int = 0,
                       attention_mask: Optional[Tensor] = None) -> go.Figure:
-    """Layer x position grid of each snapshot's top-1 token, coloured by its probability.
+    """Layer x position grid of each snapshot's top-1 token, coloured by its probability (the positions ``df`` read).
 
     ``str_toks``: the prompt's token labels, or one list per prompt of a padded batch (``row``
     picks one); with ``attention_mask`` ([P] or [B, P]) the row's pad labels are dropped, as
@@ -52,6 +52,8 @@ def logit_lens_figure(df: pd.DataFrame, str_toks: Optional[Sequence] = None, row
         >>> fig = logit_lens_figure(logit_lens(model, toks, row=1, attention_mask=mask), model.to_str_tokens(toks), 1, mask)
         >>> fig.data[0].x
         ("0: '&lt;|endoftext|&gt;'", "1: 'The'", "2: ' c'", "3: 'at'")
+        >>> logit_lens_figure(logit_lens(model, tokens, positions=[12, 13]), model.to_str_tokens(tokens)).data[0].x
+        ("12: ' c'", "13: 'at'")
     """
     top = df[df["rank"] == 1]
     prob = top.pivot(index="layer", columns="position", values="prob")
@@ -60,10 +62,11 @@ def logit_lens_figure(df: pd.DataFrame, str_toks: Optional[Sequence] = None, row
     y_labels = [f"resid_pre {l}" if l < n_layers else "final" for l in prob.index]
     if str_toks is not None:
         labels = _row_labels(str_toks, row, attention_mask)
-        if len(labels) != prob.shape[1]:
-            raise InputError(f"str_toks has {len(labels)} tokens but the logit lens {prob.shape[1]} positions; pass the "
+        n_prompt = df.attrs.get("prompt_positions", prob.shape[1])  # a table of some positions names the prompt's length
+        if len(labels) != n_prompt:
+            raise InputError(f"str_toks has {len(labels)} tokens but the logit lens {n_prompt} positions; pass the "
                              f"row's tokens (and attention_mask to drop its pads)")
-        x_labels = axis_labels(labels)
+        x_labels = [axis_labels(labels)[p] for p in prob.columns]
     else:
         x_labels = [str(p) for p in prob.columns]
     text = [[chart_text(str(t)[:10]) for t in row_tokens] for row_tokens in token.values]

@@ -246,6 +246,24 @@ def test_logit_lens_and_attribution_follow_the_target(dense):
     assert any("tokens for this tokenizer" in e.value for e in at.error)
 
 
+def test_logit_lens_grid_reads_the_last_positions_and_follows_a_new_prompt(dense):
+    prompt = "The cat sat on the mat. The dog sat on the log. The bird sat on the tree and sang all day"
+    n = wb.load_model(dense, progress=False).to_tokens(prompt).shape[1]
+    assert n > 16
+    at = run_page("lens", dense, prompt)
+    shown = lambda: [label.split(":")[0] for label in chart(at, "logit_lens")["data"][0]["x"]]  # noqa: E731
+    assert shown() == [str(p) for p in range(n - 16, n)]  # the default window: the last 16 positions
+    at.slider(key="lens_positions").set_value((0, 3)).run()
+    assert shown() == ["0", "1", "2", "3"] and at.query_params["lens_positions"] == "[0, 3]"
+    # The attribution reads the last position, outside the window now: its top predictions still come.
+    assert_clean(at)
+    assert "Top predictions here" in " ".join(c.value for c in at.caption)
+    longer = prompt + " long"
+    n_longer = wb.load_model(dense, progress=False).to_tokens(longer).shape[1]
+    at.text_area(key="prompt").set_value(longer).run()
+    assert shown() == [str(p) for p in range(n_longer - 16, n_longer)]  # a new prompt brings the default back
+
+
 def test_router_page_on_dense_and_moe_models(dense, moe):
     at = run_page("router", dense)
     assert any("no mixture of experts" in i.value for i in at.info)
