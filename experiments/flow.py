@@ -68,7 +68,10 @@ class FlowContributions:
     ``attn_LPSH[l, i, j, h]``: source j through head h in the attention sum at (l, i) (0 for j > i);
     ``attn_resid_LP``, ``attn_bias_LP``: the residual and b_O in that sum (bias 0 without one);
     ``mlp_LP``: the MLP in its sum (the MLP sum, or the one sum of a parallel block), None without MLPs;
-    ``mlp_resid_LP``: the residual in the MLP sum (None for parallel blocks and attention-only models).
+    ``mlp_resid_LP``: the residual in the MLP sum (None for parallel blocks and attention-only models);
+    ``patterns_LHPS``: every head's attention pattern in the forward pass the importances come from (what
+    ``experiments.attention.attention_patterns`` returns for the prompt: the Information flow page draws the
+    heads of an edge from it, without a second forward; None in a table built by hand).
 
     Example:
         >>> c = flow_contributions(model, model.to_tokens("The cat sat"))   # 6 tokens, toy-attn-2l: attention only
@@ -84,6 +87,7 @@ class FlowContributions:
     mlp_resid_LP: Optional[Float[Tensor, "n_layers pos"]]
     parallel: bool
     str_tokens: list[str]
+    patterns_LHPS: Optional[Float[Tensor, "n_layers n_heads pos key_pos"]] = None
 
     @property
     def n_layers(self) -> int:
@@ -156,7 +160,8 @@ def flow_contributions(model, tokens: TextOrTokens, *, progress: ProgressArg = F
 
     One forward pass with a names filter (``run_flow_cache``); then each layer's attention output is
     decomposed by source and head (``attention_by_source``, computed in chunks of targets) and scored
-    by ``importance``. ``progress``: True (a bar), False or a ``(done, total)`` callable, per layer.
+    by ``importance``. The pass's attention patterns come with them (``patterns_LHPS``).
+    ``progress``: True (a bar), False or a ``(done, total)`` callable, per layer.
 
     Example:
         >>> c = flow_contributions(model, model.to_tokens("The cat sat on the"))   # 8 tokens
@@ -171,8 +176,9 @@ def flow_contributions(model, tokens: TextOrTokens, *, progress: ProgressArg = F
             layers.append(_layer_importance(model, cache, l))
             bar.advance()
     stack = lambda key: None if layers[0][key] is None else torch.stack([x[key] for x in layers]).cpu()  # noqa: E731
+    patterns_LHPS = torch.stack([cache[f"blocks.{l}.attn.hook_pattern"][0].float() for l in range(model.cfg.n_layers)])
     return FlowContributions(stack("attn"), stack("attn_resid"), stack("attn_bias"), stack("mlp"), stack("mlp_resid"),
-                             model.cfg.parallel_attn_mlp, str_tokens(model, tokens_BP[0]))
+                             model.cfg.parallel_attn_mlp, str_tokens(model, tokens_BP[0]), patterns_LHPS.cpu())
 
 
 # ---- the graph ----------------------------------------------------------------------------------------

@@ -259,6 +259,24 @@ def test_edge_heads_and_figure_point_at_graph_items():
     assert list(fig.layout.yaxis.ticktext) == ["embed", "L0", "L1"]
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_patterns_come_from_the_same_forward_and_equal_attention_patterns(name):
+    from experiments.attention import attention_patterns
+
+    model = model_of(name)
+    forwards = []
+    model.hook_dict["hook_embed"].add_hook(lambda a, hook: forwards.append(1), level=None, is_permanent=True)
+    try:
+        c = flow.flow_contributions(model, TOKENS)
+    finally:
+        model.reset_hooks(including_permanent=True)
+    assert len(forwards) == 1   # the importances and the patterns: one forward pass
+    with torch.no_grad():
+        expected_LHPS = attention_patterns(model, TOKENS)   # its own forward, hooked the same way
+    assert c.patterns_LHPS.shape == (model.cfg.n_layers, model.cfg.n_heads, TOKENS.shape[1], TOKENS.shape[1])
+    torch.testing.assert_close(c.patterns_LHPS, expected_LHPS, rtol=0, atol=1e-7)
+
+
 @torch.no_grad()
 def test_vocab_projection_is_the_block_output_through_the_frozen_final_norm():
     model = model_of("gqa")  # RMS final norm: out / scale * w, then W_U
