@@ -51,6 +51,7 @@ from experiments._flow_parts import (_attention_parts, _one_prompt, _require_flo
                                      attention_by_source, run_flow_cache)  # noqa: F401  (re-exported)
 from experiments._progress import Progress, ProgressArg
 from experiments._tokens import str_tokens
+from experiments.flow_tables import FlowTables
 from workbench.tokens_api import TextOrTokens
 from experiments.lens import promoted_and_suppressed
 from workbench.errors import InputError
@@ -68,7 +69,14 @@ class FlowContributions:
     ``attn_LPSH[l, i, j, h]``: source j through head h in the attention sum at (l, i) (0 for j > i);
     ``attn_resid_LP``, ``attn_bias_LP``: the residual and b_O in that sum (bias 0 without one);
     ``mlp_LP``: the MLP in its sum (the MLP sum, or the one sum of a parallel block), None without MLPs;
-    ``mlp_resid_LP``: the residual in the MLP sum (None for parallel blocks and attention-only models).
+    ``mlp_resid_LP``: the residual in the MLP sum (None for parallel blocks and attention-only models);
+    ``patterns_LHPS``: every head's attention pattern in the forward pass the importances come from (what
+    ``experiments.attention.attention_patterns`` returns for the prompt: the Information flow page draws the
+    heads of an edge from it, without a second forward; None in a table built by hand).
+
+    The tables live in ``tables`` (``experiments.flow_tables.FlowTables``): an attention sum's row is split into
+    its parts when first read, so a graph from one token splits only the sums it reaches (``flow_graph``,
+    ``edge_heads``); reading ``attn_LPSH`` (or the other attention-sum tables) fills every row.
 
     Example:
         >>> c = flow_contributions(model, model.to_tokens("The cat sat"))   # 6 tokens, toy-attn-2l: attention only
@@ -77,21 +85,38 @@ class FlowContributions:
         (True, True)
     """
 
-    attn_LPSH: Float[Tensor, "n_layers pos key_pos n_heads"]
-    attn_resid_LP: Float[Tensor, "n_layers pos"]
-    attn_bias_LP: Float[Tensor, "n_layers pos"]
-    mlp_LP: Optional[Float[Tensor, "n_layers pos"]]
-    mlp_resid_LP: Optional[Float[Tensor, "n_layers pos"]]
+    tables: FlowTables
     parallel: bool
     str_tokens: list[str]
+    patterns_LHPS: Optional[Float[Tensor, "n_layers n_heads pos key_pos"]] = None
+
+    @property
+    def attn_LPSH(self) -> Float[Tensor, "n_layers pos key_pos n_heads"]:
+        return self.tables.complete().attn_LPSH
+
+    @property
+    def attn_resid_LP(self) -> Float[Tensor, "n_layers pos"]:
+        return self.tables.complete().attn_resid_LP
+
+    @property
+    def attn_bias_LP(self) -> Float[Tensor, "n_layers pos"]:
+        return self.tables.complete().attn_bias_LP
+
+    @property
+    def mlp_LP(self) -> Optional[Float[Tensor, "n_layers pos"]]:
+        return (self.tables.complete() if self.parallel else self.tables).mlp_LP
+
+    @property
+    def mlp_resid_LP(self) -> Optional[Float[Tensor, "n_layers pos"]]:
+        return self.tables.mlp_resid_LP
 
     @property
     def n_layers(self) -> int:
-        return self.attn_LPSH.shape[0]
+        return self.tables.attn_LPSH.shape[0]
 
     @property
     def n_positions(self) -> int:
-        return self.attn_LPSH.shape[1]
+        return self.tables.attn_LPSH.shape[1]
 
 
 def _proximity(parts: Tensor, whole: Tensor) -> Tensor:
@@ -113,66 +138,101 @@ def importance(parts: Float[Tensor, "parts *cases d_model"], whole: Float[Tensor
     return proximity / proximity.sum(0, keepdim=True)
 
 
-def _attention_proximity(pattern_PSH: Tensor, vo_SHD: Tensor, whole_PD: Tensor) -> Tensor:
-    """Raw proximity of every c_ijh to whole[i], target chunk by target chunk, 0 for j > i: [P, S, H]."""
-    (P, S, H), device = pattern_PSH.shape, pattern_PSH.device
-    out_PSH = torch.zeros(P, S, H, device=device)
+def _attention_proximity(pattern_tSH: Tensor, vo_SHD: Tensor, whole_tD: Tensor, targets: list[int],
+                         offset: int) -> Tensor:
+    """Raw proximity of every c_ijh to whole[i] for the target positions ``targets`` (ascending; row t of the
+    pattern and of ``whole`` is target ``targets[t]``), a chunk of targets at a time, 0 for a source j past its
+    target (key position j > i + ``offset``, the keys before the prompt): [t, S, H]."""
+    (T, S, H), device = pattern_tSH.shape, pattern_tSH.device
+    out_tSH = torch.zeros(T, S, H, device=device)
     per_target = max(1, CHUNK_ELEMENTS // (S * H * vo_SHD.shape[-1]))
-    for start in range(0, P, per_target):
-        stop = min(P, start + per_target)
-        keys = stop + S - P  # causal: later targets see no key past their own position
-        whole_pD = whole_PD[start:stop]
+    positions_t = torch.tensor(targets, device=device)
+    for start in range(0, T, per_target):
+        stop = min(T, start + per_target)
+        keys = targets[stop - 1] + 1 + offset  # causal: these targets see no key past the last one's position
+        whole_pD = whole_tD[start:stop]
         # |c - whole| in place: the chunk is the only big tensor, and three passes over it are the cost
-        dist_pSHD = torch.mul(pattern_PSH[start:stop, :keys, :, None], vo_SHD[None, :keys])
+        dist_pSHD = torch.mul(pattern_tSH[start:stop, :keys, :, None], vo_SHD[None, :keys])
         dist_pSHD.sub_(whole_pD[:, None, None]).abs_()
         prox = (whole_pD.abs().sum(-1)[:, None, None] - dist_pSHD.sum(-1)).clamp(min=EPS)  # _proximity, chunked
-        causal_pS = torch.arange(keys, device=device)[None, :] <= torch.arange(start, stop, device=device)[:, None] + S - P
-        out_PSH[start:stop, :keys] = prox * causal_pS[..., None]
-    return out_PSH
+        causal_pS = torch.arange(keys, device=device)[None, :] <= positions_t[start:stop, None] + offset
+        out_tSH[start:stop, :keys] = prox * causal_pS[..., None]
+    return out_tSH
 
 
-def _layer_importance(model, cache, layer: int) -> dict[str, Optional[Tensor]]:
-    """The importances of layer ``layer``'s sums (see ``FlowContributions``)."""
-    cfg, at = model.cfg, (lambda name: cache[f"blocks.{layer}.{name}"][0].float())
-    pre_PD, post_PD = at("hook_resid_pre"), at("hook_resid_post")
-    has_mlp, parallel = not cfg.attn_only, cfg.parallel_attn_mlp
-    whole_PD = post_PD if (parallel or not has_mlp) else at("hook_resid_mid")
+def _whole_after_attention(model, cache, layer: int) -> Tensor:
+    """The residual state attention's sum writes at ``layer``: resid_mid, or resid_post when it is the block's only
+    sum (attention only, parallel blocks) [P, D]."""
+    cfg = model.cfg
+    name = "hook_resid_post" if (cfg.parallel_attn_mlp or cfg.attn_only) else "hook_resid_mid"
+    return cache[f"blocks.{layer}.{name}"][0].float()
+
+
+def _attention_rows(model, cache, layer: int, targets: list[int]
+                    ) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """The importances in the attention sums of ``layer`` at the ``targets`` positions (ascending): (sources by head
+    [t, S, H], residual [t], bias [t], a parallel block's MLP [t] or None), each row's parts adding up to 1."""
+    at = lambda name: cache[f"blocks.{layer}.{name}"][0].float()  # noqa: E731
+    rows = torch.tensor(targets)
+    whole_tD = _whole_after_attention(model, cache, layer)[rows]
     weights_PSH, values_SHD, constant_PD = _attention_parts(model, cache, layer)
-    attn_PSH = _attention_proximity(weights_PSH, values_SHD, whole_PD)
-    resid_P = _proximity(pre_PD, whole_PD)
-    bias_P = _proximity(constant_PD, whole_PD) if constant_PD is not None else torch.zeros_like(resid_P)
-    mlp_P = _proximity(at("hook_mlp_out"), whole_PD) if parallel else torch.zeros_like(resid_P)
-    total_P = attn_PSH.sum((1, 2)) + resid_P + bias_P + mlp_P
-    out = dict(attn=attn_PSH / total_P[:, None, None], attn_resid=resid_P / total_P, attn_bias=bias_P / total_P,
-               mlp=mlp_P / total_P if parallel else None, mlp_resid=None)
-    if has_mlp and not parallel:
-        out["mlp"], out["mlp_resid"] = importance(torch.stack([at("hook_mlp_out"), whole_PD]), post_PD)
-    return out
+    attn_tSH = _attention_proximity(weights_PSH[rows], values_SHD, whole_tD, targets,
+                                    offset=weights_PSH.shape[1] - weights_PSH.shape[0])
+    resid_t = _proximity(at("hook_resid_pre")[rows], whole_tD)
+    bias_t = _proximity(constant_PD[rows], whole_tD) if constant_PD is not None else torch.zeros_like(resid_t)
+    parallel = model.cfg.parallel_attn_mlp
+    mlp_t = _proximity(at("hook_mlp_out")[rows], whole_tD) if parallel else torch.zeros_like(resid_t)
+    total_t = attn_tSH.sum((1, 2)) + resid_t + bias_t + mlp_t
+    return (attn_tSH / total_t[:, None, None], resid_t / total_t, bias_t / total_t,
+            mlp_t / total_t if parallel else None)
+
+
+def _mlp_importance(model, cache, layer: int) -> tuple[Tensor, Tensor]:
+    """A sequential block's MLP sum at every position: (the MLP's importance [P], the residual's [P])."""
+    at = lambda name: cache[f"blocks.{layer}.{name}"][0].float()  # noqa: E731
+    mlp_P, resid_P = importance(torch.stack([at("hook_mlp_out"), at("hook_resid_mid")]), at("hook_resid_post"))
+    return mlp_P, resid_P
 
 
 @torch.no_grad()
 def flow_contributions(model, tokens: TextOrTokens, *, progress: ProgressArg = False) -> FlowContributions:
     """The importance of every attention edge (per head), residual, bias and MLP of one prompt, layer by layer.
 
-    One forward pass with a names filter (``run_flow_cache``); then each layer's attention output is
-    decomposed by source and head (``attention_by_source``, computed in chunks of targets) and scored
-    by ``importance``. ``progress``: True (a bar), False or a ``(done, total)`` callable, per layer.
+    One forward pass with a names filter (``run_flow_cache``), whose attention patterns come with the result
+    (``patterns_LHPS``); each sequential MLP sum is scored at once, and each attention sum's row is decomposed by
+    source and head (``attention_by_source``, in chunks of targets) and scored by ``importance`` when first read
+    (``FlowContributions.tables``). ``progress``: True (a bar), False or a ``(done, total)`` callable, per layer.
 
     Example:
         >>> c = flow_contributions(model, model.to_tokens("The cat sat on the"))   # 8 tokens
         >>> c.attn_LPSH.shape   # [n_layers, pos, key_pos, n_heads]
         torch.Size([2, 8, 8, 4])
     """
+    cfg = model.cfg
     tokens_BP = _one_prompt(model, tokens)
     cache = run_flow_cache(model, tokens_BP)
-    layers = []
-    with Progress(progress, total=model.cfg.n_layers, desc="information flow") as bar:
-        for l in range(model.cfg.n_layers):
-            layers.append(_layer_importance(model, cache, l))
+    sequential_mlp = not cfg.attn_only and not cfg.parallel_attn_mlp
+    mlp, mlp_resid = [], []
+    with Progress(progress, total=cfg.n_layers, desc="information flow") as bar:
+        for l in range(cfg.n_layers):
+            if sequential_mlp:
+                for table, values in zip((mlp, mlp_resid), _mlp_importance(model, cache, l)):
+                    table.append(values)
             bar.advance()
-    stack = lambda key: None if layers[0][key] is None else torch.stack([x[key] for x in layers]).cpu()  # noqa: E731
-    return FlowContributions(stack("attn"), stack("attn_resid"), stack("attn_bias"), stack("mlp"), stack("mlp_resid"),
-                             model.cfg.parallel_attn_mlp, str_tokens(model, tokens_BP[0]))
+    patterns_LHPS = torch.stack([cache[f"blocks.{l}.attn.hook_pattern"][0].float() for l in range(cfg.n_layers)])
+    P = tokens_BP.shape[1]
+    # What the rows read later, kept with the tables; the patterns once, as views of those the page draws.
+    kept = {name: cache[name] for name in cache if not name.endswith("hook_pattern")}
+    kept.update({f"blocks.{l}.attn.hook_pattern": patterns_LHPS[l][None] for l in range(cfg.n_layers)})
+
+    def fill(layer: int, targets: list[int]):
+        with torch.no_grad():  # a row read later, outside this call
+            return _attention_rows(model, kept, layer, targets)
+
+    stack = lambda rows: torch.stack(rows).cpu() if rows else None  # noqa: E731
+    tables = FlowTables((cfg.n_layers, P, patterns_LHPS.shape[-1], cfg.n_heads), cfg.parallel_attn_mlp, fill,
+                        stack(mlp), stack(mlp_resid))
+    return FlowContributions(tables, cfg.parallel_attn_mlp, str_tokens(model, tokens_BP[0]), patterns_LHPS.cpu())
 
 
 # ---- the graph ----------------------------------------------------------------------------------------
@@ -218,7 +278,7 @@ def flow_graph(contributions: FlowContributions, position: int = -1,
         ('L1.post:13', True, ['attention', 'residual'])
     """
     start = _check_graph_args(contributions, position, threshold)
-    c, L = contributions, contributions.n_layers
+    c, t, L = contributions, contributions.tables, contributions.n_layers  # t: rows filled as the walk reads them
     reached, rows = {start}, []  # positions reached at the residual level being walked down
 
     def add(kind, layer, source, target, i, j, value, heads_H=None):
@@ -227,28 +287,31 @@ def flow_graph(contributions: FlowContributions, position: int = -1,
                          heads="" if heads_H is None else _head_text(heads_H)))
 
     for l in range(L - 1, -1, -1):
-        if c.mlp_LP is not None:  # the MLP writes the block output, in its own sum or the parallel one
+        if c.parallel:
+            t.ensure(l, reached)  # the MLP's share is in the one sum: its rows first
+        if t.mlp_LP is not None:  # the MLP writes the block output, in its own sum or the parallel one
             for i in sorted(reached):
-                if c.mlp_LP[l, i] >= threshold:
+                if t.mlp_LP[l, i] >= threshold:
                     mlp = _node("mlp", l, i)
                     source = _input_node(l, i) if c.parallel else _node("mid", l, i)
-                    add("mlp", l, mlp, _node("post", l, i), i, i, c.mlp_LP[l, i])
-                    add("mlp_in", l, source, mlp, i, i, c.mlp_LP[l, i])
-        attn_stage = "post" if (c.parallel or c.mlp_LP is None) else "mid"
+                    add("mlp", l, mlp, _node("post", l, i), i, i, t.mlp_LP[l, i])
+                    add("mlp_in", l, source, mlp, i, i, t.mlp_LP[l, i])
+        attn_stage = "post" if (c.parallel or t.mlp_LP is None) else "mid"
         if attn_stage == "mid":
-            reached = {i for i in reached if c.mlp_LP[l, i] >= threshold or c.mlp_resid_LP[l, i] >= threshold}
+            reached = {i for i in reached if t.mlp_LP[l, i] >= threshold or t.mlp_resid_LP[l, i] >= threshold}
             for i in sorted(reached):
-                if c.mlp_resid_LP[l, i] >= threshold:
-                    add("residual", l, _node("mid", l, i), _node("post", l, i), i, i, c.mlp_resid_LP[l, i])
-        below = {i for i in reached if c.mlp_LP is not None and c.parallel and c.mlp_LP[l, i] >= threshold}
+                if t.mlp_resid_LP[l, i] >= threshold:
+                    add("residual", l, _node("mid", l, i), _node("post", l, i), i, i, t.mlp_resid_LP[l, i])
+        t.ensure(l, reached)  # only the attention sums the walk reaches are split into their parts
+        below = {i for i in reached if t.mlp_LP is not None and c.parallel and t.mlp_LP[l, i] >= threshold}
         for i in sorted(reached):
             target = _node(attn_stage, l, i)
-            if c.attn_resid_LP[l, i] >= threshold:
-                add("residual", l, _input_node(l, i), target, i, i, c.attn_resid_LP[l, i])
+            if t.attn_resid_LP[l, i] >= threshold:
+                add("residual", l, _input_node(l, i), target, i, i, t.attn_resid_LP[l, i])
                 below.add(i)
-            edge_S = c.attn_LPSH[l, i, :i + 1].sum(-1)  # causal: a source at or before its target
+            edge_S = t.attn_LPSH[l, i, :i + 1].sum(-1)  # causal: a source at or before its target
             for j in (edge_S >= threshold).nonzero().flatten().tolist():
-                add("attention", l, _input_node(l, j), target, i, j, edge_S[j], c.attn_LPSH[l, i, j])
+                add("attention", l, _input_node(l, j), target, i, j, edge_S[j], t.attn_LPSH[l, i, j])
                 below.add(j)
         reached = below
     edges = pd.DataFrame(rows, columns=["kind", "layer", "source", "target", "source_position", "target_position",
@@ -267,7 +330,7 @@ def _nodes_table(c: FlowContributions, edges: pd.DataFrame, start: str) -> pd.Da
         stage, layer = ("embed", -1) if place == "embed" else (place.split(".")[1], int(place.split(".")[0][1:]))
         # mid states are written by attention, post states by the MLP (attention without a sequential MLP)
         block = "" if stage == "embed" else "attn" if stage == "mid" or (
-            stage == "post" and (c.mlp_LP is None or c.parallel)) else "mlp"
+            stage == "post" and (c.tables.mlp_LP is None or c.parallel)) else "mlp"
         rows.append(dict(node=name, stage=stage, layer=layer, position=int(position),
                          token=c.str_tokens[int(position)], block=block))
     return pd.DataFrame(rows, columns=["node", "stage", "layer", "position", "token", "block"])
@@ -286,7 +349,7 @@ def edge_heads(contributions: FlowContributions, layer: int, target_position: in
     if not (0 <= layer < L and 0 <= source_position <= target_position < P):
         raise InputError(f"no attention edge {source_position} -> {target_position} at layer {layer}: layers are "
                          f"0..{L - 1}, positions 0..{P - 1}, and a source comes at or before its target")
-    values_H = contributions.attn_LPSH[layer, target_position, source_position]
+    values_H = contributions.tables.ensure(layer, [target_position]).attn_LPSH[layer, target_position, source_position]
     table = pd.DataFrame({"head": np.arange(len(values_H)), "importance": values_H.numpy()})
     return table.sort_values("importance", ascending=False, kind="stable").reset_index(drop=True)
 

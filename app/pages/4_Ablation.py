@@ -11,6 +11,7 @@ Legend: H n_heads, L n_layers.
 from __future__ import annotations
 
 import html
+from typing import Optional
 
 import pandas as pd
 import streamlit as st
@@ -43,8 +44,10 @@ def _effects_view(per_token: pd.DataFrame, top: pd.DataFrame) -> None:
     downloads.table(top, "ablation_top_predictions", key="ablation_top")
 
 
-def _sweep_metric(loaded: LoadedModel, prompt: Prompt) -> tuple[tuple, str, str]:
-    """What the sweep scores (a ``SweepMetric``), its name for the heatmap and its unit."""
+def _sweep_metric(loaded: LoadedModel, prompt: Prompt, clean_top: Optional[pd.DataFrame]) -> tuple[tuple, str, str]:
+    """What the sweep scores (a ``SweepMetric``), its name for the heatmap and its unit. ``clean_top``: the
+    ablation's top-predictions table, whose clean columns give the default answer and runner-up without another
+    forward (None when nothing is ablated)."""
     left, right = st.columns(2)
     with left:
         choice = linked(st.radio, "Sweep metric", options=list(SWEEP_METRICS), format_func=SWEEP_METRICS.get,
@@ -54,9 +57,10 @@ def _sweep_metric(loaded: LoadedModel, prompt: Prompt) -> tuple[tuple, str, str]
     with right:
         typed = linked(st.text_input, "Answer token (blank: the clean model's top prediction)", value="",
                        key="ablation_answer")
-    top = last_token_predictions(loaded, prompt.ids, 2)
-    answer = single_token(loaded.model, typed, "answer") if typed else top[0][0]
-    wrong = next(token for token, _ in top if token != answer)
+    top = ([int(token) for token in clean_top["clean_token_id"][:2]] if clean_top is not None else
+           [token for token, _ in last_token_predictions(loaded, prompt.ids, 2)])
+    answer = single_token(loaded.model, typed, "answer") if typed else top[0]
+    wrong = next(token for token in top if token != answer)
     answer_text, wrong_text = (loaded.model.to_string([token]) for token in (answer, wrong))
     if choice == "probability":
         st.caption(f"Scores P({quoted(repr(answer_text))}) after the last token.")
@@ -74,14 +78,16 @@ def main() -> None:
     targets = choose_targets(loaded)
     method = choose_method(targets)
     reference = reference_rows(loaded, prompt, method)
+    top = None  # the clean top predictions, when an ablation ran: the sweep's default answer comes from them
     if not targets:
         st.info("Choose at least one thing to ablate.")
     else:
-        _effects_view(*results.ablation_effects(loaded, prompt.ids, targets, method, reference))
+        per_token, top = results.ablation_effects(loaded, prompt.ids, targets, method, reference)
+        _effects_view(per_token, top)
 
     st.subheader("Every head, one at a time")
     cfg = loaded.model.cfg
-    metric, metric_name, unit = _sweep_metric(loaded, prompt)
+    metric, metric_name, unit = _sweep_metric(loaded, prompt, top)
     args = (prompt.ids, method, reference)
     if st.button(f"Run the head sweep ({cfg.n_layers * cfg.n_heads} heads, {method} ablation)", key="ablation_sweep") \
             or results.has_head_sweep(loaded, *args, metric=metric):

@@ -72,13 +72,13 @@ def _pick(nodes: pd.DataFrame, edges: pd.DataFrame, special: tuple[int, ...]) ->
                   index=default_pick(edges, special), key=PICK_KEY)
 
 
-def _edge_view(loaded: LoadedModel, prompt: Prompt, contributions, edge: pd.Series) -> None:
+def _edge_view(prompt: Prompt, contributions, edge: pd.Series) -> None:
     layer, i, j = int(edge.layer), int(edge.target_position), int(edge.source_position)
     st.markdown(f"**Attention edge at layer {layer}: {j} {quoted(repr(prompt.str_tokens[j]))} → {i} {quoted(repr(prompt.str_tokens[i]))}**, "
                 f"importance {edge.importance:.4f}")
     heads = flow.edge_heads(contributions, layer, i, j)
     downloads.table(heads, f"flow_edge_heads_L{layer}_{j}_{i}", key="flow_edge_heads", height=200)
-    patterns_LHPS = results.attention_patterns(loaded, prompt.ids)
+    patterns_LHPS = contributions.patterns_LHPS  # from the contributions' own forward: no second one
     shown = heads.head(TOP_HEADS_SHOWN)
     for rank, (column, head, share) in enumerate(zip(st.columns(len(shown)), shown["head"], shown["importance"])):
         with column:  # the strongest heads' patterns, strongest first
@@ -111,7 +111,7 @@ def _detail(loaded: LoadedModel, prompt: Prompt, contributions, nodes: pd.DataFr
         if picked in set(edges["edge"]):
             edge = edges[edges["edge"] == picked].iloc[0]
             if edge.kind == "attention":
-                _edge_view(loaded, prompt, contributions, edge)
+                _edge_view(prompt, contributions, edge)
                 return
             picked = edge.source if edge.kind == "mlp_in" else edge.target  # a block's edge: the block it touches
         _node_view(loaded, prompt, nodes[nodes["node"] == picked].iloc[0])

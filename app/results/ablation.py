@@ -70,17 +70,17 @@ def sweep_metric(spec: SweepMetric):
 @st.cache_data(show_spinner=False, max_entries=32, hash_funcs=BY_MODEL_KEY)
 def last_token_predictions(loaded: LoadedModel, ids: tuple[int, ...], k: int) -> tuple[tuple[int, float], ...]:
     """The clean model's ``k`` most likely next tokens after the prompt's last token: (id, probability), likeliest
-    first (the head sweep's default answer and runner-up).
+    first (the head sweep's default answer and runner-up when nothing is ablated; with an ablation,
+    ``ablation_effects``' top table holds them from its clean forward).
 
     Example:
         >>> top = last_token_predictions(LoadedModel(model, "toy-attn-2l|sdpa"), tuple(tokens[0].tolist()), 2)
         >>> len(top), top[0][1] >= top[1][1]
         (2, True)
     """
-    with loaded.lock, torch.no_grad():
-        probs_V = loaded.model(torch.tensor([ids]))[0, -1].float().softmax(-1)
-    values, indices = probs_V.topk(k)
-    return tuple((int(i), float(p)) for i, p in zip(indices, values))
+    with loaded.lock:
+        top = ablation.top_predictions(loaded.model, torch.tensor([ids]), k)
+    return tuple((int(i), float(p)) for i, p in zip(top["token_id"], top["prob"]))
 
 
 def _head_sweep(model, ids: tuple[int, ...], method: str, reference: Reference, metric: SweepMetric,

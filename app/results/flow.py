@@ -22,8 +22,9 @@ _FLOW = LongRun("Tracing the information flow", _flow_contributions)
 
 
 def flow_contributions(loaded: LoadedModel, ids: tuple[int, ...], bar: ProgressBar) -> "flow.FlowContributions":
-    """Every attention edge's, residual's and block's importance on the prompt (one forward pass, then a
-    per-layer decomposition with a progress bar); kept in the long-run store, not pickled.
+    """Every attention edge's, residual's and block's importance on the prompt, and the pass's attention patterns
+    (one forward pass, the MLP sums scored per layer with a progress bar; each attention sum is split into its parts
+    when the graph or an edge first reads it); kept in the long-run store, not pickled.
 
     Example:
         >>> quiet = lambda text: ((lambda done, total: None), (lambda: None))

@@ -28,7 +28,7 @@ per prompt.
 Modules: ``targets`` (``AblationTarget``, ``METHODS``), ``references`` (what mean and resample
 write; ``mean_reference``), ``hooks`` (``ablation_hooks``, ``run_ablated``), ``effects``
 (``ablation_effect``, ``per_token_loss_change``, ``top_predictions_change``, both of them from one pair of forwards:
-``loss_and_top_predictions_change``) and ``sweeps``
+``loss_and_top_predictions_change``; ``top_predictions``, the clean model's alone) and ``sweeps``
 (``head_sweep``, ``head_sweep_per_prompt``); every public name is importable from here.
 
 ``python -m experiments.ablation --model NAME --out DIR [--prompt TEXT ...]`` runs a zero-ablation
@@ -37,11 +37,11 @@ write; ``mean_reference``), ``hooks`` (``ablation_hooks``, ``run_ablated``), ``e
 
 
 from experiments.ablation.effects import (ablation_effect, loss_and_top_predictions_change, per_token_loss_change,
-                                         top_predictions_change)
+                                         top_predictions, top_predictions_change)
 from experiments.ablation.hooks import ablation_hooks, run_ablated
 from experiments.ablation.references import mean_reference
 from experiments.ablation.sweeps import head_sweep, head_sweep_per_prompt
 from experiments.ablation.targets import KINDS, METHODS, AblationTarget, Kind, Method
 
 __all__ = ["AblationTarget", "ablation_hooks", "run_ablated", "head_sweep", "head_sweep_per_prompt", "ablation_effect",
-           "mean_reference", "per_token_loss_change", "top_predictions_change", "loss_and_top_predictions_change", "KINDS", "METHODS", "Kind", "Method"]
+           "mean_reference", "per_token_loss_change", "top_predictions", "top_predictions_change", "loss_and_top_predictions_change", "KINDS", "METHODS", "Kind", "Method"]

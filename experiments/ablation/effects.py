@@ -79,9 +79,15 @@ def _clean_and_ablated(model, tokens: TextOrTokens, targets: Sequence[AblationTa
     column = None if position is None else _prediction_column(batch, row, real_P, position)
     hooks = hooks_for_input(model, batch, targets, method, reference_tokens, reference_mask, reference_means,
                             padding_side)
-    clean = model(batch.tokens, attention_mask=batch.mask, return_type="both", loss_per_token=True)
-    ablated = model.run_with_hooks(batch.tokens, attention_mask=batch.mask, return_type="both", loss_per_token=True,
-                                   fwd_hooks=hooks)
+    # The blocks before the first ablated one compute the same in both runs: the ablated run starts from the clean
+    # run's residual stream entering that block (``Decoder.forward``'s ``start_at_layer``, as ``experiments._batched``
+    # resumes its edits), so an ablation in the last layer costs one block, not a second forward.
+    first = min(model.layer_of(name) for name, _ in hooks)
+    entering = f"blocks.{first}.hook_resid_pre"
+    clean, cache = model.run_with_cache(batch.tokens, attention_mask=batch.mask, return_type="both",
+                                        loss_per_token=True, names_filter=entering)
+    ablated = model.run_with_hooks(cache[entering], start_at_layer=first, tokens=batch.tokens,
+                                   attention_mask=batch.mask, return_type="both", loss_per_token=True, fwd_hooks=hooks)
     return _Runs(batch, row, real_P, column, clean, ablated)
 
 
@@ -160,19 +166,51 @@ def _prediction_column(batch: PromptBatch, row: int, real_P: Tensor, position: U
     return int(columns[int(index)])
 
 
+def _top_k(logits_V: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(ids, probabilities) of the ``k`` likeliest tokens, and the log normaliser: exp(logit - logsumexp), the
+    softmax of the few tokens shown without one over the whole vocabulary."""
+    logits_V = logits_V.float()
+    log_norm = logits_V.logsumexp(-1)
+    top_logits, ids = logits_V.topk(k)
+    return ids, (top_logits - log_norm).exp(), log_norm
+
+
 def _top_table(model, run: _Runs, k: int) -> pd.DataFrame:
     at = (run.row, run.column)
-    clean, ablated = run.clean[0][at].float().softmax(-1), run.ablated[0][at].float().softmax(-1)
-    clean_p, clean_ids = clean.topk(k)
-    ablated_p, ablated_ids = ablated.topk(k)
+    ablated_V = run.ablated[0][at].float()
+    clean_ids, clean_p, _ = _top_k(run.clean[0][at], k)
+    ablated_ids, ablated_p, ablated_log_norm = _top_k(ablated_V, k)
     return pd.DataFrame({
         "rank": np.arange(1, k + 1),
         "clean_token": str_tokens(model, clean_ids.cpu()), "clean_token_id": clean_ids.cpu().numpy(),
         "clean_prob": clean_p.cpu().numpy(),
         "ablated_token": str_tokens(model, ablated_ids.cpu()), "ablated_token_id": ablated_ids.cpu().numpy(),
         "ablated_prob": ablated_p.cpu().numpy(),
-        "ablated_prob_of_clean": ablated[clean_ids].cpu().numpy(),
+        "ablated_prob_of_clean": (ablated_V[clean_ids] - ablated_log_norm).exp().cpu().numpy(),
     })
+
+
+@torch.no_grad()
+def top_predictions(model, tokens: TextOrTokens, k: int = 5, position: Union[int, Literal["last"]] = "last", *,
+                    row: int = 0, attention_mask: Optional[Tensor] = None,
+                    padding_side: str = "right") -> pd.DataFrame:
+    """The clean model's ``k`` likeliest next tokens of prompt ``row`` at ``position``: DataFrame[rank, token,
+    token_id, prob], the clean columns of ``top_predictions_change`` without an ablation (one forward, and only
+    that position unembedded). Arguments as ``top_predictions_change``'s.
+
+    Example:
+        >>> top = top_predictions(model, tokens, k=3)
+        >>> top["token_id"].tolist() == top_predictions_change(model, tokens, [AblationTarget("head", 1, 0)],
+        ...                                                    k=3)["clean_token_id"].tolist()
+        True
+    """
+    batch = prompt_batch(model, tokens, attention_mask, padding_side)
+    row, real_P = _one_row(batch, row)
+    column = _prediction_column(batch, row, real_P, position)
+    resid_BPD = model(batch.tokens, attention_mask=batch.mask, stop_at_layer=model.cfg.n_layers)
+    ids, probs, _ = _top_k(model.logits_from_resid(resid_BPD[row, column][None, None])[0, 0], k)
+    return pd.DataFrame({"rank": np.arange(1, k + 1), "token": str_tokens(model, ids.cpu()),
+                         "token_id": ids.cpu().numpy(), "prob": probs.cpu().numpy()})
 
 
 def _metric_of_run(model, batch: PromptBatch, metric: Metric, hooks: list[Hook]) -> Tensor:

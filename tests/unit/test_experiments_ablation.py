@@ -238,3 +238,68 @@ def test_both_tables_from_one_pair_of_forwards_equal_each_alone(model):
         model.reset_hooks(including_permanent=True)
     with pytest.raises(wb.InputError, match="position must be 'last' or an index"):
         loss_and_top_predictions_change(model, prompts, targets, position=99)
+
+
+@pytest.mark.parametrize("targets, method", [
+    ([AblationTarget("head", 1, 0)], "zero"),                                    # the last layer alone
+    ([AblationTarget("mlp_layer", 1), AblationTarget("head", 0, 2)], "mean"),     # the first ablated layer is 0
+    ([AblationTarget("neuron", 1, 5)], "mean"),
+])
+@torch.no_grad()
+def test_the_ablated_run_starts_at_the_first_ablated_layer_and_equals_a_whole_ablated_forward(model, targets, method):
+    from experiments.ablation import loss_and_top_predictions_change
+    from experiments.ablation.hooks import hooks_for_input
+    from experiments.metrics import prompt_batch
+
+    prompts = torch.randint(0, 61, (2, 10), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, :3] = 0   # row 1: a 7-token prompt, left-padded
+    kwargs = dict(attention_mask=mask, padding_side="left")
+    first = min(target.layer for target in targets)
+    # Passes through block 0: the clean run, the batch's own mean reference ("mean"), and the ablated run only when
+    # it ablates block 0.
+    passes = []
+    model.hook_dict["blocks.0.hook_resid_pre"].add_hook(lambda a, hook: passes.append(1), level=None, is_permanent=True)
+    try:
+        for row in (0, 1):
+            before = len(passes)
+            losses, top = loss_and_top_predictions_change(model, prompts, targets, method, k=4, row=row, **kwargs)
+            assert len(passes) - before == 1 + (method == "mean") + (first == 0)
+            # By hand: the whole ablated forward from the embedding, under the same hooks.
+            hooks = hooks_for_input(model, prompt_batch(model, prompts, mask, "left"), targets, method, None)
+            logits_BPV = model.run_with_hooks(prompts, attention_mask=mask, fwd_hooks=hooks)
+            real = mask[row].bool()
+            logits_PV, tokens_P = logits_BPV[row][real], prompts[row][real]
+            expected_loss = torch.nn.functional.cross_entropy(logits_PV[:-1], tokens_P[1:], reduction="none")
+            torch.testing.assert_close(torch.tensor(losses["ablated_loss"].values), expected_loss, rtol=1e-5,
+                                       atol=1e-6)
+            probs_V = logits_PV[-1].softmax(-1)
+            assert top["ablated_token_id"].tolist() == probs_V.topk(4).indices.tolist()
+            torch.testing.assert_close(torch.tensor(top["ablated_prob"].values), probs_V.topk(4).values, rtol=1e-5,
+                                       atol=1e-7)
+            torch.testing.assert_close(torch.tensor(top["ablated_prob_of_clean"].values),
+                                       probs_V[torch.tensor(top["clean_token_id"].values)], rtol=1e-5, atol=1e-7)
+    finally:
+        model.reset_hooks(including_permanent=True)
+
+
+@torch.no_grad()
+def test_top_predictions_are_the_clean_columns_of_the_ablation_table(model):
+    from experiments.ablation import top_predictions
+
+    prompts = torch.randint(0, 61, (2, 10), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 6:] = 0   # row 1: a 6-token prompt, right-padded
+    for row, position in ((0, "last"), (1, "last"), (1, 2)):
+        top = top_predictions(model, prompts, k=4, position=position, row=row, attention_mask=mask)
+        table = top_predictions_change(model, prompts, [AblationTarget("head", 1, 1)], k=4, position=position,
+                                       row=row, attention_mask=mask)
+        assert list(top.columns) == ["rank", "token", "token_id", "prob"]
+        assert top["token_id"].tolist() == table["clean_token_id"].tolist()
+        assert top["token"].tolist() == table["clean_token"].tolist()
+        torch.testing.assert_close(torch.tensor(top["prob"].values), torch.tensor(table["clean_prob"].values),
+                                   rtol=1e-5, atol=1e-7)
+        column = 5 if position == "last" and row == 1 else (9 if position == "last" else 2)   # by hand
+        probs_V = model(prompts[row:row + 1, :column + 1])[0, -1].softmax(-1)
+        assert top["token_id"].tolist() == probs_V.topk(4).indices.tolist()
+        torch.testing.assert_close(torch.tensor(top["prob"].values), probs_V.topk(4).values, rtol=1e-5, atol=1e-7)

@@ -14,6 +14,7 @@ import torch
 import workbench as wb
 from experiments import flow
 from experiments.flow import FlowContributions
+from experiments.flow_tables import FlowTables
 from experiments.plots.flow import flow_figure
 from tests.unit.helpers import make_model
 
@@ -179,8 +180,9 @@ def test_registered_models_run():
 def _contributions(attn, attn_resid, mlp=None, mlp_resid=None, parallel=False, n_tokens=3) -> FlowContributions:
     t = lambda x: None if x is None else torch.tensor(x, dtype=torch.float32)  # noqa: E731
     attn_LPSH = t(attn)
-    return FlowContributions(attn_LPSH, t(attn_resid), torch.zeros(attn_LPSH.shape[:2]), t(mlp), t(mlp_resid),
-                             parallel, [f"t{i}" for i in range(n_tokens)])
+    tables = FlowTables.from_tables(attn_LPSH, t(attn_resid), torch.zeros(attn_LPSH.shape[:2]), t(mlp), t(mlp_resid),
+                                    parallel)
+    return FlowContributions(tables, parallel, [f"t{i}" for i in range(n_tokens)])
 
 
 def _edge_set(edges: pd.DataFrame) -> set[tuple[str, str, str]]:
@@ -257,6 +259,53 @@ def test_edge_heads_and_figure_point_at_graph_items():
     clickable = {trace.name: list(trace.customdata) for trace in fig.data if trace.customdata is not None}
     assert clickable["nodes"] == list(nodes["node"]) and clickable["edges"] == list(edges["edge"])
     assert list(fig.layout.yaxis.ticktext) == ["embed", "L0", "L1"]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_a_graph_splits_only_the_sums_it_reaches_and_equals_the_graph_of_the_whole_tables(name):
+    model = model_of(name)
+    whole = flow.flow_contributions(model, TOKENS)
+    whole.attn_LPSH  # read whole: every row split
+    assert bool(whole.tables.filled_LP.all())
+    for position, threshold in ((-1, 0.04), (-1, 0.01), (2, 0.0)):
+        lazy = flow.flow_contributions(model, TOKENS)
+        assert not bool(lazy.tables.filled_LP.any())   # nothing split before a graph reads it
+        nodes, edges = flow.flow_graph(lazy, position, threshold)
+        expected_nodes, expected_edges = flow.flow_graph(whole, position, threshold)
+        pd.testing.assert_frame_equal(nodes, expected_nodes)
+        pd.testing.assert_frame_equal(edges, expected_edges, rtol=1e-6, atol=1e-7)
+        filled = lazy.tables.filled_LP
+        if position == 2:   # no target after the traced token is reached
+            assert bool(filled[:, :3].any()) and not bool(filled[:, 3:].any())
+        for table in ("attn_LPSH", "attn_resid_LP", "attn_bias_LP") + (("mlp_LP",) if model.cfg.parallel_attn_mlp
+                                                                       else ()):
+            torch.testing.assert_close(getattr(lazy.tables, table)[filled], getattr(whole.tables, table)[filled],
+                                       rtol=1e-6, atol=1e-7)
+        for top in edges[edges["kind"] == "attention"].head(1).itertuples():   # threshold 0: always one
+            args = (int(top.layer), int(top.target_position), int(top.source_position))
+            pd.testing.assert_frame_equal(flow.edge_heads(lazy, *args), flow.edge_heads(whole, *args))
+    lazy = flow.flow_contributions(model, TOKENS)
+    flow.edge_heads(lazy, 1, 5, 2)   # one edge's heads: one row split
+    assert lazy.tables.filled_LP.nonzero().tolist() == [[1, 5]]
+    torch.testing.assert_close(lazy.attn_LPSH, whole.attn_LPSH, rtol=1e-6, atol=1e-7)   # the rest on reading it whole
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_patterns_come_from_the_same_forward_and_equal_attention_patterns(name):
+    from experiments.attention import attention_patterns
+
+    model = model_of(name)
+    forwards = []
+    model.hook_dict["hook_embed"].add_hook(lambda a, hook: forwards.append(1), level=None, is_permanent=True)
+    try:
+        c = flow.flow_contributions(model, TOKENS)
+    finally:
+        model.reset_hooks(including_permanent=True)
+    assert len(forwards) == 1   # the importances and the patterns: one forward pass
+    with torch.no_grad():
+        expected_LHPS = attention_patterns(model, TOKENS)   # its own forward, hooked the same way
+    assert c.patterns_LHPS.shape == (model.cfg.n_layers, model.cfg.n_heads, TOKENS.shape[1], TOKENS.shape[1])
+    torch.testing.assert_close(c.patterns_LHPS, expected_LHPS, rtol=0, atol=1e-7)
 
 
 @torch.no_grad()
