@@ -91,9 +91,9 @@ def _attention_parts(model, cache, layer: int) -> tuple[Tensor, Tensor, Optional
     values_SHD = model.apply_output_norm(layer, "attn", values_SHD, frozen_scale=unit).float()
     constants = [] if b_O is None else [model.apply_output_norm(layer, "attn", b_O.float().expand(P, D),
                                                                  frozen_scale=scale_P1).float()]
-    if model.cfg.normalization == "LN":  # the output norm's bias: its norm of zeros
-        zeros_D = torch.zeros(D, dtype=model.cfg.dtype, device=scale_P1.device)
-        constants.append(model.apply_output_norm(layer, "attn", zeros_D).float().expand(P, D))
+    norm_bias_D = model.output_norm_bias(layer, "attn")
+    if norm_bias_D is not None:  # a LayerNorm output norm's own bias
+        constants.append(norm_bias_D.float().to(scale_P1.device).expand(P, D))
     return pattern_PSH / scale_P1[:, :, None], values_SHD, sum(constants) if constants else None
 
 

@@ -149,14 +149,14 @@ def direct_logit_attribution(model, tokens: TextOrTokens, target_token: TokenIds
         b_O = model.layer_b_O(l)  # None without a bias: no row (model.b_O would be zeros)
         if b_O is not None:
             parts.append(("attn_bias", l, -1, attn_share(b_O.float().expand(B, 1, -1))[:, 0]))
-        if attn_scales[l] is not None and cfg.normalization == "LN":  # the output norm's bias: its norm of zeros
-            bias_D = model.apply_output_norm(l, "attn", torch.zeros(cfg.d_model, dtype=cfg.dtype, device=cfg.device))
+        bias_D = model.output_norm_bias(l, "attn") if attn_scales[l] is not None else None
+        if bias_D is not None:  # a LayerNorm output norm's own bias
             parts.append(("attn_norm_bias", l, -1, share(bias_D.float().expand(B, 1, -1))[:, 0]))
         if not cfg.attn_only:
             parts.append(("mlp", l, -1, share(at(f"blocks.{l}.hook_mlp_out")[:, None])[:, 0]))
-    if cfg.normalization == "LN":  # the bias is the norm of a zero vector
-        bias_D = model.apply_final_norm(torch.zeros(1, cfg.d_model, dtype=cfg.dtype, device=cfg.device))[0]
-        parts.append(("ln_final_bias", -1, -1, direction_BD @ bias_D.float()))
+    final_bias_D = model.final_norm_bias()
+    if final_bias_D is not None:
+        parts.append(("ln_final_bias", -1, -1, direction_BD @ final_bias_D.float()))
     if cfg.unembed_bias:  # where fold_ln put the final LayerNorm's bias
         b_U = model.b_U.float()
         parts.append(("unembed_bias", -1, -1, b_U[target_B] - (b_U[baseline_B] if baseline_B is not None else 0)))

@@ -17,6 +17,8 @@ one-layer companions, plus the two pieces of mixture-of-experts math no hook poi
                             so it cannot say whether a bias exists)
   ``top_logits_from_resid`` the top-k logits, ids and logsumexp of residual streams read out through the final norm
                             and unembedding, exactly or from a bfloat16 screen (``fast_screen_dtype``)
+  ``output_norm_bias`` / ``final_norm_bias``  the constant a LayerNorm adds (None for RMSNorm): the one term
+                            of a normed sum that no part owns
   ``apply_output_norm``     the norm on a sublayer's output before it joins the residual stream (ln1_post,
                             ln2_post of sandwich and sublayer_output blocks), whole or with its scale frozen
                             (``output_norm_scale_hook``), so a head's share of the normed output is linear
@@ -199,7 +201,7 @@ class ReadoutMethods(_Host):
         With ``frozen_scale`` (the divisor on ``output_norm_scale_hook``, read on this input) only the norm's linear
         part, as ``apply_final_norm`` takes it: the gain as the model applies it (Gemma's 1 + w is already in the
         loaded ``w``), no bias, linear in ``out``, so the shares of the parts of a sublayer's output (its heads, its
-        bias) add up to its normed output; a LayerNorm's bias is then ``apply_output_norm(layer, sublayer, zeros)``.
+        bias) add up to its normed output; a LayerNorm's bias is then ``output_norm_bias(layer, sublayer)``.
         No hook fires on that path. A post-norm model (ln(x + f(x))) is an ``InputError``: there the norm
         mixes the output with the residual, and no share of the output alone enters the stream.
 
@@ -218,6 +220,35 @@ class ReadoutMethods(_Host):
         if norm is None:
             return out
         return norm(out) if frozen_scale is None else norm.linear_part(out, frozen_scale)
+
+    def output_norm_bias(self, layer: int, sublayer: str) -> Optional[Float[Tensor, "d_model"]]:
+        """The constant a LayerNorm on ``sublayer``'s output adds to the residual stream (its value on zeros: the norm's
+        bias), None where there is none (an RMSNorm, or no output norm): with the scale frozen, a normed output is
+        the sum of its parts' linear shares plus this.
+
+        Example:
+            >>> sandwich = wb.Decoder(wb.ModelConfig(n_layers=1, d_model=8, n_heads=2, d_vocab=10, n_ctx=4,
+            ...                                      normalization="LN", norm_placement="sandwich"))
+            >>> torch.equal(sandwich.output_norm_bias(0, "attn"), sandwich.blocks[0].ln1_post.b)
+            True
+            >>> model.output_norm_bias(0, "attn") is None   # toy-attn-2l: pre-norm
+            True
+        """
+        if self._output_norm(layer, sublayer) is None or self.cfg.normalization != "LN":
+            return None
+        return self.apply_output_norm(layer, sublayer, torch.zeros(self.cfg.d_model, dtype=self.cfg.dtype,
+                                                                   device=self.cfg.device))
+
+    def final_norm_bias(self) -> Optional[Float[Tensor, "d_model"]]:
+        """The constant the final LayerNorm adds (its value on zeros: its bias), None for an RMSNorm or no final norm.
+
+        Example:
+            >>> torch.equal(model.final_norm_bias(), model.ln_final.b)   # toy-attn-2l: LayerNorm
+            True
+        """
+        if self.ln_final is None or self.cfg.normalization != "LN":
+            return None
+        return self.apply_final_norm(torch.zeros(1, self.cfg.d_model, dtype=self.cfg.dtype, device=self.cfg.device))[0]
 
     # ---- MLPs and experts --------------------------------------------------------------------------
     def layer_W_out(self, layer: int, expert: Optional[int] = None, shared: bool = False
