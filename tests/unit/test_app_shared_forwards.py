@@ -12,31 +12,15 @@ from __future__ import annotations
 import base64
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-import workbench as wb
 from experiments.attention import attention_patterns
+from tests.unit.test_app_defaults import APP, PROMPT, toy  # noqa: F401  (toy: the shared fixture)
 from workbench.components.embedding import Embed, Unembed
-
-APP = Path(__file__).resolve().parents[2] / "app"
-PROMPT = "The cat sat on the mat. The cat sat on the"
-
-
-def installed(name: str) -> bool:
-    models = wb.list_models()
-    return bool(models.loc[models["name"] == name, "installed"].any())
-
-
-@pytest.fixture(scope="module")
-def toy():
-    if not installed("toy-attn-2l"):
-        pytest.skip("toy-attn-2l is not installed (make setup)")
-    return wb.load_model("toy-attn-2l")
 
 
 @pytest.fixture
