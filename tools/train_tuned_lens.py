@@ -10,8 +10,11 @@ the translators are written in tuned-lens 0.2's format (``--dtype float16`` halv
 
 The learning rate defaults by the start: 1e-3 (AdamW) from the identity, 3e-5 from a least-squares fit. From the
 least-squares start, 1e-3 threw SmolLM2's translators off at the second step (train KL 0.6 -> 12 nats, still 4.6 after
-48 steps), while 2e-5 improved every layer's held-out KL (mean 2.72 -> 2.48 nats after 6,144 tokens). The card's KL-by-layer figures come from
-``python -m experiments.lenses`` (held-out text).
+48 steps), while 2e-5 improved every layer's held-out KL (mean 2.72 -> 2.48 nats after 6,144 tokens). Those runs
+predate the warm start's rescaling to the stream's RMS (``least_squares_init``), which makes a step of a given rate
+relatively smaller wherever the stream's RMS exceeds 1: SmolLM2's reaches 31, Gemma 3's 1,350: Gemma's lens trained
+at 1e-4 from the rescaled start (its card). The card's KL-by-layer figures come from ``python -m experiments.lenses``
+(held-out text).
 """
 
 from __future__ import annotations

@@ -135,6 +135,43 @@ def test_least_squares_warm_start_beats_the_logit_lens(model):
     assert (kl.tuned.iloc[:-1] < 0.6 * kl.logit.iloc[:-1]).all()
 
 
+def test_least_squares_warm_start_is_the_ridge_fit_at_the_streams_scale(model):
+    # Reference: torch.linalg.lstsq on the ridge problem written out as extra rows, sqrt(lambda) I -> 0, with lambda
+    # = ridge x the mean input energy per dimension; the fitted map (to the final stream over its RMS) is then
+    # multiplied by the RMS of the stream read, c, so the plain tuned-lens weight is c M - I and the bias c b.
+    from experiments.corpus_windows import bundled_windows
+    from experiments.lenses.training import least_squares_init, streams_and_targets
+
+    windows = bundled_windows(model, n_windows=6, window=64)
+    lens = least_squares_init(model, TunedLens.for_model(model), windows, 1, tokens=10_000, ridge=1e-2)
+    hidden_LND, final_ND = streams_and_targets(model, windows, first=1)
+    target = final_ND.double() / final_ND.double().pow(2).mean(-1, keepdim=True).sqrt()
+    for layer in range(model.cfg.n_layers):
+        h = hidden_LND[layer].double()
+        N, D = h.shape
+        inputs = torch.cat([h, torch.ones(N, 1, dtype=torch.float64)], 1)
+        lam = 1e-2 * h.pow(2).sum(0).mean()
+        rows = torch.cat([inputs, lam.sqrt() * torch.eye(D + 1, dtype=torch.float64)])
+        fit = torch.linalg.lstsq(rows, torch.cat([target, torch.zeros(D + 1, D, dtype=torch.float64)])).solution
+        c = h.pow(2).mean().sqrt()
+        translator = lens.layer_translators[layer]
+        torch.testing.assert_close(translator.weight.double(), c * fit[:D].T - torch.eye(D, dtype=torch.float64),
+                                   atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(translator.bias.double(), c * fit[D], atol=1e-4, rtol=1e-4)
+
+
+def test_a_float16_lens_trains_in_float32(model, tokens, tmp_path):
+    # float16's spacing near 1 is 2**-11 ~ 5e-4: AdamW steps of 1e-5 on float16 weights would round to nothing.
+    lens = TunedLens.for_model(model).to(torch.float16)
+    train_tuned_lens(model, tokens.repeat(2, 1), lens=lens, tokens=26, tokens_per_step=13, lr=1e-5,
+                     checkpoint_dir=tmp_path, progress=False)
+    assert {p.dtype for p in lens.parameters()} == {torch.float32}
+    payload = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert {t.dtype for state in payload["optimizer"]["state"].values() for name, t in state.items()
+            if name != "step"} == {torch.float32}
+    assert 0 < float(lens.layer_translators[0].weight.abs().max()) < 1e-4   # moved by about lr per step
+
+
 class _Stop(Exception):
     pass
 
