@@ -20,7 +20,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from experiments._progress import Progress, ProgressArg
-from experiments.lenses.training import streams_and_targets
+from experiments.lenses.training import final_kl_terms, kl_per_position, streams_and_targets
 from experiments.lenses.translators import TunedLens
 from workbench.errors import InputError
 
@@ -65,12 +65,13 @@ def lens_kl_by_layer(model, windows_BP: Int[Tensor, "batch pos"], lens: Optional
             for start in range(0, n, chunk_tokens):
                 stop = min(n, start + chunk_tokens)
                 final_logprobs = model.logits_from_resid(final_ND[None, start:stop])[0].float().log_softmax(-1)
+                final_terms = final_kl_terms(final_logprobs)  # the same for every lens and layer
                 for k, name in enumerate(lenses):
                     for l in range(L + 1):
                         hidden = streams[l, start:stop]
                         logits = lens(hidden, l) if name == "tuned" else model.logits_from_resid(hidden[None])[0]
                         logprobs = logits.float().log_softmax(-1)
-                        kl_sum[k, l] += (final_logprobs.exp() * (final_logprobs - logprobs)).sum().double()
+                        kl_sum[k, l] += kl_per_position(logprobs, final_terms).sum().double()
                         ce_sum[k, l] += -logprobs.gather(-1, next_N[start:stop, None]).sum().double()
             count += n
             bar.advance()

@@ -102,8 +102,21 @@ def kl_to_final(lens_logits_NV: Tensor, final_logprobs_NV: Tensor,
         >>> float(kl_to_final(logits, logits.log_softmax(-1)))
         0.0
     """
-    probs_NV, neg_entropy_N = final_kl_terms(final_logprobs_NV) if final_terms is None else final_terms
-    return (neg_entropy_N - (probs_NV * lens_logits_NV.float().log_softmax(-1)).sum(-1)).mean()
+    terms = final_kl_terms(final_logprobs_NV) if final_terms is None else final_terms
+    return kl_per_position(lens_logits_NV.float().log_softmax(-1), terms).mean()
+
+
+def kl_per_position(lens_logprobs_NV: Tensor, final_terms: tuple[Tensor, Tensor]) -> Tensor:
+    """KL(final || lens) at each position [N], in nats, from the lens's log-probabilities and ``final_kl_terms``:
+    the one formula training and evaluation score a lens by.
+
+    Example:
+        >>> final = torch.tensor([[0.5, 0.5]]).log()
+        >>> round(float(kl_per_position(torch.tensor([[0.25, 0.75]]).log(), final_kl_terms(final))[0]), 4)  # by hand
+        0.1438
+    """
+    probs_NV, neg_entropy_N = final_terms
+    return neg_entropy_N - (probs_NV * lens_logprobs_NV).sum(-1)
 
 
 def final_kl_terms(final_logprobs_NV: Tensor) -> tuple[Tensor, Tensor]:
