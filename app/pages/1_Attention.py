@@ -14,7 +14,12 @@ Legend: P position, S key position, H n_heads, L n_layers.
 from __future__ import annotations
 
 import streamlit as st
-import torch
+
+from app.serve import preload_plotly_while_warming
+
+preload_plotly_while_warming()  # before the imports below: on a cold start they wait for the server's warm-up
+
+import torch  # noqa: E402
 
 from app import downloads, results
 from app.attention_views import default_grid_layers, who_attends_view
