@@ -9,11 +9,16 @@ launch; plain ``streamlit run app/Home.py`` works too, loading it on the first p
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
-import torch
 
-import workbench as wb
+from app.serve import preload_plotly_while_warming
+
+preload_plotly_while_warming()  # before the imports below: on a cold start they wait for the server's warm-up
+
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+
+import workbench as wb  # noqa: E402
 from app import downloads, hub_picker, results, state
 from app.attention_views import strongest_reader
 from app.safe_text import quoted

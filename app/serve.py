@@ -7,7 +7,8 @@ model (``app.results.models.warm_model``, the registry's default name and kernel
 ``app.state`` picks them) and the page modules' imports, then Streamlit's own command line runs in this same
 process: the first page's ``results.load_model`` (kept once per process) finds the model loaded, or waits for
 the same load, never a second copy. A failed warm-up is only logged; the page's own load tries again and shows its
-message.
+message. A page that runs while the warm-up does (Home, Attention) first has the browser load plotly.js
+(``preload_plotly_while_warming``), which it would otherwise do only when the page's first figure arrives.
 
     python -m app.serve --server.port 8502          # what `make run` and the browser tests start
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 HOME = Path(__file__).resolve().parent / "Home.py"
+_WARMING: Optional[threading.Thread] = None  # the warm-up thread this process started, if any
 
 
 def streamlit_argv(options: Sequence[str]) -> list[str]:
@@ -62,6 +64,40 @@ def _warm_default_model(wait_for_server: bool) -> None:
     import experiments.plots.attention  # noqa: F401
 
 
+def still_warming() -> bool:
+    """Whether this process's warm-up (``start_warming``) is still running: the default model or the pages' imports
+    are still loading (False in a process that never started one, as under ``streamlit run`` or in tests).
+
+    Example:
+        >>> still_warming()
+        False
+    """
+    return _WARMING is not None and _WARMING.is_alive()
+
+
+def preload_plotly_while_warming() -> None:
+    """On a page's run while the server is still warming up: an empty plotly chart, hidden, so that the browser
+    fetches and compiles plotly.js (Streamlit loads it, 4.6 MB, with a page's first chart) during the seconds the
+    server spends importing torch and loading the model, not after the page's first figure has arrived. Call it
+    before the page's own imports, which wait for the warm-up's. Cold start on a 2-core machine: the first
+    heatmap was drawn 1.5-2 s after the figure arrived, most of it plotly.js loading (issue 52).
+
+    Example (in a page script, before its heavy imports):
+        >>> preload_plotly_while_warming()   # doctest: +SKIP
+    """
+    if not still_warming():
+        return
+    # plotly's figure checks read pandas from sys.modules without the import lock: pandas half imported by the
+    # warm-up thread fails them. Importing it here waits for that import to finish (or does it).
+    import pandas  # noqa: F401
+    import streamlit as st
+
+    st.html("<style>.st-key-plotly_preload {display: none}</style>")  # style only: takes no room on the page
+    with st.container(key="plotly_preload"):
+        st.plotly_chart({"data": [{"type": "scatter", "x": [], "y": []}], "layout": {}}, key="plotly_preload_chart",
+                        theme=None)
+
+
 def start_warming(wait_for_server: bool = True) -> threading.Thread:
     """Starts loading the default model (and the pages' common imports) in a daemon thread, once Streamlit's server
     has started (at once without ``wait_for_server``; it waits at most 5 s); returns the thread.
@@ -69,9 +105,12 @@ def start_warming(wait_for_server: bool = True) -> threading.Thread:
     Example:
         >>> start_warming(wait_for_server=False).join()   # doctest: +SKIP
     """
+    from app import serve  # the module the pages import: under `python -m app.serve` this file runs as __main__
+
     thread = threading.Thread(target=_warm_default_model, args=(wait_for_server,), name="warm default model",
                               daemon=True)
     thread.start()
+    serve._WARMING = thread
     return thread
 
 

@@ -14,7 +14,12 @@ Legend: P position, S key position, H n_heads, L n_layers.
 from __future__ import annotations
 
 import streamlit as st
-import torch
+
+from app.serve import preload_plotly_while_warming
+
+preload_plotly_while_warming()  # before the imports below: on a cold start they wait for the server's warm-up
+
+import torch  # noqa: E402
 
 from app import downloads, results
 from app.attention_views import default_grid_layers, who_attends_view
@@ -48,6 +53,9 @@ def _layer_view(loaded: LoadedModel, prompt: Prompt, patterns_LHPS: torch.Tensor
     # at 64 tokens has a 0.5 s goal (BENCHMARKS.md, section 6). Chromium's CPU per 64-token prompt change on this
     # page, each view left out in turn (issue 52, load 6-8): this layer figure 0.26 s, the grid 0.21 s, the table
     # 0.07 s, who-attends 0.03 s, the rest of the page 0.15 s; the server's 0.25 s is mostly the forward pass.
+    # Since the layer figure is one tiled heatmap, not a subplot per head, the browser's CPU (its threads' CPU time in
+    # a Chromium trace, 4 changes, load 4-6) fell from 0.73 to 0.66 s a change; left out in turn then: the grid
+    # 0.18 s, who-attends 0.07 s, the table under 0.02 s.
     head = linked(st.selectbox, "Look closer at one head of this layer", options=[None, *range(loaded.model.cfg.n_heads)],
                   format_func=lambda h: "choose a head" if h is None else f"L{layer}H{h}", key="attention_focus_head")
     if head is not None:

@@ -17,22 +17,28 @@ before and after the browser runs; on a machine shared with other work that rati
 Goals: cold start within 5 s, a prompt change redrawn within 0.5 s at 64 tokens (median of 5) on every page,
 a page switch within 1 s.
 
-    python tests/benchmarks/bench_dashboard.py [--quick]
+    python tests/benchmarks/bench_dashboard.py [--quick] [--pages "Attention,Heads"]
+
+``--pages`` limits the prompt-change rows to the named pages (sidebar link names, comma-separated; default all,
+or the first two with ``--quick``) so one page can be measured alone: the cold start still lands on Attention,
+and its prompt and layer changes are timed only when Attention is named.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.benchmarks.common import script_main
+from tests.benchmarks.common import machine_line, markdown_table, module_notes
 from tests.e2e import dashboard
 
 MODEL = "smollm2-135m"
@@ -196,15 +202,37 @@ def _row(measurement: str, values: list[float], goal: float, floor_s: float, **e
             "meets_goal": "yes" if median <= goal else "no"}
 
 
-def run(quick: bool = False) -> list[dict]:
-    """Cold-start, prompt-change and page-switch timings as table rows (``quick``: one cold start, the 64-token
-    prompts only, two pages and two prompt changes each).
+def selected_pages(names: Optional[str], quick: bool) -> list[tuple[str, str]]:
+    """The prompt pages a run times: Attention first (the cold start lands there), then the pages ``names`` lists
+    (sidebar link names, comma-separated, any order), or every page (the first two when ``quick``) without it.
 
     Example:
-        >>> rows = run(quick=True)   # doctest: +SKIP
+        >>> [link for link, _ in selected_pages("Logit lens", quick=False)]
+        ['Attention', 'Logit lens']
+        >>> [link for link, _ in selected_pages(None, quick=True)]
+        ['Attention', 'Heads']
+    """
+    if names is None:
+        return PROMPT_PAGES[:2] if quick else PROMPT_PAGES
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    known = [link for link, _ in PROMPT_PAGES]
+    unknown = [name for name in wanted if name not in known]
+    if unknown or not wanted:
+        raise ValueError(f"--pages: unknown page(s) {unknown or names!r}; the prompt pages are {', '.join(known)}")
+    return [PROMPT_PAGES[0]] + [page for page in PROMPT_PAGES[1:] if page[0] in wanted]
+
+
+def run(quick: bool = False, pages: Optional[str] = None) -> list[dict]:
+    """Cold-start, prompt-change and page-switch timings as table rows (``quick``: one cold start, the 64-token
+    prompts only, two pages and two prompt changes each; ``pages``: see ``selected_pages``).
+
+    Example:
+        >>> rows = run(quick=True, pages="Heads")   # doctest: +SKIP
         >>> rows[0]["measurement"]   # doctest: +SKIP
         'cold start to first attention heatmap'
     """
+    time_attention = pages is None or "Attention" in [name.strip() for name in pages.split(",")]
+    pages = selected_pages(pages, quick)
     reason = dashboard.browser_unavailable()
     if reason:
         raise RuntimeError(f"cannot benchmark the dashboard: {reason}")
@@ -214,7 +242,6 @@ def run(quick: bool = False) -> list[dict]:
     model = wb.load_model(MODEL, progress=False)  # also makes sure the weights cache exists before the cold starts
     lengths = (GOAL_TOKENS,) if quick else (16, 32, GOAL_TOKENS)
     repeats = 2 if quick else REPEATS
-    pages = PROMPT_PAGES[:2] if quick else PROMPT_PAGES
     attention_prompts = _prompts(lengths, variants=repeats)
     page_prompts = [text for _, text in _prompts((GOAL_TOKENS,), variants=repeats * (len(pages) + 1))][repeats:]
     floor = _floor(model, attention_prompts[-1][1])
@@ -230,9 +257,11 @@ def run(quick: bool = False) -> list[dict]:
                     if attempt == 0:
                         dashboard.wait_idle(page)
                         cold_tokens = int(page.locator(".st-key-prompt_tokens").inner_text().split()[0])
-                        rerenders = _rerenders(page, runs, attention_prompts, layer_moves=2,
-                                               n_layers=model.cfg.n_layers)
-                        rounds = _page_rounds(page, runs, pages, page_prompts, repeats)
+                        if time_attention:
+                            rerenders = _rerenders(page, runs, attention_prompts, layer_moves=2,
+                                                   n_layers=model.cfg.n_layers)
+                        if len(pages) > 1:  # Attention alone: no other page to switch to
+                            rounds = _page_rounds(page, runs, pages, page_prompts, repeats)
                 finally:
                     page.close()
                     dashboard.stop_server(server)
@@ -244,7 +273,7 @@ def run(quick: bool = False) -> list[dict]:
     common = {"load_avg_1min": load}
     rows = [_row("cold start to first attention heatmap", cold, COLD_START_GOAL_S, floor_s, page="Attention",
                  tokens=cold_tokens, **common)]
-    for what in ("prompt change", "layer change"):
+    for what in ("prompt change", "layer change") if time_attention else ():
         for n in lengths:
             values = [s for w, k, s in rerenders if w == what and k == n]
             rows.append(_row(f"{what} re-render", values, RERENDER_GOAL_S, floor_s, page="Attention", tokens=n,
@@ -252,7 +281,8 @@ def run(quick: bool = False) -> list[dict]:
     for link, _ in pages[1:]:
         rows.append(_row("prompt change re-render", rounds[link], RERENDER_GOAL_S, floor_s, page=link,
                          tokens=GOAL_TOKENS, **common))
-    for key, what in (("switch", "page switch, first visit with this prompt"), ("again", "page switch, back to a page")):
+    for key, what in (("switch", "page switch, first visit with this prompt"),
+                      ("again", "page switch, back to a page")) if rounds else ():
         slowest = max(rounds[key], key=lambda pair: pair[1])
         rows.append(_row(what, [s for _, s in rounds[key]], PAGE_SWITCH_GOAL_S, floor_s,
                          page=f"all ({len(rounds[key])}); slowest {slowest[0]} {slowest[1]:.2f} s",
@@ -263,5 +293,23 @@ def run(quick: bool = False) -> list[dict]:
     return rows
 
 
+def main() -> None:
+    """``common.script_main`` with ``--pages`` besides ``--quick``: the rows as one markdown table under the machine
+    line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one cold start, 64-token prompts, two pages")
+    parser.add_argument("--pages", help='prompt pages to time, comma-separated sidebar names, e.g. "Attention,Heads" '
+                                        f"(default all: {', '.join(link for link, _ in PROMPT_PAGES)})")
+    args = parser.parse_args()
+    try:
+        selected_pages(args.pages, args.quick)
+    except ValueError as error:
+        parser.error(str(error))
+    rows = run(quick=args.quick, pages=args.pages)
+    print(f"Machine: {machine_line()}\n")
+    print(markdown_table(rows, "Dashboard in Chromium, SmolLM2-135M"))
+    print(module_notes(sys.modules[__name__]))
+
+
 if __name__ == "__main__":
-    script_main(__name__, "Dashboard in Chromium, SmolLM2-135M", "one cold start, 64-token prompts, two pages")
+    main()

@@ -145,28 +145,56 @@ def test_default_grid_keeps_numeric_axes_and_the_customdata_hover():
     assert list(fig.layout.xaxis.tickvals) == [1.5, 5.5] and list(fig.layout.yaxis.tickvals) == [1.5]
 
 
-def test_key_labels_show_the_x_ticks_and_lift_each_row():
-    patterns = torch.full((2, 3, 3), 1 / 3)  # 2 heads: one row of two subplots
+def test_layer_figure_tiles_every_head_in_one_heatmap():
+    patterns = torch.arange(5 * 9, dtype=torch.float32).reshape(5, 3, 3) / 45  # 5 heads: 2 rows of 4 columns
+    fig = layer_patterns_figure(patterns, ["a", "b", "c"], 1)
+    assert len(fig.data) == 1 and fig.data[0].type == "heatmap" and fig.layout.title.text == "Layer 1: every head"
+    trace = fig.data[0]
+    # gap = max(1, 3 // 8) = 1: 4 tiles of 3 columns and 3 gaps = 15 columns; 2 tiles of 3 rows and 1 gap = 7 rows.
+    assert trace.z.dtype == np.float32 and trace.z.shape == (7, 15)
+    tiles = {0: (0, 0), 1: (0, 4), 2: (0, 8), 3: (0, 12), 4: (4, 0)}  # head: (top row, left column), by hand
+    for head, (top, left) in tiles.items():
+        np.testing.assert_array_equal(trace.z[top:top + 3, left:left + 3], patterns[head].numpy())
+        assert (np.asarray(trace.customdata)[top:top + 3, left:left + 3] == head).all()  # the hover's head
+    assert np.isnan(trace.z[3]).all() and np.isnan(trace.z[:, [3, 7, 11]]).all()  # the gaps
+    assert np.isnan(trace.z[4:, 4:]).all()  # the second row's three unused tiles
+    assert trace.coloraxis == "coloraxis" and trace.hoverongaps is False
+    assert trace.hovertemplate == "L1H%{customdata}<br>query %{y}<br>key %{x}<br>attention=%{z:.3f}<extra></extra>"
+    # Category axes: each tile's cells are named by their tokens (repeats kept apart by zero-width spaces).
+    labels = ["0: 'a'", "1: 'b'", "2: 'c'"]
+    assert [x.rstrip("\u200b") for x in trace.x] == labels + [" "] + labels + [" "] + labels + [" "] + labels
+    assert [y.rstrip("\u200b") for y in trace.y] == labels + [" "] + labels
+    assert len(set(trace.x)) == 15 and len(set(trace.y)) == 7
+    # Each tile's title sits on its top edge (row index - 0.5), centred on its middle column.
+    titles = [(a.text, a.x, a.y) for a in fig.layout.annotations]
+    assert titles == [("L1H0", 1, -0.5), ("L1H1", 5, -0.5), ("L1H2", 9, -0.5), ("L1H3", 13, -0.5), ("L1H4", 1, 3.5)]
+    assert fig.layout.coloraxis.cmin == 0 and fig.layout.coloraxis.cmax == 1
+    assert list(fig.layout.coloraxis.colorscale[0]) == [0.0, "rgb(247,251,255)"]  # ColorBrewer Blues: white at 0
+    assert fig.layout.yaxis.autorange == "reversed"  # the first query at the top
+
+
+def test_key_labels_under_the_tiles_and_not_past_forty_tokens():
+    patterns = torch.full((2, 3, 3), 1 / 3)  # 2 heads: one row of two tiles
     plain = layer_patterns_figure(patterns, ["a", "b", "c"], 0)
-    assert plain.layout.height == 300 + 100 and plain.layout.xaxis.showticklabels is False
-    assert tuple(plain.layout.yaxis.domain) == (0, 1)
+    assert plain.layout.height == 300 + 100 and plain.layout.width == 2 * 300 + 150
+    assert plain.layout.xaxis.showticklabels is False and plain.layout.yaxis.showticklabels is True
     fig = layer_patterns_figure(patterns, ["a", "b", "c"], 0, key_labels=True)
-    assert fig.layout.height == 300 + 100 + 75
-    for axis in (fig.layout.yaxis, fig.layout.yaxis2):
-        assert axis.domain == pytest.approx((75 / 475, 1))
-        assert axis.showticklabels is True
-    for axis in (fig.layout.xaxis, fig.layout.xaxis2):
-        assert axis.showticklabels is True and axis.tickangle == -90 and axis.tickfont.size == 9
-
-
-def test_key_labels_on_two_rows_and_not_past_forty_tokens():
-    patterns = torch.full((5, 3, 3), 1 / 3)  # 5 heads: 2 rows of 4 columns
-    fig = layer_patterns_figure(patterns, ["a", "b", "c"], 1, key_labels=True)
-    height = 2 * 300 + 100 + 2 * 75
-    assert fig.layout.height == height
-    # vertical_spacing 0.06 leaves rows of (1 - 0.06) / 2 = 0.47: the top row spans 0.53..1, the bottom 0..0.47.
-    assert fig.layout.yaxis.domain == pytest.approx((0.53 + 75 / height, 1))
-    assert fig.layout.yaxis5.domain == pytest.approx((75 / height, 0.47))
+    assert fig.layout.height == 300 + 100 + 75 and fig.layout.margin.b == 20 + 75
+    x = fig.data[0].x
+    assert fig.layout.xaxis.showticklabels is True and fig.layout.xaxis.tickangle == -90
+    assert list(fig.layout.xaxis.tickvals) == [x[0], x[1], x[2], x[4], x[5], x[6]]  # every tile's keys, no gap
+    assert list(fig.layout.yaxis.tickvals) == list(fig.data[0].y)  # one row of tiles: every row is a query
     long = layer_patterns_figure(torch.full((2, 41, 41), 1 / 41), [f"t{i}" for i in range(41)], 0, key_labels=True)
-    assert long.layout.height == 400 and tuple(long.layout.yaxis.domain) == (0, 1)
+    assert long.layout.height == 400 and long.layout.margin.b == 20
     assert long.layout.xaxis.showticklabels is False and long.layout.yaxis.showticklabels is False
+
+
+def test_layer_figure_is_valid_plotly_and_rejects_mismatched_tokens():
+    import plotly.graph_objects as go
+
+    from workbench.errors import InputError
+
+    fig = layer_patterns_figure(torch.full((5, 3, 3), 1 / 3), ["a", "b", "c"], 2, key_labels=True)
+    go.Figure(fig.to_dict())  # built without plotly's validation: every property must still be a real one
+    with pytest.raises(InputError, match="2 tokens"):
+        layer_patterns_figure(torch.full((2, 3, 3), 1 / 3), ["a", "b"], 0)

@@ -152,6 +152,31 @@ def test_the_launcher_warms_the_model_a_new_session_opens(monkeypatch):
     assert serve.streamlit_argv(["--server.port", "9"]) == ["streamlit", "run", str(serve.HOME), "--server.port", "9"]
 
 
+def test_a_page_run_during_the_warm_up_loads_plotly_in_a_hidden_chart(monkeypatch):
+    import threading
+
+    from app import serve
+
+    def page():
+        from app.serve import preload_plotly_while_warming
+        preload_plotly_while_warming()
+
+    release = threading.Event()
+    warming = threading.Thread(target=release.wait, daemon=True)
+    warming.start()
+    monkeypatch.setattr(serve, "_WARMING", warming)
+    try:
+        at = AppTest.from_function(page).run()
+        assert [c.proto.id.rsplit("-", 1)[-1] for c in at.get("plotly_chart")] == ["plotly_preload_chart"]
+        styles = [e.proto.body for e in at.get("html")]
+        assert styles == ["<style>.st-key-plotly_preload {display: none}</style>"]  # the chart's box is hidden
+    finally:
+        release.set()
+        warming.join()
+    assert not serve.still_warming()
+    assert not AppTest.from_function(page).run().get("plotly_chart")  # warmed up: nothing drawn
+
+
 def test_missing_model_is_a_message_not_a_traceback(dense):
     for page in PAGES:
         at = run_page(page, "/no/such/model")

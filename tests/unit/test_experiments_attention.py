@@ -73,7 +73,11 @@ def test_figures_have_labels_and_values():
     z = grid.data[0].z
     assert z.shape[0] > 2 * 5 and z.shape[1] > 4 * 5
     assert torch.tensor(z[:5, :5]).allclose(patterns[0, 0].double(), atol=1e-6)
-    assert len(layer_patterns_figure(patterns[0], labels, 0).data) == 4
+    layer = layer_patterns_figure(patterns[0], labels, 0)  # 4 heads: one row of 4 tiles, 1-column gaps
+    assert len(layer.data) == 1
+    for head in range(4):  # each head's tile shows the model's pattern
+        tile = layer.data[0].z[:, head * 6:head * 6 + 5]
+        assert torch.tensor(tile).allclose(patterns[0, head], atol=1e-6)
     assert scores_heatmap(torch.rand(2, 4), "t").data[0].z.shape == (2, 4)
     with pytest.raises(wb.InputError):
         pattern_figure(patterns[0, 0], labels[:3])
