@@ -28,7 +28,9 @@ ActAdd, PCA reading vectors, control vectors), ``lenses`` (the tuned lens and th
 Shared plumbing: ``_batched`` (many single-layer edits in few batched passes), ``_cli`` (the commands'
 arguments and outputs), ``_progress`` (progress reporting), ``_tokens`` (token ids as labels), ``_flow_parts``
 (information flow's forward pass and its split of attention's output into parts), ``_depth`` (how far a forward
-must run for some hooks to fire).
+must run for some hooks to fire), ``_hook_rows`` (one activation row per prompt at hook points, for probes and
+steering), ``_lens_attribution`` (direct logit attribution and the reader of a prompt's run), ``flow_tables``
+(information flow's importance tables, filled as a graph reads them).
 
 Example:
     >>> from experiments.induction import induction_scores

@@ -1,6 +1,7 @@
 """One activation row per prompt at each hook point: the reading engine probes and steering vectors share.
 
-Legend: B batch, P position, N prompts, i a hook's activation flattened.
+Legend: B batch, P position, N flattened tokens, i d_in.
+(N counts prompts here, one row each; i is a hook's activation flattened, the width a probe reads.)
 
 ``hook_rows`` pads the prompts on the right a batch at a time (causal attention: a real token never sees the
 padding after it), runs the blocks only as deep as the deepest hook (``experiments._depth``), and keeps of each

@@ -138,7 +138,7 @@ class ReadoutMethods(_Host):
     # ---- the output head ----------------------------------------------------------------------------
     def top_logits_from_resid(self, resid_ND: Float[Tensor, "rows d_model"], k: int,
                               screen_dtype: Optional[torch.dtype] = None
-                              ) -> tuple[Float[Tensor, "rows k"], Int[Tensor, "rows k"], Float[Tensor, "rows"]]:
+                              ) -> tuple[Float[Tensor, "rows top"], Int[Tensor, "rows top"], Float[Tensor, "rows"]]:
         """Each row's ``k`` highest logits (float32), their token ids and the row's logsumexp, for residual streams after
         the last block (``logits_from_resid``'s readout, 64 rows at a time: memory is bounded whatever the row count):
         the probability of a top token is ``exp(value - logsumexp)``.

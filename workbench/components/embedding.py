@@ -197,7 +197,7 @@ class Unembed(ZeroBiases, nn.Module):
         return soft_capped(logits if bias is None else logits + bias[ids_NkC], self.soft_cap)
 
     def screened_top_k(self, x_ND: Float[Tensor, "rows d_model"], k: int, screen_dtype: torch.dtype,
-                       margin: int = 32) -> tuple[Float[Tensor, "rows k"], Int[Tensor, "rows k"], Float[Tensor, "rows"]]:
+                       margin: int = 32) -> tuple[Float[Tensor, "rows top"], Int[Tensor, "rows top"], Float[Tensor, "rows"]]:
         """The ``k`` highest logits of each row with their ids, and the row's logsumexp, from a low-precision screen.
 
         Every logit is first computed in ``screen_dtype`` (bfloat16 runs 4-5x faster than float32 on CPUs with
