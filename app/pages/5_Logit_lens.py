@@ -112,7 +112,8 @@ def main() -> None:
     # The expanders are filled only when opened (opening one reruns the page): closed, the table still sent every
     # top-k row (480 KB at 64 tokens) and KL by layer read every layer through the unembedding again, once per lens
     # (on SmolLM2 at 64 tokens most of a 4-9 s prompt change).
-    table_view = st.expander("All top-k tokens as a table", key="lens_table_open", on_change="rerun")
+    table_view = st.expander("The top-k tokens of the positions shown, as a table", key="lens_table_open",
+                             on_change="rerun")
     if table_view.open:
         with table_view:
             downloads.table(table, "logit_lens", key="logit_lens_table", height=300)

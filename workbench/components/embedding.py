@@ -227,7 +227,8 @@ class Unembed(ZeroBiases, nn.Module):
 
     def _screen_weight(self, dtype: torch.dtype) -> Float[Tensor, "d_vocab d_model"]:
         """The unembedding in ``dtype``, converted once and kept while the weights are unchanged (their storage and
-        version), since converting a large vocabulary's matrix costs a good part of the screen itself."""
+        version), since converting a large vocabulary's matrix costs a good part of the screen itself. What it holds
+        from the first screen on: d_vocab x d_model in bfloat16 (SmolLM2-135M 57 MB, Gemma 3 270M 335 MB)."""
         key = (dtype, self._W_U_lin.data_ptr(), self._W_U_lin._version)
         held = getattr(self, "_screen_copy", None)
         if held is None or held[0] != key:
