@@ -14,7 +14,7 @@ import torch
 import workbench as wb
 from experiments import patching
 from experiments.continuations import continue_with_ablation
-from tests.e2e.dashboard import wait_chart, wait_idle
+from tests.e2e.dashboard import ScriptRuns, wait_chart, wait_idle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -52,9 +52,15 @@ def set_text_area(page, key: str, text: str) -> None:
     box.press("Control+Enter")
 
 
+def _set_input(page, key: str, text: str) -> None:
+    page.locator(f".st-key-{key} input").fill(text)
+    page.locator(f".st-key-{key} input").press("Enter")
+
+
 def test_patching_page(browser, server_url, screenshot, model):
     page = browser.new_page(viewport={"width": 1400, "height": 2600})
     page.set_default_timeout(90_000)
+    runs = ScriptRuns(page)
     page.goto(f"{server_url}/Patching?" + urlencode({"patching_clean": OTHER_CLEAN, "patching_corrupt": OTHER_CORRUPT,
                                                      "patching_answer": " Anna", "patching_wrong": " Tom"}))
     page.get_by_role("heading", name="Activation patching").wait_for()
@@ -63,12 +69,16 @@ def test_patching_page(browser, server_url, screenshot, model):
     before = metric_value(page, "Clean logit diff")
     assert float(before) == pytest.approx(logit_diff(model, OTHER_CLEAN, " Anna", " Tom"), abs=2e-3)
 
-    # The default IOI pair, typed in; attribution patching runs at once.
-    set_text_area(page, "patching_clean", IOI_CLEAN)
-    set_text_area(page, "patching_corrupt", IOI_CORRUPT)
-    for key, text in (("patching_answer", " Mary"), ("patching_wrong", " John")):
-        page.locator(f".st-key-{key} input").fill(text)
-        page.locator(f".st-key-{key} input").press("Enter")
+    # The default IOI pair, typed in; attribution patching runs at once. Each edit waits for the run it starts, as a
+    # user would see it land: an edit typed while the previous run redraws the page can be overwritten by that
+    # run's copy of the box (the corrupted prompt was once lost so, in a loaded CI run).
+    for edit in (lambda: set_text_area(page, "patching_clean", IOI_CLEAN),
+                 lambda: set_text_area(page, "patching_corrupt", IOI_CORRUPT),
+                 lambda: _set_input(page, "patching_answer", " Mary"),
+                 lambda: _set_input(page, "patching_wrong", " John")):
+        before = runs.done
+        edit()
+        runs.wait_after(page, before)
     clean, corrupt = logit_diff(model, IOI_CLEAN), logit_diff(model, IOI_CORRUPT)
     # Each edit reruns the page: wait for the run that has all four (the first rerun, after the prompts alone,
     # already changes the metric, with the old answer and wrong tokens).
