@@ -141,10 +141,13 @@ def _grid_customdata(layers: Sequence[int], n_heads: int, n_queries: int, n_keys
 
 def layer_patterns_figure(
     patterns_HPS: Float[Tensor, "n_heads pos key_pos"], str_tokens: Sequence[str], layer: int,
-    key_labels: bool = False,
+    key_labels: bool = False, heads: Optional[Sequence[int]] = None, tile_titles: Optional[Sequence[str]] = None,
+    title: Optional[str] = None,
 ) -> go.Figure:
     """Every head of one layer as tiles of one heatmap (up to four heads per row, blank gaps between them, one
-    colour scale ``coloraxis``), each tile titled "L{layer}H{head}"; values as float32.
+    colour scale ``coloraxis``), each tile titled "L{layer}H{head}"; values as float32. ``heads``: the head numbers
+    of ``patterns_HPS``'s rows when they are some of the layer's heads (default 0, 1, ...), ``tile_titles`` and
+    ``title`` replace the tiles' and the figure's titles (default "Layer {layer}: every head").
 
     One trace on one pair of axes, not a subplot per head: Chromium drew SmolLM2's nine 64-token subplots (each
     with its own axes and ticks) in about 0.26 s of CPU, a quarter of a prompt change on the Attention page.
@@ -160,6 +163,9 @@ def layer_patterns_figure(
         (1, (3, 7), ['L0H0', 'L0H1'])
         >>> fig.layout.height, fig.layout.xaxis.showticklabels
         (475, True)
+        >>> some = layer_patterns_figure(torch.full((2, 3, 3), 1 / 3), ["a", "b", "c"], 4, heads=[7, 2], title="Two")
+        >>> [a["text"] for a in some.layout.annotations], some.data[0]["customdata"][0].tolist(), some.layout.title.text
+        (['L4H7', 'L4H2'], [7, 7, 7, 0, 2, 2, 2], 'Two')
     """
     p = to_numpy(patterns_HPS)
     if p.ndim != 3:
@@ -167,6 +173,10 @@ def layer_patterns_figure(
     n_heads, n_queries, n_keys = p.shape
     if len(str_tokens) != n_keys or n_queries != n_keys:
         raise InputError(f"patterns of shape {p.shape} do not match {len(str_tokens)} tokens")
+    heads = list(range(n_heads)) if heads is None else [int(h) for h in heads]
+    tile_titles = [f"L{layer}H{h}" for h in heads] if tile_titles is None else list(tile_titles)
+    if len(heads) != n_heads or len(tile_titles) != n_heads:
+        raise InputError(f"{n_heads} patterns but {len(heads)} head numbers and {len(tile_titles)} tile titles")
     labels = axis_labels(list(str_tokens))
     labelled = len(labels) <= MAX_LABELLED_TOKENS
     show_keys = key_labels and labelled
@@ -176,11 +186,11 @@ def layer_patterns_figure(
     step = n_keys + gap
     z = np.full((n_rows * step - gap, n_cols * step - gap), np.nan, dtype=np.float32)
     # The head of each cell for the hover (gaps are never hovered: hoverongaps=False); one or two bytes a cell.
-    head_of_cell = np.zeros(z.shape, dtype=np.min_scalar_type(max(n_heads - 1, 0)))
+    head_of_cell = np.zeros(z.shape, dtype=np.min_scalar_type(max(max(heads), 0)))
     corners = [divmod(h, n_cols) for h in range(n_heads)]  # (tile row, tile column) of each head
     for h, (row, col) in enumerate(corners):
         z[row * step:row * step + n_keys, col * step:col * step + n_keys] = p[h]
-        head_of_cell[row * step:row * step + n_keys, col * step:col * step + n_keys] = h
+        head_of_cell[row * step:row * step + n_keys, col * step:col * step + n_keys] = heads[h]
     # Category axes: every column (row) of a tile is its token's label; gaps are blank labels.
     x = distinct_labels(_tiled(labels, n_cols, gap))
     y = distinct_labels(_tiled(labels, n_rows, gap))
@@ -188,12 +198,13 @@ def layer_patterns_figure(
                    hovertemplate=f"L{layer}H%{{customdata}}<br>query %{{y}}<br>key %{{x}}<br>attention=%{{z:.3f}}"
                                  "<extra></extra>")
     height = 300 * n_rows + 100 + (KEY_LABEL_PX if show_keys else 0)
-    titles = [dict(text=f"L{layer}H{h}", x=col * step + (n_keys - 1) / 2, y=row * step - 0.5, xref="x", yref="y",
+    titles = [dict(text=tile_titles[h], x=col * step + (n_keys - 1) / 2, y=row * step - 0.5, xref="x", yref="y",
                    xanchor="center", yanchor="bottom", showarrow=False, font=dict(size=14))
               for h, (row, col) in enumerate(corners)]
     axis = dict(type="category", showgrid=False, zeroline=False, ticks="", automargin=True)
     layout = dict(
-        title=dict(text=f"Layer {layer}: every head"), height=height, width=300 * n_cols + 150,
+        title=dict(text=f"Layer {layer}: every head" if title is None else title), height=height,
+        width=300 * n_cols + 150,
         coloraxis=dict(colorscale=_blues(), cmin=0, cmax=1, colorbar=dict(title=dict(text="attention"))),
         plot_bgcolor="white", annotations=titles,
         xaxis=dict(axis, showticklabels=True, tickmode="array", tickvals=_tile_ticks(x, n_keys, n_cols, gap),

@@ -57,10 +57,11 @@ def test_an_attention_edge_shows_its_heads_and_a_node_its_vocabulary(moe):
     heads = at.dataframe[0].value  # the edge's heads, strongest first
     assert list(heads.columns) == ["head", "importance"] and heads["importance"].is_monotonic_decreasing
     assert heads["importance"].sum() == pytest.approx(metric(at, "Top attention edge"), abs=1e-3)
-    for rank in range(min(3, len(heads))):
-        assert chart(at, f"flow_pattern_{rank}")["data"][0]["type"] == "heatmap"
+    patterns = chart(at, "flow_patterns")  # the strongest heads' patterns, strongest first, as tiles of one heatmap
+    assert patterns["data"][0]["type"] == "heatmap"
     layer = int(pick.value.split(" -> ")[1].split(".")[0][1:])  # the target state "L<layer>.mid:<i>"
-    assert chart(at, "flow_pattern_0")["layout"]["title"]["text"].startswith(f"L{layer}H{int(heads['head'].iloc[0])} ")
+    tile_titles = [a["text"] for a in patterns["layout"]["annotations"]]
+    assert [t.split(" ")[0] for t in tile_titles] == [f"L{layer}H{int(h)}" for h in heads["head"].iloc[:3]]
 
     mlp_node = next(o for o in pick.options if ".mlp:" in o and " " not in o)
     at.selectbox(key="flow_pick").set_value(mlp_node).run()

@@ -67,11 +67,16 @@ def test_information_flow_runs_one_forward_and_draws_the_edges_heads_from_it(toy
     assert passes["unembed"] == []                    # no number on the default view reads a logit
     with torch.no_grad():
         expected_LHPS = attention_patterns(toy, tokens)   # the patterns' own forward, run here
-    for rank in range(3):   # the inspected edge's strongest heads
-        figure = chart(at, f"flow_pattern_{rank}")
-        layer, head = map(int, re.match(r"L(\d+)H(\d+)", figure["layout"]["title"]["text"]).groups())
-        z = figure["data"][0]["z"]
-        shown = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(expected_LHPS.shape[-2:])
+    figure = chart(at, "flow_patterns")   # the inspected edge's strongest heads, tiles of one heatmap in a row
+    z = figure["data"][0]["z"]
+    P = tokens.shape[1]
+    step = P + max(1, P // 8)   # a tile and the blank gap after it
+    grid = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(P, -1)
+    titles = [a["text"] for a in figure["layout"]["annotations"]]
+    assert len(titles) == 3
+    for tile, title in enumerate(titles):
+        layer, head = map(int, re.match(r"L(\d+)H(\d+)", title).groups())
+        shown = grid[:, tile * step:tile * step + P]
         np.testing.assert_allclose(shown, expected_LHPS[layer, head].numpy(), rtol=0, atol=1e-7)
 
 
