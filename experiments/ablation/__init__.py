@@ -44,4 +44,5 @@ from experiments.ablation.sweeps import head_sweep, head_sweep_per_prompt
 from experiments.ablation.targets import KINDS, METHODS, AblationTarget, Kind, Method
 
 __all__ = ["AblationTarget", "ablation_hooks", "run_ablated", "head_sweep", "head_sweep_per_prompt", "ablation_effect",
-           "mean_reference", "per_token_loss_change", "top_predictions", "top_predictions_change", "loss_and_top_predictions_change", "KINDS", "METHODS", "Kind", "Method"]
+           "mean_reference", "per_token_loss_change", "top_predictions", "top_predictions_change",
+           "loss_and_top_predictions_change", "KINDS", "METHODS", "Kind", "Method"]
