@@ -38,7 +38,7 @@ from typing import Optional
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.benchmarks.common import machine_line, markdown_table, module_notes
+from tests.benchmarks.common import script_main
 from tests.e2e import dashboard
 
 MODEL = "smollm2-135m"
@@ -293,23 +293,17 @@ def run(quick: bool = False, pages: Optional[str] = None) -> list[dict]:
     return rows
 
 
-def main() -> None:
-    """``common.script_main`` with ``--pages`` besides ``--quick``: the rows as one markdown table under the machine
-    line."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one cold start, 64-token prompts, two pages")
-    parser.add_argument("--pages", help='prompt pages to time, comma-separated sidebar names, e.g. "Attention,Heads" '
-                                        f"(default all: {', '.join(link for link, _ in PROMPT_PAGES)})")
-    args = parser.parse_args()
+def _pages_option(names: str) -> str:
+    """``--pages``' value, checked before any server starts (an unknown page is the command line's error)."""
     try:
-        selected_pages(args.pages, args.quick)
+        selected_pages(names, quick=False)
     except ValueError as error:
-        parser.error(str(error))
-    rows = run(quick=args.quick, pages=args.pages)
-    print(f"Machine: {machine_line()}\n")
-    print(markdown_table(rows, "Dashboard in Chromium, SmolLM2-135M"))
-    print(module_notes(sys.modules[__name__]))
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--pages: ")) from None
+    return names
 
 
 if __name__ == "__main__":
-    main()
+    script_main(__name__, "Dashboard in Chromium, SmolLM2-135M", "one cold start, 64-token prompts, two pages",
+                [("--pages", dict(type=_pages_option,
+                                  help='prompt pages to time, comma-separated sidebar names, e.g. "Attention,Heads" '
+                                       f"(default all: {', '.join(link for link, _ in PROMPT_PAGES)})"))])

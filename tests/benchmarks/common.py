@@ -12,7 +12,7 @@ import platform
 import statistics
 import sys
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -101,9 +101,11 @@ def module_notes(module) -> str:
     return module.report_notes() if hasattr(module, "report_notes") else getattr(module, "REPORT_NOTES", "")
 
 
-def script_main(module_name: str, title: str, quick_help: str) -> None:
+def script_main(module_name: str, title: str, quick_help: str,
+                arguments: Sequence[tuple[str, dict]] = ()) -> None:
     """A benchmark script run alone: ``--quick`` (``quick_help`` says what it shortens), then the module's rows
-    as one markdown table under the machine line, and its notes.
+    as one markdown table under the machine line, and its notes. ``arguments``: the script's own options, as
+    (flag, ``add_argument`` keywords) pairs; each reaches ``run`` as a keyword.
 
     Example (at the end of a benchmark script):
         >>> if __name__ == "__main__":                                                      # doctest: +SKIP
@@ -112,7 +114,9 @@ def script_main(module_name: str, title: str, quick_help: str) -> None:
     module = sys.modules[module_name]
     parser = argparse.ArgumentParser(description=module.__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=quick_help)
-    rows = module.run(quick=parser.parse_args().quick)
+    for flag, options in arguments:
+        parser.add_argument(flag, **options)
+    rows = module.run(**vars(parser.parse_args()))
     print(f"Machine: {machine_line()}\n")
     print(markdown_table(rows, title))
     print(module_notes(module))
