@@ -15,6 +15,7 @@ from torch import Tensor
 
 from experiments._tokens import axis_labels, token_label
 from experiments.plots.common import distinct_labels, labelled_heatmap, to_numpy
+from experiments.plots.raster import colour_png
 from workbench.errors import InputError
 
 # Past this many tokens the per-token tick labels of a layer's subplots overlap, so they are left off.
@@ -41,42 +42,29 @@ def pattern_figure(pattern_PS: Float[Tensor, "pos key_pos"], str_tokens: Sequenc
     return fig
 
 
-def _tile_labels(tile_names: Sequence[str], letter: str, size: int, gap: int) -> list[str]:
-    """One category label per column (or row) of a tiled grid: "H3 k12" inside a tile, "gap 7" between tiles.
-
-    Example:
-        >>> _tile_labels(["H0", "H1"], "k", size=2, gap=1)
-        ['H0 k0', 'H0 k1', 'gap 2', 'H1 k0', 'H1 k1']
-    """
-    labels = []
-    for index in range(len(tile_names) * (size + gap) - gap):
-        tile, offset = divmod(index, size + gap)
-        labels.append(f"{tile_names[tile]} {letter}{offset}" if offset < size else f"gap {index}")
-    return labels
-
-
 def pattern_grid_figure(
     patterns_LHPS: Float[Tensor, "n_layers n_heads pos key_pos"],
     str_tokens: Optional[Sequence[str]] = None,
     layers: Optional[Sequence[int]] = None,
     light: bool = False,
+    zmax: float = 1.0,
 ) -> go.Figure:
     """A layer x head grid of small pattern heatmaps, drawn as one tiled heatmap (fast even for 270 heads).
 
     Tiles are separated by blank gaps; the hover names layer, head, query and key positions, and
-    the title lists the tokens by position.
+    the title lists the tokens by position. The colour scale runs from 0 to ``zmax``.
 
-    ``light=True`` makes the figure the dashboard sends to the browser: the hover reads category
-    labels of the axes ("L5 q7" down, "H3 k12" across, "gap i" between tiles) instead of a
-    per-cell ``customdata`` array, and values travel as float32. That array is float64 and four
-    numbers a cell (15 MB for six SmolLM2 layers at 64 tokens, seconds for the browser to
-    receive); without it only the values travel, at 4 bytes a cell. The default keeps numeric
-    axes and the customdata hover (the ``python -m experiments.attention`` HTML file).
+    ``light=True`` makes the figure the dashboard sends to the browser: the tiles are one PNG image coloured
+    here (``experiments.plots.raster``), about a tenth of the bytes of the values, and the hover names each tile's
+    head (the layer view gives each weight). A 64-token prompt change on the Attention page spent about 0.12 s of
+    its 0.55 s in Chromium on the grid as a heatmap (Streamlit's chart wrapper copies and rewrites a figure's whole
+    JSON on every redraw). The default keeps the values, numeric axes and a per-cell customdata hover (the
+    ``python -m experiments.attention`` HTML file).
 
     Example:
         >>> fig = pattern_grid_figure(torch.full((1, 2, 3, 3), 1 / 3), light=True)
-        >>> list(fig.data[0].x), fig.data[0].z.dtype
-        (['H0 k0', 'H0 k1', 'H0 k2', 'gap 3', 'H1 k0', 'H1 k1', 'H1 k2'], dtype('float32'))
+        >>> [trace.type for trace in fig.data], fig.data[0].source[:22]
+        (['image', 'heatmap'], 'data:image/png;base64,')
     """
     p = to_numpy(patterns_LHPS)
     if p.ndim != 4:
@@ -85,7 +73,7 @@ def pattern_grid_figure(
     n_heads, n_queries, n_keys = p.shape[1], p.shape[2], p.shape[3]
     gap = max(1, n_queries // 8)
     rows, cols = len(layers) * (n_queries + gap) - gap, n_heads * (n_keys + gap) - gap
-    z = np.full((rows, cols), np.nan, dtype=np.float32 if light else np.float64)
+    z = np.full((rows, cols), np.nan, dtype=np.float64)
     for r, layer in enumerate(layers):
         for h in range(n_heads):
             top, left = r * (n_queries + gap), h * (n_keys + gap)
@@ -97,26 +85,27 @@ def pattern_grid_figure(
         # Per-cell token hovers would weigh megabytes for a 270-head grid; the positions key is in the title.
         key = " ".join(f"{i}:{token_label(t)}" for i, t in enumerate(str_tokens))
         title += "<br><sup>" + (key if len(key) <= 160 else key[:157] + "...") + "</sup>"
-    # Ticks name each tile at its middle column (row): a position on numeric axes, that column's
-    # (row's) label on category axes.
-    x_ticks = [h * (n_keys + gap) + n_keys / 2 for h in range(n_heads)]
-    y_ticks = [r * (n_queries + gap) + n_queries / 2 for r in range(len(layers))]
+    # Ticks name each tile at its middle column (row).
+    x_ticks = [h * (n_keys + gap) + (n_keys - 1) / 2 for h in range(n_heads)]
+    y_ticks = [r * (n_queries + gap) + (n_queries - 1) / 2 for r in range(len(layers))]
     if light:
-        x = _tile_labels([f"H{h}" for h in range(n_heads)], "k", n_keys, gap)
-        y = _tile_labels([f"L{layer}" for layer in layers], "q", n_queries, gap)
-        heatmap = go.Heatmap(z=z, x=x, y=y, hovertemplate="%{y}<br>%{x}<br>attention=%{z:.3f}<extra></extra>")
-        x_ticks, y_ticks = [x[int(t)] for t in x_ticks], [y[int(t)] for t in y_ticks]
+        traces = [
+            go.Image(source=colour_png(z, 0.0, zmax), x0=0, dx=1, y0=0, dy=1, hoverinfo="skip"),
+            # One transparent cell a tile under the pointer: its hover names the head, its colour bar the scale.
+            go.Heatmap(z=np.zeros((len(layers), n_heads)), x=x_ticks, y=y_ticks, opacity=0, showscale=True,
+                       text=[[f"L{layer}H{h}" for h in range(n_heads)] for layer in layers],
+                       hovertemplate="%{text}<extra></extra>"),
+        ]
     else:
-        heatmap = go.Heatmap(z=z, customdata=_grid_customdata(layers, n_heads, n_queries, n_keys, gap),
+        traces = [go.Heatmap(z=z, customdata=_grid_customdata(layers, n_heads, n_queries, n_keys, gap),
                              hovertemplate="L%{customdata[0]}H%{customdata[1]}<br>query %{customdata[2]}"
-                                           "<br>key %{customdata[3]}<br>attention=%{z:.3f}<extra></extra>")
-    heatmap.update(colorscale="Blues", zmin=0, zmax=1, hoverongaps=False, colorbar=dict(title="attention"))
-    fig = go.Figure(heatmap)
-    axis_type = dict(type="category") if light else {}
+                                           "<br>key %{customdata[3]}<br>attention=%{z:.3f}<extra></extra>")]
+    traces[-1].update(colorscale="Blues", zmin=0, zmax=zmax, colorbar=dict(title="attention"))
+    fig = go.Figure(traces)
     fig.update_xaxes(tickmode="array", tickvals=x_ticks, ticktext=[f"H{h}" for h in range(n_heads)],
-                     showgrid=False, **axis_type)
+                     showgrid=False, zeroline=False)
     fig.update_yaxes(tickmode="array", tickvals=y_ticks, ticktext=[f"L{layer}" for layer in layers],
-                     autorange="reversed", showgrid=False, **axis_type)
+                     autorange="reversed", showgrid=False, zeroline=False)
     fig.update_layout(title=title,
                       height=max(400, 60 * len(layers) + 150), width=max(500, 70 * n_heads + 200),
                       plot_bgcolor="white")

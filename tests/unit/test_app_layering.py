@@ -7,6 +7,8 @@ Expected labels, gaps and layout numbers are worked out by hand in each test.
 from __future__ import annotations
 
 import ast
+import base64
+import io
 import json
 import os
 import subprocess
@@ -107,31 +109,43 @@ def test_only_results_caches():
     assert "def load_model(" in sources["results/models.py"]
 
 
-def test_light_grid_has_axis_labels_float32_values_and_no_customdata():
-    patterns = torch.arange(18, dtype=torch.float32).reshape(1, 2, 3, 3) / 18  # 1 layer, 2 heads, 3 positions
-    fig = pattern_grid_figure(patterns, ["a", "b", "c"], light=True)
-    trace = fig.data[0]
-    # gap = max(1, 3 // 8) = 1 column between the heads' 3-column tiles: 3 + 1 + 3 = 7 columns.
-    assert list(trace.x) == ["H0 k0", "H0 k1", "H0 k2", "gap 3", "H1 k0", "H1 k1", "H1 k2"]
-    assert list(trace.y) == ["L0 q0", "L0 q1", "L0 q2"]
-    assert trace.customdata is None
-    assert trace.hovertemplate == "%{y}<br>%{x}<br>attention=%{z:.3f}<extra></extra>"
-    assert trace.z.dtype == np.float32 and trace.z.shape == (3, 7)
-    assert np.isnan(trace.z[:, 3]).all()
-    np.testing.assert_array_equal(trace.z[:, :3], patterns[0, 0].numpy())
-    np.testing.assert_array_equal(trace.z[:, 4:], patterns[0, 1].numpy())
-    # Ticks at each tile's middle column (1 of 0..2) and row, named by category; the text is unchanged.
-    assert fig.layout.xaxis.type == "category" and fig.layout.yaxis.type == "category"
-    assert list(fig.layout.xaxis.tickvals) == ["H0 k1", "H1 k1"] and list(fig.layout.xaxis.ticktext) == ["H0", "H1"]
-    assert list(fig.layout.yaxis.tickvals) == ["L0 q1"] and list(fig.layout.yaxis.ticktext) == ["L0"]
+def _png_pixels(uri: str) -> np.ndarray:
+    from PIL import Image
+
+    assert uri.startswith("data:image/png;base64,")
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).convert("RGBA"))
+
+
+def test_light_grid_is_an_image_coloured_as_plotly_colours_blues_with_a_hover_per_tile():
+    patterns = torch.zeros(1, 2, 3, 3)  # 1 layer, 2 heads, 3 positions
+    patterns[0, 0, 0, 0], patterns[0, 0, 1, 0], patterns[0, 1, 2, 2] = 0.5, 0.0625, 0.75  # 0.75 > zmax: clipped
+    fig = pattern_grid_figure(patterns, ["a", "b", "c"], light=True, zmax=0.5)
+    image, tiles = fig.data
+    pixels = _png_pixels(image.source)
+    # gap = max(1, 3 // 8) = 1 column between the heads' 3-column tiles: 3 + 1 + 3 = 7 columns, one pixel a cell.
+    assert pixels.shape == (3, 7, 4) and image.hoverinfo == "skip"
+    assert (pixels[:, 3, 3] == 0).all() and (np.delete(pixels, 3, axis=1)[..., 3] == 255).all()  # gaps see-through
+    # Plotly's "Blues" stops (plotly.colors.sequential.Blues): 0 rgb(247,251,255), 0.125 rgb(222,235,247),
+    # 0.25 rgb(198,219,239), ..., 1 rgb(8,48,107). A cell's colour is linear between the stops around value/zmax.
+    assert pixels[0, 0, :3].tolist() == [8, 48, 107]       # 0.5 / 0.5 = 1: the last stop
+    assert pixels[1, 0, :3].tolist() == [222, 235, 247]    # 0.0625 / 0.5 = 0.125: the second stop
+    assert pixels[0, 1, :3].tolist() == [247, 251, 255]    # 0: the first stop
+    assert pixels[2, 6, :3].tolist() == [8, 48, 107]       # head 1, query 2, key 2: 0.75 clipped to zmax
+    halfway = pattern_grid_figure(torch.full((1, 1, 3, 3), 0.1875), light=True, zmax=1.0)
+    # 0.1875: halfway between the stops at 0.125 and 0.25: (222 + 198) / 2, (235 + 219) / 2, (247 + 239) / 2.
+    assert _png_pixels(halfway.data[0].source)[0, 0, :3].tolist() == [210, 227, 243]
+    # The hover: one transparent cell a tile, at its middle, naming the head; its colour bar is the scale.
+    assert list(tiles.x) == [1.0, 5.0] and list(tiles.y) == [1.0] and tiles.opacity == 0
+    assert [list(row) for row in tiles.text] == [["L0H0", "L0H1"]] and (tiles.zmin, tiles.zmax) == (0, 0.5)
 
 
 def test_light_grid_names_the_chosen_layers_and_the_row_gaps():
     patterns = torch.full((3, 1, 3, 3), 1 / 3)
     fig = pattern_grid_figure(patterns, layers=[0, 2], light=True)
-    assert list(fig.data[0].y) == ["L0 q0", "L0 q1", "L0 q2", "gap 3", "L2 q0", "L2 q1", "L2 q2"]
-    assert list(fig.data[0].x) == ["H0 k0", "H0 k1", "H0 k2"]
-    assert list(fig.layout.yaxis.tickvals) == ["L0 q1", "L2 q1"]
+    assert _png_pixels(fig.data[0].source).shape == (7, 3, 4)  # two 3-row tiles and a 1-row gap
+    assert (_png_pixels(fig.data[0].source)[3, :, 3] == 0).all()
+    assert list(fig.layout.yaxis.tickvals) == [1.0, 5.0] and list(fig.layout.yaxis.ticktext) == ["L0", "L2"]
+    assert [list(row) for row in fig.data[1].text] == [["L0H0"], ["L2H0"]]
 
 
 def test_default_grid_keeps_numeric_axes_and_the_customdata_hover():
@@ -142,7 +156,8 @@ def test_default_grid_keeps_numeric_axes_and_the_customdata_hover():
     assert list(custom[2, 5]) == [0, 1, 2, 1]  # row 2, column 5: layer 0, head 1, query 2, key 5 - 4 = 1
     assert np.isnan(custom[:, 3]).all()
     assert fig.data[0].z.dtype == np.float64 and fig.layout.xaxis.type is None
-    assert list(fig.layout.xaxis.tickvals) == [1.5, 5.5] and list(fig.layout.yaxis.tickvals) == [1.5]
+    # each tile's middle cell: cells sit at whole positions, so a 3-cell tile's middle is 1 (then 1 + 4)
+    assert list(fig.layout.xaxis.tickvals) == [1.0, 5.0] and list(fig.layout.yaxis.tickvals) == [1.0]
 
 
 def test_layer_figure_tiles_every_head_in_one_heatmap():
