@@ -145,9 +145,13 @@ def main() -> None:
     picked = _pick(nodes, edges, special)
     if picked is not None:
         _detail(loaded, prompt, contributions, nodes, edges, picked)
-    with st.expander("Edges and nodes as tables"):
-        downloads.table(edges, "information_flow_edges", key="flow_edges", height=300)
-        downloads.table(nodes, "information_flow_nodes", key="flow_nodes", height=250)
+    # Filled only when opened (opening it reruns the page): closed, it still sent both tables (the largest part of
+    # a 64-token prompt change's 0.55-0.7 MB to the browser).
+    tables = st.expander("Edges and nodes as tables", key="flow_tables_open", on_change="rerun")
+    if tables.open:
+        with tables:
+            downloads.table(edges, "information_flow_edges", key="flow_edges", height=300)
+            downloads.table(nodes, "information_flow_nodes", key="flow_nodes", height=250)
 
 
 page_setup("Information flow")

@@ -18,6 +18,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
+from experiments import flow
 from experiments.attention import attention_patterns
 from tests.unit.test_app_defaults import APP, PROMPT, toy  # noqa: F401  (toy: the shared fixture)
 from workbench.components.embedding import Embed, Unembed
@@ -78,6 +79,15 @@ def test_information_flow_runs_one_forward_and_draws_the_edges_heads_from_it(toy
         layer, head = map(int, re.match(r"L(\d+)H(\d+)", title).groups())
         shown = grid[:, tile * step:tile * step + P]
         np.testing.assert_allclose(shown, expected_LHPS[layer, head].numpy(), rtol=0, atol=1e-7)
+    # The tables of edges and nodes are sent only once their expander is opened; then they are the graph's.
+    assert not at.dataframe[1:]   # the edge's heads alone
+    at.session_state["flow_tables_open"] = True
+    at.run()
+    with torch.no_grad():   # the graph from the experiment itself, on its own forward
+        expected_nodes, expected_edges = flow.flow_graph(flow.flow_contributions(toy, tokens), -1, flow.DEFAULT_THRESHOLD)
+    edges, nodes = at.dataframe[1].value, at.dataframe[2].value
+    assert edges["edge"].tolist() == expected_edges["edge"].tolist() and nodes["node"].tolist() == expected_nodes["node"].tolist()
+    np.testing.assert_allclose(edges["importance"], expected_edges["importance"], rtol=0, atol=1e-6)
 
 
 def test_ablation_runs_one_clean_forward_and_the_ablated_last_layer_alone(toy, passes):
