@@ -23,7 +23,7 @@ def colorscale_stops(name: str) -> tuple[np.ndarray, np.ndarray]:
 
     Example:
         >>> positions, rgb = colorscale_stops("Blues")
-        >>> positions[0], positions[-1], rgb[0].tolist(), rgb[-1].tolist()
+        >>> float(positions[0]), float(positions[-1]), rgb[0].tolist(), rgb[-1].tolist()
         (0.0, 1.0, [247.0, 251.0, 255.0], [8.0, 48.0, 107.0])
     """
     scale = plotly.colors.get_colorscale(name)
