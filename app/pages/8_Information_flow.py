@@ -68,7 +68,7 @@ def _pick(nodes: pd.DataFrame, edges: pd.DataFrame, special: tuple[int, ...]) ->
     clicked = st.session_state.pop(CLICKED_KEY, None)
     if clicked in options:
         url_state.choose(PICK_KEY, clicked)
-    return linked(st.selectbox, "Inspect (or click a node or an edge's midpoint in the graph)", options=options,
+    return linked(st.selectbox, "Inspect (or click a node or an attention edge's midpoint in the graph)", options=options,
                   index=default_pick(edges, special), key=PICK_KEY)
 
 
@@ -137,7 +137,7 @@ def main() -> None:
     _summary(nodes, edges)
     st.caption("Nodes are residual states (circles: embeddings, after attention, after the block) and MLP blocks "
                "(squares); edges are attention (blue, a token read by another), residual (grey) and MLP (orange), "
-               "wider and darker with their importance. Hover an edge's midpoint for the heads that carry it.")
+               "wider and darker with their importance. Hover an attention edge's midpoint for the heads that carry it.")
     title = f"Information flow into {position} {prompt.str_tokens[position]!r} (importance ≥ {threshold:.2f})"
     downloads.figure(flow_figure(nodes, edges, prompt.str_tokens, contributions.n_layers, title),
                      "information_flow", key=CHART_KEY, stretch=False,

@@ -40,7 +40,7 @@ def flow_figure(nodes: pd.DataFrame, edges: pd.DataFrame, str_toks: Sequence[str
                 title: str = "Information flow") -> go.Figure:
     """The graph: positions across (token labels), layers up; edge width and opacity by importance.
 
-    Nodes carry their id and edge midpoints their edge id as ``customdata`` (click targets).
+    Nodes carry their id and attention edges' midpoints their edge id as ``customdata`` (click targets).
 
     Example:
         >>> from experiments.flow import flow_contributions, flow_graph
@@ -67,16 +67,20 @@ def flow_figure(nodes: pd.DataFrame, edges: pd.DataFrame, str_toks: Sequence[str
         traces.append(dict(type="scatter", x=np.array(xs), y=np.array(ys), mode="lines", hoverinfo="skip",
                            showlegend=False, name=kind, opacity=0.3 + 0.15 * b,
                            line=dict(color=EDGE_COLOURS[kind], width=1 + 2.5 * b)))
+    # A marker at each attention edge's midpoint: its hover names the heads that carry it, a click inspects it. A
+    # residual or MLP edge has none: clicking its block's node inspects the same block, and on SmolLM2 at 64 tokens
+    # their ~1,000 markers were most of the browser's drawing of this figure.
+    attention = edges[edges["kind"] == "attention"]
     mid_x, mid_y = [], []
-    for source, target, kind in zip(edges["source"], edges["target"], edges["kind"]):
+    for source, target in zip(attention["source"], attention["target"]):
         (x0, y0), (x1, y1) = where[source], where[target]
-        mid_x.append((x0 + x1) / 2 + (0.18 if kind == "attention" and x0 == x1 else 0.0))
+        mid_x.append((x0 + x1) / 2 + (0.18 if x0 == x1 else 0.0))
         mid_y.append((y0 + y1) / 2)
-    hover = [f"{e}<br>importance {v:.3f}" + (f"<br>{h}" if h else "")
-             for e, v, h in zip(edges["edge"], edges["importance"], edges["heads"])]
+    hover = [f"{e}<br>importance {v:.3f}<br>{h}"
+             for e, v, h in zip(attention["edge"], attention["importance"], attention["heads"])]
     traces.append(dict(type="scatter", x=np.array(mid_x, dtype=float), y=np.array(mid_y, dtype=float),
-                       mode="markers", name="edges", customdata=edges["edge"].tolist(), text=hover,
-                       marker=dict(size=7, color=[EDGE_COLOURS[k] for k in edges["kind"]], opacity=0.35),
+                       mode="markers", name="edges", customdata=attention["edge"].tolist(), text=hover,
+                       marker=dict(size=7, color=EDGE_COLOURS["attention"], opacity=0.35),
                        hovertemplate="%{text}<extra></extra>", showlegend=False))
     labels = [f"{chart_text(n)}<br>{token_label(t)}" for n, t in zip(nodes["node"], nodes["token"])]
     traces.append(dict(type="scatter", x=x, y=y, mode="markers", name="nodes", customdata=nodes["node"].tolist(),

@@ -257,7 +257,8 @@ def test_edge_heads_and_figure_point_at_graph_items():
     assert int(heads["head"].iloc[0]) == top.top_head
     fig = flow_figure(nodes, edges, c.str_tokens, c.n_layers)
     clickable = {trace.name: list(trace.customdata) for trace in fig.data if trace.customdata is not None}
-    assert clickable["nodes"] == list(nodes["node"]) and clickable["edges"] == list(edges["edge"])
+    assert clickable["nodes"] == list(nodes["node"])
+    assert clickable["edges"] == list(edges.loc[edges["kind"] == "attention", "edge"])  # a block's edge: its node
     assert list(fig.layout.yaxis.ticktext) == ["embed", "L0", "L1"]
 
 
