@@ -5,7 +5,6 @@ Legend: H n_heads, L n_layers, P position, S key position.
 
 from __future__ import annotations
 
-import functools
 from typing import Optional, Sequence
 
 import numpy as np
@@ -14,7 +13,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from experiments._tokens import axis_labels, token_label
-from experiments.plots.common import distinct_labels, labelled_heatmap, to_numpy
+from experiments.plots.common import colorscale_json, distinct_labels, labelled_heatmap, to_numpy
 from experiments.plots.raster import colour_png
 from workbench.errors import InputError
 
@@ -194,7 +193,7 @@ def layer_patterns_figure(
     layout = dict(
         title=dict(text=f"Layer {layer}: every head" if title is None else title), height=height,
         width=300 * n_cols + 150,
-        coloraxis=dict(colorscale=_blues(), cmin=0, cmax=1, colorbar=dict(title=dict(text="attention"))),
+        coloraxis=dict(colorscale=colorscale_json("Blues"), cmin=0, cmax=1, colorbar=dict(title=dict(text="attention"))),
         plot_bgcolor="white", annotations=titles,
         xaxis=dict(axis, showticklabels=True, tickmode="array", tickvals=_tile_ticks(x, n_keys, n_cols, gap),
                    tickangle=-90, tickfont=dict(size=9)) if show_keys else dict(axis, showticklabels=False),
@@ -203,13 +202,6 @@ def layer_patterns_figure(
         margin=dict(t=100, b=20 + (KEY_LABEL_PX if show_keys else 0)),
     )
     return go.Figure(data=[heatmap], layout=layout, _validate=False)
-
-
-@functools.cache
-def _blues() -> list:
-    """Plotly's "Blues" colour scale as the figure's JSON spells it: the figure skips plotly's validation, which
-    would expand the name (plotly.js's own "Blues" runs the other way, dark to light)."""
-    return go.layout.Coloraxis(colorscale="Blues").to_plotly_json()["colorscale"]
 
 
 def _tiled(labels: Sequence[str], n_tiles: int, gap: int) -> list[str]:

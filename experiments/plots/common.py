@@ -5,6 +5,7 @@ Legend: H n_heads, L n_layers.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import numpy as np
@@ -56,6 +57,19 @@ def scores_heatmap(
     fig.update_yaxes(autorange="reversed", dtick=1 if n_layers <= 40 else None)
     fig.update_xaxes(dtick=1 if n_heads <= 40 else None)
     return fig
+
+
+@functools.cache
+def colorscale_json(name: str) -> list:
+    """Plotly's named colour scale as a figure's JSON spells it, for figures built unvalidated (``_validate=False``,
+    which skips plotly's expansion of the name): plotly.js reads some names the other way round ("Blues" runs dark to
+    light there).
+
+    Example:
+        >>> colorscale_json("Blues")[0], colorscale_json("Blues")[-1]
+        ([0.0, 'rgb(247,251,255)'], [1.0, 'rgb(8,48,107)'])
+    """
+    return go.layout.Coloraxis(colorscale=name).to_plotly_json()["colorscale"]
 
 
 def labelled_heatmap(

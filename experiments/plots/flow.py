@@ -84,9 +84,10 @@ def flow_figure(nodes: pd.DataFrame, edges: pd.DataFrame, str_toks: Sequence[str
                        hovertemplate="%{text}<extra></extra>", showlegend=False))
     labels = [f"{chart_text(n)}<br>{token_label(t)}" for n, t in zip(nodes["node"], nodes["token"])]
     traces.append(dict(type="scatter", x=x, y=y, mode="markers", name="nodes", customdata=nodes["node"].tolist(),
+                       # no outline: stroking each of ~900 markers (SmolLM2, 64 tokens) was a sixth of the figure's
+                       # drawing in Chromium
                        marker=dict(size=11, color=[NODE_COLOURS[s] for s in nodes["stage"]],
-                                   symbol=["square" if s == "mlp" else "circle" for s in nodes["stage"]],
-                                   line=dict(width=1, color="white")),
+                                   symbol=["square" if s == "mlp" else "circle" for s in nodes["stage"]]),
                        text=labels, hovertemplate="%{text}<extra></extra>", showlegend=False))
     P = len(str_toks)
     layout = dict(
