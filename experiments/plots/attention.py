@@ -96,7 +96,7 @@ def pattern_grid_figure(
                        hovertemplate="%{text}<extra></extra>"),
         ]
     else:
-        traces = [go.Heatmap(z=z, customdata=_grid_customdata(layers, n_heads, n_queries, n_keys, gap),
+        traces = [go.Heatmap(z=z, customdata=_grid_customdata(layers, n_heads, n_queries, n_keys, gap), hoverongaps=False,
                              hovertemplate="L%{customdata[0]}H%{customdata[1]}<br>query %{customdata[2]}"
                                            "<br>key %{customdata[3]}<br>attention=%{z:.3f}<extra></extra>")]
     traces[-1].update(colorscale="Blues", zmin=0, zmax=zmax, colorbar=dict(title="attention"))

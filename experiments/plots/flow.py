@@ -76,7 +76,7 @@ def flow_figure(nodes: pd.DataFrame, edges: pd.DataFrame, str_toks: Sequence[str
         (x0, y0), (x1, y1) = where[source], where[target]
         mid_x.append((x0 + x1) / 2 + (0.18 if x0 == x1 else 0.0))
         mid_y.append((y0 + y1) / 2)
-    hover = [f"{e}<br>importance {v:.3f}<br>{h}"
+    hover = [f"{e}<br>importance {v:.3f}" + (f"<br>{h}" if h else "")
              for e, v, h in zip(attention["edge"], attention["importance"], attention["heads"])]
     traces.append(dict(type="scatter", x=np.array(mid_x, dtype=float), y=np.array(mid_y, dtype=float),
                        mode="markers", name="edges", customdata=attention["edge"].tolist(), text=hover,

@@ -155,7 +155,7 @@ def test_default_grid_keeps_numeric_axes_and_the_customdata_hover():
     assert custom.shape == (3, 7, 4)
     assert list(custom[2, 5]) == [0, 1, 2, 1]  # row 2, column 5: layer 0, head 1, query 2, key 5 - 4 = 1
     assert np.isnan(custom[:, 3]).all()
-    assert fig.data[0].z.dtype == np.float64 and fig.layout.xaxis.type is None
+    assert fig.data[0].z.dtype == np.float64 and fig.layout.xaxis.type is None and fig.data[0].hoverongaps is False
     # each tile's middle cell: cells sit at whole positions, so a 3-cell tile's middle is 1 (then 1 + 4)
     assert list(fig.layout.xaxis.tickvals) == [1.0, 5.0] and list(fig.layout.yaxis.tickvals) == [1.0]
 
