@@ -134,9 +134,9 @@ def exact_rows(model, n_edges: int, repeats: int) -> list[dict]:
                 values.append(data.metric.values(logits, batch)[None])
             return values
 
-    times = interleaved_timings({"edge_patching (stacked)": lambda: edge_patching(model, data, None, None, edges),
+    times = interleaved_timings({"edge_patching (stacked)": lambda: edge_patching(model, data, edges),
                                  "one forward per edge": one_per_edge}, repeats=repeats, warmup=0)
-    batched = edge_patching(model, data, None, None, edges).set_index("edge")["metric"]
+    batched = edge_patching(model, data, edges).set_index("edge")["metric"]
     looped = torch.cat(one_per_edge()).mean(1)
     worst = max(abs(float(batched[e]) - float(v)) for e, v in zip(edges, looped))
     extra = {"edges": n_edges, "pairs": 8, "max_abs_difference": worst}
