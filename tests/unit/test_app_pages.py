@@ -7,6 +7,7 @@ installed), so the whole file takes seconds, not the minutes SmolLM2 would.
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -271,6 +272,18 @@ def test_logit_lens_and_attribution_follow_the_target(dense):
     assert "' the'" in chart(at, "dla")["layout"]["title"]["text"]
     at.text_input(key="lens_target").input("the cat sat").run()
     assert any("tokens for this tokenizer" in e.value for e in at.error)
+    assert chart(at, "logit_lens")["data"][0]["type"] == "heatmap"  # the grid is still drawn, the attribution not
+    assert "dla_chart" not in charts()
+
+
+def test_logit_lens_attribution_defaults_to_the_models_own_top_token(dense):
+    """The attribution's default target is the model's own next token (its logits, computed here)."""
+    at = run_page("lens", dense, SHORT_PROMPT)
+    assert_clean(at)
+    model = wb.load_model(dense, progress=False)
+    logits = model(model.to_tokens(SHORT_PROMPT))[0, -1]
+    top = model.to_str_tokens(logits.argmax())[0]
+    assert chart(at, "dla")["layout"]["title"]["text"].startswith(f"Direct logit attribution of {html.escape(repr(top), quote=False)} (")
 
 
 def test_logit_lens_grid_reads_the_last_positions_and_follows_a_new_prompt(dense):
