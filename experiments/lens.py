@@ -114,7 +114,7 @@ def logit_lens_logits(model, tokens: TextOrTokens, row: int = 0, *, attention_ma
 @torch.no_grad()
 def logit_lens(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, attention_mask: Optional[Tensor] = None,
                padding_side: str = "right", tuned_lens=None, screen: bool = False, cache=None,
-               positions: Optional[Sequence[int]] = None) -> pd.DataFrame:
+               positions: Optional[Sequence[int]] = None, workers: int = 1) -> pd.DataFrame:
     """Top-k tokens of each layer's residual stream at each position of prompt ``row``.
 
     Returns DataFrame[layer, position, rank, token, token_id, prob]; layer l < n_layers is the
@@ -127,7 +127,8 @@ def logit_lens(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, att
     0.002 over SmolLM2's 31 snapshots of five 64-token prompts); ``df.attrs["screen"]`` names the screen's dtype
     (None: exact). ``cache``: as ``residual_snapshots`` takes it. ``positions``: read only these positions of the
     prompt (each snapshot's readout is per position: the rows are those of the whole table); ``df.attrs["prompt_positions"]``
-    is the prompt's length either way.
+    is the prompt's length either way. ``workers``: threads reading the vocabulary at once
+    (``Decoder.top_logits_from_resid``); the table does not depend on it.
 
     Example:
         >>> df = logit_lens(model, model.to_tokens("The cat sat"), top_k=5)   # 6 tokens, 3 snapshots
@@ -150,7 +151,7 @@ def logit_lens(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, att
     if tuned_lens is not None:  # each snapshot through its layer's translator, then the model's own readout
         resid_TPD = torch.stack([tuned_lens.transform_hidden(resid_TPD[t], t) for t in range(T)])
     screen_dtype = fast_screen_dtype(resid_TPD.device) if screen else None
-    values_Nk, ids_Nk, lse_N = model.top_logits_from_resid(resid_TPD.reshape(-1, D), top_k, screen_dtype)
+    values_Nk, ids_Nk, lse_N = model.top_logits_from_resid(resid_TPD.reshape(-1, D), top_k, screen_dtype, workers)
     probs_Nk, ids_Nk = (values_Nk - lse_N[:, None]).exp().cpu(), ids_Nk.cpu()
     k = ids_Nk.shape[-1]
     flat_ids = ids_Nk.reshape(-1)

@@ -29,6 +29,7 @@ shared expert a mixture lacks, an MLP read of an attention-only model.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Optional
 
 import torch
@@ -137,7 +138,7 @@ class ReadoutMethods(_Host):
 
     # ---- the output head ----------------------------------------------------------------------------
     def top_logits_from_resid(self, resid_ND: Float[Tensor, "rows d_model"], k: int,
-                              screen_dtype: Optional[torch.dtype] = None
+                              screen_dtype: Optional[torch.dtype] = None, workers: int = 1
                               ) -> tuple[Float[Tensor, "rows top"], Int[Tensor, "rows top"], Float[Tensor, "rows"]]:
         """Each row's ``k`` highest logits (float32), their token ids and the row's logsumexp, for residual streams after
         the last block (``logits_from_resid``'s readout, 64 rows at a time: memory is bounded whatever the row count):
@@ -147,20 +148,36 @@ class ReadoutMethods(_Host):
         best ``k + 32`` computed again exactly (``Unembed.screened_top_k``): exact values, the same ids unless the
         screen misses one by more than the gap to the next token, and a logsumexp within the screen's error on the tail.
 
+        ``workers``: blocks read at once, each on its own thread with torch's intra-op thread count (the results do
+        not depend on it). For a process that runs torch on fewer threads than it has cores: on the 2-core machine, 2
+        workers read SmolLM2's 496-row logit lens in 0.08 s against 0.16 s.
+
         Example:
             >>> resid = cache["blocks.1.hook_resid_post"][0]
             >>> values, ids, lse = model.top_logits_from_resid(resid, 2)
             >>> torch.allclose((values - lse[:, None]).exp(), logits[0].softmax(-1).topk(2).values, atol=1e-6)
             True
         """
-        blocks = []
-        for start in range(0, resid_ND.shape[0], READOUT_ROWS_PER_BLOCK):
-            normed_nD = self.apply_final_norm(resid_ND[start:start + READOUT_ROWS_PER_BLOCK])
-            if screen_dtype is not None:
-                blocks.append(self.unembed.screened_top_k(normed_nD, k, screen_dtype))
-                continue
-            logits_nV = self.unembed(normed_nD).float()
-            blocks.append((*logits_nV.topk(min(k, logits_nV.shape[-1]), dim=-1), logsumexp(logits_nV)))
+        if workers < 1:
+            raise InputError(f"workers must be at least 1, got {workers}")
+        if screen_dtype is not None:
+            self.unembed.screen_weight(screen_dtype)  # converted once here, not by each worker
+        grad = torch.is_grad_enabled()  # grad mode is per thread: the workers take the caller's
+
+        def read(start: int) -> tuple[Tensor, Tensor, Tensor]:
+            with torch.set_grad_enabled(grad):
+                normed_nD = self.apply_final_norm(resid_ND[start:start + READOUT_ROWS_PER_BLOCK])
+                if screen_dtype is not None:
+                    return self.unembed.screened_top_k(normed_nD, k, screen_dtype)
+                logits_nV = self.unembed(normed_nD).float()
+                return (*logits_nV.topk(min(k, logits_nV.shape[-1]), dim=-1), logsumexp(logits_nV))
+
+        starts = range(0, resid_ND.shape[0], READOUT_ROWS_PER_BLOCK)
+        if workers == 1 or len(starts) == 1:
+            blocks = [read(start) for start in starts]
+        else:
+            with ThreadPoolExecutor(max_workers=min(workers, len(starts))) as pool:
+                blocks = list(pool.map(read, starts))
         values_Nk, ids_Nk, lse_N = (torch.cat(parts) for parts in zip(*blocks))
         return values_Nk, ids_Nk, lse_N
 

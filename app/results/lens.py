@@ -13,6 +13,7 @@ import torch
 
 from app.results.artifacts import BY_ARTIFACT_KEY, LoadedArtifact
 from app.results.models import BY_MODEL_KEY
+from app.runtime import readout_workers
 from app.state import LoadedModel
 from experiments import lens
 from experiments.lenses import lens_kl_by_layer
@@ -49,7 +50,7 @@ def logit_lens(loaded: LoadedModel, ids: tuple[int, ...], top_k: int,
     run = _run_of(loaded, ids)  # before the lock: the run takes it itself
     with loaded.lock:
         return lens.logit_lens(loaded.model, torch.tensor([ids]), top_k=top_k, screen=True, cache=run,
-                               positions=_span(positions))
+                               positions=_span(positions), workers=readout_workers())
 
 
 @st.cache_data(show_spinner="Attributing the logit …", max_entries=32, hash_funcs=BY_MODEL_KEY)
@@ -85,7 +86,8 @@ def tuned_lens_table(loaded: LoadedModel, ids: tuple[int, ...], top_k: int, held
     run = _run_of(loaded, ids)  # before the lock: the run takes it itself
     with loaded.lock:
         return lens.logit_lens(loaded.model, torch.tensor([ids]), top_k=top_k, screen=True, cache=run,
-                               positions=_span(positions), tuned_lens=held.artifact.attach(loaded.model))
+                               positions=_span(positions), tuned_lens=held.artifact.attach(loaded.model),
+                               workers=readout_workers())
 
 
 def _span(positions: Optional[tuple[int, int]]) -> Optional[range]:

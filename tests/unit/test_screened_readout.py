@@ -5,6 +5,7 @@ screen keeps its ids and values, and a near-tie the screen cannot tell apart is 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import workbench as wb
@@ -31,6 +32,22 @@ def test_the_exact_readout_is_the_softmax_of_the_logits_over_several_row_blocks(
     expected = logits_NV.softmax(-1).topk(4)
     assert torch.equal(ids, expected.indices)
     assert torch.allclose((values - lse[:, None]).exp(), expected.values, atol=1e-6)
+
+
+def test_workers_read_the_blocks_at_once_with_the_callers_grad_mode():
+    """Threads reading row blocks at once give the one-thread results bit for bit, exact and screened; under
+    no_grad nothing they return carries a graph (grad mode is per thread), and a bad count is refused."""
+    model = _decoder(unembed_bias=True, output_logits_soft_cap=5.0)
+    resid_ND = torch.randn(READOUT_ROWS_PER_BLOCK * 3 + 5, 16) * 3  # four blocks, the last one short
+    for screen in (None, torch.bfloat16):
+        with torch.no_grad():
+            alone = model.top_logits_from_resid(resid_ND, 4, screen)
+            together = model.top_logits_from_resid(resid_ND, 4, screen, workers=3)
+        assert all(torch.equal(a, b) for a, b in zip(alone, together))
+        assert not any(t.requires_grad for t in together)
+    assert model.top_logits_from_resid(resid_ND, 4, workers=2)[0].requires_grad  # outside no_grad: a graph, as alone
+    with pytest.raises(wb.InputError, match="workers must be at least 1"):
+        model.top_logits_from_resid(resid_ND, 4, workers=0)
 
 
 def test_the_screen_gives_the_exact_ids_and_values_with_bias_and_soft_cap():

@@ -216,7 +216,7 @@ class Unembed(ZeroBiases, nn.Module):
             >>> bool((lse - logits[0].logsumexp(-1)).abs().max() < 0.05)
             True
         """
-        screen_NV = soft_capped(F.linear(self.scaled_input(x_ND).to(screen_dtype), self._screen_weight(screen_dtype),
+        screen_NV = soft_capped(F.linear(self.scaled_input(x_ND).to(screen_dtype), self.screen_weight(screen_dtype),
                                          None if (bias := self.stored_bias("b_U")) is None else bias.to(screen_dtype)),
                                 self.soft_cap)
         candidates_NC = screen_NV.topk(min(k + margin, screen_NV.shape[-1]), dim=-1).indices
@@ -225,10 +225,16 @@ class Unembed(ZeroBiases, nn.Module):
         values_Nk, order_Nk = exact_NC.topk(min(k, exact_NC.shape[-1]), dim=-1)
         return values_Nk, candidates_NC.gather(-1, order_Nk), lse_N
 
-    def _screen_weight(self, dtype: torch.dtype) -> Float[Tensor, "d_vocab d_model"]:
+    def screen_weight(self, dtype: torch.dtype) -> Float[Tensor, "d_vocab d_model"]:
         """The unembedding in ``dtype``, converted once and kept while the weights are unchanged (their storage and
         version), since converting a large vocabulary's matrix costs a good part of the screen itself. What it holds
-        from the first screen on: d_vocab x d_model in bfloat16 (SmolLM2-135M 57 MB, Gemma 3 270M 335 MB)."""
+        from the first screen on: d_vocab x d_model in bfloat16 (SmolLM2-135M 57 MB, Gemma 3 270M 335 MB).
+
+        Example:
+            >>> held = model.unembed.screen_weight(torch.bfloat16)
+            >>> held.dtype, held.shape == model.unembed.W_U.T.shape, held is model.unembed.screen_weight(torch.bfloat16)
+            (torch.bfloat16, True, True)
+        """
         key = (dtype, self._W_U_lin.data_ptr(), self._W_U_lin._version)
         held = getattr(self, "_screen_copy", None)
         if held is None or held[0] != key:
