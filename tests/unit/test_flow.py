@@ -7,6 +7,7 @@ graph against tiny contribution tables whose kept edges are listed by hand.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -260,6 +261,20 @@ def test_edge_heads_and_figure_point_at_graph_items():
     assert clickable["nodes"] == list(nodes["node"])
     assert clickable["edges"] == list(edges.loc[edges["kind"] == "attention", "edge"])  # a block's edge: its node
     assert list(fig.layout.yaxis.ticktext) == ["embed", "L0", "L1"]
+    # Every edge is one segment from its source node to its target node (NaN ends each), in one line trace per
+    # colour and width: MLP-in and MLP edges, drawn alike, share theirs.
+    lines = [trace for trace in fig.data if trace.mode == "lines"]
+    assert {trace.name for trace in lines} <= {"attention", "residual", "mlp"}
+    assert len({(trace.name, trace.line.width) for trace in lines}) == len(lines)
+    where = {node: (x, y) for node, x, y in zip(fig.data[-1].customdata, fig.data[-1].x, fig.data[-1].y)}
+    segments = []
+    for trace in lines:
+        xs, ys = np.asarray(trace.x, float), np.asarray(trace.y, float)
+        ends = np.flatnonzero(np.isnan(xs))
+        starts = np.concatenate([[0], ends[:-1] + 1])
+        segments += [((xs[a], ys[a]), (xs[e - 1], ys[e - 1])) for a, e in zip(starts, ends)]
+    expected = [(where[a], where[b]) for a, b in zip(edges["source"], edges["target"])]
+    assert sorted(segments) == sorted(expected)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
