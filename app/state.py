@@ -14,7 +14,6 @@ from typing import Optional
 import streamlit as st
 
 import workbench as wb
-from app import url_state
 
 SOURCE_KEY = "model_source"  # a registered name or a path (HF dir, .gguf, saved dir)
 IMPL_KEY = "attn_impl"
@@ -80,7 +79,7 @@ def open_linked_model() -> None:
     """
     if SOURCE_KEY in st.session_state:
         return
-    source, impl = url_state.from_link("model"), url_state.from_link("impl")
+    source, impl = st.query_params.get("model"), st.query_params.get("impl")
     impl = impl if impl in ATTN_IMPLS else None
     if not source or not source.strip():
         return

@@ -14,6 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from app import downloads, results
+from app.runtime import readout_workers
 from app.safe_text import quoted
 from app.state import LoadedModel
 from app.url_state import follow, linked
@@ -98,13 +99,13 @@ def main() -> None:
                   key="lens_kind")
     if kind == "tuned" and tuned_path is not None:
         table = results.tuned_lens_table(loaded, prompt.ids, top_k, results.load_artifact(loaded, "lens", tuned_path),
-                                         window)
+                                         window, readout_workers())
         st.caption("Rows: the residual stream entering each layer, moved by that layer's tuned-lens translator, "
                    "then read through the final norm and unembedding (card: "
                    f"{tuned_path.relative_to(tuned_path.parents[2])}/CARD.md)."
                    + SCREEN_NOTE * bool(table.attrs.get("screen")))
     else:
-        table = results.logit_lens(loaded, prompt.ids, top_k, window)
+        table = results.logit_lens(loaded, prompt.ids, top_k, window, readout_workers())
         st.caption("Rows: the residual stream entering each layer, read through the final norm and unembedding; "
                    "the last row is the model's own prediction. Cells show the top token, coloured by its probability."
                    + SCREEN_NOTE * bool(table.attrs.get("screen")))

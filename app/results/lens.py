@@ -13,7 +13,6 @@ import torch
 
 from app.results.artifacts import BY_ARTIFACT_KEY, LoadedArtifact
 from app.results.models import BY_MODEL_KEY
-from app.runtime import readout_workers
 from app.state import LoadedModel
 from experiments import lens
 from experiments.lenses import lens_kl_by_layer
@@ -35,9 +34,10 @@ def _run_of(loaded: LoadedModel, ids: tuple[int, ...]) -> dict[str, torch.Tensor
 
 @st.cache_data(show_spinner="Reading every layer through the unembedding …", max_entries=16, hash_funcs=BY_MODEL_KEY)
 def logit_lens(loaded: LoadedModel, ids: tuple[int, ...], top_k: int,
-               positions: Optional[tuple[int, int]] = None) -> pd.DataFrame:
+               positions: Optional[tuple[int, int]] = None, workers: int = 1) -> pd.DataFrame:
     """The top ``top_k`` tokens each layer's residual stream predicts at each position (``positions``: the first and
-    last position read; default every one).
+    last position read; default every one), the vocabulary read by ``workers`` threads (the page passes
+    ``app.runtime.readout_workers()``).
 
     Example:
         >>> loaded = LoadedModel(model, "toy-attn-2l|sdpa")
@@ -50,7 +50,7 @@ def logit_lens(loaded: LoadedModel, ids: tuple[int, ...], top_k: int,
     run = _run_of(loaded, ids)  # before the lock: the run takes it itself
     with loaded.lock:
         return lens.logit_lens(loaded.model, torch.tensor([ids]), top_k=top_k, screen=True, cache=run,
-                               positions=_span(positions), workers=readout_workers())
+                               positions=_span(positions), workers=workers)
 
 
 @st.cache_data(show_spinner="Attributing the logit …", max_entries=32, hash_funcs=BY_MODEL_KEY)
@@ -72,7 +72,7 @@ def direct_logit_attribution(loaded: LoadedModel, ids: tuple[int, ...], target: 
 @st.cache_data(show_spinner="Reading every layer through the tuned lens …", max_entries=16,
                hash_funcs={**BY_MODEL_KEY, **BY_ARTIFACT_KEY})
 def tuned_lens_table(loaded: LoadedModel, ids: tuple[int, ...], top_k: int, held: LoadedArtifact,
-                     positions: Optional[tuple[int, int]] = None) -> pd.DataFrame:
+                     positions: Optional[tuple[int, int]] = None, workers: int = 1) -> pd.DataFrame:
     """``logit_lens``'s table with each layer's residual stream moved by the tuned lens ``held`` first.
 
     Example:
@@ -87,7 +87,7 @@ def tuned_lens_table(loaded: LoadedModel, ids: tuple[int, ...], top_k: int, held
     with loaded.lock:
         return lens.logit_lens(loaded.model, torch.tensor([ids]), top_k=top_k, screen=True, cache=run,
                                positions=_span(positions), tuned_lens=held.artifact.attach(loaded.model),
-                               workers=readout_workers())
+                               workers=workers)
 
 
 def _span(positions: Optional[tuple[int, int]]) -> Optional[range]:

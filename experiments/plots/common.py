@@ -69,7 +69,13 @@ def colorscale_json(name: str) -> list:
         >>> colorscale_json("Blues")[0], colorscale_json("Blues")[-1]
         ([0.0, 'rgb(247,251,255)'], [1.0, 'rgb(8,48,107)'])
     """
-    return go.layout.Coloraxis(colorscale=name).to_plotly_json()["colorscale"]
+    return [[position, colour] for position, colour in _named_colorscale(name)]
+
+
+@functools.cache  # the one read of a named scale; plotly parses and validates the name each time
+def _named_colorscale(name: str) -> tuple[tuple[float, str], ...]:
+    return tuple((float(position), colour)
+                 for position, colour in go.layout.Coloraxis(colorscale=name).to_plotly_json()["colorscale"])
 
 
 def labelled_heatmap(

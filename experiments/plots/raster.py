@@ -9,27 +9,33 @@ tenth of the bytes), drawn as a plotly ``image`` trace.
 from __future__ import annotations
 
 import base64
+import functools
 import io
 
 import numpy as np
 import plotly.colors
 from jaxtyping import Float
 
+from experiments.plots.common import colorscale_json
 from workbench.errors import InputError
 
 
+@functools.cache  # read-only arrays: one parse of each scale per process
 def colorscale_stops(name: str) -> tuple[np.ndarray, np.ndarray]:
-    """A named plotly colour scale as (positions [n], RGB [n, 3]) with positions from 0 to 1.
+    """A named plotly colour scale as (positions [n], RGB [n, 3]) with positions from 0 to 1: the stops of
+    ``colorscale_json(name)``, the scale a heatmap's figure names.
 
     Example:
         >>> positions, rgb = colorscale_stops("Blues")
         >>> float(positions[0]), float(positions[-1]), rgb[0].tolist(), rgb[-1].tolist()
         (0.0, 1.0, [247.0, 251.0, 255.0], [8.0, 48.0, 107.0])
     """
-    scale = plotly.colors.get_colorscale(name)
-    positions = np.array([float(position) for position, _ in scale])
+    scale = colorscale_json(name)
+    positions = np.array([position for position, _ in scale], dtype=np.float64)
     rgb = np.array([plotly.colors.unlabel_rgb(plotly.colors.convert_colors_to_same_type([colour], "rgb")[0][0])
                     for _, colour in scale], dtype=np.float64)
+    positions.setflags(write=False)
+    rgb.setflags(write=False)
     return positions, rgb
 
 
