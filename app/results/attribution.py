@@ -20,7 +20,7 @@ import torch
 import workbench as wb
 from app.results.artifacts import artifact_choices, load_artifact
 from app.results.features import LoadedSAE
-from app.results.long_runs import LongRun, ProgressBar
+from app.results.long_runs import LongRun, ProgressBar, no_bar
 from app.results.models import BY_MODEL_KEY
 from app.state import LoadedModel
 from experiments.attribution import (AttributionGraph, PruneResult, attribute, compute_graph_scores, edge_heads,
@@ -171,14 +171,10 @@ def attribution_graph(loaded: LoadedModel, loaded_tc: LoadedTranscoders, ids: tu
     return _GRAPH(loaded, loaded_tc, ids, settings, bar=bar)
 
 
-def _no_bar(text: str):
-    return (lambda done, total: None), (lambda: None)
-
-
 def _stored_graph(loaded: LoadedModel, loaded_tc: LoadedTranscoders, ids: tuple[int, ...],
                   settings: Settings) -> AttributionGraph:
     """The graph the page drew a bar for (stored; recomputed without a bar if the store let it go)."""
-    return _GRAPH(loaded, loaded_tc, ids, settings, bar=_no_bar)
+    return _GRAPH(loaded, loaded_tc, ids, settings, bar=no_bar)
 
 
 @st.cache_data(show_spinner="Pruning the graph …", max_entries=32, hash_funcs=BY_KEYS)

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import pandas as pd
 import streamlit as st
 
-from app.results.long_runs import LongRun, ProgressBar
+from app.results.long_runs import LongRun, ProgressBar, no_bar
 from app.results.models import BY_MODEL_KEY
 from app.state import LoadedModel
 from experiments.circuits import (Circuit, EdgeScores, Faithfulness, PairedPrompts, circuit_from_scores,
@@ -108,10 +108,6 @@ def has_edge_scores(loaded: LoadedModel, task: CircuitTask, method: str, ig_step
     return _SCORES.is_stored(loaded, task, method, ig_steps)
 
 
-def _no_bar(text: str):
-    return (lambda done, total: None), (lambda: None)
-
-
 @st.cache_data(show_spinner=False, max_entries=32, hash_funcs=BY_MODEL_KEY)
 def circuit(loaded: LoadedModel, task: CircuitTask, method: str, ig_steps: int, top_n: Optional[int],
             threshold: Optional[float]) -> Circuit:
@@ -124,7 +120,7 @@ def circuit(loaded: LoadedModel, task: CircuitTask, method: str, ig_steps: int, 
         >>> circuit(loaded, task, "eap", 1, 3, None).n_edges
         3
     """
-    return circuit_from_scores(_SCORES(loaded, task, method, ig_steps, bar=_no_bar), top_n, threshold)
+    return circuit_from_scores(_SCORES(loaded, task, method, ig_steps, bar=no_bar), top_n, threshold)
 
 
 @st.cache_data(show_spinner=False, max_entries=32, hash_funcs=BY_MODEL_KEY)

@@ -26,6 +26,17 @@ ProgressBar = Callable[[str], tuple[Callable[[int, int], None], Callable[[], Non
 RUNS_KEPT = 32
 
 
+def no_bar(text: str) -> tuple[Callable[[int, int], None], Callable[[], None]]:
+    """A ``ProgressBar`` that draws nothing: for a run recomputed inside a cached function, which must not draw.
+
+    Example:
+        >>> report, finish = no_bar("Scoring")
+        >>> report(1, 2), finish()
+        (None, None)
+    """
+    return (lambda done, total: None), (lambda: None)
+
+
 @st.cache_resource(show_spinner=False)
 def _store() -> tuple[OrderedDict, threading.Lock]:
     return OrderedDict(), threading.Lock()
