@@ -10,27 +10,19 @@ Values go into the URL as text: strings as they are, anything else as JSON (tupl
 value from a link that does not fit the widget here (a layer the model does not have, an option
 that does not exist, a number out of range, NaN or infinite) is dropped with a warning, and the widget starts at
 its default.
-
-A run tells the browser about its link once, at its end (``one_message``): each change Streamlit sends is a
-``history.pushState`` in the browser, and a prompt change rewrites three to five parameters. Until then the run's
-writes wait in this session's state, where every read here sees them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import threading
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import streamlit as st
 
 from app.safe_text import quoted
 
 _SAVED = "_linked_{}"
-_PENDING = "_link_pending"  # this session's link writes the browser has not been sent yet: {key: text, or None}
-_batch = threading.local()  # how deep the running script is in ``one_message`` blocks (a run is one thread)
 # The keyword that carries each widget's default, which must be dropped when the value comes from
 # session state (Streamlit warns when a widget gets both).
 _DEFAULT_KWARG = {"selectbox": "index", "radio": "index", "multiselect": "default", "pills": "default",
@@ -117,8 +109,7 @@ def _seed(kind: str, key: str, args: tuple, kwargs: dict) -> bool:
     if saved_key in st.session_state:
         candidates = [("saved", st.session_state[saved_key])]
     else:
-        raw_link = from_link(key)
-        candidates = [("link", raw_link)] if raw_link is not None else []
+        candidates = [("link", st.query_params[key])] if key in st.query_params else []
     for origin, value in candidates:
         raw = value if origin == "link" else encode(value)
         try:
@@ -176,63 +167,10 @@ def to_link(key: str, value: Any) -> None:
     Example:
         >>> to_link("model", "toy-moe-2l")   # doctest: +SKIP
     """
-    text = None if value is None else encode(value)
-    if from_link(key) == text:
-        return
-    st.session_state.setdefault(_PENDING, {})[key] = text
-    if getattr(_batch, "depth", 0) == 0:  # outside a page's run (a test, a callback): sent at once
-        publish()
-
-
-def from_link(key: str) -> Optional[str]:
-    """The link's text for query parameter ``key`` as this run has left it (its writes included), None when absent.
-
-    Example:
-        >>> from_link("model")   # doctest: +SKIP
-        'smollm2-135m'
-    """
-    pending = st.session_state.get(_PENDING, {})
-    return pending[key] if key in pending else st.query_params.get(key)
-
-
-def publish() -> None:
-    """Sends the browser this session's waiting link writes, as one change of its URL.
-
-    Example:
-        >>> publish()   # doctest: +SKIP
-    """
-    pending = st.session_state.get(_PENDING)
-    if not pending:
-        return
-    params = st.query_params.to_dict()
-    for key, text in pending.items():
-        if text is None:
-            params.pop(key, None)
-        else:
-            params[key] = text
-    if params != st.query_params.to_dict():
-        st.query_params.from_dict(params)  # one message (setting keys one by one sends one each)
-    del st.session_state[_PENDING]  # after the send: a run stopped inside it sends them on the next run
-
-
-@contextlib.contextmanager
-def one_message() -> Iterator[None]:
-    """The link writes inside reach the browser as one URL change when the outermost block ends (``publish``).
-
-    ``app.widgets.guarded`` wraps every page run and every fragment run in one.
-
-    Example:
-        >>> with one_message():   # doctest: +SKIP
-        ...     to_link("attention_layer", 3); to_link("attention_focus_head", 1)
-    """
-    depth = getattr(_batch, "depth", 0)
-    _batch.depth = depth + 1
-    try:
-        yield
-    finally:
-        _batch.depth = depth
-    if depth == 0:
-        publish()
+    if value is None:
+        st.query_params.pop(key, None)
+    elif st.query_params.get(key) != encode(value):
+        st.query_params[key] = encode(value)
 
 
 def choose(key: str, value: Any) -> None:
@@ -265,5 +203,5 @@ def follow(basis_name: str, basis: Any, *keys: str) -> bool:
     for key in keys:
         st.session_state.pop(_SAVED.format(key), None)
         st.session_state.pop(key, None)
-        to_link(key, None)
+        st.query_params.pop(key, None)
     return True

@@ -103,8 +103,7 @@ def guarded(body: Callable[..., None]) -> Callable[..., None]:
 
     Workbench errors (bad input, bad checkpoint, bad config) carry messages written for the
     user; anything else is logged with its traceback on the server and summarised on the page.
-    Fragments need this too: a fragment's own reruns do not pass through the page's guard. The run's link writes
-    are sent when the outermost guard ends (``app.url_state.one_message``).
+    Fragments need this too: a fragment's own reruns do not pass through the page's guard.
 
     Example:
         >>> guarded(lambda: st.write("hello"))()   # doctest: +SKIP
@@ -112,15 +111,14 @@ def guarded(body: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(body)
     def run(*args, **kwargs) -> None:
-        with url_state.one_message():  # the run's link changes reach the browser as one URL change
-            try:
-                body(*args, **kwargs)
-            except (wb.InputError, wb.ConfigError, wb.CheckpointError) as error:
-                st.error(quoted(error, limit=600))
-            except Exception as error:  # noqa: BLE001 - the page must never show a traceback
-                log.exception("dashboard page failed")
-                st.error(f"Something went wrong ({type(error).__name__}): {quoted(error, limit=300)}. "
-                         "The server log has the details.")
+        try:
+            body(*args, **kwargs)
+        except (wb.InputError, wb.ConfigError, wb.CheckpointError) as error:
+            st.error(quoted(error, limit=600))
+        except Exception as error:  # noqa: BLE001 - the page must never show a traceback
+            log.exception("dashboard page failed")
+            st.error(f"Something went wrong ({type(error).__name__}): {quoted(error, limit=300)}. "
+                     "The server log has the details.")
 
     return run
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import downloads, url_state
+from app import downloads
 from app.results import sae_compare as compare
 from app.results.artifacts import artifact_choices, load_artifact
 from app.safe_text import quoted
@@ -88,7 +88,7 @@ def _settings(loaded: LoadedModel) -> tuple[str, int, int]:
 
 
 def _links(compared: list[compare.Compared]) -> None:
-    prompt = st.session_state.get(f"_linked_{PROMPT_KEY}") or url_state.from_link(PROMPT_KEY)
+    prompt = st.session_state.get(f"_linked_{PROMPT_KEY}") or st.query_params.get(PROMPT_KEY)
     with st.container(key="sae_compare_links"):
         st.markdown("**Open an SAE's features**")
         for item in compared:

@@ -86,27 +86,3 @@ def test_prompt_and_ablation_follow_the_user_across_pages(dense):
     assert at.text_area(key="prompt").value == "The dog sat on the mat."
     assert at.multiselect(key="ablation_heads").value == [(0, 1), (1, 2)]
     assert at.query_params["ablation_heads"] == "[[0, 1], [1, 2]]"
-
-
-def test_a_run_changes_the_browsers_url_once(dense, monkeypatch):
-    """Each URL change Streamlit sends is a ``history.pushState`` in the browser: a prompt change that rewrites the
-    prompt, follows the grid's layers and moves the layer sends them as one change, and reads in the run see it."""
-    from streamlit.runtime.state.query_params import QueryParams
-
-    sent = []
-    send = QueryParams._send_query_param_msg
-    monkeypatch.setattr(QueryParams, "_send_query_param_msg", lambda self: (sent.append(dict(self)), send(self)))
-    at = open_link("pages/1_Attention.py", model=dense, prompt=SHORT_PROMPT, attention_grid_layers="[1, 1]")
-    assert at.query_params["attention_grid_layers"] == "[1, 1]"
-    sent.clear()
-    at.text_area(key="prompt").set_value("The dog sat on the mat.").run()
-    layer = 1 - at.slider(key="attention_layer").value
-    at.slider(key="attention_layer").set_value(layer).run()
-    assert_clean(at)
-    # The new prompt's grid range is its default (both layers: the follow's pop and the grid's write in one change).
-    assert len(sent) == 2, sent
-    assert sent[0]["prompt"] == "The dog sat on the mat." and sent[0]["attention_grid_layers"] == "[0, 1]"
-    assert sent[1]["attention_layer"] == str(layer) and sent[1]["prompt"] == "The dog sat on the mat."
-    assert at.query_params["attention_layer"] == str(layer) and at.query_params["model"] == dense
-    at.slider(key="attention_layer").set_value(layer).run()  # nothing changed: nothing sent
-    assert len(sent) == 2
