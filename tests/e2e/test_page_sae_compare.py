@@ -49,6 +49,10 @@ def test_two_saes_are_measured_with_spreads_and_link_to_their_features(browser, 
         page.get_by_role("heading", name="SAE compare").wait_for()
         page.get_by_text("are read only when you open them").wait_for()   # a link's path waits for the click
         page.get_by_role("button", name="Open these SAEs").click()
+        # The run that opens them must end first: a "Measure" pressed during it measured the shipped SAE alone (a
+        # CI run under load).
+        page.locator(".st-key-sae_compare_links a", has_text="zero-sae").first.wait_for()   # opened: its link
+        wait_idle(page)
         page.get_by_role("button", name="Measure the SAEs").click()
         wait_chart(page, "sae_compare_frontier", "L0 against explained variance", timeout_ms=180_000)
         wait_idle(page)
