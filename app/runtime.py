@@ -35,7 +35,7 @@ def readout_workers() -> int:
     torch's thread count leaves, so the core ``leave_a_core_free`` keeps for the browser joins in.
 
     While the server reads the grid the browser has drawn the page's first elements and waits for the figure: on the
-    2-core machine that core sat idle (a Chromium CPU profile of 64-token prompt changes on SmolLM2), and two workers
+    2-core machine that core sat idle (a Chromium trace of 64-token prompt changes on SmolLM2), and two workers
     read the 496-row grid in 0.08 s against 0.16 s.
 
     Example:

@@ -13,11 +13,12 @@ import plotly.graph_objects as go
 
 from experiments._tokens import axis_labels, chart_text, token_label
 
-EDGE_COLOURS = {"attention": "#2b6cb0", "residual": "#8c8c8c", "mlp_in": "#dd6b20", "mlp": "#dd6b20"}
+# Edge kinds drawn alike share their line traces (each trace costs plotly.js about 1.5 ms a redraw in Chromium):
+# an edge's kind names its line group, the group its colour.
+_LINE_GROUP = {"attention": "attention", "residual": "residual", "mlp_in": "mlp", "mlp": "mlp"}
+EDGE_COLOURS = {"attention": "#2b6cb0", "residual": "#8c8c8c", "mlp": "#dd6b20"}
 NODE_COLOURS = {"embed": "#4a5568", "mid": "#2b6cb0", "post": "#2f855a", "mlp": "#dd6b20"}
 _WIDTH_BINS = np.array([0.1, 0.25, 0.5, 0.75])  # importance bins, each drawn as one line trace
-# Edge kinds drawn alike share their line traces (each trace costs plotly.js about 1.5 ms a redraw in Chromium).
-_LINE_GROUP = {"attention": "attention", "residual": "residual", "mlp_in": "mlp", "mlp": "mlp"}
 
 
 def _node_xy(nodes: pd.DataFrame, parallel_or_attn_only: bool) -> tuple[np.ndarray, np.ndarray]:
