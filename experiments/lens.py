@@ -44,6 +44,7 @@ from experiments._batched import metric_from_final_resid
 from experiments._tokens import str_tokens
 from workbench.tokens_api import TextOrTokens
 from experiments.metrics import MetricLike, PositionSelector, as_metric, per_prompt_table, prompt_batch
+from transformer_lens import ActivationCache
 from workbench.errors import InputError
 from workbench.readouts import fast_screen_dtype
 # Direct logit attribution lives in its own module; this one is its public home, as the docstring above says.
@@ -140,20 +141,68 @@ def logit_lens(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, att
         >>> logit_lens(model, model.to_tokens("The cat sat"), positions=[4, 5]).position.unique().tolist()
         [4, 5]
     """
+    if cache is None:  # one pass, each snapshot read as the pass reaches it
+        return logit_lens_with_cache(model, tokens, top_k, row, names_filter=[], attention_mask=attention_mask,
+                                     padding_side=padding_side, tuned_lens=tuned_lens, screen=screen,
+                                     positions=positions, workers=workers)[0]
     if top_k < 1:
         raise InputError(f"top_k must be at least 1, got {top_k}")
     resid_TPD = residual_snapshots(model, tokens, row, attention_mask=attention_mask, padding_side=padding_side,
                                    cache=cache)
     prompt_positions = resid_TPD.shape[1]
     read_P = np.arange(prompt_positions) if positions is None else _checked_positions(positions, prompt_positions)
-    resid_TPD = resid_TPD[:, torch.as_tensor(read_P)]
-    T, P, D = resid_TPD.shape
-    if tuned_lens is not None:  # each snapshot through its layer's translator, then the model's own readout
-        resid_TPD = torch.stack([tuned_lens.transform_hidden(resid_TPD[t], t) for t in range(T)])
     screen_dtype = fast_screen_dtype(resid_TPD.device) if screen else None
-    values_Nk, ids_Nk, lse_N = model.top_logits_from_resid(resid_TPD.reshape(-1, D), top_k, screen_dtype, workers)
+    with model.top_logits_reader(top_k, screen_dtype, workers) as reader:
+        for t, resid_PD in enumerate(resid_TPD[:, torch.as_tensor(read_P)]):
+            reader.add(resid_PD if tuned_lens is None else tuned_lens.transform_hidden(resid_PD, t))
+        return _lens_table(model, reader.result(), len(resid_TPD), read_P, screen_dtype, prompt_positions)
+
+
+@torch.no_grad()
+def logit_lens_with_cache(model, tokens: TextOrTokens, top_k: int = 5, row: int = 0, *, names_filter=None,
+                          attention_mask: Optional[Tensor] = None, padding_side: str = "right", tuned_lens=None,
+                          screen: bool = False, positions: Optional[Sequence[int]] = None,
+                          workers: int = 1) -> tuple[pd.DataFrame, ActivationCache]:
+    """``logit_lens``'s table, and the activations of the same forward pass that ``names_filter`` selects (as
+    ``model.run_with_cache(tokens, names_filter=...)`` keeps them): one pass serves the lens and, say, every
+    direct logit attribution asked of the prompt afterwards (``names_filter=attribution_hook_names(model)``).
+
+    Each snapshot is handed to the readout as the pass reaches it (``model.top_logits_reader``): with ``workers`` >= 2
+    the first layers' snapshots are read through the unembedding while the later layers run. The table equals
+    ``logit_lens``'s, whatever ``workers``. The pass stops after the last block (no logits of its own), so the cache
+    holds no hook of the final norm or unembedding. Arguments otherwise as ``logit_lens``.
+
+    Example:
+        >>> table, run = logit_lens_with_cache(model, tokens, 3, names_filter=attribution_hook_names(model), workers=2)
+        >>> table.equals(logit_lens(model, tokens, 3))
+        True
+        >>> direct_logit_attribution(model, tokens, 262, cache=run).equals(direct_logit_attribution(model, tokens, 262))
+        True
+    """
+    if top_k < 1:
+        raise InputError(f"top_k must be at least 1, got {top_k}")
+    tokens_1P = _prompt_alone(model, tokens, row, attention_mask, padding_side)
+    prompt_positions = tokens_1P.shape[1]
+    read_P = np.arange(prompt_positions) if positions is None else _checked_positions(positions, prompt_positions)
+    index_P = torch.as_tensor(read_P, device=tokens_1P.device)
+    names = snapshot_hook_names(model)
+    screen_dtype = fast_screen_dtype(tokens_1P.device) if screen else None
+    with model.top_logits_reader(top_k, screen_dtype, workers) as reader:
+        def read(resid_1PD: Tensor, hook) -> None:
+            resid_PD = resid_1PD[0, index_P]  # a copy: the pass goes on with its own tensor
+            reader.add(resid_PD if tuned_lens is None else tuned_lens.transform_hidden(resid_PD, names.index(hook.name)))
+
+        with model.hooks(fwd_hooks=[(name, read) for name in names]):
+            _, cache = model.run_with_cache(tokens_1P, stop_at_layer=model.cfg.n_layers, names_filter=names_filter)
+        return _lens_table(model, reader.result(), len(names), read_P, screen_dtype, prompt_positions), cache
+
+
+def _lens_table(model, readout: tuple[Tensor, Tensor, Tensor], T: int, read_P: np.ndarray,
+                screen_dtype: Optional[torch.dtype], prompt_positions: int) -> pd.DataFrame:
+    """The lens's rows (snapshot-major, then position) as DataFrame[layer, position, rank, token, token_id, prob]."""
+    values_Nk, ids_Nk, lse_N = readout
     probs_Nk, ids_Nk = (values_Nk - lse_N[:, None]).exp().cpu(), ids_Nk.cpu()
-    k = ids_Nk.shape[-1]
+    P, k = len(read_P), ids_Nk.shape[-1]
     flat_ids = ids_Nk.reshape(-1)
     unique, inverse = flat_ids.unique(return_inverse=True)
     text = np.array(str_tokens(model, unique), dtype=object)[inverse.numpy()]

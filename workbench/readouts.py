@@ -29,24 +29,19 @@ shared expert a mixture lacks, an MLP read of an attention-only model.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Optional
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from workbench.components.embedding import logsumexp
 from workbench.components.moe import MixtureOfExperts
 from workbench.config import ModelConfig
 from workbench.errors import InputError
 from workbench.host import DecoderHost
+from workbench.vocab_readout import TopLogitsReader
 
 SUBLAYERS = ("attn", "mlp")  # the sublayers whose outputs join the residual stream
-# Rows read out at a time by top_logits_from_resid: a block's logits (64 x d_vocab floats, 12.6 MB at 49k tokens) stay
-# in cache while they are screened, ranked and summed, and no [rows, d_vocab] matrix is ever held (SmolLM2's 31
-# snapshots of 64 tokens: 390 MB); on one CPU thread 64-row blocks ran the bfloat16 screen 1.6x faster than 1,984 rows.
-READOUT_ROWS_PER_BLOCK = 64
 
 
 def check_layer(cfg: ModelConfig, layer: int) -> None:
@@ -149,7 +144,7 @@ class ReadoutMethods(_Host):
         screen misses one by more than the gap to the next token, and a logsumexp within the screen's error on the tail.
 
         ``workers``: blocks read at once, each on its own thread with torch's intra-op thread count (the results do
-        not depend on it). For a process that runs torch on fewer threads than it has cores: on the 2-core machine, 2
+        not depend on it; ``workbench.vocab_readout.TopLogitsReader`` reads rows as a forward pass produces them). For a process that runs torch on fewer threads than it has cores: on the 2-core machine, 2
         workers read SmolLM2's 496-row logit lens in 0.08 s against 0.16 s.
 
         Example:
@@ -158,28 +153,27 @@ class ReadoutMethods(_Host):
             >>> torch.allclose((values - lse[:, None]).exp(), logits[0].softmax(-1).topk(2).values, atol=1e-6)
             True
         """
-        if workers < 1:
-            raise InputError(f"workers must be at least 1, got {workers}")
-        if screen_dtype is not None:
-            self.unembed.screen_weight(screen_dtype)  # converted once here, not by each worker
-        grad = torch.is_grad_enabled()  # grad mode is per thread: the workers take the caller's
+        reader = TopLogitsReader(self, k, screen_dtype, workers)
+        reader.add(resid_ND)
+        return reader.result()
 
-        def read(start: int) -> tuple[Tensor, Tensor, Tensor]:
-            with torch.set_grad_enabled(grad):
-                normed_nD = self.apply_final_norm(resid_ND[start:start + READOUT_ROWS_PER_BLOCK])
-                if screen_dtype is not None:
-                    return self.unembed.screened_top_k(normed_nD, k, screen_dtype)
-                logits_nV = self.unembed(normed_nD).float()
-                return (*logits_nV.topk(min(k, logits_nV.shape[-1]), dim=-1), logsumexp(logits_nV))
+    def top_logits_reader(self, k: int, screen_dtype: Optional[torch.dtype] = None,
+                          workers: int = 1) -> TopLogitsReader:
+        """``top_logits_from_resid``'s readout for rows that come a few at a time (a forward hook's snapshot as the pass
+        reaches it): ``add`` them, then ``result()``; with ``workers`` >= 2 each full block of rows is read by a helper
+        thread while the caller goes on (``workbench.vocab_readout.TopLogitsReader``). The results equal
+        ``top_logits_from_resid`` of all the rows at once.
 
-        starts = range(0, resid_ND.shape[0], READOUT_ROWS_PER_BLOCK)
-        if workers == 1 or len(starts) == 1:
-            blocks = [read(start) for start in starts]
-        else:
-            with ThreadPoolExecutor(max_workers=min(workers, len(starts))) as pool:
-                blocks = list(pool.map(read, starts))
-        values_Nk, ids_Nk, lse_N = (torch.cat(parts) for parts in zip(*blocks))
-        return values_Nk, ids_Nk, lse_N
+        Example:
+            >>> resid = cache["blocks.1.hook_resid_post"][0]
+            >>> with model.top_logits_reader(2, workers=2) as reader:
+            ...     for row in resid:
+            ...         reader.add(row[None])
+            ...     values, ids, lse = reader.result()
+            >>> torch.equal(values, model.top_logits_from_resid(resid, 2)[0])
+            True
+        """
+        return TopLogitsReader(self, k, screen_dtype, workers)
 
     # ---- the norms on sublayer outputs (sandwich, sublayer_output) -------------------------------------
     def _output_norm(self, layer: int, sublayer: str) -> Optional[nn.Module]:

@@ -5,7 +5,10 @@ contribution to one logit.
 
 from __future__ import annotations
 
-from typing import Optional
+import threading
+from collections import OrderedDict
+from types import MappingProxyType
+from typing import Mapping, Optional
 
 import pandas as pd
 import streamlit as st
@@ -18,18 +21,71 @@ from experiments import lens
 from experiments.lenses import lens_kl_by_layer
 
 
-# The prompt's one run, read by its logit lens and every attribution asked of it (a new target, baseline or position
-# reads it again: no forward). Data, not a resource: each reader gets its own copy (18 MB on SmolLM2 at 64 tokens).
-@st.cache_data(show_spinner=False, max_entries=4, hash_funcs=BY_MODEL_KEY)
-def _run_of(loaded: LoadedModel, ids: tuple[int, ...]) -> dict[str, torch.Tensor]:
-    model = loaded.model
+# The prompt's one run, read by its logit lens and every attribution asked of it (a new target, baseline, position,
+# top-k or window reads it again: no forward). Held in a small process-wide store, not pickled by st.cache_data (13.6 MB
+# on SmolLM2 at 64 tokens: 23 ms of each prompt change), and read only (a test holds the readers to that). A new
+# prompt's run is made by the logit lens itself, which reads each layer through the unembedding as the pass reaches
+# it (``experiments.lens.logit_lens_with_cache``).
+RUNS_HELD = 4
+
+
+@st.cache_resource(show_spinner=False)
+def _runs() -> tuple[OrderedDict, threading.Lock]:
+    return OrderedDict(), threading.Lock()
+
+
+def _held_run(loaded: LoadedModel, ids: tuple[int, ...]) -> Optional[Mapping[str, torch.Tensor]]:
+    store, lock = _runs()
+    with lock:
+        if (loaded.key, ids) in store:
+            store.move_to_end((loaded.key, ids))
+        return store.get((loaded.key, ids))
+
+
+def _hold(loaded: LoadedModel, ids: tuple[int, ...], cache) -> Mapping[str, torch.Tensor]:
+    run = MappingProxyType({name: cache[name] for name in _run_names(loaded.model)})
+    store, lock = _runs()
+    with lock:
+        store[(loaded.key, ids)] = run
+        while len(store) > RUNS_HELD:
+            store.popitem(last=False)
+    return run
+
+
+def _run_names(model) -> set[str]:
     names = set(lens.snapshot_hook_names(model))
     if model.cfg.norm_placement != "post":  # direct logit attribution refuses post-norm models itself
         names |= set(lens.attribution_hook_names(model))
-    with loaded.lock, torch.no_grad():
-        _, cache = model.run_with_cache(torch.tensor([ids]), stop_at_layer=model.cfg.n_layers,
-                                        names_filter=lambda n: n in names)
-    return {name: cache[name] for name in names}
+    return names
+
+
+def _run_of(loaded: LoadedModel, ids: tuple[int, ...]) -> Mapping[str, torch.Tensor]:
+    """The prompt's held run, or a new one (then held)."""
+    run = _held_run(loaded, ids)
+    if run is None:
+        names = _run_names(loaded.model)
+        with loaded.lock, torch.no_grad():
+            _, cache = loaded.model.run_with_cache(torch.tensor([ids]), stop_at_layer=loaded.model.cfg.n_layers,
+                                                   names_filter=lambda n: n in names)
+        run = _hold(loaded, ids, cache)
+    return run
+
+
+def _lens_table(loaded: LoadedModel, ids: tuple[int, ...], top_k: int, positions: Optional[tuple[int, int]],
+                workers: int, held: Optional[LoadedArtifact] = None) -> pd.DataFrame:
+    """The logit lens (through the tuned lens ``held`` when one is given) read from the prompt's held run, or read
+    during a new run (then held)."""
+    run = _held_run(loaded, ids)
+    with loaded.lock:
+        options = dict(top_k=top_k, screen=True, positions=_span(positions), workers=workers,
+                       tuned_lens=held.artifact.attach(loaded.model) if held is not None else None)
+        if run is not None:
+            return lens.logit_lens(loaded.model, torch.tensor([ids]), cache=run, **options)
+        names = _run_names(loaded.model)
+        table, cache = lens.logit_lens_with_cache(loaded.model, torch.tensor([ids]), names_filter=lambda n: n in names,
+                                                  **options)
+    _hold(loaded, ids, cache)
+    return table
 
 
 @st.cache_data(show_spinner="Reading every layer through the unembedding …", max_entries=16, hash_funcs=BY_MODEL_KEY)
@@ -47,10 +103,7 @@ def logit_lens(loaded: LoadedModel, ids: tuple[int, ...], top_k: int,
         >>> logit_lens(loaded, tuple(tokens[0].tolist()), 3, positions=(2, 4)).position.unique().tolist()
         [2, 3, 4]
     """
-    run = _run_of(loaded, ids)  # before the lock: the run takes it itself
-    with loaded.lock:
-        return lens.logit_lens(loaded.model, torch.tensor([ids]), top_k=top_k, screen=True, cache=run,
-                               positions=_span(positions), workers=workers)
+    return _lens_table(loaded, ids, top_k, positions, workers)
 
 
 @st.cache_data(show_spinner="Attributing the logit …", max_entries=32, hash_funcs=BY_MODEL_KEY)
@@ -83,11 +136,7 @@ def tuned_lens_table(loaded: LoadedModel, ids: tuple[int, ...], top_k: int, held
         >>> table.equals(logit_lens(loaded, tuple(tokens[0].tolist()), 3))   # an untrained lens is the logit lens
         True
     """
-    run = _run_of(loaded, ids)  # before the lock: the run takes it itself
-    with loaded.lock:
-        return lens.logit_lens(loaded.model, torch.tensor([ids]), top_k=top_k, screen=True, cache=run,
-                               positions=_span(positions), tuned_lens=held.artifact.attach(loaded.model),
-                               workers=workers)
+    return _lens_table(loaded, ids, top_k, positions, workers, held)
 
 
 def _span(positions: Optional[tuple[int, int]]) -> Optional[range]:

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pandas as pd
+import torch
 import pytest
 
 import workbench as wb
@@ -205,3 +206,40 @@ def test_the_head_sweep_stays_drawn_once_run(dense):
     at.run()  # a rerun with the button not pressed: read from the long-run store
     assert_clean(at)
     assert chart(at, "head_sweep") == swept
+
+
+def test_the_lens_run_is_made_once_shared_read_only_and_left_as_it_was(toy, monkeypatch):
+    """The Logit lens page's one run per prompt: made by the lens itself (which reads each layer as the pass reaches
+    it), then held once per process (not pickled per reader) and read by every attribution, a new top-k and a
+    tuned lens without another forward; its readers must leave it bit-equal, and the mapping refuses writes."""
+    from app.results import lens as lens_results
+    from experiments.lenses import TunedLens
+    from app.results.artifacts import LoadedArtifact
+
+    forwards = []
+    monkeypatch.setattr(type(toy), "forward", _counting(type(toy).forward, forwards))
+    loaded, text = _fresh(toy), "The cat sat on the mat. The cat"
+    ids = tuple(toy.to_tokens(text)[0].tolist())
+    table = results.logit_lens(loaded, ids, 3, None, 2)
+    run = lens_results._held_run(loaded, ids)
+    assert run is not None and len(forwards) == 1
+    before = {name: tensor.clone() for name, tensor in run.items()}
+    with pytest.raises(TypeError):
+        run["blocks.0.hook_resid_pre"] = None  # type: ignore[index]
+    for position in (-1, 3):
+        results.direct_logit_attribution(loaded, ids, ids[-1], ids[2], position)
+    results.logit_lens(loaded, ids, 4, (2, 5), 1)
+    held = LoadedArtifact("lens", "/demo", TunedLens.for_model(toy), "identity-lens-" + loaded.key)
+    assert results.tuned_lens_table(loaded, ids, 3, held, None, 2).equals(table)  # identity translators
+    assert len(forwards) == 1 and lens_results._run_of(loaded, ids) is run  # no other forward, nothing copied
+    assert all(torch.equal(run[name], before[name]) for name in before)  # no reader wrote into it
+    with torch.no_grad():  # it is the model's own run (grad off, as the page runs it)
+        _, reference = toy.run_with_cache(toy.to_tokens(text), stop_at_layer=toy.cfg.n_layers, names_filter=list(before))
+    assert all(torch.equal(before[name], reference[name]) for name in before)
+
+
+def _counting(forward, calls: list):
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return forward(self, *args, **kwargs)
+    return counted

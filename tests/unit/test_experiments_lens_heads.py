@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from transformer_lens import FactoredMatrix
@@ -184,3 +185,33 @@ def test_head_scores_table_collects_every_score():
         torch.testing.assert_close(torch.tensor(from_patterns[kind].values), scores.flatten())
     with pytest.raises(InputError, match="one prompt"):
         head_scores_table(model, tokens, include_ablation=False, patterns_LHPS=attention_patterns(model, one))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_lens_read_during_its_pass_is_the_lens_read_from_a_cache(workers):
+    """``logit_lens_with_cache`` reads each snapshot as the pass reaches it: its table is bit-equal to ``logit_lens``'s
+    read from a cache of the same run (positions and screen, a tuned lens, a padded batch's row), the cache it returns
+    is that run's, and no hook stays attached."""
+    from experiments.lens import attribution_hook_names, logit_lens, logit_lens_with_cache, snapshot_hook_names
+    from experiments.lenses import TunedLens
+
+    model = wb.load_model("toy-attn-2l", progress=False).eval()
+    tuned = TunedLens.for_model(model).attach(model)
+    with torch.no_grad():
+        for parameter in tuned.layer_translators.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)  # not the identity: the translators matter
+    cases = [  # (tokens, the prompt alone, options)
+        (model.to_tokens("The cat sat on the mat. The cat sat"), None, dict(screen=True, positions=[3, 7, 9])),
+        (model.to_tokens("When Mary and John went to the store, John gave"), None, dict(tuned_lens=tuned)),
+        (["The cat sat on the mat", "The cat"], model.to_tokens("The cat"), dict(row=1)),
+    ]
+    names = attribution_hook_names(model)
+    for tokens, alone, options in cases:
+        table, run = logit_lens_with_cache(model, tokens, 4, names_filter=names, workers=workers, **options)
+        assert model.attached_hooks() == {}
+        with torch.no_grad():
+            _, reference = model.run_with_cache(tokens if alone is None else alone, stop_at_layer=model.cfg.n_layers,
+                                                names_filter=names + snapshot_hook_names(model))
+        pd.testing.assert_frame_equal(table, logit_lens(model, tokens, 4, cache=reference, **options))
+        assert sorted(run.keys()) == sorted(names)
+        assert all(torch.equal(run[name], reference[name]) for name in names)

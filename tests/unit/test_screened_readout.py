@@ -10,7 +10,7 @@ import torch
 
 import workbench as wb
 from experiments.lens import logit_lens
-from workbench.readouts import READOUT_ROWS_PER_BLOCK
+from workbench.vocab_readout import READOUT_ROWS_PER_BLOCK
 
 
 def _decoder(**overrides) -> wb.Decoder:
@@ -101,3 +101,27 @@ def test_the_screened_logit_lens_matches_the_exact_one_on_smollm2(smollm2):
     assert screened.attrs["screen"] in ("bfloat16", None)  # None on a CPU without fast bfloat16: then it is exact
     assert screened["token_id"].tolist() == exact["token_id"].tolist()
     assert (screened["prob"] - exact["prob"]).abs().max() < 0.005
+
+
+def test_rows_handed_in_as_they_come_read_as_all_at_once():
+    """``top_logits_reader``: rows added a few at a time (as a forward hook hands in each snapshot), blocks filled
+    across calls, give ``top_logits_from_resid``'s results bit for bit, on any worker count; the helpers end with the
+    result; no rows, rows of the wrong width and a bad count are refused."""
+    model = _decoder(unembed_bias=True)
+    resid_ND = torch.randn(READOUT_ROWS_PER_BLOCK * 2 + 9, 16) * 3
+    cuts = [0, 5, 5, 70, 71, 150, resid_ND.shape[0]]  # an empty piece, pieces across block edges
+    for screen in (None, torch.bfloat16):
+        with torch.no_grad():
+            expected = model.top_logits_from_resid(resid_ND, 3, screen)
+            for workers in (1, 2, 3):
+                reader = model.top_logits_reader(3, screen, workers)
+                for start, stop in zip(cuts, cuts[1:]):
+                    reader.add(resid_ND[start:stop])
+                assert all(torch.equal(a, b) for a, b in zip(reader.result(), expected))
+                assert reader._pool is None  # the helpers ended with the result
+    with model.top_logits_reader(3) as reader, pytest.raises(wb.InputError, match="no rows"):
+        reader.result()
+    with model.top_logits_reader(3, workers=2) as reader, pytest.raises(wb.InputError, match=r"\[rows, d_model=16\]"):
+        reader.add(torch.zeros(4, 8))
+    with pytest.raises(wb.InputError, match="workers must be at least 1"):
+        model.top_logits_reader(3, workers=0)
