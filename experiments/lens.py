@@ -5,7 +5,8 @@ Legend: B batch, L n_layers, P position, H n_heads, K d_head, D d_model, V d_voc
 Logit lens: the residual stream entering each layer (and the final one) is read out through
 the model's own final norm and unembedding (``Decoder.logits_from_resid``), so snapshot L is
 exactly the model's logits. ``logit_lens`` shows one prompt's top tokens (``row`` of a padded
-batch, its pads dropped); ``logit_lens_metric`` reads a dataset-level metric (e.g. ``LogitDiff`` at
+batch, its pads dropped; ``logit_lens_with_cache`` also returns the run it read, each layer read as the pass
+reaches it); ``logit_lens_metric`` reads a dataset-level metric (e.g. ``LogitDiff`` at
 each prompt's last real token) through every snapshot, as the mean over prompts or per prompt.
 
 Direct logit attribution: the final residual is a sum of components (embeddings, each head's
@@ -39,12 +40,12 @@ import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+from transformer_lens import ActivationCache
 
 from experiments._batched import metric_from_final_resid
 from experiments._tokens import str_tokens
 from workbench.tokens_api import TextOrTokens
 from experiments.metrics import MetricLike, PositionSelector, as_metric, per_prompt_table, prompt_batch
-from transformer_lens import ActivationCache
 from workbench.errors import InputError
 from workbench.readouts import fast_screen_dtype
 # Direct logit attribution lives in its own module; this one is its public home, as the docstring above says.

@@ -17,6 +17,7 @@ one-layer companions, plus the two pieces of mixture-of-experts math no hook poi
                             so it cannot say whether a bias exists)
   ``top_logits_from_resid`` the top-k logits, ids and logsumexp of residual streams read out through the final norm
                             and unembedding, exactly or from a bfloat16 screen (``fast_screen_dtype``)
+  ``top_logits_reader``     the same readout for rows that come during a forward pass (``workbench.vocab_readout``)
   ``output_norm_bias`` / ``final_norm_bias``  the constant a LayerNorm adds (None for RMSNorm): the one term
                             of a normed sum that no part owns
   ``apply_output_norm``     the norm on a sublayer's output before it joins the residual stream (ln1_post,
