@@ -191,7 +191,8 @@ def logit_lens_with_cache(model, tokens: TextOrTokens, top_k: int = 5, row: int 
     with model.top_logits_reader(top_k, screen_dtype, workers) as reader:
         def read(resid_1PD: Tensor, hook) -> None:
             resid_PD = resid_1PD[0, index_P]  # a copy: the pass goes on with its own tensor
-            reader.add(resid_PD if tuned_lens is None else tuned_lens.transform_hidden(resid_PD, names.index(hook.name)))
+            snapshot = names.index(hook.name)
+            reader.add(resid_PD if tuned_lens is None else tuned_lens.transform_hidden(resid_PD, snapshot))
 
         with model.hooks(fwd_hooks=[(name, read) for name in names]):
             _, cache = model.run_with_cache(tokens_1P, stop_at_layer=model.cfg.n_layers, names_filter=names_filter)

@@ -8,7 +8,8 @@ The model and its description:
 The model's surface, one mixin or helper module per side:
     ``hooking`` (hook contexts), ``hook_point`` (hook points and observing them), ``call_lock`` (one model,
     many threads), ``tokens_api`` (text <-> ids), ``tokenizer`` (the tokenizer wrapper), ``weights_api``
-    (TransformerLens's weight views), ``readouts`` (per-layer reads experiments use), ``processing`` (weight
+    (TransformerLens's weight views), ``readouts`` (per-layer reads experiments use; ``vocab_readout``, the top-k readout through the
+    unembedding in row blocks on helper threads), ``processing`` (weight
     processing), ``factored_attn`` (``refactor_factored_attn_matrices``), ``generation`` (KV-cached sampling),
     ``loss`` (next-token cross-entropy), ``forward_inputs`` (the forward's argument checks and positions), ``cache_batches`` and ``cache_store`` (caches over datasets, on disk; ``cache_index``, a cache directory's format and checks), ``cache_dir`` (the one cache root on disk),
     ``memory`` (keeping freed memory in the process).

@@ -145,8 +145,9 @@ class ReadoutMethods(_Host):
         screen misses one by more than the gap to the next token, and a logsumexp within the screen's error on the tail.
 
         ``workers``: blocks read at once, each on its own thread with torch's intra-op thread count (the results do
-        not depend on it; ``workbench.vocab_readout.TopLogitsReader`` reads rows as a forward pass produces them). For a process that runs torch on fewer threads than it has cores: on the 2-core machine, 2
-        workers read SmolLM2's 496-row logit lens in 0.08 s against 0.16 s.
+        not depend on it). For a process that runs torch on fewer threads than it has cores: on the 2-core machine, 2
+        workers read SmolLM2's 496-row logit lens in 0.08 s against 0.16 s. ``top_logits_reader`` reads rows as a
+        forward pass produces them.
 
         Example:
             >>> resid = cache["blocks.1.hook_resid_post"][0]

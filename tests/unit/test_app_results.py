@@ -234,7 +234,8 @@ def test_the_lens_run_is_made_once_shared_read_only_and_left_as_it_was(toy, monk
     assert len(forwards) == 1 and lens_results._run_of(loaded, ids) is run  # no other forward, nothing copied
     assert all(torch.equal(run[name], before[name]) for name in before)  # no reader wrote into it
     with torch.no_grad():  # it is the model's own run (grad off, as the page runs it)
-        _, reference = toy.run_with_cache(toy.to_tokens(text), stop_at_layer=toy.cfg.n_layers, names_filter=list(before))
+        _, reference = toy.run_with_cache(toy.to_tokens(text), stop_at_layer=toy.cfg.n_layers,
+                                          names_filter=list(before))
     assert all(torch.equal(before[name], reference[name]) for name in before)
 
 
