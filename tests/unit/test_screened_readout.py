@@ -110,9 +110,14 @@ def test_rows_handed_in_as_they_come_read_as_all_at_once():
     model = _decoder(unembed_bias=True)
     resid_ND = torch.randn(READOUT_ROWS_PER_BLOCK * 2 + 9, 16) * 3
     cuts = [0, 5, 5, 70, 71, 150, resid_ND.shape[0]]  # an empty piece, pieces across block edges
+    with torch.no_grad():  # the reference: the softmax of the model's own logits (at parity with transformers)
+        reference = model.logits_from_resid(resid_ND[:, None])[:, 0].softmax(-1).topk(3)
     for screen in (None, torch.bfloat16):
         with torch.no_grad():
             expected = model.top_logits_from_resid(resid_ND, 3, screen)
+        assert torch.equal(expected[1], reference.indices)
+        assert torch.allclose((expected[0] - expected[2][:, None]).exp(), reference.values, atol=1e-2 if screen else 1e-6)
+        with torch.no_grad():
             for workers in (1, 2, 3):
                 reader = model.top_logits_reader(3, screen, workers)
                 for start, stop in zip(cuts, cuts[1:]):
