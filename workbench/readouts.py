@@ -40,7 +40,7 @@ from workbench.components.moe import MixtureOfExperts
 from workbench.config import ModelConfig
 from workbench.errors import InputError
 from workbench.host import DecoderHost
-from workbench.vocab_readout import TopLogitsReader
+from workbench.vocab_readout import READOUT_ROWS_PER_BLOCK, TopLogitsReader  # noqa: F401  (its old home's name)
 
 SUBLAYERS = ("attn", "mlp")  # the sublayers whose outputs join the residual stream
 
