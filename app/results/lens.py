@@ -5,8 +5,6 @@ contribution to one logit.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from types import MappingProxyType
 from typing import Mapping, Optional
 
@@ -15,6 +13,7 @@ import streamlit as st
 import torch
 
 from app.results.artifacts import BY_ARTIFACT_KEY, LoadedArtifact
+from app.results.long_runs import held_store
 from app.results.models import BY_MODEL_KEY
 from app.state import LoadedModel
 from experiments import lens
@@ -22,40 +21,28 @@ from experiments.lenses import lens_kl_by_layer
 
 
 # The prompt's one run, read by its logit lens and every attribution asked of it (a new target, baseline, position,
-# top-k or window reads it again: no forward). Held in a small process-wide store, not pickled by st.cache_data (13.6 MB
-# on SmolLM2 at 64 tokens: 23 ms of each prompt change), and read only (a test holds the readers to that). A new
-# prompt's run is made by the logit lens itself, which reads each layer through the unembedding as the pass reaches
-# it (``experiments.lens.logit_lens_with_cache``).
+# top-k or window reads it again: no forward). Held in a small process-wide store (``held_store``), not pickled by
+# st.cache_data (13.6 MB on SmolLM2 at 64 tokens: 23 ms of each prompt change), and read only (a test holds the
+# readers to that). A new prompt's run is made by the logit lens itself, which reads each layer through the
+# unembedding as the pass reaches it (``experiments.lens.logit_lens_with_cache``).
 RUNS_HELD = 4
 
 
-@st.cache_resource(show_spinner=False)
-def _runs() -> tuple[OrderedDict, threading.Lock]:
-    return OrderedDict(), threading.Lock()
-
-
 def _held_run(loaded: LoadedModel, ids: tuple[int, ...]) -> Optional[Mapping[str, torch.Tensor]]:
-    store, lock = _runs()
-    with lock:
-        if (loaded.key, ids) in store:
-            store.move_to_end((loaded.key, ids))
-        return store.get((loaded.key, ids))
+    return held_store("lens runs", RUNS_HELD).get((loaded.key, ids))
 
 
 def _hold(loaded: LoadedModel, ids: tuple[int, ...], cache) -> Mapping[str, torch.Tensor]:
-    run = MappingProxyType({name: cache[name] for name in _run_names(loaded.model)})
-    store, lock = _runs()
-    with lock:
-        store[(loaded.key, ids)] = run
-        while len(store) > RUNS_HELD:
-            store.popitem(last=False)
+    run = MappingProxyType({name: cache[name] for name in cache.keys()})
+    held_store("lens runs", RUNS_HELD).put((loaded.key, ids), run)
     return run
 
 
-def _run_names(model) -> set[str]:
-    names = set(lens.snapshot_hook_names(model))
+def _run_names(model) -> list[str]:
+    """What the held run caches: the lens's snapshots and, where direct logit attribution applies, what it reads."""
+    names = lens.snapshot_hook_names(model)
     if model.cfg.norm_placement != "post":  # direct logit attribution refuses post-norm models itself
-        names |= set(lens.attribution_hook_names(model))
+        names += [name for name in lens.attribution_hook_names(model) if name not in names]
     return names
 
 
@@ -63,10 +50,9 @@ def _run_of(loaded: LoadedModel, ids: tuple[int, ...]) -> Mapping[str, torch.Ten
     """The prompt's held run, or a new one (then held)."""
     run = _held_run(loaded, ids)
     if run is None:
-        names = _run_names(loaded.model)
         with loaded.lock, torch.no_grad():
             _, cache = loaded.model.run_with_cache(torch.tensor([ids]), stop_at_layer=loaded.model.cfg.n_layers,
-                                                   names_filter=lambda n: n in names)
+                                                   names_filter=_run_names(loaded.model))
         run = _hold(loaded, ids, cache)
     return run
 
@@ -81,9 +67,8 @@ def _lens_table(loaded: LoadedModel, ids: tuple[int, ...], top_k: int, positions
                        tuned_lens=held.artifact.attach(loaded.model) if held is not None else None)
         if run is not None:
             return lens.logit_lens(loaded.model, torch.tensor([ids]), cache=run, **options)
-        names = _run_names(loaded.model)
-        table, cache = lens.logit_lens_with_cache(loaded.model, torch.tensor([ids]), names_filter=lambda n: n in names,
-                                                  **options)
+        table, cache = lens.logit_lens_with_cache(loaded.model, torch.tensor([ids]),
+                                                  names_filter=_run_names(loaded.model), **options)
     _hold(loaded, ids, cache)
     return table
 

@@ -37,9 +37,65 @@ def no_bar(text: str) -> tuple[Callable[[int, int], None], Callable[[], None]]:
     return (lambda done, total: None), (lambda: None)
 
 
+class HeldStore:
+    """Results kept by reference for the whole process, the least recently used dropped past ``limit`` entries; every
+    read and write under its lock (the dashboard's sessions run on threads).
+
+    Example:
+        >>> store = HeldStore(limit=2)
+        >>> store.put("a", 1); store.put("b", 2); store.get("a"); store.put("c", 3)   # "b" was used least recently
+        1
+        >>> "b" in store, store.get("a"), store.get("b", "gone")
+        (False, 1, 'gone')
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        """The value held under ``key`` (now the most recently used), else ``default``."""
+        with self._lock:
+            if key not in self._items:
+                return default
+            self._items.move_to_end(key)
+            return self._items[key]
+
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._items
+
+    def put(self, key: Hashable, value: Any) -> None:
+        """Holds ``value`` under ``key``, dropping the least recently used past the limit."""
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.limit:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
 @st.cache_resource(show_spinner=False)
-def _store() -> tuple[OrderedDict, threading.Lock]:
-    return OrderedDict(), threading.Lock()
+def held_store(name: str, limit: int) -> HeldStore:
+    """The process's one store called ``name`` (made on its first use): the long runs' here, the Logit lens page's
+    runs in ``app.results.lens``.
+
+    Example:
+        >>> held_store("doctest store", 4) is held_store("doctest store", 4)
+        True
+    """
+    return HeldStore(limit)
+
+
+def _store() -> HeldStore:
+    return held_store("long runs", RUNS_KEPT)
+
+
+_MISSING = object()  # a stored result may be None
 
 
 @dataclass(frozen=True)
@@ -72,26 +128,19 @@ class LongRun:
 
         ``unkeyed``: inputs that follow from ``args`` (the prompt's cached patterns), handed to ``compute`` as
         keywords and left out of the store's key."""
-        store, store_lock = _store()
         key = self._key(loaded, args)
-        with store_lock:
-            if key in store:
-                store.move_to_end(key)
-                return store[key]
+        stored = _store().get(key, _MISSING)
+        if stored is not _MISSING:
+            return stored
         report, finish = bar(self.text)
         try:
             with loaded.lock:
                 result = self.compute(loaded.model, *args, progress=report, **unkeyed)
         finally:
             finish()
-        with store_lock:
-            store[key] = result
-            while len(store) > RUNS_KEPT:
-                store.popitem(last=False)
+        _store().put(key, result)
         return result
 
     def is_stored(self, loaded: LoadedModel, *args: Hashable) -> bool:
         """Whether a call with these arguments would return a stored result at once (and draw no bar)."""
-        store, store_lock = _store()
-        with store_lock:
-            return self._key(loaded, args) in store
+        return self._key(loaded, args) in _store()

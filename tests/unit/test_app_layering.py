@@ -103,11 +103,11 @@ def test_only_results_caches():
     caching = sorted(name for name, text in sources.items() if "cache_data" in text or "cache_resource" in text)
     assert caching and all(name.startswith("results/") for name in caching), caching
     results = "".join(text for name, text in sources.items() if name.startswith("results/"))
-    # the models, the long-run store, the opened SAEs and transcoder sets (the one holder, app.results.artifacts),
-    # a transcoder set's layers seen as SAEs (app.results.attribution) and the Logit lens page's held runs (read-only
-    # tensors every attribution reads: pickling them per reader cost more than the readout) are resources; every
-    # cached result is data
-    assert results.count("@st.cache_resource") == 5 and results.count("@st.cache_data") >= 7
+    # the models, the stores of results kept by reference (``long_runs.held_store``: the long runs, and the Logit lens
+    # page's runs, read-only tensors every attribution reads, which pickling per reader made slower than the
+    # readout), the opened SAEs and transcoder sets (the one holder, app.results.artifacts) and a transcoder set's
+    # layers seen as SAEs (app.results.attribution) are resources; every cached result is data
+    assert results.count("@st.cache_resource") == 4 and results.count("@st.cache_data") >= 7
     assert "def load_model(" in sources["results/models.py"]
 
 

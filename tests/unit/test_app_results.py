@@ -196,9 +196,7 @@ def test_the_head_sweep_stays_drawn_once_run(dense):
     """The Ablation page draws the sweep again on a later run (``has_head_sweep``) without the button."""
     from app.results.long_runs import _store
 
-    store, lock = _store()
-    with lock:  # the store is process-wide: another file on this worker may have run this very sweep
-        store.clear()
+    _store().clear()  # the store is process-wide: another file on this worker may have run this very sweep
     at = run_page("ablation", dense, SHORT_PROMPT)
     assert not any(c.proto.id.endswith("-head_sweep_chart") for c in at.get("plotly_chart"))
     at.button(key="ablation_sweep").click().run()
