@@ -187,12 +187,14 @@ def logit_lens_with_cache(model, tokens: TextOrTokens, top_k: int = 5, row: int 
     read_P = np.arange(prompt_positions) if positions is None else _checked_positions(positions, prompt_positions)
     index_P = torch.as_tensor(read_P, device=tokens_1P.device)
     names = snapshot_hook_names(model)
+    snapshot_of = {name: t for t, name in enumerate(names)}
     screen_dtype = fast_screen_dtype(tokens_1P.device) if screen else None
     with model.top_logits_reader(top_k, screen_dtype, workers) as reader:
         def read(resid_1PD: Tensor, hook) -> None:
             resid_PD = resid_1PD[0, index_P]  # a copy: the pass goes on with its own tensor
-            snapshot = names.index(hook.name)
-            reader.add(resid_PD if tuned_lens is None else tuned_lens.transform_hidden(resid_PD, snapshot))
+            if tuned_lens is not None:
+                resid_PD = tuned_lens.transform_hidden(resid_PD, snapshot_of[hook.name])
+            reader.add(resid_PD)
 
         with model.hooks(fwd_hooks=[(name, read) for name in names]):
             _, cache = model.run_with_cache(tokens_1P, stop_at_layer=model.cfg.n_layers, names_filter=names_filter)

@@ -60,8 +60,7 @@ class TopLogitsReader:
             model.unembed.screen_weight(screen_dtype)  # converted once here, not by each thread
         self._grad = torch.is_grad_enabled()  # grad mode is per thread: the helpers take the maker's
         self._pool = ThreadPoolExecutor(max_workers=workers - 1) if workers > 1 else None
-        self._waiting: list[Tensor] = []  # rows not yet in a full block
-        self._waiting_rows = 0
+        self._waiting: list[Tensor] = []  # rows not yet in a full block, none of them empty
         self._blocks: list[tuple[Tensor, Optional[Future]]] = []  # each block, and its helper's run when handed out
 
     def add(self, resid_ND: Float[Tensor, "rows d_model"]) -> None:
@@ -69,21 +68,20 @@ class TopLogitsReader:
         fill goes to a helper at once. The rows are read later: the caller must not write into them meanwhile."""
         if resid_ND.ndim != 2 or resid_ND.shape[-1] != self._model.cfg.d_model:
             raise InputError(f"rows must be [rows, d_model={self._model.cfg.d_model}], got {tuple(resid_ND.shape)}")
-        self._waiting.append(resid_ND)
-        self._waiting_rows += resid_ND.shape[0]
-        while self._waiting_rows >= READOUT_ROWS_PER_BLOCK:
+        if resid_ND.shape[0]:
+            self._waiting.append(resid_ND)
+        while sum(rows.shape[0] for rows in self._waiting) >= READOUT_ROWS_PER_BLOCK:
             rows_ND = torch.cat(self._waiting) if len(self._waiting) > 1 else self._waiting[0]
             self._hand_out(rows_ND[:READOUT_ROWS_PER_BLOCK])
-            rest_ND = rows_ND[READOUT_ROWS_PER_BLOCK:]
-            self._waiting, self._waiting_rows = ([rest_ND] if rest_ND.shape[0] else []), rest_ND.shape[0]
+            self._waiting = [rows_ND[READOUT_ROWS_PER_BLOCK:]] if rows_ND.shape[0] > READOUT_ROWS_PER_BLOCK else []
 
     def result(self) -> Readout:
         """Every row's ``k`` highest logits (float32), their ids and the row's logsumexp, in the order the rows came;
         the blocks no helper has started are read here. Ends the helpers."""
         try:
-            if self._waiting_rows:
+            if self._waiting:  # the last, short block
                 self._hand_out(torch.cat(self._waiting), to_helper=False)
-                self._waiting, self._waiting_rows = [], 0
+                self._waiting = []
             if not self._blocks:
                 raise InputError("no rows were handed in to read")
             # The blocks no helper has started first, here, then those the helpers are reading.
