@@ -11,19 +11,26 @@ import tempfile
 import pytest
 import torch
 
-# The workbench's disk caches (converted weights, corpus scans) go to one folder for the whole run, never the user's
-# ~/.cache/workbench: made by the first process (pytest itself, or the xdist controller before it starts the
-# workers, which inherit it), so SmolLM2 and Gemma 3 are converted once per run and every later load maps the file.
-# WORKBENCH_TEST_CACHE_DIR keeps one across runs on purpose.
-_RUN_CACHE = None
+# One folder for the whole run, made by the first process (pytest itself, or the xdist controller before it starts
+# the workers, which inherit it through the environment) and removed when that process ends:
+# - cache/: the workbench's disk caches (converted weights, corpus scans), never the user's ~/.cache/workbench, so
+#   SmolLM2 and Gemma 3 are converted once per run and every later load maps the file. WORKBENCH_TEST_CACHE_DIR
+#   keeps one across runs on purpose.
+# - tmp/: TMPDIR, so that everything any test, doctest, server or subprocess makes through `tempfile` (docstring
+#   examples' mkdtemp folders, pytest's own tmp_path) goes with the run: runs that each left their folders in /tmp
+#   filled a CI disk. The name is short because Ray puts its socket paths under TMPDIR (a 107-byte limit).
+_RUN_DIR = None
 if not os.environ.get("PYTEST_XDIST_WORKER"):
-    _RUN_CACHE = os.environ.get("WORKBENCH_TEST_CACHE_DIR") or tempfile.mkdtemp(prefix="workbench-test-cache-")
-    os.environ["WORKBENCH_CACHE_DIR"] = _RUN_CACHE
+    _RUN_DIR = tempfile.mkdtemp(prefix="wbt-")
+    os.environ["WORKBENCH_CACHE_DIR"] = os.environ.get("WORKBENCH_TEST_CACHE_DIR") or os.path.join(_RUN_DIR, "cache")
+    os.makedirs(os.path.join(_RUN_DIR, "tmp"))
+    os.environ["TMPDIR"] = tempfile.tempdir = os.path.join(_RUN_DIR, "tmp")
 
 
 def pytest_unconfigure(config):
-    if _RUN_CACHE and not os.environ.get("WORKBENCH_TEST_CACHE_DIR"):
-        shutil.rmtree(_RUN_CACHE, ignore_errors=True)
+    if _RUN_DIR:
+        tempfile.tempdir = None
+        shutil.rmtree(_RUN_DIR, ignore_errors=True)
 
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
