@@ -263,9 +263,10 @@ def patch_hooks(graph: CircuitGraph, base: PromptBatch, masks: Bool[Tensor, "n p
         return hook
 
     def read_hook(readers: list[int], heads: Optional[list[int]], feeding: list[int]):
-        sub = masks[:, :, feeding][:, :, :, readers].float()  # [n, P|1, u, r]
+        # the masks live on the CPU (the graph's bookkeeping); the pass runs where the model is
+        sub = masks[:, :, feeding][:, :, :, readers].to(deltas.device, deltas.dtype)  # [n, P|1, u, r]
         sub = sub.expand(n, P, *sub.shape[2:])
-        slots = torch.tensor([slot[w] for w in feeding])
+        slots = torch.tensor([slot[w] for w in feeding], device=deltas.device)
 
         def hook(activation: Tensor, hook) -> Tensor:
             add = torch.einsum("nbpud,npur->nbprd", deltas[:, :, :, slots], sub.to(activation.dtype))

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if __package__ in (None, ""):
@@ -111,7 +112,9 @@ def smollm2_eap_row(model, pairs: int) -> list[dict]:
              "median_s": seconds, "repeats": 1, "pairs": pairs}]
 
 
-def exact_rows(model, n_edges: int, repeats: int) -> list[dict]:
+def exact_rows(model, n_edges: int, repeats: int, timed: Callable[[Callable], Callable] = lambda fn: fn) -> list[dict]:
+    """Stacked edge patching against one forward per edge, on the model's device; ``timed`` wraps each contender
+    (the GPU bench's ``synchronized``, so a call is timed to the end of its GPU work)."""
     data = paired_prompts(model, ioi_dataset(model, 8, seed=0))
     graph = circuit_graph(model)
     generator = torch.Generator().manual_seed(0)
@@ -134,8 +137,8 @@ def exact_rows(model, n_edges: int, repeats: int) -> list[dict]:
                 values.append(data.metric.values(logits, batch)[None])
             return values
 
-    times = interleaved_timings({"edge_patching (stacked)": lambda: edge_patching(model, data, edges),
-                                 "one forward per edge": one_per_edge}, repeats=repeats, warmup=0)
+    times = interleaved_timings({"edge_patching (stacked)": timed(lambda: edge_patching(model, data, edges)),
+                                 "one forward per edge": timed(one_per_edge)}, repeats=repeats, warmup=0)
     batched = edge_patching(model, data, edges).set_index("edge")["metric"]
     looped = torch.cat(one_per_edge()).mean(1)
     worst = max(abs(float(batched[e]) - float(v)) for e, v in zip(edges, looped))

@@ -1,9 +1,11 @@
-"""On a CUDA GPU: forward, cache-all and greedy generation, workbench against transformers.
+"""On a CUDA GPU: forward, cache-all and greedy generation, workbench against transformers; exact edge patching.
 
 The same weights on one GPU in float32 (PyTorch's defaults: no TF32), every contender with its defaults: a random
 Llama-shaped model saved once by `transformers` and SmolLM2-135M from its GGUF when it is installed. Each call is
 timed to the end of its GPU work (``torch.cuda.synchronize``), repeats interleaved. Cache-all's peak GPU memory
-is reported beside the plain forward's. Without CUDA it measures nothing and says so.
+is reported beside the plain forward's. Exact edge patching is the CPU table's row (``bench_circuits``: 64 edges
+of SmolLM2 on 8 IOI pairs, stacked against one forward per edge) with the model on the GPU. Without CUDA it
+measures nothing and says so.
 
     python tests/benchmarks/bench_gpu.py [--quick]
 """
@@ -23,6 +25,7 @@ if __package__ in (None, ""):
 import torch
 
 import workbench as wb
+from tests.benchmarks.bench_circuits import exact_rows
 from tests.benchmarks.bench_forward import LLAMA_SHAPE, cache_mb
 from tests.benchmarks.bench_generation import NEW, PROMPT, greedy, with_tokens_per_s
 from tests.benchmarks.common import interleaved_timings, markdown_table, script_main, timing_rows
@@ -127,6 +130,20 @@ def run(quick: bool = False) -> list[dict]:
     else:
         rows += bench_model("SmolLM2-135M", str(gguf.parent), str(gguf),
                             {"gguf_file": gguf.name, "torch_dtype": torch.float32}, 49152, quick)
+        rows += edge_patching_rows(str(gguf), quick)
+    return rows
+
+
+def edge_patching_rows(source: str, quick: bool) -> list[dict]:
+    """The CPU table's exact edge patching rows (64 edges of SmolLM2 on 8 IOI pairs, stacked against one forward
+    per edge) with the model on the GPU."""
+    model = wb.load_model(source, device="cuda", progress=False).eval()
+    rows = exact_rows(model, 16 if quick else 64, 2 if quick else 3, timed=synchronized)
+    for row in rows:
+        row["comparison"] += ", CUDA"
+    del model
+    torch.cuda.empty_cache()
+    print(markdown_table(rows), file=sys.stderr)
     return rows
 
 
