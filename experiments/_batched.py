@@ -14,7 +14,7 @@ large batches. Chunks keep a pass under ``tokens_per_pass`` tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from jaxtyping import Float
@@ -72,6 +72,44 @@ def metric_from_final_resid(model, resid_nBPD: Tensor, batch: PromptBatch, metri
     return metric.per_prompt(model.logits_from_resid(resid_nBD[:, None])[:, 0], batch).view(n, -1)
 
 
+def staircase_forward(model, resid_pre_by_layer: Sequence[Float[Tensor, "batch pos d_model"]], join_layers: Sequence[int],
+                      mask_BP: Optional[Tensor] = None, hooks_at: Callable[[int, int], list] = lambda layer, row: [],
+                      advance: Callable[[int], object] = lambda steps: None) -> Float[Tensor, "n_batch pos d_model"]:
+    """The residual stream after the last block of n stacked variants of one batch, variant i entering block
+    ``join_layers[i]`` (sorted) from the unedited run's ``resid_pre_by_layer`` there: each block runs once, on the
+    variants that have reached it, and the blocks after the last joiner run in one call. ``hooks_at(layer, row)``
+    gives the hooks of the block a variant joins (``row``: the first of the joiners' variant rows); hooks
+    around the whole pass see each block's running variants, always the first ones of the stack. ``advance``
+    is told how many blocks each step ran.
+
+    Example:
+        >>> from experiments.metrics import prompt_batch
+        >>> _, resid_pre, _ = unedited_run(model, prompt_batch(model, tokens), Loss())
+        >>> final = staircase_forward(model, resid_pre, [0, 1])         # no edit: both variants are the plain run
+        >>> final.shape, torch.allclose(final[:1], final[1:], atol=1e-5)
+        (torch.Size([2, 14, 128]), True)
+    """
+    L = model.cfg.n_layers
+    first, last = join_layers[0], join_layers[-1]
+    resid = resid_pre_by_layer[first][:0]
+    n_rows = 0
+    for layer in range(first, L):
+        joining = sum(1 for j in join_layers if j == layer)
+        if joining:
+            resid = torch.cat([resid, resid_pre_by_layer[layer].repeat(joining, 1, 1)])
+        hooks = hooks_at(layer, n_rows)
+        n_rows += joining
+        mask = None if mask_BP is None else mask_BP.repeat(n_rows, 1)
+        with model.hooks(fwd_hooks=hooks):
+            resid = model(resid, start_at_layer=layer, stop_at_layer=layer + 1, attention_mask=mask)
+        advance(1)
+        if layer >= last and layer + 1 < L:  # no more joiners: run the rest in one call
+            resid = model(resid, start_at_layer=layer + 1, stop_at_layer=L, attention_mask=mask)
+            advance(L - layer - 1)
+            break
+    return resid
+
+
 def _edit_hook(edits_with_rows: list[tuple[int, Edit]], B: int):
     """One hook applying several variants' edits, each to its own block of B rows."""
     def hook(activation: Tensor, hook) -> Tensor:
@@ -127,26 +165,14 @@ def score_edits(
     results: list[Optional[Tensor]] = [None] * len(edits)
     with Progress(progress, total=total, desc=desc) as bar:
         for chunk in chunks:
-            first, last = layers[chunk[0]], layers[chunk[-1]]
-            resid = resid_pre_by_layer[first][:0]
-            n_rows = 0
-            for layer in range(first, L):
-                joining = [i for i in chunk if layers[i] == layer]
-                if joining:
-                    resid = torch.cat([resid, resid_pre_by_layer[layer].repeat(len(joining), 1, 1)])
+            def hooks_at(layer: int, first_row: int, chunk=chunk) -> list:  # the edits of the variants joining here
                 by_hook: dict[str, list[tuple[int, Edit]]] = {}
-                for row, i in enumerate(joining, start=n_rows):
+                for row, i in enumerate((i for i in chunk if layers[i] == layer), start=first_row):
                     by_hook.setdefault(edits[i].site.hook_name, []).append((row, edits[i]))
-                n_rows += len(joining)
-                mask = None if mask_BP is None else mask_BP.repeat(n_rows, 1)
-                hooks = [(name, _edit_hook(items, B)) for name, items in by_hook.items()]
-                with model.hooks(fwd_hooks=hooks):
-                    resid = model(resid, start_at_layer=layer, stop_at_layer=layer + 1, attention_mask=mask)
-                bar.advance()
-                if layer >= last and layer + 1 < L:  # no more joiners: run the rest in one call
-                    resid = model(resid, start_at_layer=layer + 1, stop_at_layer=L, attention_mask=mask)
-                    bar.advance(L - layer - 1)
-                    break
+                return [(name, _edit_hook(items, B)) for name, items in by_hook.items()]
+
+            resid = staircase_forward(model, resid_pre_by_layer, [layers[i] for i in chunk], mask_BP, hooks_at,
+                                      bar.advance)
             step = len(chunk) if isinstance(metric, Loss) else unembed_variants
             for start in range(0, len(chunk), step):
                 stop = min(start + step, len(chunk))

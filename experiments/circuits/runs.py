@@ -13,6 +13,7 @@ the reader sees exactly the source run's input; with none, the pass is the unedi
 
 from __future__ import annotations
 
+import bisect
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence, Union
@@ -21,14 +22,13 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from experiments._batched import metric_from_final_resid
+from experiments._batched import DEFAULT_TOKENS_PER_PASS, metric_from_final_resid, staircase_forward
 from experiments.circuits.graph import EMBED_HOOK, CircuitGraph
 from experiments.metrics import Metric, MetricLike, PromptBatch
 from experiments.patching.pairs import PairedPrompts
 from workbench.call_lock import model_lock
 from workbench.errors import InputError
 
-TOKENS_PER_PASS = 2048  # variants x batch x pos per patched pass
 DELTA_BYTES_PER_PASS = 2**28  # the patched pass's writer differences [n, B, P, used writers, D] stay under 256 MB
 
 
@@ -170,8 +170,9 @@ def patched_metric(model, graph: CircuitGraph, base: PromptBatch, metric: Metric
                    start: Optional[BaseRun] = None) -> Float[Tensor, "n rows"]:
     """The metric of each row of ``base`` under each variant's edges carrying ``sources``. ``masks[v]`` is [P, O, I]
     (edges per position) or [1, O, I] (at every position); ``sources`` maps each writer hook to [B or 1, P, (H,) D]
-    values. Variants run stacked, each from the layer of its first edited reader (``start``: the unedited run, made
-    here when not given). The model's edge switches must be on (``edge_switches``).
+    values. Variants run stacked as a staircase (``experiments._batched.staircase_forward``), each joining at the
+    layer of its first edited reader (``start``: the unedited run, made here when not given); those editing only
+    the logits reader run no block. The model's edge switches must be on (``edge_switches``).
 
     Example:
         >>> from experiments.circuits.graph import circuit_graph
@@ -185,35 +186,50 @@ def patched_metric(model, graph: CircuitGraph, base: PromptBatch, metric: Metric
         True
     """
     B, P = base.tokens.shape
+    L = graph.n_layers
     start = start if start is not None else base_run(model, graph, base)
     reader_layers = torch.tensor([_reader_layer(graph, r) for r in range(len(graph.readers))])
     edited = masks.any(dim=(1, 2))  # [n, I]
-    first = [int(reader_layers[row].min()) if bool(row.any()) else graph.n_layers for row in edited]
+    first = [int(reader_layers[row].min()) if bool(row.any()) else L for row in edited]
+    order = sorted(range(len(masks)), key=first.__getitem__)
     out: list[Optional[Tensor]] = [None] * len(masks)
-    for layer in sorted(set(first)):
-        group = [i for i, f in enumerate(first) if f == layer]
-        n_used = max(1, int(masks[group].any(dim=(0, 1, 3)).sum()))
-        per_pass = max(1, min(TOKENS_PER_PASS // (B * P), DELTA_BYTES_PER_PASS // (4 * B * P * n_used * model.cfg.d_model)))
-        for i in range(0, len(group), per_pass):
-            chunk = group[i:i + per_pass]
-            values = _patched_pass(model, graph, base, metric, masks[chunk], sources, start, layer)
+    # variants editing blocks share staircase passes; those editing only the logits reader share their own
+    for variants in ([i for i in order if first[i] < L], [i for i in order if first[i] == L]):
+        for chunk in _pass_chunks(masks, variants, B * P, model.cfg.d_model):
+            values = _patched_pass(model, graph, base, metric, masks[chunk], [first[i] for i in chunk], sources, start)
             for j, row in zip(chunk, values):
                 out[j] = row
     return torch.stack(out)
 
 
+def _pass_chunks(masks: Bool[Tensor, "n pos_or_1 writers readers"], variants: list[int], tokens_per_variant: int,
+                 d_model: int) -> list[list[int]]:
+    """``variants`` in order, cut into passes of at most ``DEFAULT_TOKENS_PER_PASS`` tokens whose writer differences
+    [n, B, P, writers the pass patches, D] stay under ``DELTA_BYTES_PER_PASS`` (one variant a pass at least)."""
+    writers_nO = masks.any(dim=(1, 3))
+    chunks: list[list[int]] = []
+    chunk: list[int] = []
+    used_O = torch.zeros(masks.shape[2], dtype=torch.bool)
+    for v in variants:
+        grown_O = used_O | writers_nO[v]
+        tokens = (len(chunk) + 1) * tokens_per_variant
+        if chunk and (tokens > DEFAULT_TOKENS_PER_PASS
+                      or 4 * tokens * max(1, int(grown_O.sum())) * d_model > DELTA_BYTES_PER_PASS):
+            chunks.append(chunk)
+            chunk, grown_O = [], writers_nO[v]
+        chunk.append(v)
+        used_O = grown_O
+    return chunks + [chunk] if chunk else chunks
+
+
 @torch.no_grad()
-def _patched_pass(model, graph: CircuitGraph, base: PromptBatch, metric: Metric, masks: Tensor,
-                  sources: dict[str, Tensor], start: BaseRun, first_layer: int) -> Tensor:
+def _patched_pass(model, graph: CircuitGraph, base: PromptBatch, metric: Metric, masks: Tensor, first_layers: list[int],
+                  sources: dict[str, Tensor], start: BaseRun) -> Tensor:
     n, L = masks.shape[0], graph.n_layers
-    hooks = patch_hooks(graph, base, masks, sources, start, first_layer)
-    mask = None if base.mask is None else base.mask.repeat(n, 1)
+    hooks = patch_hooks(graph, base, masks, sources, start, first_layers)
     with model.hooks(fwd_hooks=hooks):
-        if first_layer == 0:
-            final = model(base.tokens.repeat(n, 1), attention_mask=mask, stop_at_layer=L)
-        elif first_layer < L:
-            final = model(start.resid_pre[first_layer].repeat(n, 1, 1), start_at_layer=first_layer, stop_at_layer=L,
-                          attention_mask=mask)
+        if first_layers[0] < L:
+            final = staircase_forward(model, start.resid_pre, first_layers, base.mask)
         else:  # only the logits reader is edited (or nothing): no block runs
             final = start.final.repeat(n, 1, 1)
             final_hook = dict(hooks).get(f"blocks.{L - 1}.hook_resid_post")
@@ -223,10 +239,13 @@ def _patched_pass(model, graph: CircuitGraph, base: PromptBatch, metric: Metric,
 
 
 def patch_hooks(graph: CircuitGraph, base: PromptBatch, masks: Bool[Tensor, "n pos_or_1 writers readers"],
-                sources: dict[str, Tensor], start: BaseRun, first_layer: int = 0) -> list[tuple[str, object]]:
+                sources: dict[str, Tensor], start: BaseRun,
+                first_layers: Union[int, Sequence[int]] = 0) -> list[tuple[str, object]]:
     """The forward hooks of a pass over n stacked copies of ``base`` in which variant v's masked edges carry
     ``sources``: writer hooks record (source - live) per patched writer, reader hooks add each variant's sum of them.
-    Writers before ``first_layer`` (where the pass starts) and the embedding take their live value from ``start``.
+    Variant v enters the pass at block ``first_layers[v]`` (non-decreasing; one number for all), so a block's hooks
+    see the variants that have reached it, the first ones of the stack; a writer before the block where a variant
+    enters (the embedding always) takes its live value from ``start``.
 
     Example:
         >>> from experiments.circuits.graph import circuit_graph
@@ -240,57 +259,81 @@ def patch_hooks(graph: CircuitGraph, base: PromptBatch, masks: Bool[Tensor, "n p
     """
     n = masks.shape[0]
     B, P = base.tokens.shape
+    firsts_n = torch.tensor([first_layers] * n if isinstance(first_layers, int) else list(first_layers))
+    if bool((firsts_n[1:] < firsts_n[:-1]).any()):
+        raise InputError(f"first_layers must not decrease: the variants enter the pass in order, got {firsts_n.tolist()}")
     used = masks.any(dim=(0, 1, 3)).nonzero().flatten().tolist()  # writers some variant patches
     slot = {w: i for i, w in enumerate(used)}
     D = start.final.shape[-1]
     deltas = start.final.new_zeros(n, B, P, len(used), D)
-    for w in used:  # writers before the first block run: the unedited run's values
-        if _writer_layer(graph, w) < first_layer:
+    for w in used:  # the variants entering after the writer: the unedited run's values
+        later_n = firsts_n > _writer_layer(graph, w)
+        if int(firsts_n[-1]) > _writer_layer(graph, w):
             name, head = graph.writer_site(w)
             live, src = start.writers[name], sources[name]
             if head is not None:
                 live, src = live[:, :, head], src[:, :, head]
-            deltas[:, :, :, slot[w]] = src.to(live.dtype) - live
+            deltas[later_n.to(deltas.device), :, :, slot[w]] = src.to(live.dtype) - live
 
     def write_hook(w_heads: list[tuple[int, Optional[int]]]):
         def hook(activation: Tensor, hook) -> None:
-            view = activation.view(n, B, *activation.shape[1:])
+            view = activation.view(-1, B, *activation.shape[1:])  # the k variants that have reached this block
             source = sources[hook.name]
             for w, head in w_heads:
                 live = view[:, :, :, head] if head is not None else view
                 src = source[:, :, head] if head is not None else source
-                deltas[:, :, :, slot[w]] = src.to(live.dtype) - live
+                deltas[:len(view), :, :, slot[w]] = src.to(live.dtype) - live
         return hook
 
     def read_hook(readers: list[int], heads: Optional[list[int]], feeding: list[int]):
-        # the masks live on the CPU (the graph's bookkeeping); the pass runs where the model is
-        sub = masks[:, :, feeding][:, :, :, readers].to(deltas.device, deltas.dtype)  # [n, P|1, u, r]
-        sub = sub.expand(n, P, *sub.shape[2:])
-        slots = torch.tensor([slot[w] for w in feeding], device=deltas.device)
+        # Only the variants and readers some patched edge reaches: a pass stacking many single edges gives each
+        # reader hook a few (variant, reader) pairs, and summing every variant's differences into every reader
+        # was a quarter of the pass. The masks live on the CPU (the graph's bookkeeping); the pass runs where
+        # the model is.
+        sub_nPur = masks[:, :, feeding][:, :, :, readers]
+        variants = sub_nPur.any(dim=(1, 2, 3)).nonzero().flatten().tolist()
+        kept_r = sub_nPur.any(dim=(0, 1, 2)).nonzero().flatten().tolist()
+        sub_vPur = sub_nPur[variants][:, :, :, kept_r].to(deltas.device, deltas.dtype)
+        sub_vPur = sub_vPur.expand(len(variants), P, *sub_vPur.shape[2:])
+        slots_u = torch.tensor([slot[w] for w in feeding], device=deltas.device)
+        variants_v = torch.tensor(variants, device=deltas.device)
+        leading = variants == list(range(len(variants)))  # the first variants of the stack: plain slices
+        heads_r = None if heads is None else [heads[r] for r in kept_r]
 
         def hook(activation: Tensor, hook) -> Tensor:
-            add = torch.einsum("nbpud,npur->nbprd", deltas[:, :, :, slots], sub.to(activation.dtype))
-            view = activation.view(n, B, *activation.shape[1:])
-            if heads is None:
-                return (view + add[:, :, :, 0]).view(activation.shape)
+            view = activation.view(-1, B, *activation.shape[1:])
+            c = bisect.bisect_left(variants, len(view))  # the variants of these that have reached this block
+            if c == 0:
+                return activation
+            rows = deltas[:c] if leading else deltas.index_select(0, variants_v[:c])
+            add_vbprd = torch.einsum("vbpud,vpur->vbprd", rows.index_select(3, slots_u), sub_vPur[:c].to(activation.dtype))
             out = view.clone()
-            out[:, :, :, heads] += add
+            if heads_r is None:  # one reader: the MLP's input or the logits'
+                out.index_add_(0, variants_v[:c], add_vbprd[:, :, :, 0])
+            elif leading:
+                out[:c, :, :, heads_r] += add_vbprd
+            else:
+                out[variants_v[:c, None], :, :, torch.tensor(heads_r, device=out.device)[None]] += add_vbprd.permute(0, 3, 1, 2, 4)
             return out.view(activation.shape)
         return hook
 
     hooks = []
     by_writer_hook: dict[str, list[tuple[int, Optional[int]]]] = {}
     for w in used:
-        if _writer_layer(graph, w) >= first_layer:
+        if _writer_layer(graph, w) >= int(firsts_n[0]):  # some variant runs the writer's block
             name, head = graph.writer_site(w)
             by_writer_hook.setdefault(name, []).append((w, head))
     hooks += [(name, write_hook(items)) for name, items in by_writer_hook.items()]
     by_reader_hook: dict[str, list[int]] = {}
     for r in range(len(graph.readers)):
         by_reader_hook.setdefault(graph.reader_site(r)[0], []).append(r)
+    into_OI = masks.any(dim=(0, 1))  # [writers, readers]: some variant patches the edge
     for name, readers in by_reader_hook.items():
-        feeding = [w for w in used if w < int(graph.n_before[readers[0]])]
-        if not feeding or not bool(masks[:, :, feeding][:, :, :, readers].any()):
+        # only the writers some variant patches into these readers: a pass stacking many single edges adds each
+        # reader a few writers' differences, not every patched writer's
+        fed_O = into_OI[:, readers].any(1).tolist()
+        feeding = [w for w in used if fed_O[w]]
+        if not feeding:
             continue
         heads = [graph.reader_site(r)[1] for r in readers]
         hooks.append((name, read_hook(readers, None if heads[0] is None else heads, feeding)))

@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from experiments.circuits import circuit_graph, edge_attribution_patching, edge_patching
+from experiments.circuits.exact import edge_masks
 from experiments.metrics import LogitDiff, PromptBatch
 from tests.unit.helpers import make_model
+from workbench.errors import InputError
 
 TOKENS = torch.randint(0, 61, (3, 7), generator=torch.Generator().manual_seed(3))
 CORRUPT = TOKENS.clone()
@@ -96,3 +98,34 @@ def test_eap_ig_converges_to_exact_patching_on_a_linear_edge():
             errors.append(abs(float(scores.summed()[graph.edge_index("input->m0")]) - exact))
     assert abs(exact) > 1e-2
     assert errors[0] > errors[1] > errors[2] and errors[2] < 0.05 * abs(exact)
+
+
+def test_passes_keep_their_token_and_difference_budgets_and_variants_enter_in_order():
+    """A pass holds at most 2,048 tokens and 2**28 bytes of writer differences [n, tokens, patched writers, D] in
+    float32, one variant at the least (budgets by hand below). Each variant of these three patches its own writer."""
+    from experiments.circuits import runs
+
+    model = make_model("gqa_rotary_rms_swiglu")
+    graph = circuit_graph(model)
+    masks, _, _ = edge_masks(graph, ["a0.h1->a1.h3<v>", "input->a0.h0<q>", "a0.h0->logits"], 7)
+    assert runs._pass_chunks(masks, [0, 1, 2], 21, 128) == [[0, 1, 2]]  # far from both budgets: one pass
+    assert runs._pass_chunks(masks, [0, 1, 2], 1000, 128) == [[0, 1], [2]]  # 3 x 1,000 tokens > 2,048
+    assert runs._pass_chunks(masks, [0, 1, 2], 5000, 128) == [[0], [1], [2]]  # alone over the budget, still run
+    # 4 bytes x 2 variants x 1 token x 2 writers x 2**24 = 2**28 fits; x 3 x 3 is over
+    assert runs._pass_chunks(masks, [0, 1, 2], 1, 2**24) == [[0, 1], [2]]
+    batch = PromptBatch(TOKENS)
+    with runs.edge_switches(model):
+        start = runs.base_run(model, graph, batch)
+    with pytest.raises(InputError, match="first_layers must not decrease"):
+        runs.patch_hooks(graph, batch, masks, start.writers, start, [1, 0, 2])
+
+
+def test_variants_entering_at_different_blocks_share_one_staircase_pass():
+    """Edges into a0 (entering at block 0), a1 (block 1) and the logits (no block): the last block runs once in each
+    unedited run (clean and corrupted) and once for the staircase pass of the first two."""
+    model = make_model("mha_learned_ln")
+    calls = []
+    with model.hooks(fwd_hooks=[("blocks.1.hook_resid_post", lambda x, hook: calls.append(x.shape[0]))]):
+        table = edge_patching(model, TOKENS, CORRUPT, METRIC, ["input->a0.h0<q>", "a0.h1->a1.h3<v>", "a1.h2->logits"])
+    assert sorted(calls) == [3, 3, 6]  # two unedited runs of 3 pairs; the two variants stacked
+    assert len(table) == 3
