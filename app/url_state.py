@@ -23,6 +23,10 @@ import streamlit as st
 from app.safe_text import quoted
 
 _SAVED = "_linked_{}"
+# Set by ``follow``: the URL's value of the key was chosen for another prompt, so the widget's next draw ignores it
+# and starts at its default; the draw then writes its value back. (Popping the parameter instead sent the browser
+# a URL update to remove it and another to put the same default back, 3 ms of its main thread each.)
+_STALE_LINK = "_stale_link_{}"
 # The keyword that carries each widget's default, which must be dropped when the value comes from
 # session state (Streamlit warns when a widget gets both).
 _DEFAULT_KWARG = {"selectbox": "index", "radio": "index", "multiselect": "default", "pills": "default",
@@ -106,10 +110,11 @@ def decode(kind: str, raw: str, args: tuple, kwargs: dict) -> Any:
 def _seed(kind: str, key: str, args: tuple, kwargs: dict) -> bool:
     """Puts this session's saved value of ``key`` (else the link's) into session state; True when it did."""
     saved_key = _SAVED.format(key)
+    stale_link = st.session_state.pop(_STALE_LINK.format(key), False)
     if saved_key in st.session_state:
         candidates = [("saved", st.session_state[saved_key])]
     else:
-        candidates = [("link", st.query_params[key])] if key in st.query_params else []
+        candidates = [("link", st.query_params[key])] if key in st.query_params and not stale_link else []
     for origin, value in candidates:
         raw = value if origin == "link" else encode(value)
         try:
@@ -203,5 +208,5 @@ def follow(basis_name: str, basis: Any, *keys: str) -> bool:
     for key in keys:
         st.session_state.pop(_SAVED.format(key), None)
         st.session_state.pop(key, None)
-        st.query_params.pop(key, None)
+        st.session_state[_STALE_LINK.format(key)] = True
     return True

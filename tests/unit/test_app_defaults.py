@@ -110,6 +110,25 @@ def test_the_grid_range_and_the_key_follow_a_new_prompt(toy):
     assert at.selectbox(key="attention_key").value == int(totals_S.argmax())
 
 
+def test_a_new_prompt_writes_each_changed_url_parameter_once(toy, monkeypatch):
+    """Each write of the URL is a browser history update: a prompt change writes the parameters whose value changed,
+    once each, and none that a followed widget resets to the value it already had."""
+    from streamlit.runtime.state.query_params import QueryParams
+
+    at = open_page("1_Attention.py", model="toy-attn-2l", prompt=PROMPT, attention_grid_layers="[0, 1]")
+    before = dict(at.query_params)
+    writes = []
+    send = QueryParams._send_query_param_msg
+    monkeypatch.setattr(QueryParams, "_send_query_param_msg", lambda self: (writes.append(1), send(self))[1])
+    at.text_area(key="prompt").set_value("When Mary and John went to the store").run()
+    assert not at.exception, [e.value for e in at.exception]
+    after = dict(at.query_params)
+    assert after["attention_grid_layers"] == before["attention_grid_layers"] == "[0, 1]"  # followed, unchanged
+    changed = {key for key in before.keys() | after.keys() if before.get(key) != after.get(key)}
+    assert "prompt" in changed and "attention_grid_layers" not in changed
+    assert len(writes) == len(changed), (changed, len(writes))
+
+
 def test_bos_leaves_the_colour_scale_until_the_toggle_brings_it_back(toy):
     at = open_page("1_Attention.py", model="toy-attn-2l", prompt=PROMPT)
     patterns_HPS = attention_patterns(toy, toy.to_tokens(PROMPT))[0]
