@@ -71,12 +71,7 @@ def pattern_grid_figure(
     layers = list(range(p.shape[0])) if layers is None else list(layers)
     n_heads, n_queries, n_keys = p.shape[1], p.shape[2], p.shape[3]
     gap = max(1, n_queries // 8)
-    rows, cols = len(layers) * (n_queries + gap) - gap, n_heads * (n_keys + gap) - gap
-    z = np.full((rows, cols), np.nan, dtype=np.float64)
-    for r, layer in enumerate(layers):
-        for h in range(n_heads):
-            top, left = r * (n_queries + gap), h * (n_keys + gap)
-            z[top:top + n_queries, left:left + n_keys] = p[layer, h]
+    z = _tile(p[layers].reshape(-1, n_queries, n_keys).astype(np.float64), n_heads, gap, np.nan)
     title = "Attention patterns (rows: layers, columns: heads)"
     if str_tokens is not None:
         if len(str_tokens) != n_keys:
@@ -116,15 +111,34 @@ def _grid_customdata(layers: Sequence[int], n_heads: int, n_queries: int, n_keys
 
     Numeric, so building it is vectorised.
     """
-    rows, cols = len(layers) * (n_queries + gap) - gap, n_heads * (n_keys + gap) - gap
-    custom = np.full((rows, cols, 4), np.nan)
-    query_grid, key_grid = np.meshgrid(np.arange(n_queries), np.arange(n_keys), indexing="ij")
-    for r, layer in enumerate(layers):
-        for h in range(n_heads):
-            top, left = r * (n_queries + gap), h * (n_keys + gap)
-            custom[top:top + n_queries, left:left + n_keys] = np.stack(
-                [np.full_like(query_grid, layer), np.full_like(query_grid, h), query_grid, key_grid], axis=-1)
-    return custom
+    layer_T = np.repeat(np.asarray(layers, dtype=np.float64), n_heads)
+    head_T = np.tile(np.arange(n_heads, dtype=np.float64), len(layers))
+    query_QK, key_QK = np.meshgrid(np.arange(n_queries), np.arange(n_keys), indexing="ij")
+    cells_TQK4 = np.stack(np.broadcast_arrays(layer_T[:, None, None], head_T[:, None, None], query_QK[None],
+                                              key_QK[None]), axis=-1)
+    return _tile(cells_TQK4, n_heads, gap, np.nan)
+
+
+def _tile(tiles_TQK: np.ndarray, n_cols: int, gap: int, blank) -> np.ndarray:
+    """Tiles [T, Q, K, ...] laid out ``n_cols`` to a row, left to right, ``gap`` cells of ``blank`` between them (and
+    filling a last row's empty places): [rows * (Q + gap) - gap, n_cols * (K + gap) - gap, ...] in the tiles' dtype.
+
+    Example:
+        >>> _tile(np.arange(12).reshape(3, 2, 2), 2, 1, -1)
+        array([[ 0,  1, -1,  4,  5],
+               [ 2,  3, -1,  6,  7],
+               [-1, -1, -1, -1, -1],
+               [ 8,  9, -1, -1, -1],
+               [10, 11, -1, -1, -1]])
+    """
+    T, Q, K = tiles_TQK.shape[:3]
+    n_rows = -(-T // n_cols)
+    grid = np.full((n_rows * (Q + gap) - gap, n_cols * (K + gap) - gap, *tiles_TQK.shape[3:]), blank,
+                   dtype=tiles_TQK.dtype)
+    for t in range(T):
+        row, col = divmod(t, n_cols)
+        grid[row * (Q + gap):row * (Q + gap) + Q, col * (K + gap):col * (K + gap) + K] = tiles_TQK[t]
+    return grid
 
 
 def layer_patterns_figure(
@@ -172,13 +186,11 @@ def layer_patterns_figure(
     n_rows = (n_heads + n_cols - 1) // n_cols
     gap = max(1, n_keys // 8)
     step = n_keys + gap
-    z = np.full((n_rows * step - gap, n_cols * step - gap), np.nan, dtype=np.float32)
+    z = _tile(p.astype(np.float32, copy=False), n_cols, gap, np.nan)
     # The head of each cell for the hover (gaps are never hovered: hoverongaps=False); one or two bytes a cell.
-    head_of_cell = np.zeros(z.shape, dtype=np.min_scalar_type(max(max(heads), 0)))
+    heads_H = np.asarray(heads, dtype=np.min_scalar_type(max(max(heads), 0)))
+    head_of_cell = _tile(np.broadcast_to(heads_H[:, None, None], p.shape), n_cols, gap, 0)
     corners = [divmod(h, n_cols) for h in range(n_heads)]  # (tile row, tile column) of each head
-    for h, (row, col) in enumerate(corners):
-        z[row * step:row * step + n_keys, col * step:col * step + n_keys] = p[h]
-        head_of_cell[row * step:row * step + n_keys, col * step:col * step + n_keys] = heads[h]
     # Category axes: every column (row) of a tile is its token's label; gaps are blank labels.
     x = distinct_labels(_tiled(labels, n_cols, gap))
     y = distinct_labels(_tiled(labels, n_rows, gap))
