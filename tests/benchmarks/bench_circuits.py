@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if __package__ in (None, ""):
@@ -35,6 +35,7 @@ from experiments.circuits.exact import edge_masks
 from experiments.circuits.runs import base_run, edge_switches, paired_prompts, patch_hooks, writer_values
 from experiments.datasets import ioi_dataset
 from experiments.metrics import LogitDiff
+from experiments.patching.pairs import PairedPrompts
 from tests.benchmarks.common import interleaved_timings, script_main, timing_rows
 
 REPORT_NOTES = ("TransformerLens scores pair by pair (two forwards and a backward each); ours runs padded batches. "
@@ -112,10 +113,12 @@ def smollm2_eap_row(model, pairs: int) -> list[dict]:
              "median_s": seconds, "repeats": 1, "pairs": pairs}]
 
 
-def exact_rows(model, n_edges: int, repeats: int, timed: Callable[[Callable], Callable] = lambda fn: fn) -> list[dict]:
-    """Stacked edge patching against one forward per edge, on the model's device; ``timed`` wraps each contender
-    (the GPU bench's ``synchronized``, so a call is timed to the end of its GPU work)."""
-    data = paired_prompts(model, ioi_dataset(model, 8, seed=0))
+def exact_rows(model, n_edges: int, repeats: int, timed: Callable[[Callable], Callable] = lambda fn: fn,
+               data: Optional[PairedPrompts] = None, label: str = "exact edge patching, SmolLM2 IOI") -> list[dict]:
+    """Stacked edge patching against one forward per edge, on the model's device, over ``data`` (8 IOI pairs by
+    default); ``timed`` wraps each contender (the GPU bench's ``synchronized``, so a call is timed to the end of its
+    GPU work)."""
+    data = data if data is not None else paired_prompts(model, ioi_dataset(model, 8, seed=0))
     graph = circuit_graph(model)
     generator = torch.Generator().manual_seed(0)
     candidates = graph.edge_mask.flatten().nonzero().flatten()
@@ -142,8 +145,8 @@ def exact_rows(model, n_edges: int, repeats: int, timed: Callable[[Callable], Ca
     batched = edge_patching(model, data, edges).set_index("edge")["metric"]
     looped = torch.cat(one_per_edge()).mean(1)
     worst = max(abs(float(batched[e]) - float(v)) for e, v in zip(edges, looped))
-    extra = {"edges": n_edges, "pairs": 8, "max_abs_difference": worst}
-    return timing_rows("exact edge patching, SmolLM2 IOI", times, "one forward per edge",
+    extra = {"edges": n_edges, "pairs": data.size, "max_abs_difference": worst}
+    return timing_rows(label, times, "one forward per edge",
                        extra={name: extra for name in times})
 
 

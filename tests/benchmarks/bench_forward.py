@@ -109,7 +109,7 @@ def cache_mb(cache) -> float:
     return sum(t.numel() * t.element_size() for t in cache.values()) / 2**20
 
 
-def _save_word_tokenizer(directory: str, vocab_size: int) -> None:
+def save_word_tokenizer(directory: str, vocab_size: int) -> None:
     """A local tokenizer beside the random model so the bridge has one to boot with."""
     import tokenizers
     from tokenizers.models import WordLevel
@@ -185,7 +185,7 @@ def run(quick: bool = False, smollm2: bool = True) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
         LlamaForCausalLM(LlamaConfig(**LLAMA_SHAPE)).save_pretrained(tmp)
-        _save_word_tokenizer(tmp, LLAMA_SHAPE["vocab_size"])
+        save_word_tokenizer(tmp, LLAMA_SHAPE["vocab_size"])
         tokens = torch.randint(0, LLAMA_SHAPE["vocab_size"], (4, 256))
         rows += bench_model("Llama-shaped 6L d512 8H/2KV", tmp, tmp, tokens, {}, repeats)
     if smollm2:

@@ -4,10 +4,10 @@ The same weights on one GPU in float32 (PyTorch's defaults: no TF32), every cont
 Llama-shaped model saved once by `transformers` and SmolLM2-135M from its GGUF when it is installed. Each call is
 timed to the end of its GPU work (``torch.cuda.synchronize``), repeats interleaved. Cache-all's peak GPU memory
 is reported beside the plain forward's. Exact edge patching is the CPU table's row (``bench_circuits``: 64 edges
-of SmolLM2 on 8 IOI pairs, stacked against one forward per edge) with the model on the GPU. Without CUDA it
-measures nothing and says so.
+stacked against one forward per edge) with the model on the GPU: SmolLM2 on 8 IOI pairs, or a random model of its
+shape where its GGUF is not installed (``edge_patching_rows``). Without CUDA it measures nothing and says so.
 
-    python tests/benchmarks/bench_gpu.py [--quick]
+    python tests/benchmarks/bench_gpu.py [--quick] [--edges-only]
 """
 
 from __future__ import annotations
@@ -26,10 +26,14 @@ import torch
 
 import workbench as wb
 from tests.benchmarks.bench_circuits import exact_rows
-from tests.benchmarks.bench_forward import LLAMA_SHAPE, cache_mb
+from tests.benchmarks.bench_forward import LLAMA_SHAPE, save_word_tokenizer, cache_mb
 from tests.benchmarks.bench_generation import NEW, PROMPT, greedy, with_tokens_per_s
 from tests.benchmarks.common import interleaved_timings, markdown_table, script_main, timing_rows
 
+# SmolLM2-135M's architecture (its GGUF's metadata), for a random model of its shape where the GGUF is not installed.
+SMOLLM2_SHAPE = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
+                     rms_norm_eps=1e-5, tie_word_embeddings=True)
 FORWARD_SHAPES = ((4, 256), (8, 1024))  # [batch, pos]: the CPU table's shape, and the Llama shape's whole context
 REFERENCE_FORWARD, REFERENCE_GENERATE = "transformers sdpa", "transformers generate"
 
@@ -111,10 +115,12 @@ def bench_model(label: str, hf_dir: str, ours_source: str, hf_kwargs: dict, voca
     return rows
 
 
-def run(quick: bool = False) -> list[dict]:
+def run(quick: bool = False, edges_only: bool = False) -> list[dict]:
     if not torch.cuda.is_available():
         print("No CUDA device: nothing measured")
         return []
+    if edges_only:
+        return edge_patching_rows(quick)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from workbench.loading.registry import REGISTRY
@@ -130,22 +136,49 @@ def run(quick: bool = False) -> list[dict]:
     else:
         rows += bench_model("SmolLM2-135M", str(gguf.parent), str(gguf),
                             {"gguf_file": gguf.name, "torch_dtype": torch.float32}, 49152, quick)
-        rows += edge_patching_rows(str(gguf), quick)
-    return rows
+    return rows + edge_patching_rows(quick)
 
 
-def edge_patching_rows(source: str, quick: bool) -> list[dict]:
-    """The CPU table's exact edge patching rows (64 edges of SmolLM2 on 8 IOI pairs, stacked against one forward
-    per edge) with the model on the GPU."""
-    model = wb.load_model(source, device="cuda", progress=False).eval()
-    rows = exact_rows(model, 16 if quick else 64, 2 if quick else 3, timed=synchronized)
-    for row in rows:
-        row["comparison"] += ", CUDA"
+def edge_patching_rows(quick: bool = False, device: str = "cuda", real: bool = True) -> list[dict]:
+    """The CPU table's exact edge patching rows (``bench_circuits.exact_rows``: 64 edges stacked against one forward
+    per edge) with the model on the GPU: SmolLM2 on 8 IOI pairs when its GGUF is installed, else a random model of
+    SmolLM2's shape on 8 random pairs of IOI's length (19 tokens, two positions corrupted), which costs the same
+    and needs no 94 MB file on a machine that can fetch nothing (``real=False``: that model even so). ``device``
+    other than CUDA is for trying the rows out: there each call is timed to its return."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from experiments.metrics import LogitDiff
+    from experiments.patching.pairs import PairedPrompts
+    from workbench.loading.registry import REGISTRY
+
+    n_edges, repeats = (16, 2) if quick else (64, 3)
+    timed = synchronized if device.startswith("cuda") else (lambda fn: fn)
+    gguf = REGISTRY["smollm2-135m"].locate() if real else None
+    if gguf is not None:
+        model = wb.load_model(str(gguf), device=device, progress=False).eval()
+        rows = exact_rows(model, n_edges, repeats, timed=timed, label=f"exact edge patching, SmolLM2 IOI, {device}")
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            torch.manual_seed(0)
+            LlamaForCausalLM(LlamaConfig(**SMOLLM2_SHAPE)).save_pretrained(tmp)
+            save_word_tokenizer(tmp, SMOLLM2_SHAPE["vocab_size"])
+            model = wb.load_model(tmp, device=device, progress=False).eval()
+        generator = torch.Generator().manual_seed(0)
+        clean = torch.randint(0, SMOLLM2_SHAPE["vocab_size"], (8, 19), generator=generator)
+        corrupt = clean.clone()
+        corrupt[:, [3, 9]] = torch.randint(0, SMOLLM2_SHAPE["vocab_size"], (8, 2), generator=generator)
+        answers = torch.randint(0, SMOLLM2_SHAPE["vocab_size"], (2, 8), generator=generator)
+        data = PairedPrompts.from_prompts(model, clean.to(device), corrupt.to(device),
+                                          metric=LogitDiff(answers[0], answers[1]))
+        rows = exact_rows(model, n_edges, repeats, timed=timed, data=data,
+                          label=f"exact edge patching, SmolLM2's shape (random weights, 8 random pairs of 19 tokens), {device}")
     del model
-    torch.cuda.empty_cache()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
     print(markdown_table(rows), file=sys.stderr)
     return rows
 
 
 if __name__ == "__main__":
-    script_main(__name__, "Forward, cache-all and generation on the GPU", "3 and 2 repeats instead of 9 and 3")
+    script_main(__name__, "Forward, cache-all and generation on the GPU", "3 and 2 repeats instead of 9 and 3",
+                [("--edges-only", dict(action="store_true", help="only the exact edge patching rows"))])
