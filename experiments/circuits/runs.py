@@ -268,7 +268,7 @@ def patch_hooks(graph: CircuitGraph, base: PromptBatch, masks: Bool[Tensor, "n p
     deltas = start.final.new_zeros(n, B, P, len(used), D)
     for w in used:  # the variants entering after the writer: the unedited run's values
         later_n = firsts_n > _writer_layer(graph, w)
-        if int(firsts_n[-1]) > _writer_layer(graph, w):
+        if bool(later_n.any()):
             name, head = graph.writer_site(w)
             live, src = start.writers[name], sources[name]
             if head is not None:
@@ -298,22 +298,23 @@ def patch_hooks(graph: CircuitGraph, base: PromptBatch, masks: Bool[Tensor, "n p
         slots_u = torch.tensor([slot[w] for w in feeding], device=deltas.device)
         variants_v = torch.tensor(variants, device=deltas.device)
         leading = variants == list(range(len(variants)))  # the first variants of the stack: plain slices
-        heads_r = None if heads is None else [heads[r] for r in kept_r]
+        heads_r = None if heads is None else torch.tensor([heads[r] for r in kept_r], device=deltas.device)
 
         def hook(activation: Tensor, hook) -> Tensor:
             view = activation.view(-1, B, *activation.shape[1:])
             c = bisect.bisect_left(variants, len(view))  # the variants of these that have reached this block
             if c == 0:
                 return activation
-            rows = deltas[:c] if leading else deltas.index_select(0, variants_v[:c])
-            add_vbprd = torch.einsum("vbpud,vpur->vbprd", rows.index_select(3, slots_u), sub_vPur[:c].to(activation.dtype))
+            rows_vbpUd = deltas[:c] if leading else deltas.index_select(0, variants_v[:c])
+            add_vbprd = torch.einsum("vbpud,vpur->vbprd", rows_vbpUd.index_select(3, slots_u),
+                                     sub_vPur[:c].to(activation.dtype))
             out = view.clone()
             if heads_r is None:  # one reader: the MLP's input or the logits'
                 out.index_add_(0, variants_v[:c], add_vbprd[:, :, :, 0])
             elif leading:
                 out[:c, :, :, heads_r] += add_vbprd
-            else:
-                out[variants_v[:c, None], :, :, torch.tensor(heads_r, device=out.device)[None]] += add_vbprd.permute(0, 3, 1, 2, 4)
+            else:  # two index tensors apart: the indexed slice is [v, r, b, p, d]
+                out[variants_v[:c, None], :, :, heads_r[None]] += add_vbprd.permute(0, 3, 1, 2, 4)
             return out.view(activation.shape)
         return hook
 

@@ -26,7 +26,7 @@ import torch
 
 import workbench as wb
 from tests.benchmarks.bench_circuits import exact_rows
-from tests.benchmarks.bench_forward import LLAMA_SHAPE, save_word_tokenizer, cache_mb
+from tests.benchmarks.bench_forward import LLAMA_SHAPE, cache_mb, save_word_tokenizer
 from tests.benchmarks.bench_generation import NEW, PROMPT, greedy, with_tokens_per_s
 from tests.benchmarks.common import interleaved_timings, markdown_table, script_main, timing_rows
 
