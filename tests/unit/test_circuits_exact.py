@@ -22,10 +22,16 @@ CORRUPT[:, [1, 4]] = torch.randint(0, 61, (3, 2), generator=torch.Generator().ma
 METRIC = LogitDiff(torch.tensor([5, 9, 11]), torch.tensor([7, 3, 20]))
 
 
+def on_device(model) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clean and corrupted tokens where ``model`` is (``tests/gpu`` runs these checks on CUDA)."""
+    return TOKENS.to(model.cfg.device), CORRUPT.to(model.cfg.device)
+
+
 def wholesale(model, hook_name, head=None):
     """The metric of the corrupted run with ``hook_name`` (one head's copy) replaced by the clean run's."""
+    tokens, corrupt = on_device(model)
     model.set_use_split_qkv_input(True)
-    _, clean = model.run_with_cache(TOKENS, names_filter=hook_name)
+    _, clean = model.run_with_cache(tokens, names_filter=hook_name)
 
     def patch(x, hook):
         x = x.clone()
@@ -35,20 +41,34 @@ def wholesale(model, hook_name, head=None):
         return x
 
     with torch.no_grad(), model.hooks(fwd_hooks=[(hook_name, patch)]):
-        value = METRIC.values(model(CORRUPT), PromptBatch(CORRUPT)).mean()
+        value = METRIC.values(model(corrupt), PromptBatch(corrupt)).mean()
     model.set_use_split_qkv_input(False)
     return float(value)
 
 
-def test_all_edges_into_one_reader_patch_its_input_wholesale():
-    model = make_model("mha_learned_ln")
+def assert_every_edge_into_a_reader_patches_its_input_wholesale(model, atol: float = 1e-5) -> None:
     graph = circuit_graph(model)
+    tokens, corrupt = on_device(model)
     for reader, hook_name, head in [("a1.h2<k>", "blocks.1.hook_k_input", 2), ("m1", "blocks.1.hook_mlp_in", None),
                                     ("logits", "blocks.1.hook_resid_post", None)]:
         r = graph.reader_index(reader)
         edges = graph.edge_names(graph.edge_mask & (torch.arange(len(graph.readers)) == r)[None])
-        table = edge_patching(model, TOKENS, CORRUPT, METRIC, edges, together=True)
-        assert abs(table["metric"][0] - wholesale(model, hook_name, head)) < 1e-5, reader
+        table = edge_patching(model, tokens, corrupt, METRIC, edges, together=True)
+        assert abs(table["metric"][0] - wholesale(model, hook_name, head)) < atol, reader
+
+
+def assert_batched_edges_equal_one_at_a_time(model, atol: float = 1e-5) -> None:
+    graph = circuit_graph(model)
+    tokens, corrupt = on_device(model)
+    edges = graph.edge_names(graph.edge_mask)[::25] + [("a0.h1", "a1.h3<v>", 4)]
+    batched = edge_patching(model, tokens, corrupt, METRIC, edges, batch_size=2).set_index(["edge", "position"])
+    for edge in edges:
+        one = edge_patching(model, tokens, corrupt, METRIC, [edge])
+        assert abs(batched.loc[(one["edge"][0], one["position"][0]), "metric"] - one["metric"][0]) < atol
+
+
+def test_all_edges_into_one_reader_patch_its_input_wholesale():
+    assert_every_edge_into_a_reader_patches_its_input_wholesale(make_model("mha_learned_ln"))
 
 
 @pytest.mark.parametrize("variant, overrides", [("moe_gqa", {}), ("alibi_gelu_new", {"parallel_attn_mlp": True})])
@@ -64,12 +84,7 @@ def test_mixture_of_experts_and_parallel_blocks_rebuild_the_mlp_input(variant, o
 
 def test_batched_edges_equal_one_at_a_time_and_grouped_query_heads_patch_apart():
     model = make_model("gqa_rotary_rms_swiglu")
-    graph = circuit_graph(model)
-    edges = graph.edge_names(graph.edge_mask)[::25] + [("a0.h1", "a1.h3<v>", 4)]
-    batched = edge_patching(model, TOKENS, CORRUPT, METRIC, edges, batch_size=2).set_index(["edge", "position"])
-    for edge in edges:
-        one = edge_patching(model, TOKENS, CORRUPT, METRIC, [edge])
-        assert abs(batched.loc[(one["edge"][0], one["position"][0]), "metric"] - one["metric"][0]) < 1e-5
+    assert_batched_edges_equal_one_at_a_time(model)
     # heads 2 and 3 share a key/value head, but an edge into head 2's key moves head 2 alone
     two, three = (edge_patching(model, TOKENS, CORRUPT, METRIC, [f"a0.h1->a1.h{h}<k>"])["delta"][0] for h in (2, 3))
     assert abs(two - three) > 1e-6
