@@ -286,10 +286,10 @@ def patch_hooks(graph: CircuitGraph, base: PromptBatch, masks: Bool[Tensor, "n p
         return hook
 
     def read_hook(readers: list[int], heads: Optional[list[int]], feeding: list[int]):
-        # Only the variants and readers some patched edge reaches: a pass stacking many single edges gives each
-        # reader hook a few (variant, reader) pairs, and summing every variant's differences into every reader
-        # was a quarter of the pass. The masks live on the CPU (the graph's bookkeeping); the pass runs where
-        # the model is.
+        # Only the writers, variants and readers some patched edge reaches: a pass stacking many single edges gives
+        # each reader hook a few (variant, reader) pairs, and summing every variant's differences from all the
+        # pass's patched writers into every reader made 64 SmolLM2 edges take 6.7 s instead of 5.7 s. The masks
+        # live on the CPU (the graph's bookkeeping); the pass runs where the model is.
         sub_nPur = masks[:, :, feeding][:, :, :, readers]
         variants = sub_nPur.any(dim=(1, 2, 3)).nonzero().flatten().tolist()
         kept_r = sub_nPur.any(dim=(0, 1, 2)).nonzero().flatten().tolist()
