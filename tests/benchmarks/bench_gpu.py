@@ -7,7 +7,7 @@ is reported beside the plain forward's. Exact edge patching is the CPU table's r
 stacked against one forward per edge) with the model on the GPU: SmolLM2 on 8 IOI pairs, or a random model of its
 shape where its GGUF is not installed (``edge_patching_rows``). Without CUDA it measures nothing and says so.
 
-    python tests/benchmarks/bench_gpu.py [--quick] [--edges-only]
+    python tests/benchmarks/bench_gpu.py [--quick] [--part all|models|edges]
 """
 
 from __future__ import annotations
@@ -115,11 +115,12 @@ def bench_model(label: str, hf_dir: str, ours_source: str, hf_kwargs: dict, voca
     return rows
 
 
-def run(quick: bool = False, edges_only: bool = False) -> list[dict]:
+def run(quick: bool = False, part: str = "all") -> list[dict]:
+    """``part``: "models" (forward, cache-all, generation), "edges" (exact edge patching) or "all"."""
     if not torch.cuda.is_available():
         print("No CUDA device: nothing measured")
         return []
-    if edges_only:
+    if part == "edges":
         return edge_patching_rows(quick)
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -136,7 +137,7 @@ def run(quick: bool = False, edges_only: bool = False) -> list[dict]:
     else:
         rows += bench_model("SmolLM2-135M", str(gguf.parent), str(gguf),
                             {"gguf_file": gguf.name, "torch_dtype": torch.float32}, 49152, quick)
-    return rows + edge_patching_rows(quick)
+    return rows if part == "models" else rows + edge_patching_rows(quick)
 
 
 def edge_patching_rows(quick: bool = False, device: str = "cuda", real: bool = True) -> list[dict]:
@@ -181,4 +182,5 @@ def edge_patching_rows(quick: bool = False, device: str = "cuda", real: bool = T
 
 if __name__ == "__main__":
     script_main(__name__, "Forward, cache-all and generation on the GPU", "3 and 2 repeats instead of 9 and 3",
-                [("--edges-only", dict(action="store_true", help="only the exact edge patching rows"))])
+                [("--part", dict(choices=("all", "models", "edges"), default="all",
+                                 help="models: forward, cache-all and generation; edges: exact edge patching"))])

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks, in one call of a lent device machine (run from the repository root; its results go to $OUT):
-#   1. exact edge patching, stacked against one forward per edge (bench_gpu.py --edges-only), the open row;
+#   1. exact edge patching, stacked against one forward per edge (bench_gpu.py --part edges), the open row;
 #   2. pytest tests/gpu;
-#   3. the GPU bench (forward, cache-all, generation) and the Triton FlashAttention rows.
+#   3. the rest of the GPU bench (forward, cache-all, generation) and the Triton FlashAttention rows.
 # Each step's output is its own file, so a step that fails or runs out of time leaves the others' results.
 #
 # The device image has torch, transformers and triton but not TransformerLens and the few packages it and we import
@@ -34,8 +34,8 @@ step() {  # step NAME SECONDS COMMAND...: stdout to NAME.md, stderr to NAME.log,
     timeout "$seconds" "$@" > "$OUT/$name.md" 2> "$OUT/$name.log"
     echo "$name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT/device.txt"
 }
-step edges 150 "$PYTHON" tests/benchmarks/bench_gpu.py --edges-only
+step edges 150 "$PYTHON" tests/benchmarks/bench_gpu.py --part edges
 step tests_gpu 200 "$PYTHON" -m pytest -q -p no:cacheprovider tests/gpu
-step bench_gpu 150 "$PYTHON" tests/benchmarks/bench_gpu.py --quick
+step bench_gpu 150 "$PYTHON" tests/benchmarks/bench_gpu.py --quick --part models
 step triton 60 "$PYTHON" tests/benchmarks/bench_triton_flash.py --dtype bf16 --graphs
 cat "$OUT/device.txt"
