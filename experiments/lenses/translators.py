@@ -150,8 +150,8 @@ class TunedLens:
 
     @classmethod
     def load(cls, path: Union[str, Path], model=None) -> "TunedLens":
-        """Reads tuned-lens 0.2's files in folder ``path`` (``config.json`` + ``params.pt``, or ``params.safetensors``);
-        with ``model`` it reads out through it.
+        """Reads tuned-lens 0.2's files in folder ``path`` (``config.json`` + ``params.pt``, or ``params.safetensors``),
+        or the lens shipped under that name (``wb.shipped(kind="lens")``); with ``model`` it reads out through it.
 
         Example:
             >>> import tempfile

@@ -16,6 +16,7 @@ from torch import Tensor
 from experiments.lenses.config import TunedLensConfig
 from workbench.errors import CheckpointError
 from workbench.safe_files import inside, read_json, save_files
+from workbench.shipped import shipped_folder
 
 CONFIG_FILE = "config.json"
 PARAMS_FILE = "params.pt"
@@ -24,7 +25,8 @@ MAX_CONFIG_BYTES = 1 << 16
 
 
 def read_lens(path: Union[str, Path]):
-    """(``TunedLensConfig``, state dict) from tuned-lens's files in folder ``path``.
+    """(``TunedLensConfig``, state dict) from tuned-lens's files in folder ``path``, or from the lens shipped under
+    that name when no such folder exists (``wb.shipped(kind="lens")``), as ``wb.load_sae`` finds a shipped SAE.
 
     Example:
         >>> import tempfile
@@ -32,10 +34,15 @@ def read_lens(path: Union[str, Path]):
         >>> config, state = read_lens(TunedLens.for_model(model).save(tempfile.mkdtemp()))
         >>> config.d_model, sorted(state)[:2]
         (128, ['0.bias', '0.weight'])
+        >>> read_lens("smollm2-135m-tuned-lens")[0].num_hidden_layers
+        30
     """
     folder = Path(path)
+    if not folder.is_dir() and (shipped := shipped_folder(path, "lens")) is not None:
+        folder = shipped
     if not folder.is_dir():
-        raise CheckpointError(f"{folder}: not a folder holding a tuned lens ({CONFIG_FILE} and {PARAMS_FILE})")
+        raise CheckpointError(f"{folder}: not a folder holding a tuned lens ({CONFIG_FILE} and {PARAMS_FILE}), nor the "
+                              "name of a shipped one (wb.shipped(kind='lens'))")
     config = TunedLensConfig.from_dict(read_json(inside(folder, CONFIG_FILE, must_exist=True), MAX_CONFIG_BYTES,
                                                  "tuned lens config.json"))
     params = folder / PARAMS_FILE

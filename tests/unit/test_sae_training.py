@@ -190,6 +190,14 @@ def test_shipped_dictionaries_load_by_name():
         sae = wb.load_sae(row.name)
         assert (sae.cfg.hook_name, sae.cfg.d_sae, sae.cfg.architecture()) == (row.hook_name, row.d_sae, row.architecture)
         assert (Path(row.path) / "CARD.md").is_file()
+        # By name in float32, as SAELens's from_pretrained opens a release; by path in the config's dtype, as
+        # its load_from_disk; an explicit dtype wins either way.
+        config_dtype = json.loads((Path(row.path) / "cfg.json").read_text()).get("dtype", "float32")
+        assert sae.W_enc.dtype == torch.float32
+        assert wb.load_sae(row.path).W_enc.dtype == getattr(torch, config_dtype)
+        assert wb.load_sae(row.name, dtype="bfloat16").W_enc.dtype == torch.bfloat16
+    assert "float16" in {json.loads((Path(path) / "cfg.json").read_text()).get("dtype")
+                         for path in table[table.kind == "sae"].path}   # the case the default is for is shipped
     for row in table[table.kind == "transcoders"].itertuples():
         assert wb.load_transcoders(row.path).n_layers == wb.loading.model_config(row.model).n_layers
         assert (Path(row.path) / "CARD.md").is_file()

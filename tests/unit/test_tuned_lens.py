@@ -255,6 +255,22 @@ def test_the_shipped_smollm2_lens_is_a_tuned_lens_folder_with_a_card():
     assert shipped_tuned_lens("toy-attn-2l") is None
 
 
+def test_a_shipped_lens_loads_by_name_and_a_folder_of_that_name_comes_first(tiny, tmp_path, monkeypatch):
+    from experiments.lenses.shipped import shipped_tuned_lens
+
+    by_name = TunedLens.load("smollm2-135m-tuned-lens")   # as wb.load_sae("smollm2-135m-resid14-topk")
+    by_path = TunedLens.load(shipped_tuned_lens("smollm2-135m"))
+    assert all(torch.equal(a, b) for a, b in zip(by_name.layer_translators.state_dict().values(),
+                                                   by_path.layer_translators.state_dict().values()))
+    monkeypatch.chdir(tmp_path)   # a local folder of that name is read instead, as load_sae reads one
+    TunedLens.for_model(tiny).save(tmp_path / "smollm2-135m-tuned-lens")
+    assert TunedLens.load("smollm2-135m-tuned-lens").config.d_model == tiny.cfg.d_model != 576
+    with pytest.raises(CheckpointError, match="nor the name of a shipped one"):
+        TunedLens.load("no-such-lens")
+    with pytest.raises(CheckpointError, match="not a folder holding a tuned lens"):
+        TunedLens.load("../smollm2-135m-tuned-lens")   # a path is never looked up in the zoo
+
+
 def test_the_shipped_gemma_lens_is_a_tuned_lens_folder_with_a_card():
     from experiments.lenses.shipped import shipped_tuned_lens
 

@@ -30,7 +30,8 @@ MAX_CONFIG_BYTES = 16 * 2**20
 def load_sae(path: Union[str, Path], sae_id: Optional[str] = None, device: Any = None, dtype: Any = None, *,
              folder: Optional[str] = None, revision: Optional[str] = None) -> SAE:
     """The SAE saved in SAELens directory ``path`` (or shipped under that name: ``shipped_saes()``), on ``device`` (default CPU, as SAELens's ``load_from_disk``)
-    in ``dtype`` (default the config's). A missing, unreadable, mis-shaped or non-finite file or tensor is a
+    in ``dtype``: by default the config's for a directory (as ``load_from_disk``), float32 for a shipped SAE
+    opened by name (as ``from_pretrained`` opens a release: its float16 files keep the repository small). A missing, unreadable, mis-shaped or non-finite file or tensor is a
     ``CheckpointError`` naming it; a config value we cannot honour a ``ConfigError`` naming the field.
 
     ``load_sae(release, sae_id)`` (a second argument) is SAELens's ``SAE.from_pretrained(release, sae_id)``: the SAE
@@ -57,6 +58,9 @@ def load_sae(path: Union[str, Path], sae_id: Optional[str] = None, device: Any =
     folder = Path(path)
     if not folder.is_dir() and shipped_path(path) is not None:
         folder = shipped_path(path)
+        # float16 matmuls on a CPU are about ten times slower than float32 ones (SmolLM2's shipped SAE over 256
+        # corpus windows: 112 s against 10 s), and these are opened by name to be used, not to be re-saved.
+        dtype = "float32" if dtype is None else dtype
     if not folder.is_dir():
         raise CheckpointError(f"{path}: no such directory (an SAE is a directory with {CFG_FILE} and {WEIGHTS_FILE})")
     cfg_path = inside(folder, CFG_FILE, must_exist=True, what="SAE directory")
