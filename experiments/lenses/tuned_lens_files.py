@@ -26,7 +26,8 @@ MAX_CONFIG_BYTES = 1 << 16
 
 def read_lens(path: Union[str, Path]):
     """(``TunedLensConfig``, state dict) from tuned-lens's files in folder ``path``, or from the lens shipped under
-    that name when no such folder exists (``wb.shipped(kind="lens")``), as ``wb.load_sae`` finds a shipped SAE.
+    that name when no such folder exists (``wb.shipped(kind="lens")``), then in float32 as ``wb.load_sae`` opens a
+    shipped SAE (its float16 files keep the repository small; float16 is slow on a CPU).
 
     Example:
         >>> import tempfile
@@ -37,9 +38,9 @@ def read_lens(path: Union[str, Path]):
         >>> read_lens("smollm2-135m-tuned-lens")[0].num_hidden_layers
         30
     """
-    folder = Path(path)
+    folder, by_name = Path(path), False
     if not folder.is_dir() and (shipped := shipped_folder(path, "lens")) is not None:
-        folder = shipped
+        folder, by_name = shipped, True
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: not a folder holding a tuned lens ({CONFIG_FILE} and {PARAMS_FILE}), nor the "
                               "name of a shipped one (wb.shipped(kind='lens'))")
@@ -60,6 +61,8 @@ def read_lens(path: Union[str, Path]):
         raise CheckpointError(f"{folder}: has no {PARAMS_FILE} (or {SAFETENSORS_FILE})")
     if not isinstance(state, dict):
         raise CheckpointError(f"{params}: holds a {type(state).__name__}, not the translators' state dict")
+    if by_name:
+        state = {name: tensor.float() if tensor.is_floating_point() else tensor for name, tensor in state.items()}
     return config, state
 
 

@@ -260,8 +260,10 @@ def test_a_shipped_lens_loads_by_name_and_a_folder_of_that_name_comes_first(tiny
 
     by_name = TunedLens.load("smollm2-135m-tuned-lens")   # as wb.load_sae("smollm2-135m-resid14-topk")
     by_path = TunedLens.load(shipped_tuned_lens("smollm2-135m"))
-    assert all(torch.equal(a, b) for a, b in zip(by_name.layer_translators.state_dict().values(),
-                                                   by_path.layer_translators.state_dict().values()))
+    assert by_path.layer_translators[0].weight.dtype == torch.float16   # the files, as tuned-lens reads them
+    assert by_name.layer_translators[0].weight.dtype == torch.float32   # by name, float32 as a shipped SAE
+    assert all(torch.equal(a.float(), b) for a, b in zip(by_path.layer_translators.state_dict().values(),
+                                                         by_name.layer_translators.state_dict().values()))
     monkeypatch.chdir(tmp_path)   # a local folder of that name is read instead, as load_sae reads one
     TunedLens.for_model(tiny).save(tmp_path / "smollm2-135m-tuned-lens")
     assert TunedLens.load("smollm2-135m-tuned-lens").config.d_model == tiny.cfg.d_model != 576
