@@ -20,9 +20,10 @@ from experiments.lenses.translators import TunedLens
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="KL and cross-entropy by layer: logit lens against a tuned lens")
+    parser = argparse.ArgumentParser(prog="python -m experiments.lenses",
+                                     description="KL and cross-entropy by layer: logit lens against a tuned lens")
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--lens", help="a tuned-lens folder (config.json + params.pt)")
+    parser.add_argument("--lens", help="a tuned-lens folder (config.json + params.pt) or a shipped lens's name")
     parser.add_argument("--windows", type=int, default=32)
     parser.add_argument("--window", type=int, default=128)
     parser.add_argument("--lenses", default="logit,tuned", help="which rows to score: logit, tuned or both")

@@ -43,7 +43,10 @@ from experiments.sae.train import TrainSAEConfig, train_sae
 from workbench.sae import load_sae
 
 WINDOW = 128
-COMMANDS = ("cache", "train", "evaluate", "bench")
+COMMANDS = {"cache": "write a model's activations at a hook to disk",
+            "train": "train an SAE or a transcoder on a model's activations",
+            "evaluate": "an SAE's L0, explained variance and loss recovered on held-out text",
+            "bench": "SAEBench's core measures of several SAEs, with their spread over seeds"}
 
 
 def data_windows(model, data: str, n_windows: Optional[int] = None, seed: int = 0) -> torch.Tensor:
@@ -83,6 +86,12 @@ def data_windows(model, data: str, n_windows: Optional[int] = None, seed: int = 
     return windows[order][:n_windows]
 
 
+def _usage() -> str:
+    commands = "\n".join(f"  {name:<9} {purpose}" for name, purpose in COMMANDS.items())
+    return (f"usage: python -m experiments.sae {{{','.join(COMMANDS)}}} ...\n\n{commands}\n\n"
+            "python -m experiments.sae COMMAND --help: that command's options")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Runs ``cache``, ``train`` or ``evaluate`` on ``argv``.
 
@@ -100,8 +109,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         wrote .../sae_eval.html
     """
     argv = list(argv) if argv is not None else __import__("sys").argv[1:]
+    if argv[:1] in (["-h"], ["--help"]):
+        print(_usage())
+        raise SystemExit(0)
     if not argv or argv[0] not in COMMANDS:
-        raise SystemExit(f"usage: python -m experiments.sae {{{','.join(COMMANDS)}}} ... (got {argv[:1]})")
+        raise SystemExit(f"{_usage()}\n(got {argv[:1]})")
     command, rest = argv[0], argv[1:]
     if command == "bench":
         return bench(rest)

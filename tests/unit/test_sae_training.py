@@ -201,3 +201,16 @@ def test_shipped_dictionaries_load_by_name():
     for row in table[table.kind == "transcoders"].itertuples():
         assert wb.load_transcoders(row.path).n_layers == wb.loading.model_config(row.model).n_layers
         assert (Path(row.path) / "CARD.md").is_file()
+
+
+def test_the_command_line_lists_its_commands_on_help_and_refuses_an_unknown_one(capsys):
+    from experiments.cli.sae import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("usage: python -m experiments.sae {cache,train,evaluate,bench}")
+    assert all(f"\n  {name} " in shown for name in ("cache", "train", "evaluate", "bench"))
+    with pytest.raises(SystemExit, match=r"(?s)usage: .*\(got \['bogus'\]\)"):
+        main(["bogus"])
