@@ -93,7 +93,7 @@ def _usage() -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Runs ``cache``, ``train`` or ``evaluate`` on ``argv``.
+    """Runs ``cache``, ``train``, ``evaluate`` or ``bench`` on ``argv`` (``--help``: the commands).
 
     Example:
         >>> import tempfile, pathlib
