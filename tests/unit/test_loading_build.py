@@ -52,6 +52,23 @@ def test_a_bad_option_fails_before_any_tensor_is_read(sources, kind, monkeypatch
         wb.load_model(sources[kind], attn_impl="fast")
     with pytest.raises(wb.ConfigError, match=r"dtype must be a floating-point torch\.dtype"):
         wb.load_model(sources[kind], dtype=torch.int8)
+    with pytest.raises(wb.ConfigError, match=r"device='gpu' is not a device"):
+        wb.load_model(sources[kind], device="gpu")
+    missing = f"cuda:{torch.cuda.device_count()}"   # one past this machine's last GPU (cuda:0 on a CPU machine)
+    with pytest.raises(wb.ConfigError, match=rf"device='{missing}', but this machine has \d+ CUDA device"):
+        wb.load_model(sources[kind], device=missing)
+
+
+def test_a_device_this_machine_lacks_is_refused_by_every_loader_before_a_file_is_read(monkeypatch):
+    missing = f"cuda:{torch.cuda.device_count()}"
+    # torch's own refusal ("Torch not compiled with CUDA enabled", an AssertionError) came after the files were read
+    monkeypatch.setattr("workbench.sae.files.read_json", lambda *a, **k: pytest.fail("a config was read"))
+    with pytest.raises(wb.ConfigError, match=rf"device='{missing}'"):
+        wb.load_sae("toy-attn-2l-resid1-topk", device=missing)
+    with pytest.raises(wb.ConfigError, match=rf"device='{missing}'"):
+        wb.load_transcoders("toy-moe-2l-clt", device=missing)
+    monkeypatch.undo()
+    assert wb.load_sae("toy-attn-2l-resid1-topk", device=torch.device("cpu")).W_enc.device.type == "cpu"
 
 
 def test_an_hf_load_keeps_the_checkpoint_dtype_unless_told(sources):

@@ -26,6 +26,7 @@ import torch
 
 from workbench.config import ModelConfig
 from workbench import hub
+from workbench.devices import check_device
 from workbench.errors import CheckpointError, ConfigError
 from workbench.loading.gguf.loader import GGUF_MODELS, GGUFFile, load_gguf, model_config_from_gguf
 from workbench.loading.hf.loader import ARCHITECTURES, hf_checkpoint_dtype, hf_model_config, is_hf_config, load_hf_directory, read_config
@@ -69,7 +70,7 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
         dtype: torch.float32, torch.bfloat16 or torch.float16; None: the checkpoint's own (an HF or
             saved directory's weights are read straight into it; a GGUF file's dequantised blocks
             become float32).
-        device: where the weights go.
+        device: where the weights go (one this machine lacks is a ``ConfigError`` before any file is read).
         progress: progress bar while reading tensors (None: only for checkpoints over 64 MiB).
         fold_ln: fold every norm's gain (and LayerNorm bias) into the weights that read it; the
             norms then compute TransformerLens's LNPre / RMSPre.
@@ -133,6 +134,8 @@ def load_model(source: Union[str, Path], attn_impl: str = "sdpa", dtype: Optiona
         placement = Placement(device_map, max_memory, offload_folder)
     elif max_memory is not None or offload_folder is not None:
         raise ConfigError("max_memory and offload_folder need a device_map (e.g. device_map='auto')")
+    else:
+        check_device(device)
     hub_options = dict(revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only)
     model = _load(source, attn_impl, dtype, device, progress, placement, hub_options, gguf_file, weights_cache)
     if ungroup_grouped_query_attention:

@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 import torch
 from safetensors import SafetensorError, safe_open
 
+from workbench.devices import check_device
 from workbench.errors import CheckpointError, ConfigError, InputError
 from workbench.safe_files import inside, read_json
 from workbench.sae.config import DTYPES, SAEConfig, config_from_dict
@@ -46,6 +47,8 @@ def load_sae(path: Union[str, Path], sae_id: Optional[str] = None, device: Any =
         Traceback (most recent call last):
         workbench.errors.CheckpointError: no/such/sae: no such directory (an SAE is a directory with cfg.json and sae_weights.safetensors)
     """
+    if device is not None:
+        check_device(device)
     if folder is not None:
         if sae_id is not None:
             raise InputError(f"load_sae takes a release's sae_id or a repo's folder=, not both (got {sae_id!r} and "

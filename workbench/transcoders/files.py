@@ -28,6 +28,7 @@ from typing import Any, Optional, Sequence, Union
 import torch
 from safetensors import SafetensorError, safe_open
 
+from workbench.devices import check_device
 from workbench.errors import CheckpointError, ConfigError, InputError
 from workbench.safe_files import inside
 from workbench.sae.files import load_sae
@@ -63,6 +64,7 @@ def load_transcoders(path: Union[PathLike, Sequence[PathLike]], device: Any = "c
         Traceback (most recent call last):
         workbench.hub.errors.HubNotFoundError: gemma: no such file or directory, and as transcoders on the Hub: mwhanna/gemma-scope-transcoders (revision 'main'): the Hub is switched off (HF_HUB_OFFLINE=1), ...
     """
+    check_device(device)
     if isinstance(path, (list, tuple)):
         if not path:
             raise InputError("load_transcoders got an empty list: give one SAELens transcoder directory per layer, "
