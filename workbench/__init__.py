@@ -11,7 +11,7 @@ The model's surface, one mixin or helper module per side:
     (TransformerLens's weight views), ``readouts`` (per-layer reads experiments use; ``vocab_readout``, the top-k readout through the
     unembedding in row blocks on helper threads), ``processing`` (weight
     processing), ``factored_attn`` (``refactor_factored_attn_matrices``), ``generation`` (KV-cached sampling),
-    ``loss`` (next-token cross-entropy), ``forward_inputs`` (the forward's argument checks and positions), ``cache_batches`` and ``cache_store`` (caches over datasets, on disk; ``cache_index``, a cache directory's format and checks), ``cache_dir`` (the one cache root on disk),
+    ``loss`` (next-token cross-entropy), ``forward_inputs`` (the forward's argument checks and positions), ``cache_batches`` and ``cache_store`` (caches over datasets, on disk; ``cache_index``, a cache directory's format and checks), ``cache_dir`` (the one cache root on disk), ``devices`` (the one check of a ``device=`` argument),
     ``memory`` (keeping freed memory in the process).
 Checkpoints and training:
     ``loading`` (``load_model``: registered names, HF directories, GGUF files, our format), ``hub`` (models
