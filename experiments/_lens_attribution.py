@@ -35,7 +35,15 @@ def attribution_hook_names(model) -> list[str]:
 
 def activations_of_run(model, tokens_BP: Tensor, mask_BP: Optional[Tensor], names: list[str], cache) -> dict[str, Tensor]:
     """``names`` of a run on ``tokens_BP``: read from ``cache`` (an ``ActivationCache`` or dict of that very run, as
-    TransformerLens's analyses take one), or from a run that stops after the blocks."""
+    TransformerLens's analyses take one), or from a run that stops after the blocks.
+
+    Example:
+        >>> {name: tuple(t.shape) for name, t in activations_of_run(model, tokens, None, ["hook_embed"], None).items()}
+        {'hook_embed': (1, 14, 128)}
+        >>> activations_of_run(model, tokens, None, ["blocks.0.attn.hook_z"], {"hook_embed": cache["hook_embed"]})
+        Traceback (most recent call last):
+        workbench.errors.InputError: the cache lacks ['blocks.0.attn.hook_z']; run model.run_with_cache(tokens) on these tokens (or cache at least those hooks)
+    """
     if cache is None:
         _, cache = model.run_with_cache(tokens_BP, attention_mask=mask_BP, stop_at_layer=model.cfg.n_layers,
                                         names_filter=lambda n: n in names)

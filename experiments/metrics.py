@@ -245,7 +245,16 @@ class Loss(Metric):
 
 
 def mean_over_scored(losses_BQ: Float[Tensor, "batch pos_minus_1"], batch: PromptBatch) -> Float[Tensor, "batch"]:
-    """Each row's mean of per-token losses over the pairs of two real tokens (all pairs when unpadded)."""
+    """Each row's mean of per-token losses over the pairs of two real tokens (all pairs when unpadded).
+
+    Example:
+        >>> losses_BQ = torch.tensor([[1., 2., 3.]])   # the losses of 4 tokens' 3 next-token pairs
+        >>> mean_over_scored(losses_BQ, PromptBatch(torch.zeros(1, 4, dtype=torch.long))).tolist()
+        [2.0]
+        >>> mean_over_scored(losses_BQ, PromptBatch(torch.zeros(1, 4, dtype=torch.long),
+        ...                                         torch.tensor([[True, True, True, False]]))).tolist()   # padded
+        [1.5]
+    """
     if batch.mask is None:
         return losses_BQ.mean(1)
     scored = (batch.mask[:, :-1] & batch.mask[:, 1:]).to(losses_BQ.device)[:, :losses_BQ.shape[1]]
@@ -305,7 +314,14 @@ def as_metric(metric: Union[str, Metric, Callable], position: Optional[PositionS
 
 
 def require_per_prompt_values(rows: int, prompts: int, what: str) -> None:
-    """An ``InputError`` when per-prompt values were asked of a metric that gives one value per batch."""
+    """An ``InputError`` when per-prompt values were asked of a metric that gives one value per batch.
+
+    Example:
+        >>> require_per_prompt_values(2, 2, "sweep")
+        >>> require_per_prompt_values(1, 2, "sweep")
+        Traceback (most recent call last):
+        workbench.errors.InputError: per_prompt=True needs a metric with one value per prompt, but this sweep's metric returns one value for the whole batch; return a [batch] tensor from the metric function
+    """
     if rows != prompts:
         raise InputError(f"per_prompt=True needs a metric with one value per prompt, but this {what}'s metric returns "
                          f"one value for the whole batch; return a [batch] tensor from the metric function")

@@ -26,7 +26,14 @@ __all__ = ["LinearisedForward", "Sources", "read_sources"]
 
 
 def read_sources(model: Any, transcoders: Optional[TranscoderSet], tokens: Int[Tensor, "pos"]) -> Sources:
-    """Every source node of the graph on ``tokens``: ``ReplacementModel.read_sources``."""
+    """Every source node of the graph on ``tokens``: ``ReplacementModel.read_sources``.
+
+    Example:
+        >>> moe = wb.load_model("toy-moe-2l", progress=False)
+        >>> sources = read_sources(moe, wb.load_transcoders("toy-moe-2l-clt"), moe.to_tokens("def f(x):")[0])
+        >>> sources.active_features.shape[1]   # each active feature's (layer, position, feature)
+        3
+    """
     return ReplacementModel.of(model, transcoders).read_sources(tokens)
 
 

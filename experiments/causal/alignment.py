@@ -169,7 +169,12 @@ def align_variable(model, task: InterchangeTask, hook_name: str, rank: int = 1, 
     pairs, rank, epochs and learning rate. Raises ``InputError`` for an unknown hook point, a rank
     outside 1..d_model, an unknown control, token ids outside the vocabulary or a split with an empty
     side; hooks are only ever attached inside ``interchange``'s context managers, so none is left.
-    See ``AlignmentReport`` for an example.
+
+    Example:
+        >>> from experiments.causal.tasks import induction_task
+        >>> report = align_variable(model, induction_task(model, 8, seed=0), "blocks.0.hook_resid_post", epochs=2)
+        >>> report.table.subspace.tolist()   # the aligned subspace, then each control
+        ['das', 'arbitrary_labels', 'random_init', 'placebo', 'random_basis', 'no_intervention']
     """
     _check(model, task, hook_name, rank)
     unknown = [name for name in controls if name not in CONTROLS]

@@ -184,7 +184,14 @@ def _cache(args: argparse.Namespace) -> None:
 
 
 def cached_windows(cache: Path) -> tuple[torch.Tensor, list[Path]]:
-    """The windows of a ``cache`` directory's finished chunks, and those chunks."""
+    """The windows of a ``cache`` directory's finished chunks, and those chunks.
+
+    Example:
+        >>> import tempfile
+        >>> cached_windows(Path(tempfile.mkdtemp()))
+        Traceback (most recent call last):
+        SystemExit: --cache ...: no finished chunk (run the cache command first)
+    """
     chunks = sorted(p for p in cache.glob("chunk-*") if (p / "index.json").is_file())
     if not chunks:
         raise SystemExit(f"--cache {cache}: no finished chunk (run the cache command first)")

@@ -82,7 +82,16 @@ def reading_features(model, sae: SAE) -> Iterator[tuple[str, int | None]]:
 
 
 def run_features(model, name: str, stop: int | None, tokens_BP: Tensor) -> Float[Tensor, "batch pos d_sae"]:
-    """Inside ``reading_features``: the feature activations of ``tokens_BP`` (float32), blocks up to ``stop``."""
+    """Inside ``reading_features``: the feature activations of ``tokens_BP`` (float32), blocks up to ``stop``.
+
+    Example:
+        >>> sae = wb.SAE.from_tensors(wb.SAEConfig("topk", d_in=128, d_sae=16, k=3,
+        ...     metadata={"hook_name": "blocks.0.hook_resid_post"}), {"W_enc": torch.randn(128, 16),
+        ...     "W_dec": torch.randn(16, 128), "b_enc": torch.zeros(16), "b_dec": torch.zeros(128)})
+        >>> with reading_features(model, sae) as (name, stop):
+        ...     run_features(model, name, stop, tokens).shape   # only block 0 runs (stop 1)
+        torch.Size([1, 14, 16])
+    """
     _, cache = model.run_with_cache(tokens_BP, names_filter=[name], stop_at_layer=stop)
     return cache[name].float()
 

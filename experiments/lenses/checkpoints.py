@@ -16,7 +16,20 @@ CHECKPOINT_FILE = "checkpoint.pt"
 
 
 def save_checkpoint(path: Path, lens, opt, schedule, state: dict, n_steps: int) -> None:
-    """Writes the run's state to ``path`` (atomically)."""
+    """Writes the run's state to ``path`` (atomically).
+
+    Example:
+        >>> import tempfile
+        >>> from experiments.lenses import TunedLens
+        >>> lens = TunedLens.for_model(model)
+        >>> opt = torch.optim.Adam(lens.parameters())
+        >>> schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> run = {"step": 3, "tokens": 96, "cursor": 3, "log": []}
+        >>> save_checkpoint(folder / CHECKPOINT_FILE, lens, opt, schedule, run, n_steps=10)
+        >>> read_checkpoint(folder)["step"]
+        3
+    """
     payload = {"translators": lens.layer_translators.state_dict(), "optimizer": opt.state_dict(),
                "schedule": schedule.state_dict(), "n_steps": n_steps, "config": lens.config.to_dict(),
                "step": state["step"], "tokens": state["tokens"], "cursor": state["cursor"], "log": state["log"]}
@@ -46,7 +59,23 @@ def read_checkpoint(checkpoint_dir: Union[str, Path]) -> dict:
 
 def resume(checkpoint_dir: Path, lens, opt, schedule, n_steps: int) -> dict:
     """Puts the checkpoint's translators, optimizer and schedule back; returns the run's step, tokens, cursor, log.
-    A checkpoint of another lens or run length is refused."""
+    A checkpoint of another lens or run length is refused.
+
+    Example:
+        >>> import tempfile
+        >>> from experiments.lenses import TunedLens
+        >>> lens = TunedLens.for_model(model)
+        >>> opt = torch.optim.Adam(lens.parameters())
+        >>> schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> run = {"step": 3, "tokens": 96, "cursor": 3, "log": []}
+        >>> save_checkpoint(folder / CHECKPOINT_FILE, lens, opt, schedule, run, n_steps=10)
+        >>> resume(folder, lens, opt, schedule, 10)
+        {'step': 3, 'tokens': 96, 'cursor': 3, 'log': []}
+        >>> resume(folder, lens, opt, schedule, 20)   # a run of another length
+        Traceback (most recent call last):
+        workbench.errors.CheckpointError: .../checkpoint.pt: was written for another lens or run ...
+    """
     payload = read_checkpoint(checkpoint_dir)
     if payload.get("config") != lens.config.to_dict() or payload.get("n_steps") != n_steps:
         raise CheckpointError(f"{Path(checkpoint_dir) / CHECKPOINT_FILE}: was written for another lens or run "

@@ -82,7 +82,12 @@ def lens_kl_by_layer(model, windows_BP: Int[Tensor, "batch pos"], lens: Optional
 
 def held_out_windows(model, n_windows: int = 32, window: int = 128) -> Int[Tensor, "batch pos"]:
     """``n_windows`` windows of the held-out English documents (``english_documents("held_out")``, every tenth,
-    never trained on); needs ``make setup-corpus``."""
+    never trained on); needs ``make setup-corpus``.
+
+    Example:
+        >>> held_out_windows(model, n_windows=2, window=16).shape
+        torch.Size([2, 16])
+    """
     from experiments.datasets import corpus_windows
     from experiments.datasets.english import english_documents
 

@@ -19,7 +19,12 @@ from workbench.errors import InputError
 
 
 def to_numpy(values) -> np.ndarray:
-    """A tensor (any device, with or without grad), array or nested list as a float numpy array."""
+    """A tensor (any device, with or without grad), array or nested list as a float numpy array.
+
+    Example:
+        >>> to_numpy(torch.tensor([1, 2])).tolist(), to_numpy([[0.5, 1]]).dtype
+        ([1.0, 2.0], dtype('float64'))
+    """
     if isinstance(values, Tensor):
         return values.detach().float().cpu().numpy()
     return np.asarray(values, dtype=float)

@@ -49,7 +49,14 @@ def token_rows(model, data: Any, window: int = 128) -> Int[Tensor, "B P"]:
 
 
 def check_hook(model, hook_name: Any, argument: str) -> None:
-    """An ``InputError`` naming ``argument`` unless ``hook_name`` is one of the model's hook points."""
+    """An ``InputError`` naming ``argument`` unless ``hook_name`` is one of the model's hook points.
+
+    Example:
+        >>> check_hook(model, "blocks.1.hook_resid_post", "hook_name")
+        >>> check_hook(model, "blocks.9.hook_resid_post", "hook_name")
+        Traceback (most recent call last):
+        workbench.errors.InputError: hook_name='blocks.9.hook_resid_post' is not a hook point of the model (e.g. blocks.0.hook_resid_post, blocks.1.hook_resid_post; model.hook_dict lists them)
+    """
     if not isinstance(hook_name, str) or hook_name not in model.hook_dict:
         resid = [n for n in model.hook_dict if n.endswith("hook_resid_post")][:2]
         raise InputError(f"{argument}={hook_name!r} is not a hook point of the model (e.g. {', '.join(resid)}; "
@@ -59,7 +66,16 @@ def check_hook(model, hook_name: Any, argument: str) -> None:
 def check_train_inputs(model, hook_name: Any, hook_name_out: Any, architecture: Any, d_sae: Any, k: Any, skip: Any,
                        cfg: Any, tokens: Tensor) -> tuple[int, int]:
     """Every ``train_sae`` argument checked (``InputError`` naming the first bad one); returns (d_in, d_out),
-    read from one short forward pass."""
+    read from one short forward pass.
+
+    Example:
+        >>> from experiments.sae.train import TrainSAEConfig
+        >>> check_train_inputs(model, "blocks.0.hook_resid_post", None, "topk", 64, 4, False, TrainSAEConfig(), tokens)
+        (128, 128)
+        >>> check_train_inputs(model, "blocks.0.hook_resid_post", None, "topq", 64, 4, False, TrainSAEConfig(), tokens)
+        Traceback (most recent call last):
+        workbench.errors.InputError: architecture must be one of ('standard', 'jumprelu', 'topk', 'batchtopk', 'matryoshka_batchtopk'), got 'topq'
+    """
     if architecture not in TRAINABLE:
         raise InputError(f"architecture must be one of {TRAINABLE}, got {architecture!r}")
     check_matryoshka_aux_loss(architecture, cfg)
@@ -142,7 +158,12 @@ def check_train_config(cfg: Any, tokens: Tensor, exclude: Sequence[int]) -> None
 
 
 def hook_widths(model, hook_names: list[str], tokens: Tensor) -> tuple[int, int]:
-    """The last-axis widths of the hooks (the first and the last), from a forward pass over two tokens."""
+    """The last-axis widths of the hooks (the first and the last), from a forward pass over two tokens.
+
+    Example:
+        >>> hook_widths(model, ["blocks.0.ln1.hook_normalized", "blocks.0.hook_attn_out"], tokens)
+        (128, 128)
+    """
     stop = stop_at_layer_for(model, hook_names)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens[:1, :2].to(model.cfg.device), names_filter=hook_names,

@@ -143,7 +143,16 @@ def _destroy_process_group() -> None:
 
 
 def check_parallel_forms(world: World, modules: Iterable[torch.nn.Module]) -> None:
-    """Refuses, with more than one process, a training form whose activation couples a batch's rows."""
+    """Refuses, with more than one process, a training form whose activation couples a batch's rows.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> batch_top_k = SimpleNamespace(form=SimpleNamespace(name="batchtopk", couples_rows=True))
+        >>> check_parallel_forms(World(), [batch_top_k])   # one process: nothing to refuse
+        >>> check_parallel_forms(World(0, 2), [batch_top_k])
+        Traceback (most recent call last):
+        workbench.errors.InputError: 'batchtopk' chooses its active features over the whole batch; it cannot be trained data-parallel over 2 processes (train it in one process)
+    """
     if world.size == 1:
         return
     for module in modules:

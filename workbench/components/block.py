@@ -37,7 +37,14 @@ from workbench.hook_point import HookPoint, has_forward_hooks, is_observed
 
 
 def make_mlp(cfg: ModelConfig, options: RuntimeOptions) -> nn.Module:
-    """The block's feed-forward layer as the config describes it."""
+    """The block's feed-forward layer as the config describes it.
+
+    Example:
+        >>> type(make_mlp(model.cfg.replace(attn_only=False, d_mlp=256), model.options)).__name__
+        'MLP'
+        >>> type(make_mlp(model.cfg.replace(attn_only=False, d_mlp=256, gated_mlp=True), model.options)).__name__
+        'GatedMLP'
+    """
     if cfg.is_moe:
         return MixtureOfExperts(cfg, options)
     return GatedMLP(cfg, options) if cfg.gated_mlp else MLP(cfg, options)
@@ -45,7 +52,12 @@ def make_mlp(cfg: ModelConfig, options: RuntimeOptions) -> nn.Module:
 
 def make_attention(cfg: ModelConfig, options: RuntimeOptions) -> nn.Module:
     """The block's attention as the config describes it: latent (``kv_lora_rank`` set), differential
-    (``differential_lambda_init`` set) or standard."""
+    (``differential_lambda_init`` set) or standard.
+
+    Example:
+        >>> type(make_attention(model.cfg, model.options)).__name__
+        'Attention'
+    """
     if cfg.is_latent_attention:
         return LatentAttention(cfg, options)
     return DifferentialAttention(cfg, options) if cfg.differential_lambda_init is not None else Attention(cfg, options)

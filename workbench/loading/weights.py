@@ -25,6 +25,12 @@ def assign_weights(model: torch.nn.Module, tensors: Mapping[str, Tensor], source
     being copied, which saves a full pass over a large checkpoint's memory. A parameter still on the meta
     device (a model built by ``build.empty_model``) gets the tensor swapped in, the Parameter object (and any
     tie) kept: a model is built once, on meta, checked and filled, never built twice.
+
+    Example:
+        >>> assign_weights(model, {name: p.detach().clone() for name, p in model.named_parameters()}, "a copy")
+        >>> assign_weights(model, {"embed.W_E": model.embed.W_E.detach()}, "one tensor")
+        Traceback (most recent call last):
+        workbench.errors.CheckpointError: one tensor: missing tensor(s) ['blocks.0.ln1.w', ...
     """
     expected = check_weights(model, tensors, source)
     with torch.no_grad():

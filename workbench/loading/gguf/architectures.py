@@ -370,10 +370,22 @@ def heads_of(meta: Metadata) -> tuple[int, int, int]:
 
 
 def rotary_fraction(meta: Metadata, d_head: int) -> Optional[float]:
-    """``partial_rotary_factor``: the share of the head ``rope.dimension_count`` rotates (None: not stated)."""
+    """``partial_rotary_factor``: the share of the head ``rope.dimension_count`` rotates (None: not stated).
+
+    Example:
+        >>> rotary_fraction(Metadata(lambda key, default=None: {"llama.rope.dimension_count": 32}.get(key, default),
+        ...                          "llama", set()), d_head=64)
+        0.5
+    """
     dims = meta.get("rope.dimension_count")
     return None if dims is None else int(dims) / d_head
 
 
 def is_finite_number(value: Any) -> bool:
+    """Whether a metadata value is a real, finite number (not a string, nan or inf).
+
+    Example:
+        >>> is_finite_number(1e-5), is_finite_number(float("nan")), is_finite_number("1e-5")
+        (True, False, False)
+    """
     return isinstance(value, (int, float)) and math.isfinite(value)

@@ -173,7 +173,15 @@ SPARSE_LAYER_RULES: dict[str, Callable[[HFConfig, int], list[bool]]] = {
 
 def router_groups(hf: HFConfig, experts_field: str = "n_routed_experts") -> dict[str, Any]:
     """Group-limited routing's ``router_groups`` / ``router_topk_groups`` from ``n_group`` / ``topk_group``
-    (DeepSeek-V2/V3, GLM-4.5, dots.llm1), each checked against the expert count."""
+    (DeepSeek-V2/V3, GLM-4.5, dots.llm1), each checked against the expert count.
+
+    Example:
+        >>> router_groups(HFConfig({"n_routed_experts": 64, "n_group": 8, "topk_group": 4}, "config.json"))
+        {'router_groups': 8, 'router_topk_groups': 4}
+        >>> router_groups(HFConfig({"n_routed_experts": 64, "n_group": 6, "topk_group": 4}, "config.json"))
+        Traceback (most recent call last):
+        workbench.errors.ConfigError: config.json: field 'n_group' = 6 cannot be honoured: must divide n_routed_experts=64
+    """
     n_group, topk_group = int(hf.require("n_group")), int(hf.require("topk_group"))
     if n_group < 1:
         raise hf.refuse("n_group", n_group, "must be a positive integer")
@@ -186,7 +194,12 @@ def router_groups(hf: HFConfig, experts_field: str = "n_routed_experts") -> dict
 
 
 def expert_count(hf: HFConfig, kind: MoEKind) -> int:
-    """The number of routed experts (a ``ConfigError`` naming the field when it is missing)."""
+    """The number of routed experts (a ``ConfigError`` naming the field when it is missing).
+
+    Example:
+        >>> expert_count(HFConfig({"num_local_experts": 8}, "config.json"), MOE_KINDS["qwen3_moe"])   # the second spelling
+        8
+    """
     for name in kind.experts_field:
         if hf.get(name) is not None:
             return int(hf.get(name))
