@@ -16,20 +16,7 @@ CHECKPOINT_FILE = "checkpoint.pt"
 
 
 def save_checkpoint(path: Path, lens, opt, schedule, state: dict, n_steps: int) -> None:
-    """Writes the run's state to ``path`` (atomically).
-
-    Example:
-        >>> import tempfile
-        >>> from experiments.lenses import TunedLens
-        >>> lens = TunedLens.for_model(model)
-        >>> opt = torch.optim.Adam(lens.parameters())
-        >>> schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
-        >>> folder = Path(tempfile.mkdtemp())
-        >>> run = {"step": 3, "tokens": 96, "cursor": 3, "log": []}
-        >>> save_checkpoint(folder / CHECKPOINT_FILE, lens, opt, schedule, run, n_steps=10)
-        >>> read_checkpoint(folder)["step"]
-        3
-    """
+    """Writes the run's state to ``path`` (atomically); ``resume``'s example reads back what it writes."""
     payload = {"translators": lens.layer_translators.state_dict(), "optimizer": opt.state_dict(),
                "schedule": schedule.state_dict(), "n_steps": n_steps, "config": lens.config.to_dict(),
                "step": state["step"], "tokens": state["tokens"], "cursor": state["cursor"], "log": state["log"]}

@@ -76,6 +76,7 @@ NO_EXAMPLE = {
     "app/feature_card.py:on_prompt": "draws into a running Streamlit page (tests/e2e, AppTest)",
     "app/feature_card.py:logit_effect": "draws into a running Streamlit page (tests/e2e, AppTest)",
     "app/feature_card.py:corpus": "draws into a running Streamlit page (tests/e2e, AppTest)",
+    "experiments/lenses/checkpoints.py:save_checkpoint": "resume's example writes a checkpoint with it and reads it back",
     "workbench/loading/hf/opt_bloom.py:opt_tensors": "needs an OPT checkpoint (tests/integration family parity)",
     "workbench/loading/hf/opt_bloom.py:bloom_tensors": "needs a BLOOM checkpoint (tests/integration family parity)",
 }
